@@ -1,0 +1,139 @@
+"""Forward and inverse dynamics in dependent and independent natural coordinates.
+
+All solves go through `ConstrainedSolver`, which splits R^n with one SVD of Φq into the row space
+(handled with the pseudo-inverse) and the null space N (the admissible motions, reduced mass NᵀMN).
+That stays exact with redundant constraints (rank Φq < m, e.g. the pick-and-place robot's
+parallelograms) and with the zero-mass relative-angle coordinates, where the classic augmented
+[[M, Φqᵀ], [Φq, 0]] system is singular.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .model import Mechanism
+
+RANK_TOL = 1e-9
+
+
+class ConstrainedSolver:
+    """Solves M x + Φqᵀ μ = r1, Φq x = r2 for x (and μ of minimum norm) at one configuration."""
+
+    def __init__(self, M: np.ndarray, Phi_q: np.ndarray, rank_tol: float = RANK_TOL):
+        n = M.shape[0]
+        if Phi_q.shape[0] == 0:
+            self.rank = 0
+            self.U_r = np.zeros((0, 0))
+            self.s_r = np.zeros(0)
+            self.V_r = np.zeros((n, 0))
+            self.N = np.eye(n)
+        else:
+            U, s, Vt = np.linalg.svd(Phi_q)
+            r = int(np.sum(s > rank_tol * max(1.0, s[0])))
+            self.rank = r
+            self.U_r, self.s_r, self.V_r = U[:, :r], s[:r], Vt[:r].T
+            self.N = Vt[r:].T
+        self.M = M
+        self.dof = self.N.shape[1]
+        self.reduced_mass = self.N.T @ M @ self.N
+        self._chol = np.linalg.cholesky(self.reduced_mass)
+
+    def pinv_apply(self, r2):
+        """Φq⁺ r2 (least squares for an inconsistent r2 with redundant rows)."""
+        return self.V_r @ ((self.U_r.T @ r2) / (self.s_r if r2.ndim == 1 else self.s_r[:, None]))
+
+    def reduced_solve(self, b):
+        return np.linalg.solve(self._chol.T, np.linalg.solve(self._chol, b))
+
+    def solve(self, r1, r2):
+        x_p = self.pinv_apply(r2)
+        y = self.reduced_solve(self.N.T @ (r1 - self.M @ x_p))
+        return x_p + self.N @ y
+
+    def multipliers(self, r1, x):
+        """Minimum-norm μ with Φqᵀ μ = r1 − M x."""
+        res = r1 - self.M @ x
+        return self.U_r @ ((self.V_r.T @ res) / self.s_r)
+
+
+def gamma(mech: Mechanism, q, v, Phi_q_dot=None):
+    """Right-hand side of the acceleration constraints Φq q̈ = γ = −Φ̇q q̇."""
+    if Phi_q_dot is None:
+        Phi_q_dot = mech.constraints.jacobian_dot(q, v)
+    return -Phi_q_dot @ v
+
+
+def forward_dynamics(mech: Mechanism, q, v, Q=None) -> np.ndarray:
+    """q̈(q, q̇, Q) in dependent coordinates (Lagrange equations, eq. 5–6 of the paper)."""
+    Q = mech.gravity_forces if Q is None else Q
+    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
+    return solver.solve(Q, gamma(mech, q, v))
+
+
+@dataclass
+class DynamicsLinearization:
+    """q̈ and its exact first derivatives at one (q, q̇, Q)."""
+    a: np.ndarray
+    da_dq: np.ndarray
+    da_dv: np.ndarray
+    da_dQ: np.ndarray
+    multipliers: np.ndarray
+    solver: ConstrainedSolver
+
+
+def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLinearization:
+    """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q by differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇."""
+    Q = mech.gravity_forces if Q is None else Q
+    C = mech.constraints
+    Phi_q = C.jacobian(q)
+    Phi_q_dot = C.jacobian_dot(q, v)
+    solver = ConstrainedSolver(mech.mass_matrix, Phi_q)
+    a = solver.solve(Q, -Phi_q_dot @ v)
+    lam = solver.multipliers(Q, a)
+    n = mech.n
+    rhs1 = np.hstack([-C.weighted_hessian(q, lam), np.zeros((n, n)), np.eye(n)])
+    rhs2 = np.hstack([-C.jacobian_dot_times_v_derivative(q, v) - C.hessian_vector(q, a),
+                      -2.0 * Phi_q_dot, np.zeros((Phi_q.shape[0], n))])
+    D = solver.solve(rhs1, rhs2)
+    return DynamicsLinearization(a, D[:, :n], D[:, n:2 * n], D[:, 2 * n:], lam, solver)
+
+
+def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):
+    """R with Φq R = 0, B R = I for the selector B of independent coordinates z (eq. 13–14)."""
+    BN = solver.N[list(z)]
+    if BN.shape[0] != BN.shape[1]:
+        raise ValueError(f"{len(z)} independent coordinates given for {solver.dof} degrees of freedom")
+    if np.linalg.cond(BN) > 1e10:
+        raise np.linalg.LinAlgError("the chosen independent coordinates do not parametrize the motion here")
+    return solver.N @ np.linalg.inv(BN)
+
+
+def independent_accelerations(mech: Mechanism, q, v, z: Sequence[int], Q=None) -> np.ndarray:
+    """z̈ = (RᵀMR)⁻¹ Rᵀ(Q − M S γ) in independent coordinates (eq. 15), S γ with B S γ = 0."""
+    Q = mech.gravity_forces if Q is None else Q
+    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
+    R = independent_basis(solver, z)
+    x_p = solver.pinv_apply(gamma(mech, q, v))
+    S_gamma = x_p - R @ x_p[list(z)]
+    M = mech.mass_matrix
+    return np.linalg.solve(R.T @ M @ R, R.T @ (Q - M @ S_gamma))
+
+
+def inverse_dynamics(mech: Mechanism, q, v, a, Q_known=None, actuated: Optional[Sequence[int]] = None):
+    """Efforts τ on the actuated coordinates that make (q, q̇, q̈) a motion: Rᵀ(M q̈ − Q) = Rᵀ E τ.
+
+    `Q_known` are the known generalized forces (gravity by default).  With as many actuators as
+    degrees of freedom R can be chosen with E ᵀR = I and τ = Rᵀ(M q̈ − Q); otherwise τ is the
+    least-squares answer.
+    """
+    Q_known = mech.gravity_forces if Q_known is None else Q_known
+    actuated = list(mech.actuated if actuated is None else actuated)
+    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
+    N = solver.N
+    rhs = N.T @ (mech.mass_matrix @ a - Q_known)
+    NE = N[actuated].T
+    tau, *_ = np.linalg.lstsq(NE, rhs, rcond=None)
+    return tau

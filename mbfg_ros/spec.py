@@ -1,0 +1,103 @@
+"""Plain, validated description of a mechanism as written in YAML.
+
+The loader (`mbfg_ros.loader`) turns a YAML file into a `MechanismSpec`; `mbfg_ros.model.Mechanism`
+turns a spec into the immutable numerical model.  Everything here is already numbers: expressions
+are evaluated, indices checked, names resolved.  Point indices are 0-based, as in the YAML file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+
+class MechanismError(ValueError):
+    """Any problem with a mechanism description.  The message names the file, the key path and what is wrong."""
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    x: float
+    y: float
+    fixed: bool = False
+    name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BodySpec:
+    points: Tuple[int, ...]   # 2 or more point indices; the body frame is at points[0], +X toward points[1]
+    length: float             # |points[1] - points[0]|, as declared (2-point bodies) or drawn (N-ary bodies)
+    mass: float
+    I0: float                 # moment of inertia about points[0], out of plane
+    cog: Tuple[float, float]  # centre of mass in the body frame
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class RelativeAngleSpec:
+    """Absolute angle of the vector points[0] -> points[1] from +X, counter-clockwise: one extra coordinate."""
+    name: str
+    points: Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class FixedSliderSpec:
+    """`point` moves on the fixed line through `line[0]` and `line[1]` (global coordinates)."""
+    name: str
+    point: int
+    line: Tuple[Tuple[float, float], Tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class MobileSliderSpec:
+    """`point` moves on the line through the two (moving or fixed) points `line_points`."""
+    name: str
+    point: int
+    line_points: Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ActuatorSpec:
+    """A commanded generalized force (torque on an angle, force on a point coordinate) on `coordinate`."""
+    coordinate: str           # a coordinate name, as `Mechanism.coordinate_names` lists it
+    joint: str                # the name used on ROS topics (defaults to the coordinate name)
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """Measures one coordinate (normally a relative angle)."""
+    name: str                 # joint name on ROS topics (defaults to the coordinate name)
+    coordinate: str
+    sigma: float
+
+
+@dataclass(frozen=True)
+class GyroscopeSpec:
+    """Measures the angular rate of a body, from its first two points."""
+    name: str
+    body: int
+    sigma: float
+
+
+@dataclass(frozen=True)
+class AssemblyModeSpec:
+    """Branch indicator: sign of (p[j] - p[i]) x (p[k] - p[i]) for points (i, j, k)."""
+    name: str
+    points: Tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    name: str
+    points: Tuple[PointSpec, ...]
+    bodies: Tuple[BodySpec, ...]
+    gravity: Tuple[float, float] = (0.0, -9.81)
+    relative_angles: Tuple[RelativeAngleSpec, ...] = ()
+    fixed_sliders: Tuple[FixedSliderSpec, ...] = ()
+    mobile_sliders: Tuple[MobileSliderSpec, ...] = ()
+    actuators: Tuple[ActuatorSpec, ...] = ()
+    encoders: Tuple[EncoderSpec, ...] = ()
+    gyroscopes: Tuple[GyroscopeSpec, ...] = ()
+    assembly_modes: Tuple[AssemblyModeSpec, ...] = ()
+    source: str = "<memory>"
+    parameters: Tuple[Tuple[str, float], ...] = field(default=())
