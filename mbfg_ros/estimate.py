@@ -1,0 +1,81 @@
+"""Configuration and result types shared by the estimators, the command line and the ROS node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+MODES = ("forward_dynamics", "estimation", "fused")
+FORMULATIONS = ("dependent", "independent")
+INTEGRATORS = ("trapezoidal", "hermite", "euler")
+
+
+def default_sigmas() -> Dict[str, float]:
+    """Noise sigmas; defaults from the paper's Table 2 (only relative weights matter)."""
+    return {
+        "prior_q0": 1e-5,            # f_prior on q0 (covariance 1e-10)
+        "prior_v0": 1e-5,
+        "integrator": 1e-3,          # f_ti (q–q̇ and q̇–q̈)
+        "dynamics": 1e-3,            # f_dyn / f_idyn
+        "position_constraints": 1e-3,
+        "velocity_constraints": 1e-3,
+        "acceleration_constraints": 1e-3,
+        "soft_equality": 10.0,       # f_eq (covariance 1e2)
+        "commanded_effort": 1e-3,    # how well the commanded efforts are applied (fused mode)
+        "effort_random_walk": 50.0,  # N·m/s/√s: how fast unknown efforts may change
+    }
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    dt: float = 1e-3
+    window: int = 10                       # Nw: steps kept in the fixed-lag window
+    mode: str = "forward_dynamics"         # forward_dynamics | estimation | fused
+    formulation: str = "dependent"         # dependent | independent coordinates
+    integrator: str = "trapezoidal"        # trapezoidal | hermite (4th order) | euler
+    independent: Tuple[str, ...] = ()      # independent coordinate names (independent formulation); auto if empty
+    sigmas: Dict[str, float] = field(default_factory=default_sigmas)
+    sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
+    assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
+    compute_covariance: bool = False
+
+    def validated(self) -> "EstimatorConfig":
+        problems = []
+        if not (self.dt > 0 and np.isfinite(self.dt)):
+            problems.append(f"dt must be a positive number of seconds (got {self.dt})")
+        if int(self.window) != self.window or self.window < 1:
+            problems.append(f"window must be an integer ≥ 1 (got {self.window})")
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {', '.join(MODES)} (got '{self.mode}')")
+        if self.formulation not in FORMULATIONS:
+            problems.append(f"formulation must be one of {', '.join(FORMULATIONS)} (got '{self.formulation}')")
+        if self.integrator not in INTEGRATORS:
+            problems.append(f"integrator must be one of {', '.join(INTEGRATORS)} (got '{self.integrator}')")
+        for k, s in {**self.sigmas, **self.sensor_sigmas}.items():
+            if not (s > 0 and np.isfinite(s)):
+                problems.append(f"sigma '{k}' must be > 0 (got {s})")
+        unknown = set(self.sigmas) - set(default_sigmas())
+        if unknown:
+            problems.append(f"unknown sigma names {sorted(unknown)} (known: {sorted(default_sigmas())})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+@dataclass
+class Estimate:
+    """The estimate at time t (the newest state of the window)."""
+    t: float
+    q: np.ndarray                 # generalized positions (n)
+    v: np.ndarray                 # generalized velocities (n)
+    a: np.ndarray                 # generalized accelerations (n)
+    Q: np.ndarray                 # generalized forces (n), gravity included
+    efforts: np.ndarray           # efforts on the actuated coordinates, actuator order (estimated or commanded)
+    assembly_mode: np.ndarray     # ±1 per assembly-mode indicator
+    constraint_residual: float    # max |Φ(q)|
+    solve_time: float             # wall seconds spent in this step
+    status: str = "ok"            # ok | initialized | recovered | predicted | waiting
+    message: str = ""
+    covariance: Optional[np.ndarray] = None   # marginal covariance of [q, v] if requested
