@@ -1,0 +1,44 @@
+# mbfg_ros: `make demo` and `make test` create .venv on first use (no ROS installation needed).
+# Override the interpreter with e.g. `make test PYTHON=python3.12`.
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+# Keep ROS 2 discovery on this machine while testing (Jazzy+ and Humble spellings).
+TEST_ENV := ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_LOCALHOST_ONLY=1 MPLBACKEND=Agg
+
+.PHONY: all demo test venv clean
+
+all: test
+
+venv: $(STAMP)
+
+# Re-installs whenever the dependency list or the packaging files change.
+$(STAMP): requirements.txt setup.py setup.cfg
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
+	  { echo "error: mbfg_ros needs Python >= 3.10 (found: $$($(PYTHON) --version 2>&1)); use make PYTHON=python3.x" >&2; exit 1; }
+	@if [ ! -x $(VPY) ]; then \
+	  echo "creating $(VENV) with $$($(PYTHON) --version 2>&1)"; \
+	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	    echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }; \
+	fi
+	-$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -r requirements.txt
+	$(VPY) -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	@if [ -x $(VENV)/bin/mbfg ]; then \
+	  $(VENV)/bin/mbfg info mechanisms/four_bar.yaml; \
+	else \
+	  $(VPY) -m mbfg_ros.cli info mechanisms/four_bar.yaml; \
+	fi
+
+test: $(STAMP)
+	$(TEST_ENV) $(VPY) -m pytest -q test $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

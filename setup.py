@@ -1,0 +1,33 @@
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = 'mbfg_ros'
+
+setup(
+    name=package_name,
+    version='0.1.0',
+    packages=find_packages(exclude=['test']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
+        ('share/' + package_name, ['package.xml']),
+        ('share/' + package_name + '/launch', glob('launch/*.py')),
+        ('share/' + package_name + '/config', glob('config/*.yaml')),
+        ('share/' + package_name + '/mechanisms', glob('mechanisms/*.yaml')),
+    ],
+    install_requires=['setuptools'],
+    zip_safe=True,
+    maintainer='mbfg_ros maintainers',
+    maintainer_email='mbfg_ros@example.com',
+    description='Real-time multibody state estimation with factor graphs (GTSAM) for ROS 2',
+    license='Apache-2.0',
+    tests_require=['pytest'],
+    python_requires='>=3.10',
+    entry_points={
+        'console_scripts': [
+            'mbfg = mbfg_ros.cli:main',
+            'estimator = mbfg_ros.node:main',
+            'four_bar_sim = mbfg_ros.sim_node:main',
+        ],
+    },
+)
