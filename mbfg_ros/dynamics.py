@@ -59,18 +59,24 @@ class ConstrainedSolver:
         return self.U_r @ ((self.V_r.T @ res) / self.s_r)
 
 
-def gamma(mech: Mechanism, q, v, Phi_q_dot=None):
-    """Right-hand side of the acceleration constraints Φq q̈ = γ = −Φ̇q q̇."""
-    if Phi_q_dot is None:
-        Phi_q_dot = mech.constraints.jacobian_dot(q, v)
-    return -Phi_q_dot @ v
+def _rows(mech: Mechanism, A):
+    """Keep the independent constraint rows (all of them unless the mechanism has redundant ones)."""
+    return A if len(mech.independent_rows) == mech.m else A[mech.independent_rows]
+
+
+def solver_at(mech: Mechanism, q) -> ConstrainedSolver:
+    return ConstrainedSolver(mech.mass_matrix, _rows(mech, mech.constraints.jacobian(q)))
+
+
+def gamma(mech: Mechanism, q, v):
+    """Right-hand side of the (independent) acceleration constraints Φq q̈ = γ = −Φ̇q q̇."""
+    return -_rows(mech, mech.constraints.jacobian_dot(q, v)) @ v
 
 
 def forward_dynamics(mech: Mechanism, q, v, Q=None) -> np.ndarray:
     """q̈(q, q̇, Q) in dependent coordinates (Lagrange equations, eq. 5–6 of the paper)."""
     Q = mech.gravity_forces if Q is None else Q
-    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
-    return solver.solve(Q, gamma(mech, q, v))
+    return solver_at(mech, q).solve(Q, gamma(mech, q, v))
 
 
 @dataclass
@@ -80,7 +86,7 @@ class DynamicsLinearization:
     da_dq: np.ndarray
     da_dv: np.ndarray
     da_dQ: np.ndarray
-    multipliers: np.ndarray
+    multipliers: np.ndarray       # λ per constraint row (zero on dropped redundant rows)
     solver: ConstrainedSolver
 
 
@@ -88,14 +94,16 @@ def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLineari
     """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q by differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇."""
     Q = mech.gravity_forces if Q is None else Q
     C = mech.constraints
-    Phi_q = C.jacobian(q)
-    Phi_q_dot = C.jacobian_dot(q, v)
+    Phi_q = _rows(mech, C.jacobian(q))
+    Phi_q_dot = _rows(mech, C.jacobian_dot(q, v))
     solver = ConstrainedSolver(mech.mass_matrix, Phi_q)
     a = solver.solve(Q, -Phi_q_dot @ v)
-    lam = solver.multipliers(Q, a)
+    lam_rows = solver.multipliers(Q, a)
+    lam = np.zeros(mech.m)
+    lam[mech.independent_rows] = lam_rows
     n = mech.n
     rhs1 = np.hstack([-C.weighted_hessian(q, lam), np.zeros((n, n)), np.eye(n)])
-    rhs2 = np.hstack([-C.jacobian_dot_times_v_derivative(q, v) - C.hessian_vector(q, a),
+    rhs2 = np.hstack([-_rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a)),
                       -2.0 * Phi_q_dot, np.zeros((Phi_q.shape[0], n))])
     D = solver.solve(rhs1, rhs2)
     return DynamicsLinearization(a, D[:, :n], D[:, n:2 * n], D[:, 2 * n:], lam, solver)
@@ -114,7 +122,7 @@ def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):
 def independent_accelerations(mech: Mechanism, q, v, z: Sequence[int], Q=None) -> np.ndarray:
     """z̈ = (RᵀMR)⁻¹ Rᵀ(Q − M S γ) in independent coordinates (eq. 15), S γ with B S γ = 0."""
     Q = mech.gravity_forces if Q is None else Q
-    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
+    solver = solver_at(mech, q)
     R = independent_basis(solver, z)
     x_p = solver.pinv_apply(gamma(mech, q, v))
     S_gamma = x_p - R @ x_p[list(z)]
@@ -131,8 +139,7 @@ def inverse_dynamics(mech: Mechanism, q, v, a, Q_known=None, actuated: Optional[
     """
     Q_known = mech.gravity_forces if Q_known is None else Q_known
     actuated = list(mech.actuated if actuated is None else actuated)
-    solver = ConstrainedSolver(mech.mass_matrix, mech.constraints.jacobian(q))
-    N = solver.N
+    N = solver_at(mech, q).N
     rhs = N.T @ (mech.mass_matrix @ a - Q_known)
     NE = N[actuated].T
     tau, *_ = np.linalg.lstsq(NE, rhs, rcond=None)

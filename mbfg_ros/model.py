@@ -86,6 +86,7 @@ class Mechanism:
 
         self.constraints = self._build_constraints(xy)
         self.m = self.constraints.m
+        self.independent_rows = self._independent_rows(q0)
         self.mass_matrix, self.gravity_forces = self._build_inertia()
         self.total_mass = float(sum(b.mass for b in spec.bodies))
 
@@ -169,6 +170,24 @@ class Mechanism:
             RelativeAngleConstraints(np.reshape(r_idx, (-1, 5)), r_names, r_len),
         ]
         return ConstraintSet(types, self.n, self.fixed_values)
+
+    def _independent_rows(self, q0: np.ndarray) -> np.ndarray:
+        """Rows of Φq kept by the dynamics: redundant rows (e.g. of parallelograms) are dropped.
+
+        A redundant row is implied by the others on the constraint manifold, but a small step off it
+        turns the zero singular value into a tiny one, so q̈ through the full Φq would jump.  With a
+        full-row-rank subset q̈(q, q̇) is smooth and its derivatives are exact."""
+        J = self.constraints.jacobian(q0)
+        keep, basis = [], np.zeros((0, self.n))
+        tol = 1e-9 * max(1.0, float(np.abs(J).max(initial=0.0)))
+        for i in range(self.m):
+            trial = np.vstack([basis, J[i]])
+            if np.linalg.matrix_rank(trial, tol=tol) > len(keep):
+                keep.append(i)
+                basis = trial
+        rows = np.array(keep, dtype=np.intp)
+        rows.setflags(write=False)
+        return rows
 
     @staticmethod
     def _body_shape(L: float, xi: float, eta: float) -> np.ndarray:
