@@ -124,7 +124,8 @@ class RelativeAngleConstraints(ConstraintType):
 
     Where |sin θ| > 1/√2 the row is Δx − L cos θ, otherwise Δy − L sin θ: each form has
     |∂φ/∂θ| ≥ L/√2, so the row never loses rank, and a single row keeps Φq free of redundancy.
-    Local coordinates are (x0, y0, x1, y1, θ).
+    Local coordinates are (x0, y0, x1, y1, θ).  A mechanism has a handful of these at most, so
+    plain float arithmetic per instance beats numpy's per-call overhead.
     """
 
     kind = "relative_angle"
@@ -133,52 +134,70 @@ class RelativeAngleConstraints(ConstraintType):
     def __init__(self, index, names, lengths):
         super().__init__(index, names)
         self.lengths = np.asarray(lengths, dtype=float).reshape(self.size)
+        self._L = [float(x) for x in self.lengths]
 
-    def _x_form(self, theta):
-        return np.abs(np.sin(theta)) > self._SWITCH
+    def _forms(self, u):
+        """Per instance: (x-form?, L, sin θ, cos θ)."""
+        for row, L in zip(u.tolist(), self._L):
+            s, c = math.sin(row[4]), math.cos(row[4])
+            yield abs(s) > self._SWITCH, L, s, c, row
 
     def phi(self, u):
-        th, L = u[:, 4], self.lengths
-        return np.where(self._x_form(th), u[:, 2] - u[:, 0] - L * np.cos(th),
-                        u[:, 3] - u[:, 1] - L * np.sin(th))
+        return np.array([(r[2] - r[0] - L * c) if xf else (r[3] - r[1] - L * s)
+                         for xf, L, s, c, r in self._forms(u)])
 
     def gradient(self, u):
-        th, L = u[:, 4], self.lengths
-        xf = self._x_form(th)
-        g = np.zeros_like(u)
-        g[:, 0] = np.where(xf, -1.0, 0.0)
-        g[:, 2] = -g[:, 0]
-        g[:, 1] = np.where(xf, 0.0, -1.0)
-        g[:, 3] = -g[:, 1]
-        g[:, 4] = np.where(xf, L * np.sin(th), -L * np.cos(th))
-        return g
+        return np.array([[-1.0, 0.0, 1.0, 0.0, L * s] if xf else [0.0, -1.0, 0.0, 1.0, -L * c]
+                         for xf, L, s, c, _ in self._forms(u)])
 
     def hessian(self, u):
-        th, L = u[:, 4], self.lengths
         H = np.zeros((self.size, 5, 5))
-        H[:, 4, 4] = np.where(self._x_form(th), L * np.cos(th), L * np.sin(th))
+        H[:, 4, 4] = [L * c if xf else L * s for xf, L, s, c, _ in self._forms(u)]
         return H
 
     def third(self, u, w):
-        th, L = u[:, 4], self.lengths
         t = np.zeros_like(u)
-        t[:, 4] = np.where(self._x_form(th), -L * np.sin(th), L * np.cos(th)) * w[:, 4] ** 2
+        t[:, 4] = [(-L * s if xf else L * c) * wr[4] ** 2
+                   for (xf, L, s, c, _), wr in zip(self._forms(u), w.tolist())]
         return t
 
 
 class ConstraintSet:
-    """All constraint types of a mechanism, assembled into global arrays over the n coordinates."""
+    """All constraint types of a mechanism, assembled into global arrays over the n coordinates.
+
+    Quadratic types (distances, sliders) are folded once into dense constant arrays
+    Φ = ½ qeᵀ Hᵢ qe + bᵢᵀ qe + cᵢ, so Φq = H qe + b, Φ̇q = H q̇e and Σ λᵢ Hᵢ are single matrix
+    products: per-step cost no longer grows with the number of Python-level constraint objects.
+    Other types (relative angles) are scattered row by row from their local derivatives.
+    """
 
     def __init__(self, types: Sequence[ConstraintType], n: int, fixed_values: np.ndarray):
         self.types = tuple(t for t in types if t.size > 0)
         self.n = n
         self.fixed_values = np.asarray(fixed_values, dtype=float)
-        self.n_extended = n + self.fixed_values.size
-        self.m = sum(t.size for t in self.types)
+        ne = self.n_extended = n + self.fixed_values.size
+        self.m = m = sum(t.size for t in self.types)
         self.names = tuple(name for t in self.types for name in t.names)
         offsets = np.cumsum([0] + [t.size for t in self.types])
-        self._rows = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(self.types))]
+        rows = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(self.types))]
         self._zeros_fixed = np.zeros(self.fixed_values.size)
+
+        H, b, c = np.zeros((m, ne, ne)), np.zeros((m, ne)), np.zeros(m)
+        self._nonlinear = []
+        for t, r in zip(self.types, rows):
+            if isinstance(t, QuadraticConstraints):
+                for k, row in enumerate(r):
+                    idx = t.index[k]
+                    H[row][np.ix_(idx, idx)] += t.H[k]
+                    b[row, idx] += t.b[k]
+                    c[row] = t.c[k]
+            else:
+                flat = (t.index[:, :, None] * ne + t.index[:, None, :]).ravel()
+                self._nonlinear.append((t, r, flat))
+        self._H_rows = H.reshape(m * ne, ne)          # (H @ x) for all rows at once
+        self._H_flat = H.reshape(m, ne * ne)          # λ-weighted sum of Hessians
+        self._b, self._c = b, c
+        self._empty = m == 0
 
     def _extended(self, q):
         return np.concatenate((q, self.fixed_values))
@@ -186,51 +205,61 @@ class ConstraintSet:
     def _extended_rate(self, v):
         return np.concatenate((v, self._zeros_fixed))
 
-    def _scatter_rows(self, local_rows):
-        """Local (K, k) row blocks → global (m, n); columns of fixed points are dropped."""
-        out = np.zeros((self.m, self.n_extended))
-        for t, rows, block in zip(self.types, self._rows, local_rows):
-            out[rows[:, None], t.index] = block
-        return out[:, :self.n]
+    def _rows_times(self, x):
+        return (self._H_rows @ x).reshape(self.m, self.n_extended)
+
+    @staticmethod
+    def _put(out, t, r, block):
+        out[r[:, None], t.index] = block
 
     def phi(self, q: np.ndarray) -> np.ndarray:
-        qe = self._extended(q)
-        if not self.types:
-            return np.zeros(0)
-        return np.concatenate([t.phi(qe[t.index]) for t in self.types])
+        return self.phi_and_jacobian(q)[0]
 
     def jacobian(self, q: np.ndarray) -> np.ndarray:
         """Φq, shape (m, n)."""
-        qe = self._extended(q)
-        return self._scatter_rows([t.gradient(qe[t.index]) for t in self.types])
+        return self.phi_and_jacobian(q)[1]
 
     def phi_and_jacobian(self, q):
         qe = self._extended(q)
-        us = [qe[t.index] for t in self.types]
-        phi = np.concatenate([t.phi(u) for t, u in zip(self.types, us)]) if us else np.zeros(0)
-        return phi, self._scatter_rows([t.gradient(u) for t, u in zip(self.types, us)])
+        Jd = self._rows_times(qe)
+        phi = 0.5 * (Jd @ qe) + self._b @ qe + self._c
+        Jd += self._b
+        for t, r, _ in self._nonlinear:
+            u = qe[t.index]
+            phi[r] = t.phi(u)
+            self._put(Jd, t, r, t.gradient(u))
+        return phi, Jd[:, :self.n]
 
     def hessian_vector(self, q: np.ndarray, w: np.ndarray) -> np.ndarray:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
-        qe, we = self._extended(q), self._extended_rate(w)
-        return self._scatter_rows([np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index])
-                                   for t in self.types])
+        we = self._extended_rate(w)
+        out = self._rows_times(we)
+        if self._nonlinear:
+            qe = self._extended(q)
+            for t, r, _ in self._nonlinear:
+                self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
+        return out[:, :self.n]
 
     def jacobian_dot(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Φ̇q = d(Φq)/dt along q̇ = v."""
         return self.hessian_vector(q, v)
 
     def jacobian_dot_times_v_derivative(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n)."""
-        qe, ve = self._extended(q), self._extended_rate(v)
-        return self._scatter_rows([t.third(qe[t.index], ve[t.index]) for t in self.types])
+        """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
+        out = np.zeros((self.m, self.n_extended))
+        if self._nonlinear:
+            qe, ve = self._extended(q), self._extended_rate(v)
+            for t, r, _ in self._nonlinear:
+                self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
+        return out[:, :self.n]
 
     def weighted_hessian(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q, shape (n, n)."""
-        qe = self._extended(q)
-        out = np.zeros((self.n_extended, self.n_extended))
-        for t, rows in zip(self.types, self._rows):
-            H = t.hessian(qe[t.index]) * lam[rows][:, None, None]
-            idx = t.index
-            np.add.at(out, (idx[:, :, None], idx[:, None, :]), H)
-        return out[:self.n, :self.n]
+        ne = self.n_extended
+        out = lam @ self._H_flat if self.m else np.zeros(ne * ne)
+        if self._nonlinear:
+            qe = self._extended(q)
+            for t, r, flat in self._nonlinear:
+                weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
+                out = out + np.bincount(flat, weights, minlength=ne * ne)
+        return out.reshape(ne, ne)[:self.n, :self.n]

@@ -73,10 +73,37 @@ def gamma(mech: Mechanism, q, v):
     return -_rows(mech, mech.constraints.jacobian_dot(q, v)) @ v
 
 
+def _augmented_solve(M, Phi_q, rhs_top, rhs_bottom):
+    """Solve [[M, Φqᵀ], [Φq, 0]] [x; μ] = [r1; r2] in one LU; None if singular or ill-conditioned.
+
+    With the independent rows of Φq and M positive definite on the admissible motions this matrix is
+    regular; one dense LU is several times cheaper than the SVD route for small mechanisms.
+    """
+    n, r = M.shape[0], Phi_q.shape[0]
+    A = np.empty((n + r, n + r))
+    A[:n, :n] = M
+    A[:n, n:] = Phi_q.T
+    A[n:, :n] = Phi_q
+    A[n:, n:] = 0.0
+    try:
+        x = np.linalg.solve(A, np.concatenate((rhs_top, rhs_bottom)))
+    except np.linalg.LinAlgError:
+        return None
+    if not np.all(np.isfinite(x)) or np.abs(x).max(initial=0.0) > 1e12:
+        return None
+    return x
+
+
 def forward_dynamics(mech: Mechanism, q, v, Q=None) -> np.ndarray:
     """q̈(q, q̇, Q) in dependent coordinates (Lagrange equations, eq. 5–6 of the paper)."""
     Q = mech.gravity_forces if Q is None else Q
-    return solver_at(mech, q).solve(Q, gamma(mech, q, v))
+    C = mech.constraints
+    Phi_q = _rows(mech, C.jacobian(q))
+    g = -_rows(mech, C.jacobian_dot(q, v)) @ v
+    x = _augmented_solve(mech.mass_matrix, Phi_q, Q, g)
+    if x is not None:
+        return x[:mech.n]
+    return ConstrainedSolver(mech.mass_matrix, Phi_q).solve(Q, g)
 
 
 @dataclass
@@ -87,26 +114,46 @@ class DynamicsLinearization:
     da_dv: np.ndarray
     da_dQ: np.ndarray
     multipliers: np.ndarray       # λ per constraint row (zero on dropped redundant rows)
-    solver: ConstrainedSolver
+    Phi_q: np.ndarray             # Φq (all rows) at q
+    Phi_q_dot: np.ndarray         # Φ̇q (all rows) at q, q̇
+    independent_rows: np.ndarray
+    mass_matrix: np.ndarray
+
+    @property
+    def solver(self) -> ConstrainedSolver:
+        """Null-space solver at this configuration (built on demand: the fast path does not need it)."""
+        return ConstrainedSolver(self.mass_matrix, self.Phi_q[self.independent_rows])
 
 
 def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLinearization:
     """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q by differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇."""
     Q = mech.gravity_forces if Q is None else Q
-    C = mech.constraints
-    Phi_q = _rows(mech, C.jacobian(q))
-    Phi_q_dot = _rows(mech, C.jacobian_dot(q, v))
-    solver = ConstrainedSolver(mech.mass_matrix, Phi_q)
-    a = solver.solve(Q, -Phi_q_dot @ v)
-    lam_rows = solver.multipliers(Q, a)
+    C, n, M = mech.constraints, mech.n, mech.mass_matrix
+    Phi_q_all = C.jacobian(q)
+    Phi_q_dot_all = C.jacobian_dot(q, v)
+    Phi_q, Phi_q_dot = _rows(mech, Phi_q_all), _rows(mech, Phi_q_dot_all)
+    r = Phi_q.shape[0]
+    first = _augmented_solve(M, Phi_q, Q, -Phi_q_dot @ v)
+    solver = None
+    if first is not None:
+        a, lam_rows = first[:n], first[n:]
+    else:
+        solver = ConstrainedSolver(M, Phi_q)
+        a = solver.solve(Q, -Phi_q_dot @ v)
+        lam_rows = solver.multipliers(Q, a)
     lam = np.zeros(mech.m)
     lam[mech.independent_rows] = lam_rows
-    n = mech.n
-    rhs1 = np.hstack([-C.weighted_hessian(q, lam), np.zeros((n, n)), np.eye(n)])
-    rhs2 = np.hstack([-_rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a)),
-                      -2.0 * Phi_q_dot, np.zeros((Phi_q.shape[0], n))])
-    D = solver.solve(rhs1, rhs2)
-    return DynamicsLinearization(a, D[:, :n], D[:, n:2 * n], D[:, 2 * n:], lam, solver)
+    rhs1 = np.zeros((n, 3 * n))
+    rhs1[:, :n] = -C.weighted_hessian(q, lam)
+    rhs1[:, 2 * n:] = np.eye(n)
+    rhs2 = np.zeros((r, 3 * n))
+    rhs2[:, :n] = -_rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
+    rhs2[:, n:2 * n] = -2.0 * Phi_q_dot
+    D = None if solver is not None else _augmented_solve(M, Phi_q, rhs1, rhs2)
+    if D is None:
+        D = (solver or ConstrainedSolver(M, Phi_q)).solve(rhs1, rhs2)
+    return DynamicsLinearization(a, D[:n, :n], D[:n, n:2 * n], D[:n, 2 * n:], lam, Phi_q_all, Phi_q_dot_all,
+                                 mech.independent_rows, M)
 
 
 def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):
