@@ -1,0 +1,423 @@
+"""The `mbfg` command: inspect mechanisms, simulate, solve inverse dynamics and estimate from files.
+
+    mbfg info MECH.yaml [--json]
+    mbfg simulate MECH.yaml --duration T --dt DT --output OUT.csv [...]
+    mbfg inverse-dynamics MECH.yaml --trajectory TRAJ.csv --output OUT.csv [--plot PNG]
+    mbfg estimate MECH.yaml --observations OBS.csv --output OUT.csv [...]
+
+User mistakes (missing or bad files, unknown names, bad options) print one line
+``mbfg: error: ...`` on stderr and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from . import csvio
+from .csvio import CsvError
+from .kinematics import AssemblyError
+from .spec import MechanismError
+
+PROG = "mbfg"
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, total: int, label: str, stream=None, enabled: Optional[bool] = None):
+        self.total = max(int(total), 1)
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            try:
+                enabled = self.stream.isatty()
+            except (AttributeError, ValueError):
+                enabled = False
+        self.enabled = bool(enabled)
+        self._last = -1.0
+        self._t0 = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if done < self.total and now - self._last < 0.1:
+            return
+        self._last = now
+        frac = min(max(done / self.total, 0.0), 1.0)
+        width = 30
+        bar = "#" * int(round(frac * width))
+        self.stream.write(f"\r{self.label} [{bar:<{width}}] {100 * frac:5.1f}% {now - self._t0:6.1f} s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.update(self.total)
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _load(path, gravity: Optional[Sequence[float]] = None):
+    from .model import Mechanism, resolve_mechanism_path
+    from .loader import load_spec
+    spec = load_spec(resolve_mechanism_path(path))
+    if gravity is not None:
+        g = [float(x) for x in gravity]
+        if len(g) == 1:
+            g = [0.0, g[0]]
+        if len(g) != 2 or not all(math.isfinite(x) for x in g):
+            raise UserError(f"--gravity takes GY or GX GY (finite numbers), got {' '.join(map(str, gravity))}")
+        spec = dataclasses.replace(spec, gravity=(g[0], g[1]))
+    return Mechanism(spec)
+
+
+def _positive(name):
+    def parse(text):
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number (got '{text}')") from None
+        if not (x > 0 and math.isfinite(x)):
+            raise argparse.ArgumentTypeError(f"{name} must be > 0 (got {text})")
+        return x
+    return parse
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            x = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer (got '{text}')") from None
+        if x < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be ≥ 1 (got {text})")
+        return x
+    return parse
+
+
+def _write_state_csv(path, mech, t, q, v, a, tau) -> None:
+    header = csvio.state_header(mech.coordinate_names, mech.actuator_names)
+    csvio.write_table(path, header, csvio.state_rows(t, q, v, a, tau))
+
+
+def _plot(path, mech, t, q, v, tau, title: str, reference=None) -> None:
+    """Actuated coordinates (or all, if none) and efforts over time."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # pragma: no cover - matplotlib missing
+        raise UserError(f"--plot needs matplotlib ({exc})") from None
+    idx = list(mech.actuated) or list(range(mech.n))
+    rows = 3 if len(mech.actuated) else 2
+    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(8, 2.6 * rows))
+    for i in idx:
+        axes[0].plot(t, q[:, i], label=mech.coordinate_names[i])
+        axes[1].plot(t, v[:, i], label=mech.coordinate_names[i] + "_dot")
+    axes[0].set_ylabel("q")
+    axes[1].set_ylabel("q̇")
+    if rows == 3:
+        for j, name in enumerate(mech.actuator_names):
+            axes[2].plot(t, tau[:, j], label=f"tau_{name}")
+            if reference is not None:
+                axes[2].plot(t, reference[:, j], "--", label=f"tau_{name} (closed form)")
+        axes[2].set_ylabel("effort")
+    axes[-1].set_xlabel("t [s]")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    axes[0].set_title(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write plot: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
+    """(len(t), n_actuators) efforts from a CSV with `t` and one column per actuator joint
+    (`<joint>` or `tau_<joint>`), linearly interpolated."""
+    table = csvio.read_table(path)
+    names = []
+    for joint in mech.actuator_names:
+        if table.has(joint):
+            names.append(joint)
+        elif table.has(f"tau_{joint}"):
+            names.append(f"tau_{joint}")
+        else:
+            raise CsvError(f"{path}: no column for actuator '{joint}' (expected '{joint}' or 'tau_{joint}'; "
+                           f"columns: {', '.join(table.columns)})")
+    known = set(csvio.state_header(mech.coordinate_names, mech.actuator_names)) | set(mech.actuator_names)
+    unknown = [c for c in table.columns if c not in known]
+    if unknown:
+        raise CsvError(f"{path}: unknown column(s) {', '.join(unknown)} "
+                       f"(actuators: {', '.join(mech.actuator_names) or 'none'})")
+    return csvio.interpolate(table, names, t)
+
+
+# ----------------------------------------------------------------------------------------------
+# sub-commands
+# ----------------------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    mech = _load(args.mechanism)
+    info = mech.describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    sensors = ", ".join(f"{s['name']} ({s['type']}, σ={s['sigma']:g}, "
+                        + (f"on {s['coordinate']}" if s["type"] == "encoder" else f"body {s['body']}") + ")"
+                        for s in info["sensors"]) or "none"
+    modes = ", ".join(f"{k}={v:+d}" for k, v in info["assembly_modes"].items()) or "none"
+    acts = ", ".join(f"{c}" + (f" (joint {j})" if j != c else "")
+                     for c, j in zip(info["actuated"], info["actuator_joints"])) or "none"
+    rows = [
+        ("mechanism", f"{info['name']}  ({info['source']})"),
+        ("coordinates n", str(info["n"])),
+        ("constraints m", str(info["m"])),
+        ("rank of Φq", str(info["rank"]) + ("  (redundant constraints)" if info["rank"] < info["m"] else "")),
+        ("degrees of freedom", str(info["dof"])),
+        ("q order", " ".join(info["coordinates"])),
+        ("actuated", acts),
+        ("sensors", sensors),
+        ("total mass", f"{info['mass']:g} kg"),
+        ("gravity", f"({info['gravity'][0]:g}, {info['gravity'][1]:g}) m/s²"),
+        ("assembly modes", modes),
+        ("YAML pose", ("satisfies the constraints" if info["pose_consistent"] else "does NOT satisfy the constraints")
+         + f"  (max |Φ| = {info['constraint_residual']:.3g})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .estimate import EstimatorConfig
+    from .estimator import FixedLagEstimator
+    mech = _load(args.mechanism, args.gravity)
+    steps = int(round(args.duration / args.dt))
+    if steps < 1:
+        raise UserError(f"--duration {args.duration:g} is shorter than one step of --dt {args.dt:g}")
+    t = np.arange(steps + 1) * args.dt
+    efforts = (_efforts_from_csv(mech, args.torques, t) if args.torques
+               else np.zeros((steps + 1, len(mech.actuated))))
+    config = EstimatorConfig(dt=args.dt, window=args.window, mode="forward_dynamics",
+                             formulation=args.coords, integrator=args.integrator)
+    try:
+        config = config.validated()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    est = FixedLagEstimator(mech, config)
+    q, v, a, tau = (np.empty((steps + 1, mech.n)), np.empty((steps + 1, mech.n)),
+                    np.empty((steps + 1, mech.n)), np.empty((steps + 1, len(mech.actuated))))
+    bar = Progress(steps + 1, "simulate")
+    for k in range(steps + 1):
+        e = est.step(float(t[k]), efforts=efforts[k])
+        q[k], v[k], a[k] = e.q, e.v, e.a
+        tau[k] = efforts[k]
+        bar.update(k + 1)
+    bar.close()
+    _write_state_csv(args.output, mech, t, q, v, a, tau)
+    if args.plot:
+        _plot(args.plot, mech, t, q, v, tau, f"{mech.name}: forward dynamics")
+    return 0
+
+
+def trajectory_from_csv(mech, path):
+    """(t, dt, values (N, n_actuated)) of a trajectory CSV: `t` and one column per actuated coordinate."""
+    table = csvio.read_table(path)
+    act = [mech.coordinate_names[i] for i in mech.actuated]
+    if not act:
+        raise UserError(f"{mech.spec.source}: the mechanism has no actuators, so there is nothing to solve for")
+    missing = [c for c in act if not table.has(c)]
+    known = set(csvio.state_header(mech.coordinate_names, mech.actuator_names))
+    unknown = [c for c in table.columns if c not in known]
+    if unknown:
+        raise CsvError(f"{path}: unknown column(s) {', '.join(unknown)} "
+                       f"(expected the actuated coordinates: {', '.join(act)})")
+    if missing:
+        raise CsvError(f"{path}: missing column(s) for the actuated coordinate(s) {', '.join(missing)}")
+    if len(table.t) < 3:
+        raise CsvError(f"{path}: need at least 3 rows")
+    dt = csvio.require_uniform_time(table)
+    return table.t, dt, np.column_stack([table.column(c) for c in act])
+
+
+def cmd_inverse_dynamics(args) -> int:
+    from . import batch
+    mech = _load(args.mechanism, args.gravity)
+    t, dt, traj = trajectory_from_csv(mech, args.trajectory)
+    bar = Progress(4, "inverse dynamics")
+    res = batch.staged_inverse_dynamics(mech, traj, dt, t0=float(t[0]), progress=bar.update)
+    bar.close()
+    _write_state_csv(args.output, mech, res.t, res.q, res.v, res.a, res.tau)
+    if args.plot:
+        ref = batch.closed_form_efforts(mech, res.q, res.v, res.a)
+        _plot(args.plot, mech, res.t, res.q, res.v, res.tau, f"{mech.name}: staged inverse dynamics", ref)
+    if args.verbose:
+        for s in res.stages:
+            print(f"stage {s.stage}: {s.iterations} LM iterations, error {s.initial_error:.3g} -> "
+                  f"{s.final_error:.3g}, {s.seconds:.3f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_estimate(args) -> int:
+    from .estimate import EstimatorConfig
+    from .estimator import FixedLagEstimator
+    mech = _load(args.mechanism, args.gravity)
+    table = csvio.read_table(args.observations, allow_empty=True)
+    names = [s.name for s in mech.sensors]
+    cols = csvio.sensor_columns(table, names)
+    if not cols and args.mode == "estimation":
+        raise CsvError(f"{args.observations}: no sensor columns (sensors: {', '.join(names) or 'none'})")
+    t = table.t
+    if len(t) < 2:
+        raise CsvError(f"{args.observations}: need at least 2 rows")
+    dt = csvio.require_uniform_time(table)
+    efforts = None
+    if args.torques:
+        efforts = _efforts_from_csv(mech, args.torques, t)
+    elif args.mode == "fused" and len(mech.actuated):
+        raise UserError("--mode fused needs --torques (the commanded efforts)")
+    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator)
+    try:
+        config = config.validated()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    est = FixedLagEstimator(mech, config)
+    N = len(t)
+    q, v, a = (np.empty((N, mech.n)) for _ in range(3))
+    tau = np.empty((N, len(mech.actuated)))
+    bar = Progress(N, "estimate")
+    for k in range(N):
+        obs = {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
+        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k], observations=obs)
+        q[k], v[k], a[k] = e.q, e.v, e.a
+        tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
+        bar.update(k + 1)
+    bar.close()
+    _write_state_csv(args.output, mech, t, q, v, a, tau)
+    if args.plot:
+        _plot(args.plot, mech, t, q, v, tau, f"{mech.name}: {args.mode}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# parser
+# ----------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Multibody factor-graph tools: mechanism info, forward dynamics, "
+                "staged inverse dynamics and state estimation from CSV files.",
+                epilog="MECH is a mechanism YAML file, or the name of one shipped with mbfg_ros "
+                "(e.g. four_bar_crank).  Run 'mbfg COMMAND --help' for the options of a command.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def add_gravity(sp):
+        sp.add_argument("--gravity", nargs="+", type=float, metavar="G",
+                        help="override the YAML gravity: GY, or GX GY [m/s²] (e.g. --gravity 0 to switch it off)")
+
+    s = sub.add_parser("info", help="summary of a mechanism (coordinates, DOF, sensors, ...)",
+                       description="Print n, m, rank of Φq, degrees of freedom, coordinate names in q order, "
+                       "actuators, sensors, mass, assembly modes and whether the YAML pose is consistent.")
+    s.add_argument("mechanism", metavar="MECH", help="mechanism YAML file or shipped name")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("simulate", help="forward dynamics with the fixed-lag factor-graph estimator",
+                       description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
+                       "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
+                       epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>.")
+    s.add_argument("mechanism", metavar="MECH")
+    s.add_argument("--duration", type=_positive("--duration"), required=True, metavar="T", help="seconds")
+    s.add_argument("--dt", type=_positive("--dt"), default=1e-3, metavar="DT", help="time step [s] (default 0.001)")
+    s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N",
+                   help="fixed-lag window in steps (default 10)")
+    s.add_argument("--coords", choices=("dependent", "independent"), default="dependent",
+                   help="formulation (default dependent)")
+    s.add_argument("--integrator", choices=("trapezoidal", "hermite"), default="trapezoidal")
+    s.add_argument("--torques", metavar="CSV",
+                   help="efforts: column t and one column per actuator joint (or tau_<joint>), "
+                   "linearly interpolated; default zero")
+    add_gravity(s)
+    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
+    s.add_argument("--plot", metavar="PNG", help="also save a plot")
+    s.set_defaults(func=cmd_simulate)
+
+    s = sub.add_parser("inverse-dynamics", help="staged batch inverse dynamics of a prescribed trajectory",
+                       description="Efforts that make the actuated coordinates follow a trajectory: the "
+                       "paper's staged batch Levenberg–Marquardt (q; q̇, q̈; velocity constraints; efforts).",
+                       epilog="TRAJ.csv: column t (uniform step) and one column per actuated coordinate, by "
+                       "name.  Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>.")
+    s.add_argument("mechanism", metavar="MECH")
+    s.add_argument("--trajectory", required=True, metavar="TRAJ.csv")
+    add_gravity(s)
+    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
+    s.add_argument("--plot", metavar="PNG", help="also save a plot (with the closed-form efforts for comparison)")
+    s.add_argument("--verbose", "-v", action="store_true", help="print per-stage statistics on stderr")
+    s.set_defaults(func=cmd_inverse_dynamics)
+
+    s = sub.add_parser("estimate", help="run the online estimator over recorded sensor readings",
+                       description="State (and effort) estimation from a CSV of sensor readings with the "
+                       "fixed-lag factor-graph estimator.",
+                       epilog="OBS.csv: column t (uniform step) and one column per sensor name (see 'mbfg info'); "
+                       "an empty cell is a missing reading.")
+    s.add_argument("mechanism", metavar="MECH")
+    s.add_argument("--observations", required=True, metavar="OBS.csv")
+    s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
+    s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N")
+    s.add_argument("--mode", choices=("estimation", "fused"), default="estimation",
+                   help="estimation: efforts unknown; fused: commanded efforts as soft priors (default estimation)")
+    s.add_argument("--integrator", choices=("trapezoidal", "hermite"), default="trapezoidal")
+    add_gravity(s)
+    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
+    s.add_argument("--plot", metavar="PNG")
+    s.set_defaults(func=cmd_estimate)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args) or 0)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except (UserError, MechanismError, CsvError, AssemblyError) as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc) -> str:
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""CSV input and output of the `mbfg` command line: time series with a header row.
+
+Every reader raises `CsvError` (a `ValueError`) with a one-line message naming the file, the row and
+the column, so the command line can print it and exit with status 2.
+
+Output columns (see `state_header`): ``t``, every coordinate by name, ``<name>_dot``,
+``<name>_ddot`` for every coordinate, then ``tau_<joint>`` for every actuator.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["CsvError", "Table", "read_table", "write_table", "state_header", "state_rows",
+           "interpolate", "require_uniform_time"]
+
+
+class CsvError(ValueError):
+    """A problem with a CSV file given on the command line."""
+
+
+@dataclass
+class Table:
+    """A parsed CSV time series: `t` (N,), `columns` (names, without `t`), `data` (N, len(columns)),
+    NaN where a cell was empty."""
+    source: str
+    t: np.ndarray
+    columns: List[str]
+    data: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        return self.data[:, self.columns.index(name)]
+
+    def has(self, name: str) -> bool:
+        return name in self.columns
+
+
+def read_table(path, allow_empty: bool = False) -> Table:
+    """Read a CSV file with a header row whose first column is ``t`` (seconds, strictly increasing).
+
+    Cells must be numbers; an empty cell is NaN when `allow_empty` is true (a missing reading) and
+    an error otherwise.  Lines starting with ``#`` are comments.
+    """
+    source = str(path)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            lines = [row for row in csv.reader(line for line in f if not line.lstrip().startswith("#"))]
+    except OSError as exc:
+        raise CsvError(f"{source}: cannot read file: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CsvError(f"{source}: not a readable CSV file ({exc})") from None
+    lines = [row for row in lines if any(cell.strip() for cell in row)]
+    if not lines:
+        raise CsvError(f"{source}: the file is empty (expected a header row starting with 't')")
+    header = [h.strip() for h in lines[0]]
+    if not header or header[0] != "t":
+        raise CsvError(f"{source}: the first column of the header must be 't' (got '{header[0] if header else ''}')")
+    if any(not h for h in header):
+        raise CsvError(f"{source}: header has an empty column name (column {header.index('') + 1})")
+    dup = sorted({h for h in header if header.count(h) > 1})
+    if dup:
+        raise CsvError(f"{source}: duplicate column(s) in the header: {', '.join(dup)}")
+    rows = lines[1:]
+    if not rows:
+        raise CsvError(f"{source}: no data rows after the header")
+    data = np.empty((len(rows), len(header)))
+    for i, row in enumerate(rows):
+        line_no = i + 2
+        if len(row) != len(header):
+            raise CsvError(f"{source}: row {line_no} has {len(row)} cells, the header has {len(header)}")
+        for j, cell in enumerate(row):
+            cell = cell.strip()
+            if not cell:
+                if j == 0 or not allow_empty:
+                    raise CsvError(f"{source}: row {line_no}, column '{header[j]}': empty cell")
+                data[i, j] = math.nan
+                continue
+            try:
+                x = float(cell)
+            except ValueError:
+                raise CsvError(f"{source}: row {line_no}, column '{header[j]}': not a number: '{cell}'") from None
+            if not math.isfinite(x):
+                raise CsvError(f"{source}: row {line_no}, column '{header[j]}': not a finite number: '{cell}'")
+            data[i, j] = x
+    t = data[:, 0].copy()
+    if len(t) > 1 and np.any(np.diff(t) <= 0):
+        k = int(np.nonzero(np.diff(t) <= 0)[0][0]) + 3
+        raise CsvError(f"{source}: row {k}: time 't' must be strictly increasing")
+    return Table(source, t, header[1:], data[:, 1:].copy())
+
+
+def require_uniform_time(table: Table, rel_tol: float = 1e-6) -> float:
+    """The constant step of `table.t` (at least 2 rows), or CsvError."""
+    if len(table.t) < 2:
+        raise CsvError(f"{table.source}: need at least 2 rows to define a time step")
+    dts = np.diff(table.t)
+    dt = float(np.mean(dts))
+    if np.max(np.abs(dts - dt)) > rel_tol * max(dt, 1e-12) + 1e-12:
+        k = int(np.argmax(np.abs(dts - dt))) + 2
+        raise CsvError(f"{table.source}: time steps must be uniform (mean {dt:g} s, but rows {k}-{k + 1} "
+                       f"differ by {dts[k - 2]:g} s)")
+    return dt
+
+
+def interpolate(table: Table, names: Sequence[str], t: np.ndarray) -> np.ndarray:
+    """Columns `names` linearly interpolated at times `t` (held constant outside the table), (len(t), len(names))."""
+    out = np.empty((len(t), len(names)))
+    for j, name in enumerate(names):
+        y = table.column(name)
+        ok = np.isfinite(y)
+        if not ok.any():
+            raise CsvError(f"{table.source}: column '{name}' has no values")
+        out[:, j] = np.interp(t, table.t[ok], y[ok])
+    return out
+
+
+def state_header(coordinate_names: Sequence[str], actuator_names: Sequence[str]) -> List[str]:
+    names = list(coordinate_names)
+    return (["t"] + names + [f"{c}_dot" for c in names] + [f"{c}_ddot" for c in names]
+            + [f"tau_{a}" for a in actuator_names])
+
+
+def state_rows(t, q, v, a, tau) -> np.ndarray:
+    """Stack per-step arrays into rows matching `state_header`."""
+    t = np.asarray(t, dtype=float).reshape(-1, 1)
+    tau = np.asarray(tau, dtype=float).reshape(len(t), -1)
+    return np.hstack([t, np.asarray(q).reshape(len(t), -1), np.asarray(v).reshape(len(t), -1),
+                      np.asarray(a).reshape(len(t), -1), tau])
+
+
+def write_table(path, header: Sequence[str], rows: Iterable[Sequence[float]], precision: int = 12) -> None:
+    """Write a CSV file (``%.{precision}g`` numbers, NaN as an empty cell)."""
+    fmt = f"%.{precision}g"
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(list(header))
+            for row in rows:
+                w.writerow(["" if not math.isfinite(x) else fmt % x for x in row])
+    except OSError as exc:
+        raise CsvError(f"{path}: cannot write file: {exc.strerror or exc}") from None
+
+
+def sensor_columns(table: Table, sensor_names: Sequence[str]) -> Dict[str, np.ndarray]:
+    """Columns of `table` that are sensor names; an unknown column is an error."""
+    unknown = [c for c in table.columns if c not in sensor_names]
+    if unknown:
+        raise CsvError(f"{table.source}: unknown sensor column(s) {', '.join(unknown)} "
+                       f"(sensors: {', '.join(sensor_names) or 'none'})")
+    return {c: table.column(c) for c in table.columns}
+
+
+def optional_float(x) -> Optional[float]:
+    return None if x is None or not math.isfinite(x) else float(x)
