@@ -1,0 +1,294 @@
+"""gtsam adapters for the factor units of `mbfg_ros.factors`.
+
+Two ways to hand a unit to GTSAM:
+
+* `custom_factor(unit, keys)` – a `gtsam.CustomFactor` over one vector key per slot (the paper's graph
+  structure; used by the tests and by batch solvers).  GTSAM relinearizes it whenever it likes, at the
+  price of a Python callback per linearization.
+* The fast path: one stacked state variable per step, X_k = [q, q̇, q̈ (, j) (, τ) ...] (`StateLayout`),
+  and all units of step k (which read X_k and possibly X_{k−1}) linearized ONCE in Python, whitened and
+  stacked into one `gtsam.JacobianFactor` wrapped in a `gtsam.LinearContainerFactor` (`linearize_step`,
+  `linear_factor`).  GTSAM never calls back into Python for these factors.  Since such a factor is a
+  fixed first-order model, `FixedLagWindow` implements the relinearization safeguard: after each
+  update it evaluates the newest step's nonlinear residual at the estimate and, while it departs
+  from the linear model by more than a threshold, replaces the factor (`factorsToRemove`) by one
+  linearized at the new estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import gtsam
+import numpy as np
+
+from .factors import EvalContext, Factor
+
+__all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "linear_factor",
+           "FixedLagWindow", "StepRecord", "state_key"]
+
+
+def state_key(k: int) -> int:
+    return gtsam.symbol("x", int(k))
+
+
+# ----------------------------------------------------------------------------------------------
+def custom_factor(unit: Factor, keys: Sequence[int], mech=None) -> gtsam.CustomFactor:
+    """`gtsam.CustomFactor` for `unit`, one vector key per slot (in slot order), diagonal noise model
+    with the unit's sigmas.  The unit is copied: later changes to the original's parameters do not
+    affect the factor."""
+    keys = [int(k) for k in keys]
+    if len(keys) != len(unit.slots):
+        raise ValueError(f"{unit.name}: {len(unit.slots)} slots {unit.slots} but {len(keys)} keys")
+    u = unit.copy()
+    noise = gtsam.noiseModel.Diagonal.Sigmas(np.asarray(u.sigmas, dtype=float))
+
+    def error_function(this, values, H):
+        blocks = [values.atVector(k) for k in keys]
+        if H is None:
+            return u.error(*blocks)
+        e, J = u.evaluate(*blocks)
+        for i, Ji in enumerate(J):
+            H[i] = Ji
+        return e
+
+    return gtsam.CustomFactor(noise, keys, error_function)
+
+
+# ----------------------------------------------------------------------------------------------
+class StateLayout:
+    """The blocks of the stacked per-step state X = [block₀, block₁, ...] (name, size) in order."""
+
+    def __init__(self, blocks: Sequence[Tuple[str, int]]):
+        self.blocks = tuple((str(n), int(s)) for n, s in blocks)
+        self.slices: Dict[str, slice] = {}
+        off = 0
+        for n, s in self.blocks:
+            self.slices[n] = slice(off, off + s)
+            off += s
+        self.dim = off
+        # slot name -> (0 = previous step / 1 = this step, block name, columns)
+        self.slot_map: Dict[str, Tuple[int, str, slice]] = {}
+        for n, _ in self.blocks:
+            self.slot_map[n] = (1, n, self.slices[n])
+            self.slot_map[n + "_prev"] = (0, n, self.slices[n])
+
+    def __contains__(self, name):
+        return name in self.slices
+
+    def size(self, name: str) -> int:
+        s = self.slices[name]
+        return s.stop - s.start
+
+    def views(self, x: np.ndarray) -> Dict[str, np.ndarray]:
+        return {n: x[s] for n, s in self.slices.items()}
+
+    def pack(self, **blocks) -> np.ndarray:
+        x = np.zeros(self.dim)
+        for n, val in blocks.items():
+            x[self.slices[n]] = val
+        return x
+
+    def get(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x[self.slices[name]]
+
+    def check(self, units: Sequence[Factor]):
+        for u in units:
+            for s in u.slots:
+                if s not in self.slot_map:
+                    raise ValueError(f"{u.name}: slot '{s}' is not a block of the state {self.blocks}")
+
+    def __repr__(self):
+        return f"StateLayout({', '.join(f'{n}:{s}' for n, s in self.blocks)})"
+
+
+def _blocks_for(unit, slot_map, vprev, vcur):
+    out = []
+    for s in unit.slots:
+        which, name, _ = slot_map[s]
+        out.append(vcur[name] if which else vprev[name])
+    return out
+
+
+def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                   ctx: Optional[EvalContext] = None):
+    """Whitened linearization of all `units` of one step at (X_{k−1}, X_k) = (x_prev, x_cur):
+    returns (A_prev or None, A_cur, r) with e_w(X) ≈ r + A_prev (X_{k−1} − x_prev) + A_cur (X_k − x_cur)."""
+    rows = 0
+    need_prev = False
+    for u in units:
+        rows += u.dim
+        if not need_prev:
+            for s in u.slots:
+                if s.endswith("_prev"):
+                    need_prev = True
+                    break
+    D = layout.dim
+    A_cur = np.zeros((rows, D))
+    A_prev = np.zeros((rows, D)) if need_prev else None
+    r = np.empty(rows)
+    slot_map = layout.slot_map
+    vcur = layout.views(x_cur)
+    vprev = layout.views(x_prev) if need_prev else None
+    row = 0
+    for u in units:
+        d = u.dim
+        if d == 0:
+            continue
+        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx)
+        w = 1.0 / u.sigmas
+        r[row:row + d] = e * w
+        wc = w[:, None]
+        for s, J in zip(u.slots, Js):
+            which, _, cols = slot_map[s]
+            (A_cur if which else A_prev)[row:row + d, cols] += J * wc
+        row += d
+    return A_prev, A_cur, r
+
+
+def residual_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                  ctx: Optional[EvalContext] = None) -> np.ndarray:
+    """Whitened nonlinear error of all `units` of one step at (x_prev, x_cur) (no Jacobians)."""
+    slot_map = layout.slot_map
+    vcur = layout.views(x_cur)
+    vprev = layout.views(x_prev) if x_prev is not None else None
+    parts = [u.error(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx) / u.sigmas for u in units if u.dim]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def check_weights(units: Sequence[Factor]) -> Optional[np.ndarray]:
+    """Per-row weights of the relinearization check (None when all are 1)."""
+    if all(u.check_weight == 1.0 for u in units):
+        return None
+    return np.concatenate([np.full(u.dim, float(u.check_weight)) for u in units if u.dim])
+
+
+_UNIT_NOISE: Dict[int, object] = {}
+
+
+def _unit_noise(rows: int):
+    m = _UNIT_NOISE.get(rows)
+    if m is None:
+        m = _UNIT_NOISE[rows] = gtsam.noiseModel.Unit.Create(rows)
+    return m
+
+
+def linear_factor(A_prev: Optional[np.ndarray], A_cur: np.ndarray, r: np.ndarray, key_prev: Optional[int],
+                  key_cur: int, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> gtsam.LinearContainerFactor:
+    """The linear model e_w ≈ r + A_prev δ_prev + A_cur δ_cur as a C++ `LinearContainerFactor`
+    linearized at (x_prev, x_cur) (unit noise: the rows are already whitened)."""
+    lin = gtsam.Values()
+    lin.insert(key_cur, x_cur)
+    noise = _unit_noise(r.size)
+    if A_prev is None:
+        jf = gtsam.JacobianFactor(key_cur, A_cur, -r, noise)
+    else:
+        lin.insert(key_prev, x_prev)
+        jf = gtsam.JacobianFactor(key_prev, A_prev, key_cur, A_cur, -r, noise)
+    return gtsam.LinearContainerFactor(jf, lin)
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class StepRecord:
+    """What the window remembers about the newest step: its units and current linearization."""
+    k: int
+    units: List[Factor]
+    x_prev: Optional[np.ndarray]
+    x_cur: np.ndarray
+    A_prev: Optional[np.ndarray]
+    A_cur: np.ndarray
+    r: np.ndarray
+    weights: Optional[np.ndarray] = None
+    factor_index: int = -1
+    relinearizations: int = 0
+    mismatch: float = 0.0
+
+
+class FixedLagWindow:
+    """`gtsam.IncrementalFixedLagSmoother` (iSAM2, QR factorization, lag in steps) over stacked states
+    with pre-linearized step factors and the relinearization safeguard.
+
+    `relinearize_threshold` is in whitened units (multiples of the factors' sigmas): the newest step's
+    factor is re-linearized while max |e_w,nonlinear(X̂) − e_w,linear(X̂)| exceeds it, at most
+    `max_relinearizations` times per step.
+    """
+
+    def __init__(self, layout: StateLayout, lag_steps: int, ctx: EvalContext, relinearize_threshold: float = 1e-3,
+                 max_relinearizations: int = 3, factorization: str = "QR"):
+        self.layout = layout
+        self.lag = int(lag_steps)
+        self.ctx = ctx
+        self.threshold = float(relinearize_threshold)
+        self.max_relinearizations = int(max_relinearizations)
+        params = gtsam.ISAM2Params()
+        params.setFactorization(factorization)
+        params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
+        params.relinearizeSkip = 1 << 30
+        self.smoother = gtsam.IncrementalFixedLagSmoother(float(self.lag), params)
+        self.last: Optional[StepRecord] = None
+        self.total_relinearizations = 0
+        self._graph = gtsam.NonlinearFactorGraph()
+        self._empty_values = gtsam.Values()
+
+    # -- steps ------------------------------------------------------------------------------
+    def add_step(self, k: int, units: Sequence[Factor], x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
+                 check: bool = True) -> np.ndarray:
+        """Add step k (state X_k, initial value / linearization point `x_pred`) with its units,
+        linearized at (x_prev = current estimate of X_{k−1}, x_pred).  Returns the estimate of X_k."""
+        units = list(units)
+        A_prev, A_cur, r = linearize_step(units, self.layout, x_prev, x_pred, self.ctx)
+        rec = StepRecord(k, units, None if A_prev is None else x_prev, x_pred, A_prev, A_cur, r,
+                         check_weights(units))
+        values = gtsam.Values()
+        values.insert(state_key(k), x_pred)
+        self._update(rec, values, {state_key(k): float(k)}, [])
+        self.last = rec
+        x_est = self.estimate(k)
+        if check:
+            x_est = self.safeguard(rec, x_est)
+        return x_est
+
+    def _update(self, rec: StepRecord, values, timestamps, remove):
+        g = self._graph
+        g.resize(0)
+        key_prev = state_key(rec.k - 1) if rec.A_prev is not None else None
+        g.push_back(linear_factor(rec.A_prev, rec.A_cur, rec.r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur))
+        self.smoother.update(g, values, timestamps, remove)
+        rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+
+    def linear_residual(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> np.ndarray:
+        r = rec.r + rec.A_cur @ (x_cur - rec.x_cur)
+        if rec.A_prev is not None:
+            r = r + rec.A_prev @ (x_prev - rec.x_prev)
+        return r
+
+    def safeguard(self, rec: StepRecord, x_est: np.ndarray) -> np.ndarray:
+        """Re-linearize the newest step's factor at the estimate while its linear model is off."""
+        for _ in range(self.max_relinearizations + 1):
+            x_prev = self.estimate(rec.k - 1) if rec.A_prev is not None else None
+            nonlinear = residual_step(rec.units, self.layout, x_prev, x_est, self.ctx)
+            diff = np.abs(nonlinear - self.linear_residual(rec, x_prev, x_est))
+            if rec.weights is not None:
+                diff *= rec.weights
+            mismatch = float(diff.max(initial=0.0))
+            rec.mismatch = mismatch
+            if not np.isfinite(mismatch):
+                raise FloatingPointError("non-finite residual at the estimate")
+            if mismatch <= self.threshold or rec.relinearizations >= self.max_relinearizations:
+                return x_est
+            rec.A_prev, rec.A_cur, rec.r = linearize_step(rec.units, self.layout, x_prev, x_est, self.ctx)
+            rec.x_prev, rec.x_cur = x_prev, x_est
+            rec.relinearizations += 1
+            self.total_relinearizations += 1
+            self._update(rec, self._empty_values, {}, [rec.factor_index])
+            x_est = self.estimate(rec.k)
+        return x_est
+
+    # -- queries ----------------------------------------------------------------------------
+    def estimate(self, k: int) -> np.ndarray:
+        return self.smoother.calculateEstimateVector(state_key(k))
+
+    def marginal_covariance(self, k: int) -> np.ndarray:
+        return self.smoother.marginalCovariance(state_key(k))
