@@ -1,0 +1,678 @@
+"""Batch (whole-trajectory) factor-graph solvers: forward dynamics and the paper's staged inverse dynamics.
+
+A batch problem is a `Problem`: named vector variables (``("q", k)``, ``("v", k)`` ...) and factors,
+each a factor *unit* of `mbfg_ros.factors` (closed-form Jacobians) applied to a list of variable
+keys.  Two Levenberg–Marquardt engines solve the same `Problem`:
+
+* ``engine="sparse"`` (default): LM written here over the units directly.  The Jacobian of every
+  exactly linear unit (integrators, priors, soft equalities) is built once; the nonlinear units are
+  evaluated once per iteration (one evaluation gives the errors and Jacobians); the damped normal
+  equations are solved with a sparse LU.  Convergence is judged on the Gauss–Newton model, so a
+  converged stage costs no extra evaluation.
+* ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.custom_factor`)
+  and `gtsam.LevenbergMarquardtOptimizer` with multifrontal QR and tolerances that converge.
+
+Staged inverse dynamics (paper §7.2): for a prescribed trajectory of the actuated coordinates,
+stage 1 solves q only (trajectory priors on the actuated entries, position constraints, soft equality
+between consecutive q), stage 2 adds q̇, q̈ and the trapezoidal integrators, stage 3 the velocity
+constraints, stage 4 the efforts τ_k as real variables of the inverse-dynamics factor
+(error q̈(q, q̇; Qg + Eτ) − q̈ over the keys q_k, q̇_k, q̈_k, τ_k).  Each stage starts from the
+previous result; stage 1 starts from per-step position problems with continuation (the separable
+part of stage 1), stage 2 from finite differences, stage 4 from the closed-form efforts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from . import dynamics, kinematics
+from .model import Mechanism
+
+__all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult", "StageReport",
+           "staged_inverse_dynamics", "closed_form_motion", "closed_form_efforts", "quintic_move",
+           "ForwardDynamicsResult", "batch_forward_dynamics"]
+
+Key = Tuple[str, int]
+_DEBUG = False
+
+
+# ----------------------------------------------------------------------------------------------
+# problem description
+# ----------------------------------------------------------------------------------------------
+def _unit_is_linear(unit) -> bool:
+    return bool(getattr(unit, "linear", False) or getattr(unit, "is_linear", False))
+
+
+class Problem:
+    """Variables (ordered as added) and factors of one batch least-squares problem."""
+
+    def __init__(self):
+        self.keys: List[Key] = []
+        self.dims: Dict[Key, int] = {}
+        self.values: Dict[Key, np.ndarray] = {}
+        self.factors: List[Tuple[object, Tuple[Key, ...]]] = []
+
+    def add_variable(self, key: Key, value) -> None:
+        value = np.array(value, dtype=float).reshape(-1)
+        if key not in self.dims:
+            self.keys.append(key)
+            self.dims[key] = value.size
+        elif self.dims[key] != value.size:
+            raise ValueError(f"variable {key}: dimension {value.size} != {self.dims[key]}")
+        self.values[key] = value
+
+    def add_factor(self, unit, keys: Sequence[Key]) -> None:
+        keys = tuple(keys)
+        for k in keys:
+            if k not in self.dims:
+                raise KeyError(f"factor {type(unit).__name__} uses unknown variable {k}")
+        self.factors.append((unit, keys))
+
+    def error(self, values: Optional[Dict[Key, np.ndarray]] = None) -> float:
+        """½ Σ |whitened error|² (GTSAM's graph error)."""
+        values = self.values if values is None else values
+        total = 0.0
+        for unit, keys in self.factors:
+            e, _ = unit.evaluate(*[values[k] for k in keys])
+            total += 0.5 * float(np.sum((np.asarray(e) / unit.sigmas) ** 2))
+        return total
+
+
+@dataclass
+class LMSettings:
+    max_iterations: int = 50
+    relative_tolerance: float = 1e-12   # stop when the Gauss–Newton model predicts less decrease than this × cost
+    absolute_tolerance: float = 1e-14
+    lambda_initial: float = 1e-12       # relative to diag(JᵀJ) (Marquardt scaling); 0 after good steps
+    lambda_factor: float = 10.0
+
+
+@dataclass
+class LMReport:
+    iterations: int          # accepted steps
+    evaluations: int         # evaluations of the nonlinear factors
+    initial_error: float
+    final_error: float
+    converged: bool
+    seconds: float
+
+
+# ----------------------------------------------------------------------------------------------
+# sparse Levenberg–Marquardt over factor units
+# ----------------------------------------------------------------------------------------------
+def _group(factors, dims):
+    """Factors reordered so that those with the same unit type and block shapes are contiguous
+    (stable within a group), as a list of groups."""
+    groups: Dict[tuple, list] = {}
+    for f in factors:
+        unit, keys = f
+        sig = (type(unit), unit.dim, tuple(dims[k] for k in keys))
+        groups.setdefault(sig, []).append(f)
+    return list(groups.values())
+
+
+def _block_pattern(groups, dims, offset):
+    """COO (rows, cols) of the Jacobian blocks, factor by factor and slot by slot in row-major
+    order (the order in which `_Assembly.evaluate` concatenates the blocks)."""
+    rows, cols = [], []
+    r0 = 0
+    for grp in groups:
+        unit, keys = grp[0]
+        d, kd = unit.dim, [dims[k] for k in keys]
+        starts = r0 + d * np.arange(len(grp))
+        rr, cc = [], []
+        for s_, dk in enumerate(kd):
+            offs = np.fromiter((offset[f[1][s_]] for f in grp), dtype=np.intp, count=len(grp))
+            rr.append(starts[:, None] + np.repeat(np.arange(d), dk)[None, :])
+            cc.append(offs[:, None] + np.tile(np.arange(dk), d)[None, :])
+        rows.append(np.hstack(rr).ravel())
+        cols.append(np.hstack(cc).ravel())
+        r0 += d * len(grp)
+    if not rows:
+        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), 0
+    return np.concatenate(rows), np.concatenate(cols), r0
+
+
+class _Assembly:
+    """Row/column layout of the whitened Jacobian of a `Problem` (columns ordered by time step)."""
+
+    def __init__(self, prob: Problem):
+        self.prob = prob
+        order = sorted(range(len(prob.keys)), key=lambda i: (prob.keys[i][1], i))
+        self.keys = [prob.keys[i] for i in order]
+        self.offset: Dict[Key, int] = {}
+        col = 0
+        for k in self.keys:
+            self.offset[k] = col
+            col += prob.dims[k]
+        self.ncols = col
+        self.slices = [(k, self.offset[k], self.offset[k] + prob.dims[k]) for k in self.keys]
+        lin, nl = [], []
+        for f in prob.factors:
+            (lin if _unit_is_linear(f[0]) else nl).append(f)
+        lin_groups, nl_groups = _group(lin, prob.dims), _group(nl, prob.dims)
+        lin = [f for g in lin_groups for f in g]
+        nl = [f for g in nl_groups for f in g]
+        self.linear, self.nonlinear = lin, nl
+        self._lin_A, self._lin_b = self._build_linear(lin_groups)
+        self.nl_rows, self.nl_cols, self.nl_m = _block_pattern(nl_groups, prob.dims, self.offset)
+        self.sig_nl = (np.concatenate([np.asarray(u.sigmas, float).reshape(u.dim) for u, _ in nl])
+                       if nl else np.zeros(0))
+        self.inv_sig_entries = 1.0 / self.sig_nl[self.nl_rows] if nl else np.zeros(0)
+        A = self._lin_A
+        self.H_lin = (A.T @ A).tocsc() if A is not None else sp.csc_matrix((self.ncols, self.ncols))
+
+    def _build_linear(self, groups):
+        """Exactly linear units: error = A x − b, from one evaluation at x = 0 per distinct unit object."""
+        if not groups:
+            return None, None
+        rows, cols, m = _block_pattern(groups, self.prob.dims, self.offset)
+        factors = [f for g in groups for f in g]
+        cache = {}
+        vals, b = [], []
+        for unit, keys in factors:
+            hit = cache.get(id(unit))
+            if hit is None:
+                e, Js = unit.evaluate(*[np.zeros(self.prob.dims[k]) for k in keys])
+                s = np.asarray(unit.sigmas, float).reshape(unit.dim)
+                Jw = np.concatenate([(np.asarray(J, float).reshape(unit.dim, -1) / s[:, None]).ravel() for J in Js])
+                hit = (Jw, -np.asarray(e, float).reshape(unit.dim) / s, unit)
+                cache[id(unit)] = hit
+            vals.append(hit[0])
+            b.append(hit[1])
+        A = sp.csr_matrix((np.concatenate(vals), (rows, cols)), shape=(m, self.ncols))
+        return A, np.concatenate(b)
+
+    def pack(self, values) -> np.ndarray:
+        return np.concatenate([values[k] for k in self.keys]) if self.keys else np.zeros(0)
+
+    def unpack(self, x) -> Dict[Key, np.ndarray]:
+        return {k: x[a:b] for k, a, b in self.slices}
+
+    def evaluate(self, x):
+        """Whitened nonlinear residuals and Jacobian (csr), and the whitened linear residuals."""
+        vals = self.unpack(x)
+        errs, jv = [], []
+        for unit, keys in self.nonlinear:
+            e, Js = unit.evaluate(*[vals[k] for k in keys])
+            errs.append(e)
+            jv.extend(J.ravel() for J in Js)
+        if self.nonlinear:
+            r_nl = np.concatenate(errs) / self.sig_nl
+            J_nl = sp.csr_matrix((np.concatenate(jv) * self.inv_sig_entries, (self.nl_rows, self.nl_cols)),
+                                 shape=(self.nl_m, self.ncols))
+        else:
+            r_nl, J_nl = np.zeros(0), sp.csr_matrix((0, self.ncols))
+        r_lin = (self._lin_A @ x - self._lin_b) if self._lin_A is not None else np.zeros(0)
+        return r_nl, J_nl, r_lin
+
+    def gradient_and_hessian(self, x, r_nl, J_nl, r_lin):
+        g = J_nl.T @ r_nl
+        if self._lin_A is not None:
+            g = g + self._lin_A.T @ r_lin
+        H = (self.H_lin + (J_nl.T @ J_nl)).tocsc()
+        return g, H
+
+
+class _single_threaded_blas:
+    """Run OpenBLAS single-threaded inside the block: the banded Cholesky is a long chain of tiny
+    BLAS calls, which threads only slow down (10× on a busy 2-core machine)."""
+
+    _libs = None
+
+    @classmethod
+    def _find(cls):
+        if cls._libs is not None:
+            return cls._libs
+        import ctypes
+        libs = []
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
+        except OSError:
+            paths = set()
+        for path in sorted(paths):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix in ("scipy_openblas", "openblas"):
+                for suffix in ("64_", ""):
+                    try:
+                        setter = getattr(lib, f"{prefix}_set_num_threads{suffix}")
+                        getter = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+                    except AttributeError:
+                        continue
+                    getter.restype = ctypes.c_int
+                    libs.append((setter, getter))
+                    break
+                else:
+                    continue
+                break
+        cls._libs = libs
+        return libs
+
+    def __enter__(self):
+        self._saved = []
+        try:
+            for setter, getter in self._find():
+                self._saved.append((setter, getter()))
+                setter(1)
+        except Exception:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        for setter, n in self._saved:
+            try:
+                setter(n)
+            except Exception:
+                pass
+        return False
+
+
+def _solve_damped(H, g, lam: float) -> np.ndarray:
+    """dx = −(H + λ diag H)⁻¹ g with Jacobi scaling: banded Cholesky (columns are ordered by time
+    step, so H is banded) plus two steps of iterative refinement, which recover the accuracy that
+    the normal equations lose in weakly determined directions; sparse LU if the band is wide or the
+    Cholesky fails."""
+    import scipy.linalg as sla
+    n = H.shape[0]
+    diag = H.diagonal()
+    d = np.sqrt(np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0)))))
+    coo = H.tocoo()
+    coo.sum_duplicates()
+    r, c, v = coo.row, coo.col, coo.data / (d[coo.row] * d[coo.col])
+    gs = g / d
+    Hs = sp.csr_matrix((v, (r, c)), shape=H.shape) + lam * sp.identity(n, format="csr")
+    upper = r <= c
+    u = int((c[upper] - r[upper]).max(initial=0))
+    if u <= max(64, n // 8):
+        ab = np.zeros((u + 1, n), order="F")
+        ab[u + r[upper] - c[upper], c[upper]] = v[upper]
+        ab[u] += lam                      # the scaled diagonal is 1: Marquardt damping λ·diag(H)
+        try:
+            cb = sla.cholesky_banded(ab, lower=False, check_finite=False)
+            y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
+            for _ in range(2):
+                y += sla.cho_solve_banded((cb, False), -gs - Hs @ y, check_finite=False)
+            if np.all(np.isfinite(y)):
+                return y / d
+        except (np.linalg.LinAlgError, ValueError):
+            pass
+    try:
+        return spla.spsolve(Hs.tocsc(), -gs) / d
+    except RuntimeError:
+        return np.full(n, np.nan)
+
+
+def _cost(r_nl, r_lin) -> float:
+    return 0.5 * (float(r_nl @ r_nl) + float(r_lin @ r_lin))
+
+
+def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
+    t0 = time.perf_counter()
+    asm = _Assembly(prob)
+    x = asm.pack(prob.values)
+    r_nl, J_nl, r_lin = asm.evaluate(x)
+    evaluations = 1
+    cost = _cost(r_nl, r_lin)
+    initial = cost
+    lam = settings.lambda_initial
+    iterations = 0
+    converged = False
+    g, H = asm.gradient_and_hessian(x, r_nl, J_nl, r_lin)
+    while iterations < settings.max_iterations:
+        dx = _solve_damped(H, g, lam)
+        if not np.all(np.isfinite(dx)):
+            lam = max(lam * settings.lambda_factor, settings.lambda_initial)
+            if lam > 1e12:
+                break
+            continue
+        predicted = -(g @ dx) - 0.5 * (dx @ (H @ dx))
+        if _DEBUG: print(f"  it {iterations} cost {cost:.6g} pred {predicted:.3g} lam {lam:.1g} |dx| {np.abs(dx).max():.3g}")
+        if predicted <= settings.relative_tolerance * cost + settings.absolute_tolerance:
+            converged = True
+            break
+        x_new = x + dx
+        r_nl_new, J_nl_new, r_lin_new = asm.evaluate(x_new)
+        evaluations += 1
+        cost_new = _cost(r_nl_new, r_lin_new)
+        if np.isfinite(cost_new) and cost_new < cost:
+            decrease = cost - cost_new
+            x, r_nl, J_nl, r_lin, cost = x_new, r_nl_new, J_nl_new, r_lin_new, cost_new
+            iterations += 1
+            g, H = asm.gradient_and_hessian(x, r_nl, J_nl, r_lin)
+            rho = decrease / max(predicted, 1e-300)
+            if rho > 0.25:
+                lam = lam / settings.lambda_factor ** 2 if lam > 1e-16 else 0.0
+            if decrease <= settings.relative_tolerance * cost + settings.absolute_tolerance:
+                converged = True
+                break
+        else:
+            lam = max(lam * settings.lambda_factor, settings.lambda_initial)
+            if lam > 1e12:
+                break
+    prob.values.update({k: v.copy() for k, v in asm.unpack(x).items()})
+    return LMReport(iterations, evaluations, initial, cost, converged, time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------------------------
+# GTSAM Levenberg–Marquardt (paper structure: one CustomFactor per unit and time step)
+# ----------------------------------------------------------------------------------------------
+def _gtsam_key(key: Key) -> int:
+    import gtsam
+    name, k = key
+    return gtsam.symbol(name[0], int(k))
+
+
+def _solve_gtsam(prob: Problem, settings: LMSettings) -> LMReport:
+    import gtsam
+    from .graph import custom_factor
+    t0 = time.perf_counter()
+    graph = gtsam.NonlinearFactorGraph()
+    for unit, keys in prob.factors:
+        graph.add(custom_factor(unit, [_gtsam_key(k) for k in keys]))
+    values = gtsam.Values()
+    for k in prob.keys:
+        values.insert(_gtsam_key(k), np.asarray(prob.values[k], float))
+    params = gtsam.LevenbergMarquardtParams()
+    params.setLinearSolverType("MULTIFRONTAL_QR")
+    params.setMaxIterations(settings.max_iterations)
+    params.setRelativeErrorTol(settings.relative_tolerance)
+    params.setAbsoluteErrorTol(settings.absolute_tolerance)
+    params.setlambdaInitial(1e-5)
+    params.setlambdaUpperBound(1e12)
+    initial = graph.error(values)
+    opt = gtsam.LevenbergMarquardtOptimizer(graph, values, params)
+    result = opt.optimize()
+    for k in prob.keys:
+        prob.values[k] = np.asarray(result.atVector(_gtsam_key(k)), float).copy()
+    final = graph.error(result)
+    its = opt.iterations()
+    return LMReport(its, its + 1, initial, final, its < settings.max_iterations, time.perf_counter() - t0)
+
+
+def solve(prob: Problem, settings: Optional[LMSettings] = None, engine: str = "sparse") -> LMReport:
+    """Levenberg–Marquardt on `prob` from `prob.values`; the result is written back into `prob.values`."""
+    settings = settings or LMSettings()
+    if engine == "sparse":
+        with _single_threaded_blas():
+            return _solve_sparse(prob, settings)
+    if engine == "gtsam":
+        return _solve_gtsam(prob, settings)
+    raise ValueError(f"engine must be 'sparse' or 'gtsam' (got '{engine}')")
+
+
+# ----------------------------------------------------------------------------------------------
+# trajectories and closed-form references
+# ----------------------------------------------------------------------------------------------
+def quintic_move(t, start, end, t0: float, t1: float):
+    """Smooth rest-to-rest move (5th-order polynomial) from `start` at t0 to `end` at t1.
+
+    Returns (value, rate, acceleration) arrays of shape (len(t), len(start)); constant outside [t0, t1].
+    """
+    t = np.asarray(t, dtype=float).reshape(-1, 1)
+    start, end = np.atleast_1d(np.asarray(start, float)), np.atleast_1d(np.asarray(end, float))
+    T = t1 - t0
+    s = np.clip((t - t0) / T, 0.0, 1.0)
+    inside = ((t > t0) & (t < t1)).astype(float)
+    p = 10 * s ** 3 - 15 * s ** 4 + 6 * s ** 5
+    dp = (30 * s ** 2 - 60 * s ** 3 + 30 * s ** 4) / T * inside
+    ddp = (60 * s - 180 * s ** 2 + 120 * s ** 3) / T ** 2 * inside
+    d = end - start
+    return start + p * d, dp * d, ddp * d
+
+
+def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, assembly_mode=None,
+                           tol: float = 1e-12):
+    """Per-step position problems with the actuated coordinates at `values` (N, n_actuated).
+
+    Step 0 is the full position problem (`kinematics.solve_positions[_on_mode]`); every later step
+    is a few Newton iterations from the quadratic extrapolation of the previous solutions, which is
+    O(dt³) accurate and so keeps the branch (assembly mode) and needs 1–2 iterations.
+    """
+    act = list(mech.actuated)
+    free = np.setdiff1d(np.arange(mech.n), act)
+    C = mech.constraints
+    N = len(values)
+    q = np.empty((N, mech.n))
+    guess = np.array(mech.q0 if q_start is None else q_start, dtype=float)
+    guess[act] = values[0]
+    first = (kinematics.solve_positions_on_mode(mech, guess, fixed=act, assembly_mode=assembly_mode)
+             if assembly_mode is not None else kinematics.solve_positions(mech, guess, fixed=act))
+    q[0] = first.q
+    mode0 = mech.assembly_mode(q[0])
+    for k in range(1, N):
+        if k >= 3:
+            x = 3.0 * (q[k - 1] - q[k - 2]) + q[k - 3]
+        elif k == 2:
+            x = 2.0 * q[k - 1] - q[k - 2]
+        else:
+            x = q[k - 1].copy()
+        x[act] = values[k]
+        ok = False
+        for _ in range(8):
+            phi, J = C.phi_and_jacobian(x)
+            if np.abs(phi).max(initial=0.0) <= tol:
+                ok = True
+                break
+            Jf = J[:, free]
+            try:
+                step = np.linalg.solve(Jf.T @ Jf, -(Jf.T @ phi))
+            except np.linalg.LinAlgError:
+                break
+            x[free] += step
+        if not ok or (len(mode0) and np.any(mech.assembly_mode(x) != mode0)):
+            guess = q[k - 1].copy()
+            guess[act] = values[k]
+            x = kinematics.solve_positions(mech, guess, fixed=act, tol=tol).q
+        q[k] = x
+    return q
+
+
+def closed_form_motion(mech: Mechanism, values, rates, accelerations, q_start=None, assembly_mode=None):
+    """Exact (q, q̇, q̈) per step for prescribed actuated coordinates and their exact derivatives:
+    position problems with continuation, then the velocity and acceleration problems."""
+    values = np.asarray(values, float).reshape(len(values), -1)
+    rates = np.asarray(rates, float).reshape(values.shape)
+    accelerations = np.asarray(accelerations, float).reshape(values.shape)
+    act = list(mech.actuated)
+    q = _position_continuation(mech, values, q_start, assembly_mode)
+    v = np.empty_like(q)
+    a = np.empty_like(q)
+    for k in range(len(q)):
+        v[k] = kinematics.solve_velocities(mech, q[k], act, rates[k])
+        a[k] = kinematics.solve_accelerations(mech, q[k], v[k], act, accelerations[k])
+    return q, v, a
+
+
+def closed_form_efforts(mech: Mechanism, q, v, a, Q_known=None) -> np.ndarray:
+    """τ_k = closed-form inverse dynamics (`dynamics.inverse_dynamics`) at every step, (N, n_actuated)."""
+    return np.array([dynamics.inverse_dynamics(mech, q[k], v[k], a[k], Q_known) for k in range(len(q))]
+                    ).reshape(len(q), len(mech.actuated))
+
+
+# ----------------------------------------------------------------------------------------------
+# staged inverse dynamics (paper §7.2)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class InverseDynamicsSigmas:
+    """Noise sigmas of the staged inverse-dynamics graph (only ratios matter)."""
+    trajectory: float = 1e-5            # prior on the actuated coordinates (the prescribed trajectory)
+    position_constraints: float = 1e-3  # Φ(q)
+    velocity_constraints: float = 1e-3  # Φq q̇
+    integrator: float = 1e-3            # trapezoidal q–q̇ and q̇–q̈
+    dynamics: float = 1e-3              # inverse-dynamics factor q̈(q, q̇; Qg + Eτ) − q̈
+    soft_equality: float = 10.0         # q_k → q_k+1 (keeps the branch)
+    rate_equality: float = 1e3          # q̇_k → q̇_k+1 and q̈_k → q̈_k+1 (fixes the trapezoid's sawtooth modes)
+
+
+@dataclass
+class StageReport:
+    stage: int
+    variables: int
+    factors: int
+    iterations: int
+    evaluations: int
+    initial_error: float
+    final_error: float
+    converged: bool
+    seconds: float            # whole stage: initial guess, graph construction and LM
+
+
+@dataclass
+class InverseDynamicsResult:
+    t: np.ndarray             # (N,)
+    q: np.ndarray             # (N, n)
+    v: np.ndarray             # (N, n)
+    a: np.ndarray             # (N, n)
+    tau: np.ndarray           # (N, n_actuated), actuator order
+    stages: List[StageReport] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(s.seconds for s in self.stages))
+
+
+class _LibraryUnits:
+    """Factor units of `mbfg_ros.factors` for the staged inverse-dynamics graph."""
+
+    def __init__(self, mech: Mechanism, dt: float, sigmas: InverseDynamicsSigmas):
+        from . import factors as F
+        self.F, self.mech, self.dt, self.s = F, mech, dt, sigmas
+        n = mech.n
+        self._position = F.PositionConstraints(mech, sigmas.position_constraints)
+        self._velocity = F.VelocityConstraints(mech, sigmas.velocity_constraints)
+        self._idyn = F.InverseDynamics(mech, sigmas.dynamics)
+        self._trap = F.Trapezoidal(n, dt, sigmas.integrator)
+        self._eq_q = F.Between(n, sigmas.soft_equality)
+        self._eq_rate = F.Between(n, sigmas.rate_equality)
+
+    def prior(self, target):
+        return self.F.Prior(self.mech.n, self.mech.actuated, target, self.s.trajectory)
+
+    def position(self):
+        return self._position
+
+    def velocity(self):
+        return self._velocity
+
+    def inverse_dynamics(self):
+        return self._idyn
+
+    def trapezoidal(self):
+        return self._trap
+
+    def soft_equality(self):
+        return self._eq_q
+
+    def rate_equality(self):
+        return self._eq_rate
+
+
+def _finite_difference(x, dt):
+    return np.gradient(x, dt, axis=0, edge_order=2)
+
+
+def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 0.0,
+                            sigmas: Optional[InverseDynamicsSigmas] = None,
+                            settings: Optional[LMSettings] = None, engine: str = "sparse",
+                            assembly_mode=None, q_start=None, stages: int = 4,
+                            progress: Optional[Callable[[int], None]] = None,
+                            units=None) -> InverseDynamicsResult:
+    """The paper's four-stage batch inverse dynamics for prescribed actuated coordinates.
+
+    trajectory: (N, n_actuated) values of the actuated coordinates (actuator order) at t0 + k·dt.
+    Returns q, q̇, q̈ (N, n) and the efforts τ (N, n_actuated); `stages` < 4 stops early (τ is NaN).
+    `assembly_mode` (±1 per indicator) picks the branch of the first position problem, whose
+    initial guess is `q_start` (default: the YAML pose).
+    """
+    mech_act = list(mech.actuated)
+    traj = np.asarray(trajectory, dtype=float)
+    traj = traj.reshape(len(traj), -1)
+    N = len(traj)
+    if traj.shape[1] != len(mech_act) or len(mech_act) == 0:
+        raise ValueError(f"trajectory must have one column per actuated coordinate ({len(mech_act)}), "
+                         f"got shape {traj.shape}")
+    if N < 3:
+        raise ValueError("the trajectory needs at least 3 samples")
+    if not (dt > 0 and math.isfinite(dt)):
+        raise ValueError(f"dt must be > 0 (got {dt})")
+    sigmas = sigmas or InverseDynamicsSigmas()
+    settings = settings or LMSettings()
+    U = units if units is not None else _LibraryUnits(mech, dt, sigmas)
+    t = t0 + dt * np.arange(N)
+    n = mech.n
+    prob = Problem()
+    reports: List[StageReport] = []
+
+    def run(stage, t_start):
+        rep = solve(prob, settings, engine)
+        reports.append(StageReport(stage, len(prob.keys), len(prob.factors), rep.iterations, rep.evaluations,
+                                   rep.initial_error, rep.final_error, rep.converged,
+                                   time.perf_counter() - t_start))
+        if progress is not None:
+            progress(stage)
+
+    # --- stage 1: q only ----------------------------------------------------------------------
+    ts = time.perf_counter()
+    q_init = _position_continuation(mech, traj, q_start, assembly_mode)
+    eq = U.soft_equality()
+    pos = U.position()
+    for k in range(N):
+        prob.add_variable(("q", k), q_init[k])
+        prob.add_factor(U.prior(traj[k]), [("q", k)])
+        prob.add_factor(pos, [("q", k)])
+        if k:
+            prob.add_factor(eq, [("q", k - 1), ("q", k)])
+    run(1, ts)
+    q = np.array([prob.values[("q", k)] for k in range(N)])
+    if stages < 2:
+        nan = np.full((N, n), np.nan)
+        return InverseDynamicsResult(t, q, nan, nan.copy(), np.full((N, len(mech_act)), np.nan), reports)
+
+    # --- stage 2: q̇, q̈ with trapezoidal integrators --------------------------------------------
+    ts = time.perf_counter()
+    v_init = _finite_difference(q, dt)
+    a_init = _finite_difference(v_init, dt)
+    trap, eq_rate = U.trapezoidal(), U.rate_equality()
+    for k in range(N):
+        prob.add_variable(("v", k), v_init[k])
+        prob.add_variable(("a", k), a_init[k])
+    for k in range(N - 1):
+        prob.add_factor(trap, [("q", k), ("q", k + 1), ("v", k), ("v", k + 1)])
+        prob.add_factor(trap, [("v", k), ("v", k + 1), ("a", k), ("a", k + 1)])
+        prob.add_factor(eq_rate, [("v", k), ("v", k + 1)])
+        prob.add_factor(eq_rate, [("a", k), ("a", k + 1)])
+    run(2, ts)
+
+    # --- stage 3: velocity constraints --------------------------------------------------------------
+    if stages >= 3:
+        ts = time.perf_counter()
+        vel = U.velocity()
+        for k in range(N):
+            prob.add_factor(vel, [("q", k), ("v", k)])
+        run(3, ts)
+
+    # --- stage 4: efforts as variables of the inverse-dynamics factor -------------------------------
+    tau = np.full((N, len(mech_act)), np.nan)
+    if stages >= 4:
+        ts = time.perf_counter()
+        idyn = U.inverse_dynamics()
+        q3, v3, a3 = (np.array([prob.values[(nm, k)] for k in range(N)]) for nm in ("q", "v", "a"))
+        tau0 = closed_form_efforts(mech, q3, v3, a3)
+        for k in range(N):
+            prob.add_variable(("tau", k), tau0[k])
+            prob.add_factor(idyn, [("q", k), ("v", k), ("a", k), ("tau", k)])
+        run(4, ts)
+        tau = np.array([prob.values[("tau", k)] for k in range(N)])
+    get = lambda name: np.array([prob.values[(name, k)] for k in range(N)])
+    return InverseDynamicsResult(t, get("q"), get("v"), get("a"), tau, reports)
