@@ -25,6 +25,8 @@ def default_sigmas() -> Dict[str, float]:
         "soft_equality": 10.0,       # f_eq (covariance 1e2)
         "commanded_effort": 1e-3,    # how well the commanded efforts are applied (fused mode)
         "effort_random_walk": 50.0,  # N·m/s/√s: how fast unknown efforts may change
+        "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
+        "observed_coordinate": 1e-3, # generic observations 'q:<name>', 'v:<name>', 'a:<name>' (unless in sensor_sigmas)
     }
 
 
@@ -40,6 +42,13 @@ class EstimatorConfig:
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     compute_covariance: bool = False
+    # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
+    relinearize_threshold: float = 1e-3    # whitened mismatch that triggers re-linearizing the newest step
+    max_relinearizations: int = 3          # per step
+    max_constraint_residual: float = 1e-2  # max |Φ(q)| above which a step counts as a numerical failure
+    max_speed: float = 1e4                 # max |q̇| above which a step counts as diverged
+    max_substeps: int = 10000              # longest time gap (in dt) bridged by integrating; longer: re-initialize
+    blas_threads: int = 1                  # limit OpenBLAS threads of this process (0 = leave alone)
 
     def validated(self) -> "EstimatorConfig":
         problems = []
