@@ -33,7 +33,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .dynamics import forward_dynamics, forward_dynamics_jacobians
+from scipy.linalg import lapack as _lapack
+
+from .dynamics import DynamicsLinearization, forward_dynamics, forward_dynamics_jacobians
 from .estimate import default_sigmas
 from .model import Mechanism
 
@@ -66,12 +68,30 @@ def _sigmas(sigma, dim: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------
 class EvalContext:
-    """Memo of Φ/Φq and of the dynamics linearization for the last (q, q̇, Q) seen (value-keyed)."""
+    """Memo of Φ/Φq and of the dynamics linearization for the last (q, q̇, Q) seen (value-keyed).
 
-    __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd")
+    With ``fast=True`` (default) the dynamics are linearized by `lean_dynamics_jacobians`: the same
+    equations as `dynamics.forward_dynamics_jacobians` (augmented system over the independent rows of Φq,
+    differentiated), but one LU factorization shared by both solves and by Φ/Φq of the position factor;
+    it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is singular or
+    ill-conditioned.  The tests check both give the same numbers.
+    """
 
-    def __init__(self, mech: Mechanism):
+    __slots__ = ("mech", "fast", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
+                 "_K", "_b", "_R", "_rows", "_n", "_r")
+
+    def __init__(self, mech: Mechanism, fast: bool = True):
         self.mech = mech
+        self.fast = bool(fast)
+        n = mech.n
+        rows = np.asarray(mech.independent_rows, dtype=np.intp)
+        self._rows = None if rows.size == mech.m else rows
+        self._n, self._r = n, rows.size
+        self._K = np.zeros((n + rows.size, n + rows.size), order="F")
+        self._K[:n, :n] = mech.mass_matrix
+        self._b = np.zeros(n + rows.size)
+        self._R = np.zeros((n + rows.size, 3 * n), order="F")
+        self._R[:n, 2 * n:] = np.eye(n)
         self.clear()
 
     def clear(self):
@@ -101,7 +121,8 @@ class EvalContext:
         """`forward_dynamics_jacobians(mech, q, v, Q)` (q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, Φq, Φ̇q)."""
         key = q.tobytes() + v.tobytes() + Q.tobytes()
         if key != self._dyn_key:
-            self._dyn = forward_dynamics_jacobians(self.mech, q, v, Q)
+            d = self._lean(q, v, Q) if self.fast else None
+            self._dyn = d if d is not None else forward_dynamics_jacobians(self.mech, q, v, Q)
             self._dyn_key = key
         return self._dyn
 
@@ -111,9 +132,70 @@ class EvalContext:
         if key == self._dyn_key:
             return self._dyn.a
         if key != self._acc_key:
-            self._acc = forward_dynamics(self.mech, q, v, Q)
+            a = None
+            if self.fast:
+                K, b, _, _ = self._system(q, v, Q)
+                lu, piv, x, info = _lapack.dgesv(K, b)
+                if info == 0 and _sane(x):
+                    a = x[:self._n]
+            self._acc = a if a is not None else forward_dynamics(self.mech, q, v, Q)
             self._acc_key = key
         return self._acc
+
+    # -- the lean dynamics linearization ---------------------------------------------------------
+    def _system(self, q, v, Q):
+        """Augmented matrix K = [[M, Φqᵀ], [Φq, 0]] (independent rows) and right-hand side [Q; −Φ̇q q̇]."""
+        n = self._n
+        _, J_all = self.phi_and_jacobian(q)
+        Jd_all = self.jacobian_dot(q, v)
+        J, Jd = (J_all, Jd_all) if self._rows is None else (J_all[self._rows], Jd_all[self._rows])
+        K = self._K
+        K[:n, n:] = J.T
+        K[n:, :n] = J
+        b = self._b
+        b[:n] = Q
+        b[n:] = Jd @ v
+        b[n:] *= -1.0
+        return K, b, J_all, Jd_all
+
+    def _lean(self, q, v, Q):
+        mech, n, C = self.mech, self._n, self.mech.constraints
+        K, b, J_all, Jd_all = self._system(q, v, Q)
+        lu, piv, info = _lapack.dgetrf(K)
+        if info != 0:
+            return None
+        x, info = _lapack.dgetrs(lu, piv, b)
+        if info != 0 or not _sane(x):
+            return None
+        a = x[:n]
+        lam = np.zeros(mech.m)
+        if self._rows is None:
+            lam[:] = x[n:]
+        else:
+            lam[self._rows] = x[n:]
+        R = self._R                      # [[−Σλᵢ∂²Φᵢ, 0, I], [−∂(Φq q̈)/∂q − ∂(Φ̇q q̇)/∂q, −2Φ̇q, 0]]
+        R[:n, :n] = C.weighted_hessian(q, lam)
+        R[:n, :n] *= -1.0
+        low = C.hessian_vector(q, a)
+        low += C.jacobian_dot_times_v_derivative(q, v)
+        if self._rows is None:
+            R[n:, :n] = low
+            R[n:, n:2 * n] = Jd_all
+        else:
+            R[n:, :n] = low[self._rows]
+            R[n:, n:2 * n] = Jd_all[self._rows]
+        R[n:, n:2 * n] *= 2.0
+        R[n:, :2 * n] *= -1.0
+        D, info = _lapack.dgetrs(lu, piv, R)
+        if info != 0 or not _sane(D):
+            return None
+        return DynamicsLinearization(a, D[:n, :n], D[:n, n:2 * n], D[:n, 2 * n:], lam, J_all, Jd_all,
+                                     mech.independent_rows, mech.mass_matrix)
+
+
+def _sane(x) -> bool:
+    m = np.abs(x).max(initial=0.0)
+    return bool(m < 1e12)      # NaN compares False
 
 
 def _ctx(ctx, mech):
@@ -130,6 +212,9 @@ class Factor:
     name: str = "factor"
     #: error is affine in the blocks with constant Jacobians (a pre-linearized factor is exact)
     linear: bool = False
+    #: affine with zero offset and parameters fixed at construction: its whitened Jacobian blocks can be
+    #: stacked once (`graph.StepModel`)
+    static: bool = False
     #: weight of this unit's rows in the relinearization check of the fast path (see `Jerk`)
     check_weight: float = 1.0
 
@@ -180,6 +265,7 @@ class Prior(Factor):
 
 class _TwoStep(Factor):
     linear = True
+    static = True       # affine, zero offset, parameters fixed at construction
 
     def __init__(self, coefficients, names, d, sigma, title):
         """e = Σ cᵢ · blockᵢ with scalar coefficients: every Jacobian is cᵢ I."""
@@ -515,11 +601,10 @@ class Encoder(Factor):
     """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
     (−π, π], so a reading in any 2π range matches a continuous angle."""
 
-    linear = True
-
     def __init__(self, mech: Mechanism, coordinate: int, value: float = 0.0, sigma: float = 1e-3):
         self.coordinate = int(coordinate)
         self.angle = self.coordinate >= mech.n_point_coordinates
+        self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
         self.value = float(value)
         self.slots = ("q",)
         self.dim = 1

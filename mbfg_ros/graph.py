@@ -25,7 +25,7 @@ import numpy as np
 
 from .factors import EvalContext, Factor
 
-__all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "linear_factor",
+__all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "linear_factor", "StepModel",
            "FixedLagWindow", "StepRecord", "state_key"]
 
 
@@ -157,11 +157,7 @@ def residual_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def check_weights(units: Sequence[Factor]) -> Optional[np.ndarray]:
-    """Per-row weights of the relinearization check (None when all are 1)."""
-    if all(u.check_weight == 1.0 for u in units):
-        return None
-    return np.concatenate([np.full(u.dim, float(u.check_weight)) for u in units if u.dim])
+
 
 
 _UNIT_NOISE: Dict[int, object] = {}
@@ -190,17 +186,103 @@ def linear_factor(A_prev: Optional[np.ndarray], A_cur: np.ndarray, r: np.ndarray
 
 
 # ----------------------------------------------------------------------------------------------
+class StepModel:
+    """All units of one step, pre-arranged for fast repeated linearization.
+
+    Units flagged ``static`` (affine with zero offset and fixed parameters: integrators, soft equality,
+    random walks) are whitened and stacked once; the others are evaluated at each linearization.
+    ``linear`` units are exact as linear factors, so only the remaining (nonlinear) rows are kept for
+    the relinearization check (`check_rows`, weighted by the units' ``check_weight``).
+    `linearize` returns internal buffers: they stay valid until the next call (gtsam copies them).
+    """
+
+    def __init__(self, layout: StateLayout, units: Sequence[Factor]):
+        layout.check(units)
+        self.layout = layout
+        self.units = list(units)
+        static = [u for u in self.units if getattr(u, "static", False) and u.dim]
+        dynamic = [u for u in self.units if not getattr(u, "static", False) and u.dim]
+        self.static_units, self.dynamic_units = static, dynamic
+        self.need_prev = any(s.endswith("_prev") for u in self.units for s in u.slots)
+        D = layout.dim
+        rows_s = sum(u.dim for u in static)
+        self.rows = rows_s + sum(u.dim for u in dynamic)
+        self.A_cur = np.zeros((self.rows, D))
+        self.A_prev = np.zeros((self.rows, D)) if self.need_prev else None
+        self.r = np.zeros(self.rows)
+        row = 0
+        for u in static:
+            w = (1.0 / u.sigmas)[:, None]
+            for s, J in zip(u.slots, u._J):
+                which, _, cols = layout.slot_map[s]
+                (self.A_cur if which else self.A_prev)[row:row + u.dim, cols] += J * w
+            row += u.dim
+        self._S_cur = self.A_cur[:rows_s].copy()
+        self._S_prev = None if self.A_prev is None else self.A_prev[:rows_s].copy()
+        self._rows_s = rows_s
+        # per dynamic unit: (unit, first row, inverse sigmas, [(which, block name, cols)] per slot)
+        self._plan = []
+        check_rows, weights = [], []
+        for u in dynamic:
+            slots = [layout.slot_map[s] for s in u.slots]
+            self._plan.append((u, row, 1.0 / u.sigmas, slots))
+            if not u.linear:
+                check_rows.extend(range(row, row + u.dim))
+                weights.extend([float(u.check_weight)] * u.dim)
+            row += u.dim
+        self.check_rows = np.array(check_rows, dtype=np.intp)
+        self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
+        self.check_units = [u for u in dynamic if not u.linear]
+        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots) in self._plan if not u.linear]
+
+    def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
+        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers)."""
+        layout = self.layout
+        vcur = layout.views(x_cur)
+        vprev = layout.views(x_prev) if self.need_prev else None
+        A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
+        rs = self._rows_s
+        if rs:
+            r[:rs] = self._S_cur @ x_cur
+            if A_prev is not None:
+                r[:rs] += self._S_prev @ x_prev
+        A_cur[rs:] = 0.0
+        if A_prev is not None:
+            A_prev[rs:] = 0.0
+        for u, row, w, slots in self._plan:
+            d = u.dim
+            blocks = [vcur[name] if which else vprev[name] for which, name, _ in slots]
+            e, Js = u.evaluate(*blocks, ctx=ctx)
+            r[row:row + d] = e * w
+            wc = w[:, None]
+            for (which, _, cols), J in zip(slots, Js):
+                (A_cur if which else A_prev)[row:row + d, cols] += J * wc
+        return A_prev, A_cur, r
+
+    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
+        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur)."""
+        layout = self.layout
+        vcur = layout.views(x_cur)
+        vprev = layout.views(x_prev) if self.need_prev else None
+        parts = []
+        for u, slots, w in self._check_plan:
+            blocks = [vcur[name] if which else vprev[name] for which, name, _ in slots]
+            parts.append(u.error(*blocks, ctx=ctx) * w)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+# ----------------------------------------------------------------------------------------------
 @dataclass
 class StepRecord:
-    """What the window remembers about the newest step: its units and current linearization."""
+    """What the window remembers about the newest step: its model and the current linear model of its
+    nonlinear rows (for the relinearization check)."""
     k: int
-    units: List[Factor]
+    model: StepModel
     x_prev: Optional[np.ndarray]
     x_cur: np.ndarray
-    A_prev: Optional[np.ndarray]
+    A_prev: Optional[np.ndarray]      # rows `model.check_rows` only
     A_cur: np.ndarray
     r: np.ndarray
-    weights: Optional[np.ndarray] = None
     factor_index: int = -1
     relinearizations: int = 0
     mismatch: float = 0.0
@@ -210,9 +292,10 @@ class FixedLagWindow:
     """`gtsam.IncrementalFixedLagSmoother` (iSAM2, QR factorization, lag in steps) over stacked states
     with pre-linearized step factors and the relinearization safeguard.
 
-    `relinearize_threshold` is in whitened units (multiples of the factors' sigmas): the newest step's
-    factor is re-linearized while max |e_w,nonlinear(X̂) − e_w,linear(X̂)| exceeds it, at most
-    `max_relinearizations` times per step.
+    `relinearize_threshold` is in whitened units (multiples of the factors' sigmas): after the update,
+    the newest step's nonlinear residual is evaluated at the estimate and, while it departs from the
+    factor's linear model by more than the threshold, the factor is removed (`factorsToRemove`) and
+    re-added linearized at the estimate, at most `max_relinearizations` times per step.
     """
 
     def __init__(self, layout: StateLayout, lag_steps: int, ctx: EvalContext, relinearize_threshold: float = 1e-3,
@@ -225,66 +308,74 @@ class FixedLagWindow:
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
-        params.relinearizeSkip = 1 << 30
         self.smoother = gtsam.IncrementalFixedLagSmoother(float(self.lag), params)
         self.last: Optional[StepRecord] = None
         self.total_relinearizations = 0
+        self.steps = 0
         self._graph = gtsam.NonlinearFactorGraph()
         self._empty_values = gtsam.Values()
+        self._empty_stamps: Dict[int, float] = {}
 
     # -- steps ------------------------------------------------------------------------------
-    def add_step(self, k: int, units: Sequence[Factor], x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
+    def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
                  check: bool = True) -> np.ndarray:
-        """Add step k (state X_k, initial value / linearization point `x_pred`) with its units,
-        linearized at (x_prev = current estimate of X_{k−1}, x_pred).  Returns the estimate of X_k."""
-        units = list(units)
-        A_prev, A_cur, r = linearize_step(units, self.layout, x_prev, x_pred, self.ctx)
-        rec = StepRecord(k, units, None if A_prev is None else x_prev, x_pred, A_prev, A_cur, r,
-                         check_weights(units))
+        """Add step k (state X_k with initial value / linearization point `x_pred`; `x_prev` = the current
+        estimate of X_{k−1}, needed when the model has `_prev` slots).  Returns the estimate of X_k."""
+        if not model.need_prev:
+            x_prev = None
+        elif x_prev is None:
+            raise ValueError("this step's units read the previous state: x_prev is required")
+        key = state_key(k)
+        rec = StepRecord(k, model, x_prev, x_pred, None, None, None)
         values = gtsam.Values()
-        values.insert(state_key(k), x_pred)
-        self._update(rec, values, {state_key(k): float(k)}, [])
+        values.insert(key, x_pred)
+        self._linearize_and_update(rec, values, {key: float(k)}, [])
         self.last = rec
+        self.steps += 1
         x_est = self.estimate(k)
         if check:
             x_est = self.safeguard(rec, x_est)
         return x_est
 
-    def _update(self, rec: StepRecord, values, timestamps, remove):
+    def _linearize_and_update(self, rec: StepRecord, values, timestamps, remove):
+        A_prev, A_cur, r = rec.model.linearize(rec.x_prev, rec.x_cur, self.ctx)
+        rows = rec.model.check_rows
+        rec.A_cur, rec.r = A_cur[rows], r[rows]
+        rec.A_prev = None if A_prev is None else A_prev[rows]
         g = self._graph
         g.resize(0)
-        key_prev = state_key(rec.k - 1) if rec.A_prev is not None else None
-        g.push_back(linear_factor(rec.A_prev, rec.A_cur, rec.r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur))
+        key_prev = state_key(rec.k - 1) if A_prev is not None else None
+        g.push_back(linear_factor(A_prev, A_cur, r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur))
         self.smoother.update(g, values, timestamps, remove)
         rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
 
-    def linear_residual(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> np.ndarray:
-        r = rec.r + rec.A_cur @ (x_cur - rec.x_cur)
+    def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> float:
+        """max weighted |nonlinear − linear model| of the step's nonlinear rows at (x_prev, x_cur)."""
+        if rec.r.size == 0:
+            return 0.0
+        lin = rec.r + rec.A_cur @ (x_cur - rec.x_cur)
         if rec.A_prev is not None:
-            r = r + rec.A_prev @ (x_prev - rec.x_prev)
-        return r
+            lin += rec.A_prev @ (x_prev - rec.x_prev)
+        diff = np.abs(rec.model.check_residual(x_prev, x_cur, self.ctx) - lin)
+        if rec.model.check_weights is not None:
+            diff *= rec.model.check_weights
+        m = float(diff.max())
+        if m != m:
+            raise FloatingPointError("non-finite residual at the estimate")
+        return m
 
     def safeguard(self, rec: StepRecord, x_est: np.ndarray) -> np.ndarray:
         """Re-linearize the newest step's factor at the estimate while its linear model is off."""
-        for _ in range(self.max_relinearizations + 1):
-            x_prev = self.estimate(rec.k - 1) if rec.A_prev is not None else None
-            nonlinear = residual_step(rec.units, self.layout, x_prev, x_est, self.ctx)
-            diff = np.abs(nonlinear - self.linear_residual(rec, x_prev, x_est))
-            if rec.weights is not None:
-                diff *= rec.weights
-            mismatch = float(diff.max(initial=0.0))
-            rec.mismatch = mismatch
-            if not np.isfinite(mismatch):
-                raise FloatingPointError("non-finite residual at the estimate")
-            if mismatch <= self.threshold or rec.relinearizations >= self.max_relinearizations:
+        while True:
+            x_prev = self.estimate(rec.k - 1) if rec.x_prev is not None else None
+            rec.mismatch = self.mismatch(rec, x_prev, x_est)
+            if rec.mismatch <= self.threshold or rec.relinearizations >= self.max_relinearizations:
                 return x_est
-            rec.A_prev, rec.A_cur, rec.r = linearize_step(rec.units, self.layout, x_prev, x_est, self.ctx)
             rec.x_prev, rec.x_cur = x_prev, x_est
             rec.relinearizations += 1
             self.total_relinearizations += 1
-            self._update(rec, self._empty_values, {}, [rec.factor_index])
+            self._linearize_and_update(rec, self._empty_values, self._empty_stamps, [rec.factor_index])
             x_est = self.estimate(rec.k)
-        return x_est
 
     # -- queries ----------------------------------------------------------------------------
     def estimate(self, k: int) -> np.ndarray:
