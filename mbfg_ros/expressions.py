@@ -75,7 +75,8 @@ def _translate(text: str) -> str:
     plain textual replacement is exact.  Python's ``**`` already has the wanted precedence: it binds
     tighter than unary minus on its left (``-2**2 == -4``) and is right-associative.
     """
-    return text.replace("^", "**")
+    # Line breaks and tabs (e.g. from YAML block scalars) are plain white space here.
+    return " ".join(text.split()).replace("^", "**")
 
 
 def _parse(text: str) -> ast.expr:
@@ -94,7 +95,7 @@ def _parse(text: str) -> ast.expr:
             raise ExpressionError(f"unsupported control character U+{ord(ch):04X} in expression")
     try:
         # ast.parse only builds a syntax tree (compile with PyCF_ONLY_AST); nothing is executed.
-        tree = ast.parse(_translate(text).strip(), mode="eval")
+        tree = ast.parse(_translate(text), mode="eval")
     except SyntaxError as exc:
         reason = exc.msg or "invalid syntax"
         raise ExpressionError(f"bad syntax in expression '{_short(text)}': {reason}") from None

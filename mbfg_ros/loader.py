@@ -133,8 +133,11 @@ def _yaml_error_message(exc: BaseException) -> str:
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.problem and exc.context:
+            problem = f"{exc.problem} ({exc.context})"
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return f"YAML syntax error{where}: {_one_line(problem)}"
+        kind = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+        return f"{kind}{where}: {_one_line(problem)}"
     if isinstance(exc, yaml.YAMLError):
         return f"YAML error: {_one_line(str(exc))}"
     if isinstance(exc, RecursionError):
