@@ -22,6 +22,7 @@ setup(
     description='Real-time multibody state estimation with factor graphs (GTSAM) for ROS 2',
     license='Apache-2.0',
     tests_require=['pytest'],
+    extras_require={'test': ['pytest']},
     python_requires='>=3.10',
     entry_points={
         'console_scripts': [

@@ -319,7 +319,7 @@ class _Builder:
         name = _default_name(self.source)
         if "name" in doc:
             raw = doc["name"]
-            if not isinstance(raw, str) or not raw.strip() or _one_line(raw) != raw.strip():
+            if not isinstance(raw, str) or not raw.strip() or "\n" in raw.strip() or "\r" in raw:
                 self.fail("name", f"expected a one-line, non-empty string; got {_type_name(raw)} {_show(raw)}")
             name = raw.strip()
 
