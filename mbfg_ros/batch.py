@@ -53,7 +53,8 @@ def _unit_is_linear(unit) -> bool:
 class Problem:
     """Variables (ordered as added) and factors of one batch least-squares problem."""
 
-    def __init__(self):
+    def __init__(self, mech: Optional[Mechanism] = None):
+        self.mech = mech            # enables a shared factors.EvalContext during evaluations
         self.keys: List[Key] = []
         self.dims: Dict[Key, int] = {}
         self.values: Dict[Key, np.ndarray] = {}
@@ -153,6 +154,11 @@ class _Assembly:
             self.offset[k] = col
             col += prob.dims[k]
         self.ncols = col
+        per_step: Dict[int, int] = {}
+        for k in self.keys:
+            per_step[k[1]] = per_step.get(k[1], 0) + prob.dims[k]
+        sizes = set(per_step.values())
+        self.block = sizes.pop() if len(sizes) == 1 else 0      # uniform block per time step
         self.slices = [(k, self.offset[k], self.offset[k] + prob.dims[k]) for k in self.keys]
         lin, nl = [], []
         for f in prob.factors:
@@ -163,6 +169,8 @@ class _Assembly:
         self.linear, self.nonlinear = lin, nl
         self._lin_A, self._lin_b = self._build_linear(lin_groups)
         self.nl_rows, self.nl_cols, self.nl_m = _block_pattern(nl_groups, prob.dims, self.offset)
+        # evaluate step by step so units of one step share an EvalContext (Φq, dynamics)
+        self.eval_order = sorted(range(len(nl)), key=lambda i: (min(k[1] for k in nl[i][1]), i))
         self.sig_nl = (np.concatenate([np.asarray(u.sigmas, float).reshape(u.dim) for u, _ in nl])
                        if nl else np.zeros(0))
         self.inv_sig_entries = 1.0 / self.sig_nl[self.nl_rows] if nl else np.zeros(0)
@@ -199,13 +207,16 @@ class _Assembly:
     def evaluate(self, x):
         """Whitened nonlinear residuals and Jacobian (csr), and the whitened linear residuals."""
         vals = self.unpack(x)
-        errs, jv = [], []
-        for unit, keys in self.nonlinear:
-            e, Js = unit.evaluate(*[vals[k] for k in keys])
-            errs.append(e)
-            jv.extend(J.ravel() for J in Js)
-        if self.nonlinear:
-            r_nl = np.concatenate(errs) / self.sig_nl
+        nl = self.nonlinear
+        out = [None] * len(nl)
+        ctx = _eval_context(self.prob)
+        for i in self.eval_order:
+            unit, keys = nl[i]
+            blocks = [vals[k] for k in keys]
+            out[i] = unit.evaluate(*blocks, ctx=ctx) if ctx is not None else unit.evaluate(*blocks)
+        if nl:
+            r_nl = np.concatenate([o[0] for o in out]) / self.sig_nl
+            jv = [J.ravel() for o in out for J in o[1]]
             J_nl = sp.csr_matrix((np.concatenate(jv) * self.inv_sig_entries, (self.nl_rows, self.nl_cols)),
                                  shape=(self.nl_m, self.ncols))
         else:
@@ -278,7 +289,7 @@ class _single_threaded_blas:
         return False
 
 
-def _solve_damped(H, g, lam: float) -> np.ndarray:
+def _solve_damped(H, g, lam: float, block: int = 0) -> np.ndarray:
     """dx = −(H + λ diag H)⁻¹ g with Jacobi scaling: banded Cholesky (columns are ordered by time
     step, so H is banded) plus two steps of iterative refinement, which recover the accuracy that
     the normal equations lose in weakly determined directions; sparse LU if the band is wide or the
@@ -313,6 +324,15 @@ def _solve_damped(H, g, lam: float) -> np.ndarray:
         return np.full(n, np.nan)
 
 
+def _eval_context(prob: Problem):
+    """A fresh `factors.EvalContext` for the problem's mechanism (None without one)."""
+    mech = getattr(prob, "mech", None)
+    if mech is None:
+        return None
+    from .factors import EvalContext
+    return EvalContext(mech)
+
+
 def _cost(r_nl, r_lin) -> float:
     return 0.5 * (float(r_nl @ r_nl) + float(r_lin @ r_lin))
 
@@ -330,7 +350,10 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
     converged = False
     g, H = asm.gradient_and_hessian(x, r_nl, J_nl, r_lin)
     while iterations < settings.max_iterations:
-        dx = _solve_damped(H, g, lam)
+        _t = time.perf_counter()
+        dx = _solve_damped(H, g, lam, asm.block)
+        if _DEBUG:
+            print(f"   solve {time.perf_counter() - _t:.3f} s (block {asm.block}, n {len(x)})")
         if not np.all(np.isfinite(dx)):
             lam = max(lam * settings.lambda_factor, settings.lambda_initial)
             if lam > 1e12:
@@ -342,7 +365,10 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
             converged = True
             break
         x_new = x + dx
+        _t = time.perf_counter()
         r_nl_new, J_nl_new, r_lin_new = asm.evaluate(x_new)
+        if _DEBUG:
+            print(f"   evaluate {time.perf_counter() - _t:.3f} s")
         evaluations += 1
         cost_new = _cost(r_nl_new, r_lin_new)
         if np.isfinite(cost_new) and cost_new < cost:
@@ -367,10 +393,13 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
 # ----------------------------------------------------------------------------------------------
 # GTSAM Levenberg–Marquardt (paper structure: one CustomFactor per unit and time step)
 # ----------------------------------------------------------------------------------------------
+_SYMBOLS = {"q": "q", "v": "v", "a": "a", "tau": "t", "j": "j", "z": "z", "zd": "y", "zdd": "w"}
+
+
 def _gtsam_key(key: Key) -> int:
     import gtsam
     name, k = key
-    return gtsam.symbol(name[0], int(k))
+    return gtsam.symbol(_SYMBOLS.get(name, name[0]), int(k))
 
 
 def _solve_gtsam(prob: Problem, settings: LMSettings) -> LMReport:
@@ -543,7 +572,8 @@ class InverseDynamicsResult:
 
 
 class _LibraryUnits:
-    """Factor units of `mbfg_ros.factors` for the staged inverse-dynamics graph."""
+    """Factor units of `mbfg_ros.factors` for the staged inverse-dynamics graph (one shared unit
+    object per kind; the trajectory priors differ per step)."""
 
     def __init__(self, mech: Mechanism, dt: float, sigmas: InverseDynamicsSigmas):
         from . import factors as F
@@ -551,13 +581,15 @@ class _LibraryUnits:
         n = mech.n
         self._position = F.PositionConstraints(mech, sigmas.position_constraints)
         self._velocity = F.VelocityConstraints(mech, sigmas.velocity_constraints)
-        self._idyn = F.InverseDynamics(mech, sigmas.dynamics)
-        self._trap = F.Trapezoidal(n, dt, sigmas.integrator)
-        self._eq_q = F.Between(n, sigmas.soft_equality)
-        self._eq_rate = F.Between(n, sigmas.rate_equality)
+        self._idyn = F.InverseDynamics(mech, sigma=sigmas.dynamics)
+        self._trap_q = F.TrapezoidalIntegrator("q", "v", n, dt, sigmas.integrator)
+        self._trap_v = F.TrapezoidalIntegrator("v", "a", n, dt, sigmas.integrator)
+        self._eq_q = F.SoftEquality("q", n, sigmas.soft_equality)
+        self._eq_v = F.SoftEquality("v", n, sigmas.rate_equality)
+        self._eq_a = F.SoftEquality("a", n, sigmas.rate_equality)
 
     def prior(self, target):
-        return self.F.Prior(self.mech.n, self.mech.actuated, target, self.s.trajectory)
+        return self.F.Prior("q", target, self.s.trajectory, select=self.mech.actuated, size=self.mech.n)
 
     def position(self):
         return self._position
@@ -568,14 +600,14 @@ class _LibraryUnits:
     def inverse_dynamics(self):
         return self._idyn
 
-    def trapezoidal(self):
-        return self._trap
+    def trapezoidal(self, which="q"):
+        return self._trap_q if which == "q" else self._trap_v
 
-    def soft_equality(self):
-        return self._eq_q
+    def soft_equality(self, which="q"):
+        return {"q": self._eq_q, "v": self._eq_v, "a": self._eq_a}[which]
 
-    def rate_equality(self):
-        return self._eq_rate
+    def rate_equality(self, which="v"):
+        return self.soft_equality(which)
 
 
 def _finite_difference(x, dt):
@@ -611,7 +643,7 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     U = units if units is not None else _LibraryUnits(mech, dt, sigmas)
     t = t0 + dt * np.arange(N)
     n = mech.n
-    prob = Problem()
+    prob = Problem(mech if units is None else None)
     reports: List[StageReport] = []
 
     def run(stage, t_start):
@@ -625,7 +657,7 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     # --- stage 1: q only ----------------------------------------------------------------------
     ts = time.perf_counter()
     q_init = _position_continuation(mech, traj, q_start, assembly_mode)
-    eq = U.soft_equality()
+    eq = U.soft_equality("q")
     pos = U.position()
     for k in range(N):
         prob.add_variable(("q", k), q_init[k])
@@ -643,15 +675,16 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     ts = time.perf_counter()
     v_init = _finite_difference(q, dt)
     a_init = _finite_difference(v_init, dt)
-    trap, eq_rate = U.trapezoidal(), U.rate_equality()
+    trap_q, trap_v = U.trapezoidal("q"), U.trapezoidal("v")
+    eq_v, eq_a = U.rate_equality("v"), U.rate_equality("a")
     for k in range(N):
         prob.add_variable(("v", k), v_init[k])
         prob.add_variable(("a", k), a_init[k])
     for k in range(N - 1):
-        prob.add_factor(trap, [("q", k), ("q", k + 1), ("v", k), ("v", k + 1)])
-        prob.add_factor(trap, [("v", k), ("v", k + 1), ("a", k), ("a", k + 1)])
-        prob.add_factor(eq_rate, [("v", k), ("v", k + 1)])
-        prob.add_factor(eq_rate, [("a", k), ("a", k + 1)])
+        prob.add_factor(trap_q, [("q", k), ("q", k + 1), ("v", k), ("v", k + 1)])
+        prob.add_factor(trap_v, [("v", k), ("v", k + 1), ("a", k), ("a", k + 1)])
+        prob.add_factor(eq_v, [("v", k), ("v", k + 1)])
+        prob.add_factor(eq_a, [("a", k), ("a", k + 1)])
     run(2, ts)
 
     # --- stage 3: velocity constraints --------------------------------------------------------------
@@ -676,3 +709,153 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
         tau = np.array([prob.values[("tau", k)] for k in range(N)])
     get = lambda name: np.array([prob.values[(name, k)] for k in range(N)])
     return InverseDynamicsResult(t, get("q"), get("v"), get("a"), tau, reports)
+
+
+# ----------------------------------------------------------------------------------------------
+# batch forward dynamics
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class ForwardDynamicsResult:
+    t: np.ndarray             # (N,)
+    q: np.ndarray             # (N, n)
+    v: np.ndarray             # (N, n)
+    a: np.ndarray             # (N, n)
+    efforts: np.ndarray       # (N, n_actuated) applied efforts
+    report: LMReport
+    z: Optional[np.ndarray] = None   # independent coordinates (N, d) (independent formulation)
+
+
+def _choose_independent(mech: Mechanism, q, independent):
+    if independent is not None and len(independent):
+        return [mech.coordinate_index(c) if isinstance(c, str) else int(c) for c in independent]
+    dof = mech.n - np.linalg.matrix_rank(mech.constraints.jacobian(q), tol=1e-9)
+    for cand in (list(mech.actuated), list(mech.relative_angle_columns)):
+        if len(cand) == dof:
+            return cand
+    # greedy: the coordinates along which the null space of Φq is best conditioned
+    solver = dynamics.solver_at(mech, q)
+    Nsp, chosen = solver.N, []
+    for _ in range(dof):
+        best = max((i for i in range(mech.n) if i not in chosen),
+                   key=lambda i: abs(np.linalg.det(Nsp[chosen + [i]][:, :len(chosen) + 1] @
+                                                   Nsp[chosen + [i]][:, :len(chosen) + 1].T)) ** 0.5
+                   if len(chosen) + 1 <= Nsp.shape[1] else 0.0)
+        chosen.append(best)
+    return chosen
+
+
+def batch_forward_dynamics(mech: Mechanism, dt: float, steps: int, efforts=None, q0=None, v0=None,
+                           formulation: str = "dependent", independent=None,
+                           sigmas: Optional[Dict[str, float]] = None, settings: Optional[LMSettings] = None,
+                           engine: str = "sparse") -> ForwardDynamicsResult:
+    """Forward dynamics of the whole trajectory t_k = k·dt, k = 0..steps, as ONE batch LM problem.
+
+    efforts: (steps+1, n_actuated) actuator efforts per step (default zero).  q0 (default the YAML
+    pose, made consistent by the position problem) and v0 (default rest) are pinned by priors.
+    formulation 'dependent': variables q, q̇, q̈ per step; factors f_pc, f_vc, f_dyn, trapezoidal
+    q–q̇ and q̇–q̈ (paper Fig. 2).  'independent': variables q, q̇, q̈ and z, ż, z̈ per step; factors
+    f_pc^i, f_vc^i, f_ac^i, f_dyn^i, trapezoidal on z, soft equality on q (paper Fig. 3).
+    The initial guess is a semi-implicit Euler pass with the closed-form q̈.
+    """
+    from . import factors as F
+    from .estimate import default_sigmas
+    sig = default_sigmas()
+    sig.update(sigmas or {})
+    settings = settings or LMSettings()
+    N = int(steps) + 1
+    if N < 2:
+        raise ValueError("need at least one step")
+    na = len(mech.actuated)
+    E = np.zeros((N, na)) if efforts is None else np.asarray(efforts, float).reshape(N, na)
+    n = mech.n
+    q_start = np.array(mech.q0 if q0 is None else q0, dtype=float)
+    q_start = kinematics.solve_positions(mech, q_start).q
+    v_start = np.zeros(n) if v0 is None else kinematics.solve_velocities(mech, q_start, v_guess=v0)
+    Qs = [mech.generalized_forces(E[k]) for k in range(N)]
+
+    # initial guess: classical RK4 with the closed-form q̈ and projection onto the constraints.  Its
+    # O(dt⁴) error is far below the trapezoidal graph's own O(dt²), so LM only has to apply that
+    # small correction (from a crude guess the whole-trajectory problem converges very slowly).
+    q = np.empty((N, n))
+    v = np.empty((N, n))
+    a = np.empty((N, n))
+    q[0], v[0] = q_start, v_start
+    fd = lambda qq, vv, QQ: dynamics.forward_dynamics(mech, qq, vv, QQ)
+    a[0] = fd(q[0], v[0], Qs[0])
+    for k in range(1, N):
+        Qm = 0.5 * (Qs[k - 1] + Qs[k])
+        q1, v1, a1 = q[k - 1], v[k - 1], a[k - 1]
+        q2, v2 = q1 + 0.5 * dt * v1, v1 + 0.5 * dt * a1
+        a2 = fd(q2, v2, Qm)
+        q3, v3 = q1 + 0.5 * dt * v2, v1 + 0.5 * dt * a2
+        a3 = fd(q3, v3, Qm)
+        q4, v4 = q1 + dt * v3, v1 + dt * a3
+        a4 = fd(q4, v4, Qs[k])
+        qn = q1 + dt / 6.0 * (v1 + 2 * v2 + 2 * v3 + v4)
+        vn = v1 + dt / 6.0 * (a1 + 2 * a2 + 2 * a3 + a4)
+        q[k] = _newton_polish(mech, qn)
+        v[k] = kinematics.solve_velocities(mech, q[k], v_guess=vn)
+        a[k] = fd(q[k], v[k], Qs[k])
+
+    prob = Problem(mech)
+    t = dt * np.arange(N)
+    for k in range(N):
+        prob.add_variable(("q", k), q[k])
+        prob.add_variable(("v", k), v[k])
+        prob.add_variable(("a", k), a[k])
+    prob.add_factor(F.Prior("q", q_start, sig["prior_q0"]), [("q", 0)])
+    prob.add_factor(F.Prior("v", v_start, sig["prior_v0"]), [("v", 0)])
+    trap_q = F.TrapezoidalIntegrator("q", "v", n, dt, sig["integrator"])
+    trap_v = F.TrapezoidalIntegrator("v", "a", n, dt, sig["integrator"])
+    z_idx = None
+    if formulation == "dependent":
+        pos = F.PositionConstraints(mech, sig["position_constraints"])
+        vel = F.VelocityConstraints(mech, sig["velocity_constraints"])
+        for k in range(N):
+            dyn = F.ForwardDynamics(mech, Qs[k], sig["dynamics"])
+            prob.add_factor(pos, [("q", k)])
+            prob.add_factor(vel, [("q", k), ("v", k)])
+            prob.add_factor(dyn, [("q", k), ("v", k), ("a", k)])
+            if k:
+                prob.add_factor(trap_q, [("q", k - 1), ("q", k), ("v", k - 1), ("v", k)])
+                prob.add_factor(trap_v, [("v", k - 1), ("v", k), ("a", k - 1), ("a", k)])
+    elif formulation == "independent":
+        z_idx = _choose_independent(mech, q_start, independent)
+        d = len(z_idx)
+        for k in range(N):
+            prob.add_variable(("z", k), q[k, z_idx])
+            prob.add_variable(("zd", k), v[k, z_idx])
+            prob.add_variable(("zdd", k), a[k, z_idx])
+        pos = F.PositionConstraintsIndep(mech, z_idx, sig["position_constraints"])
+        vel = F.VelocityConstraintsIndep(mech, z_idx, sig["velocity_constraints"])
+        acc = F.AccelerationConstraintsIndep(mech, z_idx, sig["acceleration_constraints"])
+        eq = F.SoftEquality("q", n, sig["soft_equality"])
+        trap_z = F.TrapezoidalIntegrator("z", "zd", d, dt, sig["integrator"])
+        trap_zd = F.TrapezoidalIntegrator("zd", "zdd", d, dt, sig["integrator"])
+        for k in range(N):
+            dyn = F.ForwardDynamicsIndep(mech, z_idx, Qs[k], sig["dynamics"])
+            prob.add_factor(pos, [("q", k), ("z", k)])
+            prob.add_factor(vel, [("q", k), ("v", k), ("zd", k)])
+            prob.add_factor(acc, [("q", k), ("v", k), ("a", k), ("zdd", k)])
+            prob.add_factor(dyn, [("q", k), ("v", k), ("zdd", k)])
+            if k:
+                prob.add_factor(eq, [("q", k - 1), ("q", k)])
+                prob.add_factor(trap_z, [("z", k - 1), ("z", k), ("zd", k - 1), ("zd", k)])
+                prob.add_factor(trap_zd, [("zd", k - 1), ("zd", k), ("zdd", k - 1), ("zdd", k)])
+    else:
+        raise ValueError(f"formulation must be 'dependent' or 'independent' (got '{formulation}')")
+    report = solve(prob, settings, engine)
+    get = lambda name: np.array([prob.values[(name, k)] for k in range(N)])
+    return ForwardDynamicsResult(t, get("q"), get("v"), get("a"), E, report,
+                                 get("z") if z_idx is not None else None)
+
+
+def _newton_polish(mech: Mechanism, q, iterations: int = 3):
+    """A few minimum-norm Newton steps onto Φ(q) = 0 (q is already close)."""
+    C = mech.constraints
+    for _ in range(iterations):
+        phi, J = C.phi_and_jacobian(q)
+        if np.abs(phi).max(initial=0.0) < 1e-13:
+            break
+        q = q + np.linalg.lstsq(J, -phi, rcond=None)[0]
+    return q
