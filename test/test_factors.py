@@ -1,0 +1,291 @@
+"""Factor units: closed-form Jacobians against central finite differences on every shipped mechanism,
+the lean dynamics linearization against the core, and the gtsam adapters (CustomFactor and the
+pre-linearized stacked-state factor) against the units."""
+
+import math
+
+import gtsam
+import numpy as np
+import pytest
+
+from mbfg_ros import dynamics as D
+from mbfg_ros import factors as F
+from mbfg_ros import kinematics as K
+from mbfg_ros.estimate import default_sigmas
+from mbfg_ros.graph import StateLayout, StepModel, custom_factor, linear_factor, linearize_step, residual_step
+from mbfg_ros.model import load_mechanism
+
+MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot"]
+SWITCH = 1.0 / math.sqrt(2.0)
+
+
+@pytest.fixture(scope="module", params=MECHANISMS)
+def mech(request):
+    return load_mechanism(f"mechanisms/{request.param}.yaml")
+
+
+def random_state(mech, rng):
+    """A consistent pose from the position problem (random start), perturbed off the manifold, and random
+    q̇, q̈, j, τ, z-blocks.  Relative angles are kept away from the row-form switch |sin θ| = 1/√2."""
+    for _ in range(50):
+        guess = np.array(mech.q0) + 0.1 * rng.standard_normal(mech.n)
+        try:
+            q = K.solve_positions(mech, guess).q
+        except K.AssemblyError:
+            continue
+        q = q + 1e-3 * rng.standard_normal(mech.n)
+        th = q[mech.relative_angle_columns]
+        if np.all(np.abs(np.abs(np.sin(th)) - SWITCH) > 1e-3):
+            break
+    d = mech.n - int(np.linalg.matrix_rank(mech.constraints.jacobian(q), tol=1e-9))
+    return dict(q=q, v=rng.standard_normal(mech.n), a=rng.standard_normal(mech.n), j=rng.standard_normal(mech.n),
+                tau=rng.standard_normal(len(mech.actuated)), z=rng.standard_normal(d), zd=rng.standard_normal(d),
+                zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d)
+
+
+def fd_jacobian(unit, blocks, i, h=1e-6):
+    x = blocks[i]
+    J = np.zeros((unit.dim, x.size))
+    for k in range(x.size):
+        bp = [b.copy() for b in blocks]
+        bm = [b.copy() for b in blocks]
+        bp[i][k] += h
+        bm[i][k] -= h
+        J[:, k] = (unit.error(*bp) - unit.error(*bm)) / (2 * h)
+    return J
+
+
+def blocks_for(unit, s):
+    return [s[name.replace("_prev", "")].copy() + (0.01 if name.endswith("_prev") else 0.0) for name in unit.slots]
+
+
+def all_units(mech, s, rng):
+    n, d = mech.n, s["d"]
+    z = list(range(mech.n - d, mech.n)) if mech.relative_angle_columns.size >= d else list(range(d))
+    Q = mech.gravity_forces + rng.standard_normal(n)
+    units = [
+        F.PositionConstraints(mech), F.VelocityConstraints(mech), F.AccelerationConstraints(mech),
+        F.ForwardDynamics(mech, Q), F.InverseDynamics(mech),
+        F.PositionConstraintsIndep(mech, z), F.VelocityConstraintsIndep(mech, z),
+        F.AccelerationConstraintsIndep(mech, z), F.ForwardDynamicsIndep(mech, z, Q), F.InverseDynamicsIndep(mech, z),
+        F.Prior("q", s["q"] + 0.1, 1e-3), F.Prior("v", [0.5], 0.1, select=[1], size=n),
+        F.EulerIntegrator("q", "v", n, 1e-3), F.TrapezoidalIntegrator("v", "a", n, 1e-3),
+        F.HermiteIntegrator("q", "v", "a", n, 1e-3), F.HermiteIntegrator("v", "a", "j", n, 1e-3),
+        F.SoftEquality("q", n), F.SoftEquality("q", n, offset=rng.standard_normal(n)),
+        F.ObservedCoordinate(mech, 0, 0, 0.3), F.ObservedCoordinate(mech, 1, 1, 0.3),
+        F.ObservedCoordinate(mech, n - 1, 2, 0.3),
+    ]
+    units += [F.Gyroscope(mech, b, 0.7) for b in range(len(mech.spec.bodies))]
+    units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in mech.sensors if sensor.kind == "encoder"]
+    return units
+
+
+def test_jacobians_match_finite_differences(mech):
+    rng = np.random.default_rng(7)
+    for trial in range(2):
+        s = random_state(mech, rng)
+        for unit in all_units(mech, s, rng):
+            blocks = blocks_for(unit, s)
+            e, Js = unit.evaluate(*blocks)
+            assert e.shape == (unit.dim,) and unit.sigmas.shape == (unit.dim,)
+            np.testing.assert_allclose(e, unit.error(*blocks), rtol=1e-12, atol=1e-12)
+            assert len(Js) == len(unit.slots)
+            for i, J in enumerate(Js):
+                Jn = fd_jacobian(unit, blocks, i)
+                scale = max(1.0, np.abs(Jn).max(initial=0.0))
+                assert np.abs(J - Jn).max(initial=0.0) <= 1e-6 * scale, (mech.name, unit.name, unit.slots[i])
+
+
+def test_jerk_factor_exact_blocks_and_documented_approximation(mech):
+    """j_pred = ∂q̈/∂q q̇ + ∂q̈/∂q̇ a + ∂q̈/∂Q Q̇: the j and a blocks are exact; the q, q̇ (and τ) blocks
+    neglect second derivatives of q̈ (see `factors.Jerk` for why the fixed point stays exact)."""
+    rng = np.random.default_rng(3)
+    s = random_state(mech, rng)
+    Qdot = rng.standard_normal(mech.n)
+    unit = F.Jerk(mech, Qdot=Qdot)
+    blocks = blocks_for(unit, s)
+    e, (Jq, Jv, Ja, Jj) = unit.evaluate(*blocks)
+    lin = D.forward_dynamics_jacobians(mech, s["q"], s["v"])
+    np.testing.assert_allclose(e, s["j"] - (lin.da_dq @ s["v"] + lin.da_dv @ s["a"] + lin.da_dQ @ Qdot),
+                               rtol=1e-9, atol=1e-9)
+    for i, J in ((2, Ja), (3, Jj)):
+        Jn = fd_jacobian(unit, blocks, i)
+        assert np.abs(J - Jn).max() <= 1e-6 * max(1.0, np.abs(Jn).max())
+    np.testing.assert_array_equal(Jq, 0.0)
+    np.testing.assert_allclose(Jv, -lin.da_dq, rtol=1e-9, atol=1e-9)
+    # selected rows (independent formulation) and the effort slot
+    if len(mech.actuated):
+        z = [mech.n - 1]
+        u2 = F.Jerk(mech, select=z, efforts=True)
+        tau = s["tau"]
+        e2, J2 = u2.evaluate(s["q"], s["v"], s["a"], s["zj"][:1], tau)
+        Q = mech.gravity_forces.copy()
+        Q[mech.actuated] += tau
+        lin2 = D.forward_dynamics_jacobians(mech, s["q"], s["v"], Q)
+        np.testing.assert_allclose(e2, s["zj"][:1] - (lin2.da_dq @ s["v"] + lin2.da_dv @ s["a"])[z], atol=1e-9)
+        assert [J.shape for J in J2] == [(1, mech.n)] * 3 + [(1, 1), (1, len(mech.actuated))]
+
+
+def test_lean_dynamics_equals_core(mech):
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        s = random_state(mech, rng)
+        Q = mech.gravity_forces + rng.standard_normal(mech.n)
+        ref = D.forward_dynamics_jacobians(mech, s["q"], s["v"], Q)
+        ctx = F.EvalContext(mech)
+        lin = ctx.dynamics(s["q"], s["v"], Q)
+        for name in ("a", "da_dq", "da_dv", "da_dQ", "Phi_q", "Phi_q_dot"):
+            A, B = getattr(lin, name), getattr(ref, name)
+            assert np.abs(A - B).max() <= 1e-9 * max(1.0, np.abs(B).max()), name
+        assert np.abs(F.EvalContext(mech).acceleration(s["q"], s["v"], Q) - ref.a).max() <= 1e-9 * max(1, np.abs(ref.a).max())
+        slow = F.EvalContext(mech, fast=False).dynamics(s["q"], s["v"], Q)
+        assert np.abs(slow.da_dq - ref.da_dq).max() == 0.0
+
+
+def test_context_sharing_gives_the_same_numbers():
+    mech = load_mechanism("mechanisms/four_bar_crank.yaml")
+    rng = np.random.default_rng(5)
+    s = random_state(mech, rng)
+    ctx = F.EvalContext(mech)
+    for unit in (F.PositionConstraints(mech), F.VelocityConstraints(mech), F.ForwardDynamics(mech), F.Jerk(mech)):
+        blocks = blocks_for(unit, s)
+        e1, J1 = unit.evaluate(*blocks, ctx=ctx)
+        e2, J2 = unit.evaluate(*blocks)
+        np.testing.assert_array_equal(e1, e2)
+        for a, b in zip(J1, J2):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_hermite_integrator_is_exact_for_quartics():
+    h, t0 = 0.01, 0.3
+    t1 = t0 + h
+    c = np.array([0.3, -1.2, 0.7, 2.0, -1.5])     # x(t) = Σ c_k t^k, degree 4
+    x = np.polynomial.Polynomial(c)
+    unit = F.HermiteIntegrator("q", "v", "a", 1, h)
+    vals = [np.array([p(tt)]) for tt, p in ((t0, x), (t1, x), (t0, x.deriv()), (t1, x.deriv()),
+                                               (t0, x.deriv(2)), (t1, x.deriv(2)))]
+    assert abs(unit.error(*vals)[0]) < 1e-14
+    trap = F.TrapezoidalIntegrator("q", "v", 1, h)
+    assert abs(trap.error(*vals[:4])[0]) > 1e-8       # the trapezoid is not
+
+
+def test_sensor_values():
+    mech = load_mechanism("mechanisms/four_bar_crank.yaml")
+    rng = np.random.default_rng(2)
+    s = random_state(mech, rng)
+    for b in range(3):
+        g = F.Gyroscope(mech, b, 0.0)
+        assert g.error(s["q"], s["v"])[0] == pytest.approx(mech.body_angular_rate(b, s["q"], s["v"]), rel=1e-12)
+    c = mech.coordinate_index("crank")
+    enc = F.Encoder(mech, c, 0.25)
+    q = s["q"].copy()
+    q[c] = 0.25 + 4 * math.pi + 1e-3
+    assert enc.error(q)[0] == pytest.approx(1e-3)
+    q[c] = 0.25 - 2 * math.pi - 1e-3
+    assert enc.error(q)[0] == pytest.approx(-1e-3)
+
+
+def test_default_sigmas_come_from_table_2():
+    mech = load_mechanism("mechanisms/four_bar.yaml")
+    s = default_sigmas()
+    assert np.all(F.PositionConstraints(mech).sigmas == s["position_constraints"])
+    assert np.all(F.TrapezoidalIntegrator("q", "v", 4, 1e-3).sigmas == s["integrator"])
+    assert np.all(F.ForwardDynamics(mech).sigmas == s["dynamics"])
+    assert np.all(F.SoftEquality("q", 4).sigmas == s["soft_equality"])
+    assert np.all(F.VelocityConstraints(mech, sigma=0.5).sigmas == 0.5)
+    with pytest.raises(ValueError):
+        F.PositionConstraints(mech, sigma=0.0)
+
+
+# -- adapters ---------------------------------------------------------------------------------
+def _keys(unit):
+    names = sorted(set(unit.slots))
+    return [gtsam.symbol("k", names.index(s)) for s in unit.slots]
+
+
+def test_custom_factor_adapter_matches_unit():
+    mech = load_mechanism("mechanisms/four_bar_crank.yaml")
+    rng = np.random.default_rng(4)
+    s = random_state(mech, rng)
+    for unit in all_units(mech, s, rng) + [F.Jerk(mech, Qdot=np.ones(mech.n))]:
+        blocks = blocks_for(unit, s)
+        keys = _keys(unit)
+        values = gtsam.Values()
+        for k, b in zip(keys, blocks):
+            if not values.exists(k):
+                values.insert(k, b)
+        cf = custom_factor(unit, keys)
+        ew, Jw = unit.whitened(*blocks)
+        np.testing.assert_allclose(cf.whitenedError(values), ew, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(cf.unwhitenedError(values), unit.error(*blocks), rtol=1e-12, atol=1e-12)
+        A, b = gtsam.JacobianFactor(cf.linearize(values)).jacobian()
+        np.testing.assert_allclose(A, np.hstack(Jw), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(b, -ew, rtol=1e-12, atol=1e-12)
+        assert cf.error(values) == pytest.approx(0.5 * ew @ ew, rel=1e-12, abs=1e-300)
+    # the adapter holds a copy: changing the unit's parameters afterwards does not change the factor
+    unit = F.Encoder(mech, mech.coordinate_index("crank"), 0.1, 1e-3)
+    key = gtsam.symbol("q", 0)
+    cf = custom_factor(unit, [key])
+    unit.value = 0.5
+    values = gtsam.Values()
+    values.insert(key, s["q"])
+    d = s["q"][mech.coordinate_index("crank")] - 0.1
+    d -= 2 * math.pi * math.floor((d + math.pi) / (2 * math.pi))
+    assert cf.whitenedError(values)[0] == pytest.approx(d / 1e-3)
+
+
+def test_stacked_linear_adapter_matches_units():
+    mech = load_mechanism("mechanisms/four_bar_crank.yaml")
+    n = mech.n
+    rng = np.random.default_rng(8)
+    s = random_state(mech, rng)
+    layout = StateLayout([("q", n), ("v", n), ("a", n), ("j", n), ("tau", 1)])
+    units = [F.TrapezoidalIntegrator("q", "v", n, 1e-3), F.HermiteIntegrator("v", "a", "j", n, 1e-3),
+             F.SoftEquality("tau", 1, 2.0), F.SoftEquality("q", n, offset=np.full(n, 0.01)),
+             F.PositionConstraints(mech), F.VelocityConstraints(mech), F.InverseDynamics(mech),
+             F.Jerk(mech, efforts=True), F.Encoder(mech, n - 1, 0.3, 1e-3), F.Gyroscope(mech, 1, 0.2, 0.01),
+             F.Prior("tau", [1.0], 0.5)]
+    x_cur = layout.pack(q=s["q"], v=s["v"], a=s["a"], j=s["j"], tau=s["tau"])
+    x_prev = x_cur - 0.01 * rng.standard_normal(layout.dim)
+    A0, A1, r = linearize_step(units, layout, x_prev, x_cur)
+    # the same rows, unit by unit
+    row = 0
+    vp, vc = layout.views(x_prev), layout.views(x_cur)
+    for u in units:
+        blocks = [vp[nm[:-5]] if nm.endswith("_prev") else vc[nm] for nm in u.slots]
+        ew, Jw = u.whitened(*blocks)
+        np.testing.assert_allclose(r[row:row + u.dim], ew, rtol=1e-12, atol=1e-12)
+        for nm, J in zip(u.slots, Jw):
+            which, name, cols = layout.slot_map[nm]
+            np.testing.assert_allclose((A1 if which else A0)[row:row + u.dim, cols], J, rtol=1e-12, atol=1e-12)
+        row += u.dim
+    np.testing.assert_allclose(residual_step(units, layout, x_prev, x_cur), r, rtol=1e-12, atol=1e-12)
+    # StepModel (static units stacked once, the others evaluated) gives the same linearization ...
+    model = StepModel(layout, units)
+    B0, B1, r2 = model.linearize(x_prev, x_cur)
+    order = [units.index(u) for u in model.static_units + model.dynamic_units]
+    offsets = np.cumsum([0] + [u.dim for u in units])
+    perm = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])
+    np.testing.assert_allclose(B0, A0[perm], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(B1, A1[perm], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(r2, r[perm], rtol=1e-12, atol=1e-12)
+    # ... and the gtsam LinearContainerFactor reproduces the whitened linear model
+    k0, k1 = gtsam.symbol("x", 0), gtsam.symbol("x", 1)
+    lcf = linear_factor(B0, B1, r2, k0, k1, x_prev, x_cur)
+    vals = gtsam.Values()
+    vals.insert(k0, x_prev)
+    vals.insert(k1, x_cur)
+    A, b = gtsam.JacobianFactor(lcf.linearize(vals)).jacobian()
+    np.testing.assert_allclose(A, np.hstack([B0, B1]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(b, -r2, rtol=1e-12, atol=1e-12)
+    d0, d1 = 1e-4 * rng.standard_normal(layout.dim), 1e-4 * rng.standard_normal(layout.dim)
+    moved = gtsam.Values()
+    moved.insert(k0, x_prev + d0)
+    moved.insert(k1, x_cur + d1)
+    lin = r2 + B0 @ d0 + B1 @ d1
+    assert lcf.error(moved) == pytest.approx(0.5 * lin @ lin, rel=1e-9)
+    # the relinearization check only looks at the nonlinear rows
+    assert {u.name for u in model.check_units} == {"position_constraints", "velocity_constraints",
+                                                     "inverse_dynamics", "jerk", "encoder(crank)",
+                                                     "gyroscope(body 1)"}
+    np.testing.assert_allclose(model.check_residual(x_prev, x_cur), r2[model.check_rows], rtol=1e-12, atol=1e-12)
