@@ -43,7 +43,8 @@ class EstimatorConfig:
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     compute_covariance: bool = False
     # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
-    relinearize_threshold: float = 1e-3    # whitened mismatch that triggers re-linearizing the newest step
+    relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing the newest
+                                           # step; None: 1e-3 in forward_dynamics mode, 1.0 with sensors (estimation, fused)
     max_relinearizations: int = 3          # per step
     max_constraint_residual: float = 1e-2  # max |Φ(q)| above which a step counts as a numerical failure
     max_speed: float = 1e4                 # max |q̇| above which a step counts as diverged
