@@ -18,6 +18,8 @@ venv: $(STAMP)
 
 # Re-installs whenever the dependency list or the packaging files change.
 $(STAMP): requirements.txt setup.py setup.cfg
+	@$(PYTHON) -c 'pass' >/dev/null 2>&1 || \
+	  { echo "error: cannot run '$(PYTHON)'; install Python >= 3.10 or use make PYTHON=/path/to/python3" >&2; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' || \
 	  { echo "error: mbfg_ros needs Python >= 3.10 (found: $$($(PYTHON) --version 2>&1)); use make PYTHON=python3.x" >&2; exit 1; }
 	@if [ ! -x $(VPY) ]; then \
