@@ -157,10 +157,10 @@ def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
     table = csvio.read_table(path)
     names = []
     for joint in mech.actuator_names:
-        if table.has(joint):
-            names.append(joint)
-        elif table.has(f"tau_{joint}"):
+        if table.has(f"tau_{joint}"):      # first: a joint may share its name with a coordinate column
             names.append(f"tau_{joint}")
+        elif table.has(joint):
+            names.append(joint)
         else:
             raise CsvError(f"{path}: no column for actuator '{joint}' (expected '{joint}' or 'tau_{joint}'; "
                            f"columns: {', '.join(table.columns)})")

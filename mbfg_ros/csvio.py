@@ -101,9 +101,9 @@ def require_uniform_time(table: Table, rel_tol: float = 1e-6) -> float:
     dts = np.diff(table.t)
     dt = float(np.mean(dts))
     if np.max(np.abs(dts - dt)) > rel_tol * max(dt, 1e-12) + 1e-12:
-        k = int(np.argmax(np.abs(dts - dt))) + 2
-        raise CsvError(f"{table.source}: time steps must be uniform (mean {dt:g} s, but rows {k}-{k + 1} "
-                       f"differ by {dts[k - 2]:g} s)")
+        i = int(np.argmax(np.abs(dts - dt)))
+        raise CsvError(f"{table.source}: time steps must be uniform (mean {dt:g} s, but the step from row "
+                       f"{i + 2} to row {i + 3} is {dts[i]:g} s)")
     return dt
 
 
