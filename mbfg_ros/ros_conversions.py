@@ -1,0 +1,204 @@
+"""Pure helpers between ROS 2 messages and numpy (no rclpy node, no estimation).
+
+Everything here takes and returns plain message objects and numpy arrays so that it can be unit
+tested without DDS.  Input parsers never raise on bad content: they return the usable part plus a
+list of `(kind, detail)` problems that the node counts and reports in its diagnostics.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from builtin_interfaces.msg import Duration as DurationMsg
+from builtin_interfaces.msg import Time as TimeMsg
+from diagnostic_msgs.msg import KeyValue
+from geometry_msgs.msg import Point
+from sensor_msgs.msg import JointState
+from std_msgs.msg import ColorRGBA
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from visualization_msgs.msg import Marker, MarkerArray
+
+NS = 1_000_000_000
+
+Problem = Tuple[str, str]
+
+
+# ---------------------------------------------------------------------------------------------
+# time
+def stamp_to_ns(stamp) -> int:
+    return int(stamp.sec) * NS + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int) -> TimeMsg:
+    sec, nsec = divmod(int(ns), NS)
+    return TimeMsg(sec=int(sec), nanosec=int(nsec))
+
+
+def float_array(x) -> array.array:
+    """Fast conversion for float64[] message fields (rclpy accepts array('d') without checks)."""
+    a = array.array("d")
+    a.frombytes(np.ascontiguousarray(x, dtype=np.float64).tobytes())
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+def _field(msg_field, i: int):
+    return msg_field[i] if i < len(msg_field) else None
+
+
+def _check_lengths(msg: JointState, needed: Sequence[str]) -> Optional[Problem]:
+    n = len(msg.name)
+    for f in needed:
+        length = len(getattr(msg, f))
+        if length != n:
+            return ("bad_size", f"JointState has {n} names but {length} {f} values")
+    return None
+
+
+def parse_observations(msg: JointState, sensors: Dict[str, Tuple[str, int]]
+                       ) -> Tuple[Dict[str, float], List[Problem]]:
+    """Sensor readings from a JointState.
+
+    `sensors` maps a joint name to (field, sensor name): field 'position' for encoders, 'velocity'
+    for gyroscopes.  Only the fields a known joint needs are read, so NaN in unused fields (a common
+    driver convention) is fine.  Returns the readings and the problems found."""
+    problems: List[Problem] = []
+    out: Dict[str, float] = {}
+    if len(set(msg.name)) != len(msg.name):
+        return out, [("bad_size", "JointState repeats a joint name")]
+    for i, name in enumerate(msg.name):
+        spec = sensors.get(name)
+        if spec is None:
+            problems.append(("unknown_joint", f"unknown joint '{name}' (known: {', '.join(sorted(sensors))})"))
+            continue
+        fld, sensor = spec
+        values = getattr(msg, fld)
+        if len(values) != len(msg.name):
+            problems.append(("bad_size", f"JointState has {len(msg.name)} names but {len(values)} {fld} values "
+                                         f"(joint '{name}' needs {fld})"))
+            continue
+        val = float(values[i])
+        if not math.isfinite(val):
+            problems.append(("non_finite", f"non-finite {fld} {val} for joint '{name}'"))
+            continue
+        out[sensor] = val
+    return out, problems
+
+
+def parse_effort_joint_state(msg: JointState, actuators: Dict[str, int], n_actuators: int
+                             ) -> Tuple[Optional[np.ndarray], List[Problem]]:
+    """Efforts (actuator order, NaN where the message does not say) from a JointState's `effort`."""
+    problems: List[Problem] = []
+    if len(msg.effort) != len(msg.name):
+        return None, [("bad_size", f"JointState has {len(msg.name)} names but {len(msg.effort)} effort values")]
+    if len(set(msg.name)) != len(msg.name):
+        return None, [("bad_size", "JointState repeats a joint name")]
+    tau = np.full(n_actuators, np.nan)
+    for i, name in enumerate(msg.name):
+        k = actuators.get(name)
+        if k is None:
+            problems.append(("unknown_joint", f"unknown actuator joint '{name}' (known: {', '.join(actuators)})"))
+            continue
+        val = float(msg.effort[i])
+        if not math.isfinite(val):
+            problems.append(("non_finite", f"non-finite effort {val} for joint '{name}'"))
+            continue
+        tau[k] = val
+    if np.all(np.isnan(tau)):
+        return None, problems or [("unknown_joint", "no actuator joint in the effort message")]
+    return tau, problems
+
+
+def parse_effort_array(data: Sequence[float], n_actuators: int) -> Tuple[Optional[np.ndarray], List[Problem]]:
+    """Efforts from a Float64MultiArray's data in actuator order (forward_command_controller)."""
+    if len(data) != n_actuators:
+        return None, [("bad_size", f"Float64MultiArray has {len(data)} values, expected {n_actuators} "
+                                   f"(one per actuator, in actuator order)")]
+    tau = np.array(data, dtype=float)
+    if not np.all(np.isfinite(tau)):
+        return None, [("non_finite", f"non-finite values in Float64MultiArray {list(tau)}")]
+    return tau, []
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+def joint_state(stamp: TimeMsg, names: Sequence[str], position, velocity, effort, msg: Optional[JointState] = None
+                ) -> JointState:
+    msg = msg or JointState()
+    msg.header.stamp = stamp
+    msg.name = list(names)
+    msg.position = float_array(position)
+    msg.velocity = float_array(velocity)
+    msg.effort = float_array(effort)
+    return msg
+
+
+def trajectory_state(stamp: TimeMsg, frame_id: str, names: Sequence[str], q, v, a, Q,
+                     msg: Optional[JointTrajectory] = None) -> JointTrajectory:
+    """One JointTrajectoryPoint over all generalized coordinates: q, q̇, q̈ and Q."""
+    msg = msg or JointTrajectory()
+    msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.joint_names = list(names)
+    pt = msg.points[0] if msg.points else JointTrajectoryPoint()
+    pt.positions = float_array(q)
+    pt.velocities = float_array(v)
+    pt.accelerations = float_array(a)
+    pt.effort = float_array(Q)
+    pt.time_from_start = DurationMsg()
+    if not msg.points:
+        msg.points = [pt]
+    return msg
+
+
+_BODY_COLOR = ColorRGBA(r=0.2, g=0.45, b=0.9, a=1.0)
+_POINT_COLOR = ColorRGBA(r=0.95, g=0.5, b=0.1, a=1.0)
+_FIXED_COLOR = ColorRGBA(r=0.3, g=0.3, b=0.3, a=1.0)
+
+
+def mechanism_markers(mech, q, stamp: TimeMsg, frame_id: str, ns_prefix: str = "mbfg") -> MarkerArray:
+    """Bodies as line strips (closed for N-point bodies) and points as one sphere list."""
+    xy = mech.point_positions(np.asarray(q, dtype=float))
+    out = MarkerArray()
+    for b, body in enumerate(mech.spec.bodies):
+        m = Marker()
+        m.header.stamp = stamp
+        m.header.frame_id = frame_id
+        m.ns = f"{ns_prefix}/bodies"
+        m.id = b
+        m.type = Marker.LINE_STRIP
+        m.action = Marker.ADD
+        m.pose.orientation.w = 1.0
+        m.scale.x = 0.04
+        m.color = _BODY_COLOR
+        idx = list(body.points) + ([body.points[0]] if len(body.points) > 2 else [])
+        m.points = [Point(x=float(xy[i, 0]), y=float(xy[i, 1]), z=0.0) for i in idx]
+        out.markers.append(m)
+    pts = Marker()
+    pts.header.stamp = stamp
+    pts.header.frame_id = frame_id
+    pts.ns = f"{ns_prefix}/points"
+    pts.id = 0
+    pts.type = Marker.SPHERE_LIST
+    pts.action = Marker.ADD
+    pts.pose.orientation.w = 1.0
+    pts.scale.x = pts.scale.y = pts.scale.z = 0.08
+    pts.points = [Point(x=float(p[0]), y=float(p[1]), z=0.0) for p in xy]
+    fixed = [p.fixed for p in mech.spec.points]
+    pts.colors = [_FIXED_COLOR if f else _POINT_COLOR for f in fixed]
+    out.markers.append(pts)
+    return out
+
+
+def key_values(d: Dict[str, object]) -> List[KeyValue]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, float):
+            v = f"{v:.6g}"
+        out.append(KeyValue(key=str(k), value=str(v)))
+    return out

@@ -1,0 +1,224 @@
+"""`four_bar_sim`: a simulated plant as a ROS 2 node (node name `four_bar_sim`).
+
+Runs `mbfg_ros.plant.SimulatedPlant` (any mechanism; the four-bar crank by default) and publishes,
+every dt:
+
+* `joint_observations` (sensor_msgs/JointState): noisy sensor readings by sensor name, encoders in
+  `position`, gyroscopes in `velocity` (NaN in the field a joint does not use);
+* `commanded_effort` (sensor_msgs/JointState): the applied effort by actuator joint name (and, with
+  `publish_effort_array`, `commanded_effort_array` as std_msgs/Float64MultiArray in actuator order);
+* `~/truth` (sensor_msgs/JointState, all generalized coordinates: q, q̇ and the applied efforts on
+  the actuated coordinates) and `~/truth_state` (trajectory_msgs/JointTrajectory: q, q̇, q̈, Q);
+* `/clock` when `publish_clock` is true: the plant is then the time source (use_sim_time on the
+  other nodes) and runs at `real_time_factor`.
+
+Samples are stamped on a fixed grid (t_start + k·dt, or the simulated time with `publish_clock`).
+The plant is integrated ahead of time (`lookahead` seconds, or the whole `duration`) so publishing
+keeps to the grid even though one RK4 step costs a sizeable part of a millisecond in Python.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Deque
+
+import numpy as np
+
+import rclpy
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock as ClockMsg
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+
+try:
+    from rclpy.executors import ExternalShutdownException
+except ImportError:  # pragma: no cover
+    class ExternalShutdownException(Exception):
+        pass
+
+from . import ros_conversions as rc
+from .model import load_mechanism
+from .plant import PlantSample, SimulatedPlant
+
+NODE_NAME = "four_bar_sim"
+NS = rc.NS
+QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
+
+class SimNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        PD = ParameterDescriptor
+        fr = lambda lo, hi: [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]  # noqa: E731
+        d = self.declare_parameter
+        mech_name = d("mechanism", "four_bar_crank", PD(description="Mechanism YAML path or name",
+                                                        read_only=True)).value
+        self.dt = d("dt", 1e-3, PD(description="Sample period [s]", read_only=True,
+                                   floating_point_range=fr(1e-5, 1.0))).value
+        substeps = d("substeps", 1, PD(description="RK4 substeps per dt", read_only=True,
+                                       integer_range=[IntegerRange(from_value=1, to_value=1000, step=1)])).value
+        seed = d("seed", 0, PD(description="Noise RNG seed", read_only=True)).value
+        noise = d("noise", True, PD(description="Add sensor noise (sigma from the mechanism file)",
+                                    read_only=True)).value
+        sensors = d("sensors", Parameter.Type.STRING_ARRAY, PD(
+            description="Sensors to publish (default: all of the mechanism's)", read_only=True)).value
+        self.duration = d("duration", 0.0, PD(description="Stop after this many seconds (0 = run forever)",
+                                              read_only=True, floating_point_range=fr(0.0, 1e6))).value
+        self.lookahead = d("lookahead", 1.0, PD(description="Seconds integrated ahead of publishing",
+                                                read_only=True, floating_point_range=fr(0.0, 60.0))).value
+        self.exit_at_end = d("exit_at_end", True, PD(description="Exit when `duration` is reached")).value
+        self.publish_clock = d("publish_clock", False, PD(
+            description="Publish /clock with the simulated time (be the sim-time source)", read_only=True)).value
+        self.clock_start = d("clock_start", 100.0, PD(description="Simulated time of the first sample when "
+                                                                  "publish_clock [s] (> 0: time 0 means 'unset')",
+                                                      read_only=True, floating_point_range=fr(1e-3, 1e9))).value
+        self.rtf = d("real_time_factor", 1.0, PD(description="Speed of simulated time when publish_clock",
+                                                  read_only=True, floating_point_range=fr(1e-3, 100.0))).value
+        self.wait_for_subscribers = d("wait_for_subscribers", 0, PD(
+            description="Start only when joint_observations has this many subscribers", read_only=True)).value
+        self.publish_effort_array = d("publish_effort_array", False, PD(
+            description="Also publish commanded_effort_array (Float64MultiArray)")).value
+        self.publish_truth = d("publish_truth", True, PD(description="Publish ~/truth and ~/truth_state")).value
+        self.truth_decimation = d("truth_decimation", 1, PD(
+            description="Publish the truth every N-th sample", read_only=True,
+            integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
+
+        if self.publish_clock and self.get_parameter("use_sim_time").value:
+            self.get_logger().warning("publish_clock is true: this node is the clock source, ignoring use_sim_time")
+            self.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, False)])
+
+        self.mech = load_mechanism(mech_name)
+        self.plant = SimulatedPlant(self.mech, dt=self.dt, substeps=substeps, seed=seed, noise=noise,
+                                    sensors=list(sensors) if sensors else None)
+        self.sensor_names = [s.name for s in self.plant.sensors]
+        self.gyro = np.array([s.kind == "gyroscope" for s in self.plant.sensors])
+        self.n_total = int(round(self.duration / self.dt)) + 1 if self.duration > 0 else None
+        n_ahead = self.n_total if self.n_total else max(1, int(round(self.lookahead / self.dt)))
+        self.queue: Deque[PlantSample] = collections.deque()
+        self._fill(n_ahead)
+        self.k = 0
+        self.finished = threading.Event()
+        self.lateness_ns = []
+
+        self.pub_obs = self.create_publisher(JointState, "joint_observations", QOS)
+        self.pub_eff = self.create_publisher(JointState, "commanded_effort", QOS)
+        self.pub_eff_arr = self.create_publisher(Float64MultiArray, "commanded_effort_array", QOS)
+        self.pub_truth = self.create_publisher(JointState, "~/truth", QOS)
+        self.pub_truth_state = self.create_publisher(JointTrajectory, "~/truth_state", QOS)
+        self.pub_clock = self.create_publisher(ClockMsg, "/clock", QOS) if self.publish_clock else None
+        self.t_start_ns = None
+        self.done = False
+        self._stop = threading.Event()
+        # Publishing runs in its own thread on a sleep-until schedule (a 1 kHz rclpy timer costs a
+        # large share of a core in Python and jitters); the executor only serves parameters.
+        self._thread = threading.Thread(target=self._run, name="four_bar_sim", daemon=True)
+        self.get_logger().info(f"simulating {self.mech.name} at dt={self.dt} s; sensors {self.sensor_names}, "
+                               f"actuators {list(self.mech.actuator_names)}"
+                               + (f"; {self.duration} s" if self.duration else ""))
+
+    def _fill(self, n):
+        for _ in range(n):
+            self.queue.append(self.plant.step())
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+
+    def _run(self):
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001
+            if rclpy.ok():
+                self.get_logger().error(f"simulation thread: {type(e).__name__}: {e}")
+
+    def _loop(self):
+        while self.wait_for_subscribers and not self._stop.is_set() and \
+                self.count_subscribers("joint_observations") < self.wait_for_subscribers:
+            time.sleep(0.01)
+        # Sample k is due at wall time wall_start + k·dt/rtf; it is stamped with the node clock at
+        # that instant (t_start + k·dt), or with the simulated time when this node owns /clock.
+        wall_start = time.time_ns()
+        self.t_start_ns = int(self.clock_start * NS) if self.publish_clock else self.get_clock().now().nanoseconds
+        dt_wall = self.dt / (self.rtf if self.publish_clock else 1.0)
+        n_ahead = max(1, int(round(self.lookahead / self.dt)))
+        while not self._stop.is_set() and not self.done and rclpy.ok():
+            due_ns = wall_start + int(round(self.k * dt_wall * NS))
+            wait = (due_ns - time.time_ns()) / NS
+            if wait > 0:
+                if not self.n_total and len(self.queue) < n_ahead and wait > 0.6 * dt_wall:
+                    self._fill(1)      # integrate ahead while there is time
+                    continue
+                time.sleep(wait)
+            self.lateness_ns.append(time.time_ns() - due_ns)
+            self._publish_next()
+        if self.done and self.exit_at_end:
+            lat = np.array(self.lateness_ns[:-1], dtype=float) / 1e6
+            self.get_logger().info(f"end of the {self.duration} s simulation ({self.k} samples; publish lateness "
+                                   f"median {np.median(lat):.3f} ms, p99 {np.percentile(lat, 99):.3f} ms, "
+                                   f"max {lat.max():.3f} ms)")
+            self.finished.set()
+
+    def _publish_next(self):
+        if not self.queue:
+            if self.n_total:
+                self.done = True
+                return
+            self._fill(1)
+        s = self.queue.popleft()
+        t_ns = self.t_start_ns + int(round(self.k * self.dt * NS))
+        self.k += 1
+        stamp = rc.ns_to_stamp(t_ns)
+        if self.pub_clock is not None:
+            self.pub_clock.publish(ClockMsg(clock=stamp))
+        vals = np.array([s.readings[n] for n in self.sensor_names])
+        pos = np.where(self.gyro, np.nan, vals)
+        obs = rc.joint_state(stamp, self.sensor_names, pos, np.where(self.gyro, vals, np.nan), [])
+        if not self.gyro.any():
+            obs.velocity = []
+        self.pub_obs.publish(obs)
+        self.pub_eff.publish(rc.joint_state(stamp, self.mech.actuator_names, [], [], s.efforts))
+        if self.publish_effort_array:
+            self.pub_eff_arr.publish(Float64MultiArray(data=rc.float_array(s.efforts)))
+        if self.publish_truth and (self.k - 1) % self.truth_decimation == 0:
+            eff = np.zeros(self.mech.n)
+            eff[self.mech.actuated] = s.efforts
+            self.pub_truth.publish(rc.joint_state(stamp, self.mech.coordinate_names, s.q, s.v, eff))
+            self.pub_truth_state.publish(rc.trajectory_state(stamp, "world", self.mech.coordinate_names,
+                                                             s.q, s.v, s.a, s.Q))
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = None
+    code = 0
+    try:
+        node = SimNode()
+        node.start()
+        executor = rclpy.executors.SingleThreadedExecutor()
+        executor.add_node(node)
+        while rclpy.ok() and not node.finished.is_set():
+            executor.spin_once(timeout_sec=0.1)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.stop()
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
