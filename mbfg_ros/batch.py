@@ -541,7 +541,7 @@ class InverseDynamicsSigmas:
     integrator: float = 1e-3            # trapezoidal q–q̇ and q̇–q̈
     dynamics: float = 1e-3              # inverse-dynamics factor q̈(q, q̇; Qg + Eτ) − q̈
     soft_equality: float = 10.0         # q_k → q_k+1 (keeps the branch)
-    rate_equality: float = 1e3          # q̇_k → q̇_k+1 and q̈_k → q̈_k+1 (fixes the trapezoid's sawtooth modes)
+    smoothness: float = 1e3             # second differences of q̇ and q̈ (fix the trapezoid's sawtooth modes)
 
 
 @dataclass
@@ -571,6 +571,33 @@ class InverseDynamicsResult:
         return float(sum(s.seconds for s in self.stages))
 
 
+class SecondDifference:
+    """e = x_{k−1} − 2 x_k + x_{k+1} (slots x_prev2, x_prev, x): a smoothness prior that vanishes on
+    linear trends.  The trapezoidal rule leaves a sawtooth (−1)^k in q̈ (and the efforts) undetermined
+    when the efforts are free; a soft equality x_{k+1} − x_k would fix it too but drags the end
+    values toward their neighbours (an O(Δt·jerk) error at both ends), this one does not.
+    Same unit interface as `mbfg_ros.factors` (exactly linear)."""
+
+    linear = True
+
+    def __init__(self, x: str, d: int, sigma: float):
+        self.slots = (x + "_prev2", x + "_prev", x)
+        self.dim = int(d)
+        self.sigmas = np.full(self.dim, float(sigma))
+        I = np.eye(self.dim)
+        self._J = [I, -2.0 * I, I]
+        self.name = f"second_difference({x})"
+
+    def evaluate(self, x0, x1, x2, ctx=None):
+        return x0 - 2.0 * x1 + x2, self._J
+
+    def error(self, x0, x1, x2, ctx=None):
+        return x0 - 2.0 * x1 + x2
+
+    def copy(self):
+        return self
+
+
 class _LibraryUnits:
     """Factor units of `mbfg_ros.factors` for the staged inverse-dynamics graph (one shared unit
     object per kind; the trajectory priors differ per step)."""
@@ -585,8 +612,8 @@ class _LibraryUnits:
         self._trap_q = F.TrapezoidalIntegrator("q", "v", n, dt, sigmas.integrator)
         self._trap_v = F.TrapezoidalIntegrator("v", "a", n, dt, sigmas.integrator)
         self._eq_q = F.SoftEquality("q", n, sigmas.soft_equality)
-        self._eq_v = F.SoftEquality("v", n, sigmas.rate_equality)
-        self._eq_a = F.SoftEquality("a", n, sigmas.rate_equality)
+        self._sd_v = SecondDifference("v", n, sigmas.smoothness)
+        self._sd_a = SecondDifference("a", n, sigmas.smoothness)
 
     def prior(self, target):
         return self.F.Prior("q", target, self.s.trajectory, select=self.mech.actuated, size=self.mech.n)
@@ -603,11 +630,11 @@ class _LibraryUnits:
     def trapezoidal(self, which="q"):
         return self._trap_q if which == "q" else self._trap_v
 
-    def soft_equality(self, which="q"):
-        return {"q": self._eq_q, "v": self._eq_v, "a": self._eq_a}[which]
+    def soft_equality(self):
+        return self._eq_q
 
-    def rate_equality(self, which="v"):
-        return self.soft_equality(which)
+    def smoothness(self, which="v"):
+        return self._sd_v if which == "v" else self._sd_a
 
 
 def _finite_difference(x, dt):
@@ -657,7 +684,7 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     # --- stage 1: q only ----------------------------------------------------------------------
     ts = time.perf_counter()
     q_init = _position_continuation(mech, traj, q_start, assembly_mode)
-    eq = U.soft_equality("q")
+    eq = U.soft_equality()
     pos = U.position()
     for k in range(N):
         prob.add_variable(("q", k), q_init[k])
@@ -676,15 +703,16 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     v_init = _finite_difference(q, dt)
     a_init = _finite_difference(v_init, dt)
     trap_q, trap_v = U.trapezoidal("q"), U.trapezoidal("v")
-    eq_v, eq_a = U.rate_equality("v"), U.rate_equality("a")
+    sd_v, sd_a = U.smoothness("v"), U.smoothness("a")
     for k in range(N):
         prob.add_variable(("v", k), v_init[k])
         prob.add_variable(("a", k), a_init[k])
     for k in range(N - 1):
         prob.add_factor(trap_q, [("q", k), ("q", k + 1), ("v", k), ("v", k + 1)])
         prob.add_factor(trap_v, [("v", k), ("v", k + 1), ("a", k), ("a", k + 1)])
-        prob.add_factor(eq_v, [("v", k), ("v", k + 1)])
-        prob.add_factor(eq_a, [("a", k), ("a", k + 1)])
+        if k >= 1:
+            prob.add_factor(sd_v, [("v", k - 1), ("v", k), ("v", k + 1)])
+            prob.add_factor(sd_a, [("a", k - 1), ("a", k), ("a", k + 1)])
     run(2, ts)
 
     # --- stage 3: velocity constraints --------------------------------------------------------------
