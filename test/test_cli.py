@@ -1,0 +1,199 @@
+"""The `mbfg` command line: every sub-command in-process and as a subprocess, outputs and error handling."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mbfg_ros import cli, dynamics
+from mbfg_ros.model import load_mechanism
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(argv, capsys):
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_subprocess(argv, cwd):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "mbfg_ros.cli", *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    return rows[0], np.array(rows[1:], dtype=float)
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for r in rows:
+            w.writerow(["" if (isinstance(x, float) and np.isnan(x)) else repr(float(x)) for x in r])
+
+
+def crank_trajectory(path, N=200, dt=0.005):
+    t = np.arange(N) * dt
+    write_csv(path, ["t", "crank"], np.column_stack([t, 1.2 * (1 - np.cos(2 * t))]))
+
+
+# ----------------------------------------------------------------------------------------------
+def test_info_four_bar(capsys):
+    rc, out, err = run(["info", ROOT / "mechanisms" / "four_bar.yaml"], capsys)
+    assert rc == 0 and not err
+    lines = dict(line.split(None, 1) if "  " not in line else [p.strip() for p in line.split("  ", 1)]
+                 for line in out.splitlines())
+    assert lines["coordinates n"] == "4"
+    assert lines["constraints m"] == "3"
+    assert lines["degrees of freedom"] == "1"
+    assert lines["q order"] == "x1 y1 x2 y2"
+    rc, out, _ = run(["info", "four_bar", "--json"], capsys)
+    info = json.loads(out)
+    assert (info["n"], info["m"], info["rank"], info["dof"]) == (4, 3, 3, 1)
+    assert info["pose_consistent"] is True
+
+
+def test_info_robot_json_by_name(capsys):
+    rc, out, _ = run(["info", "pick_and_place_robot", "--json"], capsys)
+    info = json.loads(out)
+    assert rc == 0
+    assert (info["n"], info["m"], info["rank"], info["dof"]) == (22, 21, 20, 2)
+    assert info["actuated"] == ["motor1", "motor2"]
+    assert [s["name"] for s in info["sensors"]] == ["motor1", "motor2"]
+
+
+def test_simulate_free_fall_matches_closed_form_start(tmp_path, capsys):
+    out = tmp_path / "sim.csv"
+    rc, _, err = run(["simulate", "four_bar_crank", "--duration", "0.05", "--dt", "0.005", "--window", "5",
+                      "--output", out, "--plot", tmp_path / "sim.png"], capsys)
+    assert rc == 0, err
+    header, data = read_csv(out)
+    mech = load_mechanism("four_bar_crank")
+    names = list(mech.coordinate_names)
+    assert header == (["t"] + names + [c + "_dot" for c in names] + [c + "_ddot" for c in names] + ["tau_crank"])
+    assert data.shape == (11, len(header))
+    np.testing.assert_allclose(data[:, 0], np.arange(11) * 0.005, atol=1e-12)
+    a0 = dynamics.forward_dynamics(mech, np.array(mech.q0), np.zeros(mech.n))
+    np.testing.assert_allclose(data[0, 1 + 2 * mech.n:1 + 3 * mech.n], a0, atol=1e-3)
+    np.testing.assert_allclose(a0[:4], [0, -9.69037, -6.46024, -9.69037], atol=1e-4)
+    assert np.all(data[:, -1] == 0.0)
+    assert data[-1, 5] < 0                     # the crank falls
+    assert (tmp_path / "sim.png").stat().st_size > 1000
+
+
+def test_inverse_dynamics_then_simulate_round_trip(tmp_path, capsys):
+    traj, out = tmp_path / "traj.csv", tmp_path / "id.csv"
+    crank_trajectory(traj, N=200)
+    rc, _, err = run(["inverse-dynamics", "four_bar_crank", "--trajectory", traj, "--output", out,
+                      "--plot", tmp_path / "id.png", "-v"], capsys)
+    assert rc == 0, err
+    assert "stage 4" in err
+    header, data = read_csv(out)
+    assert header[-1] == "tau_crank" and data.shape == (200, 17)
+    assert data[0, -1] == pytest.approx(66.01, abs=0.03)
+    # the torques drive the forward simulation along the prescribed trajectory
+    sim = tmp_path / "sim.csv"
+    rc, _, err = run(["simulate", "four_bar_crank", "--duration", "0.5", "--dt", "0.005", "--torques", out,
+                      "--output", sim], capsys)
+    assert rc == 0, err
+    _, s = read_csv(sim)
+    t = s[:, 0]
+    np.testing.assert_allclose(s[:, 5], 1.2 * (1 - np.cos(2 * t)), atol=2e-3)
+
+
+def test_estimate_with_missing_readings(tmp_path, capsys):
+    mech = load_mechanism("four_bar_crank")
+    t = np.arange(60) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t))
+    crank[3::5] = np.nan                           # missing readings
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    out = tmp_path / "est.csv"
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--output", out, "--window", "5"], capsys)
+    assert rc == 0, err
+    header, data = read_csv(out)
+    assert header[0] == "t" and header[-1] == "tau_crank" and data.shape == (60, 1 + 3 * mech.n + 1)
+    assert np.all(np.isfinite(data))
+    assert np.abs(data[:, 5] - 1.2 * (1 - np.cos(2 * t))).max() < 0.01
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["info", "no_such_mechanism.yaml"], "mechanism file not found"),
+    (["info", "{bad}"], "bad.yaml"),
+    (["inverse-dynamics", "four_bar_crank", "--trajectory", "{missing}", "--output", "{out}"], "cannot read file"),
+    (["inverse-dynamics", "four_bar_crank", "--trajectory", "{unknown}", "--output", "{out}"], "unknown column"),
+    (["inverse-dynamics", "four_bar_crank", "--trajectory", "{notnum}", "--output", "{out}"], "not a number"),
+    (["inverse-dynamics", "four_bar_crank", "--trajectory", "{uneven}", "--output", "{out}"], "uniform"),
+    (["estimate", "four_bar_crank", "--observations", "{unknown}", "--output", "{out}"], "unknown sensor"),
+    (["simulate", "four_bar_crank", "--duration", "-1", "--output", "{out}"], "--duration must be > 0"),
+    (["simulate", "four_bar_crank", "--duration", "0.01", "--torques", "{unknown}", "--output", "{out}"],
+     "no column for actuator"),
+    (["simulate", "four_bar_crank", "--duration", "0.01", "--output", "{nodir}"], "cannot write"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "bad.yaml").write_text("name: x\npoints: [\n")
+    (tmp_path / "unknown.csv").write_text("t,motor1\n0,1\n0.1,2\n0.2,3\n")
+    (tmp_path / "notnum.csv").write_text("t,crank\n0,1\n0.1,x\n0.2,3\n")
+    (tmp_path / "uneven.csv").write_text("t,crank\n0,1\n0.1,2\n0.3,3\n")
+    subst = {"{bad}": tmp_path / "bad.yaml", "{missing}": tmp_path / "missing.csv",
+             "{unknown}": tmp_path / "unknown.csv", "{notnum}": tmp_path / "notnum.csv",
+             "{uneven}": tmp_path / "uneven.csv", "{out}": tmp_path / "out.csv",
+             "{nodir}": tmp_path / "no" / "dir" / "out.csv"}
+    rc, out, err = run([subst.get(a, a) for a in argv], capsys)
+    assert rc == 2
+    assert err.startswith("mbfg: error: ") and err.count("\n") == 1
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["info", "simulate", "inverse-dynamics", "estimate"])
+def test_help_of_every_subcommand(capsys, command):
+    rc, out, _ = run([command, "--help"], capsys)
+    assert rc == 0 and out.startswith(f"usage: mbfg {command}")
+
+
+def test_subprocess_each_command(tmp_path):
+    """The real process: exit codes, outputs, and no progress bar when stderr is not a terminal."""
+    p = run_subprocess(["info", "four_bar"], tmp_path)
+    assert p.returncode == 0 and "degrees of freedom  1" in p.stdout
+    p = run_subprocess(["simulate", "four_bar_crank", "--duration", "0.02", "--dt", "0.005", "-o", "s.csv"], tmp_path)
+    assert p.returncode == 0 and p.stderr == "" and (tmp_path / "s.csv").exists()
+    crank_trajectory(tmp_path / "traj.csv", N=40)
+    p = run_subprocess(["inverse-dynamics", "four_bar_crank", "--trajectory", "traj.csv", "-o", "id.csv"], tmp_path)
+    assert p.returncode == 0 and p.stderr == ""
+    assert read_csv(tmp_path / "id.csv")[1][0, -1] == pytest.approx(66.0, abs=0.3)
+    p = run_subprocess(["estimate", "four_bar_crank", "--observations", "traj.csv", "-o", "e.csv"], tmp_path)
+    assert p.returncode == 0 and (tmp_path / "e.csv").exists()
+    p = run_subprocess(["info", "missing.yaml"], tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("mbfg: error:") and "Traceback" not in p.stderr
+
+
+def test_progress_bar_only_on_a_terminal():
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = io.StringIO()
+    bar = cli.Progress(10, "x", stream=s)
+    bar.update(5)
+    bar.close()
+    assert s.getvalue() == ""
+    t = Tty()
+    bar = cli.Progress(10, "x", stream=t)
+    bar.update(10)
+    bar.close()
+    assert "100.0%" in t.getvalue() and t.getvalue().endswith("\n")
