@@ -72,7 +72,12 @@ class FastLoop:
         self.timers = list(timers)
         self.after_batch = after_batch
         self.lock = lock or threading.RLock()
-        self.on_error = on_error or (lambda e: node.get_logger().error(f"fast loop handler: {e!r}"))
+        user_on_error = on_error or (lambda e: node.get_logger().error(f"fast loop handler: {e!r}"))
+
+        def report(e):   # errors while the context shuts down (SIGINT) are expected: stay quiet
+            if not self._stop.is_set() and node.context.ok():
+                user_on_error(e)
+        self.on_error = report
         self._stop = threading.Event()
         self._wake = node.create_guard_condition(lambda: None, callback_group=DetachedCallbackGroup())
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

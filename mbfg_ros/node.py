@@ -225,10 +225,15 @@ class InputScheduler:
             return True
         return now_ns >= self.t_of(k) + self.input_delay_ns
 
-    def pop(self):
-        """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances."""
+    def pop(self, hold_missing: bool = True):
+        """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
+
+        Efforts are commands, held (zero-order hold) until replaced or older than sensor_timeout.  With
+        `hold_missing` false, a command stream that normally delivers every step but missed this one
+        gives "unknown" instead of the previous value (the estimator then estimates the effort)."""
         k = self.k_next
         t_k = self.t_of(k)
+        fresh = False
         if self.pending_efforts:
             keep = []
             for (ke, st, tau) in self.pending_efforts:
@@ -237,11 +242,16 @@ class InputScheduler:
                     newer = known & (st >= self.held_effort_stamp)
                     self.held_effort[newer] = tau[newer]
                     self.held_effort_stamp[newer] = st
+                    fresh = fresh or ke == k
                 else:
                     keep.append((ke, st, tau))
             self.pending_efforts = keep
         eff = self.held_effort.copy()
         stale = (self.held_effort_stamp < 0) | (t_k - self.held_effort_stamp > self.sensor_timeout_ns)
+        if not hold_missing and not fresh:
+            s = self.streams["efforts"]
+            if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
+                stale |= (t_k - self.held_effort_stamp) > self.dt_ns // 2
         eff[stale] = np.nan
         efforts = None if np.all(np.isnan(eff)) else eff
         obs = self.obs.pop(k, None)
@@ -250,6 +260,24 @@ class InputScheduler:
                 del self.obs[kk]
         self.k_next = k + 1
         return k, efforts, (obs or None)
+
+    def skip_to(self, k: int) -> int:
+        """Drop the steps before k (observations discarded, commands applied); return how many."""
+        skipped = k - self.k_next
+        for kk in [kk for kk in self.obs if kk < k]:
+            del self.obs[kk]
+        keep = []
+        for (ke, st, tau) in self.pending_efforts:
+            if ke < k:
+                known = ~np.isnan(tau)
+                newer = known & (st >= self.held_effort_stamp)
+                self.held_effort[newer] = tau[newer]
+                self.held_effort_stamp[newer] = st
+            else:
+                keep.append((ke, st, tau))
+        self.pending_efforts = keep
+        self.k_next = k
+        return skipped
 
     def backlog_ns(self, now_ns: int) -> int:
         return 0 if self.t0_ns is None else now_ns - self.t_of(self.k_next)
@@ -360,8 +388,9 @@ class EstimatorNode(Node):
             floating_point_range=_float_range(0.01, 60.0))).value
         self.p_reset_on_time_jump = d("reset_on_time_jump", True, PD(
             description="Reset when the node clock jumps backwards (looping bag)")).value
-        self.p_max_backlog = d("max_backlog", 1.0, PD(
-            description="If estimation falls further behind the node clock, reset [s]",
+        self.p_max_backlog = d("max_backlog", 0.1, PD(
+            description="If estimation falls further behind the node clock (solves slower than dt), skip to "
+                        "the newest inputs and re-seed from the last estimate [s] (0 = never)",
             floating_point_range=_float_range(0.0, 3600.0))).value
         self.p_fast_loop = d("fast_loop", True, PD(
             description="Serve the inputs and the step timer from a lean wait loop in its own thread "
@@ -369,9 +398,11 @@ class EstimatorNode(Node):
             read_only=True)).value
 
         try:
+            # The node calls step() on every grid step (gaps only when it skips ahead on overload, where the
+            # core must re-seed from its last estimate rather than integrate every skipped step).
             base = EstimatorConfig(dt=float(dt), window=int(window), mode=str(mode), formulation=str(formulation),
                                    integrator=str(integrator), independent=tuple(independent),
-                                   sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas))
+                                   sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1)
             self.config = base.validated()
         except ValueError as e:
             raise ConfigError(f"bad estimator parameters: {self._name_params(str(e))}") from None
@@ -432,7 +463,8 @@ class EstimatorNode(Node):
         self.last_k: Optional[int] = None
         self.counters = {k: 0 for k in REJECT_KINDS}
         self.events = {"resets": 0, "time_jumps": 0, "reinitializations": 0, "solver_recoveries": 0,
-                       "solver_failures": 0, "overruns": 0, "predicted_steps": 0, "steps": 0, "late_steps": 0}
+                       "solver_failures": 0, "overruns": 0, "skipped_steps": 0, "predicted_steps": 0, "steps": 0,
+                       "late_steps": 0}
         self.period_stats = {"steps": 0, "solve": [], "latency": [], "late": 0, "input_delay": []}
         self.last_error = ""
         self.last_message = ""
@@ -605,16 +637,31 @@ class EstimatorNode(Node):
         self._check_time(now_ns)
         sched = self.sched
         if sched.anchored and self.p_max_backlog > 0 and sched.backlog_ns(now_ns) > self.p_max_backlog * NS:
-            self.events["overruns"] += 1
-            self._do_reset(f"estimation fell {sched.backlog_ns(now_ns) / NS:.2f} s behind the node clock "
-                           f"(max_backlog {self.p_max_backlog} s)", reset_stamp_ns=now_ns)
-            return
+            self._skip_ahead(now_ns)
         expected = self._expected_streams()
         n = 0
         while n < max_steps and sched.ready(now_ns, expected):
-            k, efforts, obs = sched.pop()
+            k, efforts, obs = sched.pop(hold_missing=self.config.mode == "forward_dynamics")
             self._step(k, efforts, obs)
             n += 1
+
+    def _skip_ahead(self, now_ns: int):
+        """Estimation fell more than max_backlog behind the clock (solves slower than dt): jump to the newest
+        data instead of queueing; the core re-seeds from its last estimate at the new time."""
+        sched = self.sched
+        k_clock = (now_ns - sched.input_delay_ns - sched.t0_ns) // sched.dt_ns
+        newest = [s.last_k for s in sched.streams.values() if s.last_k is not None and s.last_k >= sched.k_next]
+        target = int(min(max(newest), k_clock) if newest else k_clock)
+        if target <= sched.k_next:
+            return
+        behind = sched.backlog_ns(now_ns) / NS
+        skipped = sched.skip_to(target)
+        self.events["overruns"] += 1
+        self.events["skipped_steps"] += skipped
+        self._warn_kind("overruns", f"estimation fell {behind:.3f} s behind the node clock "
+                                    f"(max_backlog {self.p_max_backlog} s; mean solve "
+                                    f"{1e3 * np.mean(self.period_stats['solve'] or [0]):.2f} ms for a "
+                                    f"{self.config.dt * 1e3:g} ms step): skipped {skipped} steps")
 
     def _step(self, k: int, efforts, observations):
         t_rel = k * self.config.dt
@@ -724,9 +771,9 @@ class EstimatorNode(Node):
         return response
 
     def _srv_reset(self, request, response):
-        self._do_reset("~/reset service", reset_stamp_ns=0)
+        self._do_reset("~/reset service", reset_stamp_ns=max(self._now_ns(), 0))
         response.success = True
-        response.message = "reset: all state cleared, waiting for the first input"
+        response.message = "reset: all state cleared, waiting for the first input stamped after now"
         return response
 
     def _srv_set_assembly_mode(self, request, response):
@@ -909,6 +956,7 @@ class EstimatorNode(Node):
 
 # ---------------------------------------------------------------------------------------------
 def main(args=None):
+    sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
     rclpy.init(args=args)
     node = None
     try:

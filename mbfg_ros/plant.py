@@ -99,6 +99,11 @@ class Trajectory:
     def __len__(self):
         return len(self.t)
 
+    def head(self, n: int) -> "Trajectory":
+        """The first n samples."""
+        return Trajectory(self.t[:n], self.q[:n], self.v[:n], self.a[:n], self.efforts[:n], self.Q[:n],
+                          {k: v[:n] for k, v in self.readings.items()})
+
 
 class SimulatedPlant:
     """RK4 (with projection) at `substeps` per `dt` under an `EffortProfile`; noisy readings."""

@@ -199,6 +199,7 @@ class SimNode(Node):
 
 
 def main(args=None):
+    sys.setswitchinterval(5e-4)   # quick GIL hand-over to the publishing thread
     rclpy.init(args=args)
     node = None
     code = 0

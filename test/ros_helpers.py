@@ -5,6 +5,7 @@ Every test that starts ROS nodes uses its own ROS_DOMAIN_ID and keeps discovery 
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.setswitchinterval(5e-4)   # the feeder thread must not wait 5 ms for the GIL
 CONFIG = REPO / "config" / "four_bar.yaml"
 CONFIG_ROBOT = REPO / "config" / "pick_and_place.yaml"
 
@@ -69,6 +71,7 @@ class RosProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--ros-args", *ros_args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                      start_new_session=True)
+        _children.append(self)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -122,7 +125,7 @@ class Probe:
     """An rclpy node in this process (own context) spinning in a background thread: publishes inputs,
     records outputs with their receive time, calls services and sets parameters."""
 
-    def __init__(self, domain_id: int, node_name: str = "mbfg_test_probe", ns: str = "/mbfg_estimator"):
+    def __init__(self, domain_id: int, node_name: Optional[str] = None, ns: str = "/mbfg_estimator"):
         set_domain(domain_id)
         import rclpy
         from rclpy.context import Context
@@ -138,7 +141,7 @@ class Probe:
         self.rclpy = rclpy
         self.context = Context()
         rclpy.init(context=self.context, domain_id=domain_id)
-        self.node = rclpy.create_node(node_name, context=self.context)
+        self.node = rclpy.create_node(node_name or f"mbfg_test_probe_{os.getpid()}_{domain_id}", context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self.ns = ns
@@ -348,3 +351,70 @@ class ShimEstimator:
                         assembly_mode=mech.assembly_mode(self.q),
                         constraint_residual=float(np.abs(mech.constraints.phi(self.q)).max(initial=0)),
                         solve_time=_t.perf_counter() - t0, status=status)
+
+
+class Feeder:
+    """Publishes a plant trajectory as the node's inputs in real time from a thread: observations
+    (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
+    node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth."""
+
+    def __init__(self, probe: "Probe", traj, dt: float, mech, observations: bool = True, efforts: bool = True,
+                 t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0):
+        self.probe, self.traj, self.dt, self.mech = probe, traj, dt, mech
+        self.observations, self.efforts, self.clock, self.rate = observations, efforts, clock, rate
+        self.t_start_ns = t_start_ns
+        self.stamps: List[int] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._stop = threading.Event()
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(10)
+
+    def join(self, timeout=60):
+        self.thread.join(timeout)
+
+    def _run(self):
+        from rosgraph_msgs.msg import Clock
+        from builtin_interfaces.msg import Time
+        sensors = list(self.traj.readings)
+        gyro = {s.name for s in self.mech.sensors if s.kind == "gyroscope"}
+        dt_ns = int(round(self.dt * 1e9))
+        t0 = self.t_start_ns if self.t_start_ns is not None else time.time_ns()
+        wall0 = time.time_ns()
+        for k in range(len(self.traj.t)):
+            if self._stop.is_set():
+                break
+            due = wall0 + int(k * dt_ns / self.rate)
+            d = (due - time.time_ns()) / 1e9
+            if d > 0:
+                time.sleep(d)
+            st = t0 + k * dt_ns
+            self.stamps.append(st)
+            if self.clock:
+                self.probe.pub_clock.publish(Clock(clock=Time(sec=st // 1_000_000_000, nanosec=st % 1_000_000_000)))
+            if self.observations:
+                pos = [float("nan") if s in gyro else self.traj.readings[s][k] for s in sensors]
+                vel = [self.traj.readings[s][k] if s in gyro else float("nan") for s in sensors]
+                self.probe.pub_obs.publish(joint_state(st, sensors, pos, vel if gyro else []))
+            if self.efforts:
+                self.probe.pub_eff.publish(joint_state(st, self.mech.actuator_names, effort=self.traj.efforts[k]))
+
+
+_children: List[RosProcess] = []
+
+
+def _cleanup_children():
+    for p in _children:
+        try:
+            if p.alive():
+                p.proc.kill()
+        except Exception:
+            pass
+
+
+atexit.register(_cleanup_children)
