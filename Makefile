@@ -1,7 +1,12 @@
 # mbfg_ros: `make demo` and `make test` create .venv on first use (no ROS installation needed).
-# Override the interpreter with e.g. `make test PYTHON=python3.12`.
+# Override the interpreter with e.g. `make test PYTHON=python3.12` (before .venv exists, or after make clean).
 
-PYTHON ?= python3
+# Default: python3 if it is 3.11+, else the first working python3.13/3.12/3.11, else python3 (3.10).
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(shell for p in python3 python3.13 python3.12 python3.11; do \
+            $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; exit 0; }; \
+          done; echo python3)
+endif
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import math
 import numbers
+import warnings
 from typing import Dict, Mapping, Optional, Union
 
 __all__ = ["ExpressionError", "evaluate", "FUNCTIONS", "CONSTANTS", "MAX_EXPRESSION_LENGTH"]
@@ -95,7 +96,12 @@ def _parse(text: str) -> ast.expr:
             raise ExpressionError(f"unsupported control character U+{ord(ch):04X} in expression")
     try:
         # ast.parse only builds a syntax tree (compile with PyCF_ONLY_AST); nothing is executed.
-        tree = ast.parse(_translate(text), mode="eval")
+        # Parser warnings (e.g. "invalid decimal literal" for `1if`) are treated as syntax errors.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tree = ast.parse(_translate(text), mode="eval")
+    except Warning as exc:
+        raise ExpressionError(f"bad syntax in expression '{_short(text)}': {_short(str(exc))}") from None
     except SyntaxError as exc:
         reason = exc.msg or "invalid syntax"
         raise ExpressionError(f"bad syntax in expression '{_short(text)}': {reason}") from None

@@ -99,6 +99,7 @@ def test_pi_is_a_constant_not_overridable():
     ("1 \u2217 2", "U+2217"),
     ("(1, 2)", "tuple"),
     ("[1]", "list"),
+    ("1if 1 else 2", "bad syntax"),
 ])
 def test_errors(text, fragment):
     with pytest.raises(ExpressionError) as info:
