@@ -217,6 +217,9 @@ class Factor:
     static: bool = False
     #: weight of this unit's rows in the relinearization check of the fast path (see `Jerk`)
     check_weight: float = 1.0
+    #: names of the per-step parameters (measured values, known forces) an estimator may update in place;
+    #: `graph.StepModel` snapshots them so an older step can be re-linearized with its own values
+    params: tuple = ()
 
     def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):
         raise NotImplementedError
@@ -245,6 +248,8 @@ class Prior(Factor):
     """f_prior: e = x[select] − x0 (all of x when `select` is None).  Jacobian: rows of I."""
 
     linear = True
+
+    params = ('mean',)
 
     def __init__(self, block: str, mean, sigma, select: Optional[Sequence[int]] = None, size: Optional[int] = None):
         self.mean = np.array(mean, dtype=float).reshape(-1)
@@ -332,6 +337,7 @@ class SoftEquality(_TwoStep):
         self.offset = None if offset is None else np.array(offset, dtype=float).reshape(self.dim)
         if self.offset is not None:
             self.static = False          # the offset is a per-step parameter
+            self.params = ("offset",)
 
     def evaluate(self, x0, x1, ctx=None):
         e = x1 - x0
@@ -398,6 +404,8 @@ class ForwardDynamics(Factor):
     """f_dyn: e = q̈(q, q̇; Q) − a with the known generalized forces Q (gravity + commanded efforts).
     Jacobians ∂q̈/∂q, ∂q̈/∂q̇ from `forward_dynamics_jacobians`, −I for a."""
 
+    params = ('Q',)
+
     def __init__(self, mech: Mechanism, Q=None, sigma=None):
         self.mech = mech
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)
@@ -418,6 +426,8 @@ class ForwardDynamics(Factor):
 class InverseDynamics(Factor):
     """f_idyn with the actuator efforts as a real variable:
     e = q̈(q, q̇; Q_known + E τ) − a;  ∂e/∂τ = ∂q̈/∂Q E (plus the full ∂/∂q, ∂/∂q̇, −I for a)."""
+
+    params = ('Q_known',)
 
     def __init__(self, mech: Mechanism, Q_known=None, sigma=None, actuated: Optional[Sequence[int]] = None):
         self.mech = mech
@@ -466,6 +476,8 @@ class Jerk(Factor):
     its whitened linear model moves the velocity integrator's whitened error by that times ε.
     (The tests check the exact blocks against finite differences; the accuracy tests show the fixed point.)
     """
+
+    params = ('Q', 'Qdot')
 
     def __init__(self, mech: Mechanism, Q=None, Qdot=None, sigma=None, select: Optional[Sequence[int]] = None,
                  efforts: bool = False, actuated: Optional[Sequence[int]] = None):
@@ -565,6 +577,8 @@ class ForwardDynamicsIndep(Factor):
     """f_dyn^i: e = z̈_pred(q, q̇; Q) − z̈ with z̈_pred = q̈(q, q̇; Q)[z] (eq. 15: the independent
     accelerations of the constrained motion); slots q, q̇, z̈ — q is a real slot, not read from outside."""
 
+    params = ('Q',)
+
     def __init__(self, mech: Mechanism, z: Sequence[int], Q=None, sigma=None):
         self.mech = mech
         self.z = np.asarray(z, dtype=np.intp)
@@ -585,6 +599,8 @@ class ForwardDynamicsIndep(Factor):
 
 class InverseDynamicsIndep(Factor):
     """f_idyn^i: e = q̈(q, q̇; Q_known + E τ)[z] − z̈ (slots q, v, zdd, tau); ∂e/∂τ = (∂q̈/∂Q E)[z]."""
+
+    params = ('Q_known',)
 
     def __init__(self, mech: Mechanism, z: Sequence[int], Q_known=None, sigma=None,
                  actuated: Optional[Sequence[int]] = None):
@@ -617,6 +633,8 @@ class Encoder(Factor):
     """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
     (−π, π], so a reading in any 2π range matches a continuous angle."""
 
+    params = ('value',)
+
     def __init__(self, mech: Mechanism, coordinate: int, value: float = 0.0, sigma: float = 1e-3):
         self.coordinate = int(coordinate)
         self.angle = self.coordinate >= mech.n_point_coordinates
@@ -643,6 +661,8 @@ class ObservedCoordinate(Factor):
     linear = True
     BLOCKS = ("q", "v", "a")
 
+    params = ('value',)
+
     def __init__(self, mech: Mechanism, coordinate: int, order: int = 0, value: float = 0.0, sigma: float = 1e-3):
         self.coordinate = int(coordinate)
         self.order = int(order)
@@ -662,6 +682,8 @@ class Gyroscope(Factor):
     """Gyroscope on a body: e = ω(q, q̇) − reading with ω = (Δ × Δ̇)/|Δ|², Δ = p₁ − p₀ of the body's first
     two points (`Mechanism.body_angular_rate`).  With r = |Δ|²:
     ∂ω/∂Δ̇ = (−Δy, Δx)/r,  ∂ω/∂Δ = (Δ̇y, −Δ̇x)/r − 2ω Δ/r, scattered with ±1 onto the point columns."""
+
+    params = ('value',)
 
     def __init__(self, mech: Mechanism, body: int, value: float = 0.0, sigma: float = 1e-2):
         self.mech = mech

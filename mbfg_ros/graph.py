@@ -233,7 +233,17 @@ class StepModel:
         self.check_rows = np.array(check_rows, dtype=np.intp)
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
         self.check_units = [u for u in dynamic if not u.linear]
+        self._param_units = [(u, u.params) for u in dynamic if u.params]
         self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots) in self._plan if not u.linear]
+
+    def snapshot(self) -> list:
+        """The units' current per-step parameters (references: the estimator assigns new objects)."""
+        return [tuple(getattr(u, p) for p in names) for u, names in self._param_units]
+
+    def restore(self, snap: list):
+        for (u, names), vals in zip(self._param_units, snap):
+            for p, val in zip(names, vals):
+                setattr(u, p, val)
 
     def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
         """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers)."""
@@ -286,29 +296,44 @@ class StepRecord:
     factor_index: int = -1
     relinearizations: int = 0
     mismatch: float = 0.0
+    params: Optional[list] = None     # the units' parameters at this step (`StepModel.snapshot`)
+    _factor: object = None
 
 
 class FixedLagWindow:
     """`gtsam.IncrementalFixedLagSmoother` (iSAM2, QR factorization, lag in steps) over stacked states
     with pre-linearized step factors and the relinearization safeguard.
 
-    `relinearize_threshold` is in whitened units (multiples of the factors' sigmas): after the update,
-    the newest step's nonlinear residual is evaluated at the estimate and, while it departs from the
-    factor's linear model by more than the threshold, the factor is removed (`factorsToRemove`) and
-    re-added linearized at the estimate, at most `max_relinearizations` times per step.
+    `relinearize_threshold` is in whitened units (multiples of the factors' sigmas): after each update
+    the nonlinear residual of the checked steps is evaluated at the new estimate and, while it departs
+    from the step factor's linear model by more than the threshold, the factor is removed
+    (`factorsToRemove`) and re-added linearized at the estimate (all such factors in one update), at most
+    `max_relinearizations` rounds per step.  `scope` chooses the checked steps:
+
+    * ``"newest"`` – the step just added (enough when later steps do not move earlier states, as in
+      forward dynamics);
+    * ``"ends"``   – also the oldest step still in the window, i.e. every factor is re-checked at its
+      final smoothed estimate just before it is marginalized into the prior;
+    * ``"window"`` – every step in the window (the full nonlinear fixed-lag smoother, most expensive).
     """
 
+    SCOPES = ("newest", "ends", "window")
+
     def __init__(self, layout: StateLayout, lag_steps: int, ctx: EvalContext, relinearize_threshold: float = 1e-3,
-                 max_relinearizations: int = 3, factorization: str = "QR"):
+                 max_relinearizations: int = 3, factorization: str = "QR", scope: str = "newest"):
+        if scope not in self.SCOPES:
+            raise ValueError(f"scope must be one of {self.SCOPES} (got {scope!r})")
         self.layout = layout
         self.lag = int(lag_steps)
         self.ctx = ctx
         self.threshold = float(relinearize_threshold)
         self.max_relinearizations = int(max_relinearizations)
+        self.scope = scope
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
         self.smoother = gtsam.IncrementalFixedLagSmoother(float(self.lag), params)
+        self.records: Dict[int, StepRecord] = {}
         self.last: Optional[StepRecord] = None
         self.total_relinearizations = 0
         self.steps = 0
@@ -326,33 +351,48 @@ class FixedLagWindow:
         elif x_prev is None:
             raise ValueError("this step's units read the previous state: x_prev is required")
         key = state_key(k)
-        rec = StepRecord(k, model, x_prev, x_pred, None, None, None)
+        rec = StepRecord(k, model, x_prev, x_pred, None, None, None, params=model.snapshot())
         values = gtsam.Values()
         values.insert(key, x_pred)
-        self._linearize_and_update(rec, values, {key: float(k)}, [])
+        self._linearize(rec)
+        self._update([rec], values, {key: float(k)}, [])
         self.last = rec
         self.steps += 1
+        # records whose keys are all still in the window (keys k − lag ... k are kept)
+        self.records[k] = rec
+        oldest_key = k - self.lag
+        for j in [j for j in self.records if j - (1 if self.records[j].x_prev is not None else 0) < oldest_key]:
+            del self.records[j]
         x_est = self.estimate(k)
         if check:
-            x_est = self.safeguard(rec, x_est)
+            x_est = self.safeguard(x_est)
         return x_est
 
-    def _linearize_and_update(self, rec: StepRecord, values, timestamps, remove):
+    def _linearize(self, rec: StepRecord):
+        rec.model.restore(rec.params)
         A_prev, A_cur, r = rec.model.linearize(rec.x_prev, rec.x_cur, self.ctx)
         rows = rec.model.check_rows
         rec.A_cur, rec.r = A_cur[rows], r[rows]
         rec.A_prev = None if A_prev is None else A_prev[rows]
+        key_prev = state_key(rec.k - 1) if A_prev is not None else None
+        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur)
+
+    def _update(self, recs, values, timestamps, remove):
         g = self._graph
         g.resize(0)
-        key_prev = state_key(rec.k - 1) if A_prev is not None else None
-        g.push_back(linear_factor(A_prev, A_cur, r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur))
+        for rec in recs:
+            g.push_back(rec._factor)
+            rec._factor = None
         self.smoother.update(g, values, timestamps, remove)
-        rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+        idx = self.smoother.getISAM2Result().getNewFactorsIndices()
+        for i, rec in enumerate(recs):
+            rec.factor_index = int(idx[i])
 
     def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> float:
         """max weighted |nonlinear − linear model| of the step's nonlinear rows at (x_prev, x_cur)."""
         if rec.r.size == 0:
             return 0.0
+        rec.model.restore(rec.params)
         lin = rec.r + rec.A_cur @ (x_cur - rec.x_cur)
         if rec.A_prev is not None:
             lin += rec.A_prev @ (x_prev - rec.x_prev)
@@ -364,18 +404,68 @@ class FixedLagWindow:
             raise FloatingPointError("non-finite residual at the estimate")
         return m
 
-    def safeguard(self, rec: StepRecord, x_est: np.ndarray) -> np.ndarray:
-        """Re-linearize the newest step's factor at the estimate while its linear model is off."""
-        while True:
-            x_prev = self.estimate(rec.k - 1) if rec.x_prev is not None else None
-            rec.mismatch = self.mismatch(rec, x_prev, x_est)
-            if rec.mismatch <= self.threshold or rec.relinearizations >= self.max_relinearizations:
-                return x_est
-            rec.x_prev, rec.x_cur = x_prev, x_est
-            rec.relinearizations += 1
-            self.total_relinearizations += 1
-            self._linearize_and_update(rec, self._empty_values, self._empty_stamps, [rec.factor_index])
-            x_est = self.estimate(rec.k)
+    def _checked(self):
+        newest = self.last
+        if self.scope == "newest" or len(self.records) == 1:
+            return [newest]
+        if self.scope == "ends":
+            oldest = self.records[min(self.records)]
+            return [newest] if oldest is newest else [newest, oldest]
+        return [self.records[j] for j in sorted(self.records, reverse=True)]
+
+    def safeguard(self, x_est: Optional[np.ndarray] = None) -> np.ndarray:
+        """Re-linearize the checked steps' factors at the estimate while their linear models are off;
+        returns the estimate of the newest state."""
+        newest = self.last
+        newest.relinearizations = 0
+        for round_ in range(self.max_relinearizations + 1):
+            cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
+
+            def est(j):
+                x = cache.get(j)
+                if x is None:
+                    x = cache[j] = self.estimate(j)
+                return x
+
+            stale = []
+            for rec in self._checked():
+                x_cur = est(rec.k)
+                x_prev = est(rec.k - 1) if rec.x_prev is not None else None
+                rec.mismatch = self.mismatch(rec, x_prev, x_cur)
+                if rec.mismatch > self.threshold and round_ < self.max_relinearizations:
+                    rec.x_prev, rec.x_cur = x_prev, x_cur
+                    stale.append(rec)
+            if not stale:
+                return est(newest.k)
+            remove = [rec.factor_index for rec in stale]
+            for rec in stale:
+                rec.relinearizations += 1
+                self._linearize(rec)
+            self.total_relinearizations += len(stale)
+            self._update(stale, self._empty_values, self._empty_stamps, remove)
+            x_est = None
+        return self.estimate(newest.k)
+
+    def reparametrize(self, k: int, unit, **values) -> bool:
+        """Change per-step parameters of `unit` in step k's factor (e.g. a rate known only later) and
+        re-linearize that factor at the current estimate.  False if step k is no longer in the window."""
+        rec = self.records.get(k)
+        if rec is None:
+            return False
+        for i, (u, names) in enumerate(rec.model._param_units):
+            if u is unit:
+                vals = list(rec.params[i])
+                for name, val in values.items():
+                    vals[names.index(name)] = val
+                rec.params[i] = tuple(vals)
+                break
+        else:
+            return False
+        rec.x_cur = self.estimate(k)
+        rec.x_prev = self.estimate(k - 1) if rec.x_prev is not None else None
+        self._linearize(rec)
+        self._update([rec], self._empty_values, self._empty_stamps, [rec.factor_index])
+        return True
 
     # -- queries ----------------------------------------------------------------------------
     def estimate(self, k: int) -> np.ndarray:
