@@ -45,7 +45,9 @@ class EstimatorConfig:
     # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
     relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing the newest
                                            # step; None: 1e-3 in forward_dynamics mode, 1.0 with sensors (estimation, fused)
-    max_relinearizations: int = 3          # per step
+    max_relinearizations: int = 3          # rounds per step
+    relinearize_scope: str = "newest"      # steps checked after each update: newest | ends (also the step about
+                                           # to be marginalized) | window (all: the full nonlinear smoother)
     max_constraint_residual: float = 1e-2  # max |Φ(q)| above which a step counts as a numerical failure
     max_speed: float = 1e4                 # max |q̇| above which a step counts as diverged
     max_substeps: int = 10000              # longest time gap (in dt) bridged by integrating; longer: re-initialize
