@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover
 
 from . import fastloop
 from . import ros_conversions as rc
+from .estimator import FixedLagEstimator
 from .estimate import FORMULATIONS, INTEGRATORS, MODES, Estimate, EstimatorConfig, default_sigmas
 from .model import load_mechanism, resolve_mechanism_path
 
@@ -284,17 +285,6 @@ class InputScheduler:
 
 
 # ---------------------------------------------------------------------------------------------
-def _estimator_class():
-    import os
-    impl = os.environ.get("MBFG_ESTIMATOR_IMPL")   # TEMPORARY development hook ("module:Class")
-    if impl:
-        import importlib
-        mod, cls = impl.split(":")
-        return getattr(importlib.import_module(mod), cls)
-    from .estimator import FixedLagEstimator
-    return FixedLagEstimator
-
-
 def _float_range(lo, hi):
     return [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
 
@@ -437,7 +427,7 @@ class EstimatorNode(Node):
     # ------------------------------------------------------------------------------- state
     def _setup_state(self):
         mech = self.mech
-        self.Estimator = _estimator_class()
+        self.Estimator = FixedLagEstimator
         self.estimator = self.Estimator(mech, self.config)
         self.sched = InputScheduler(self.config.dt, self.config.window, len(mech.actuated))
         self._apply_scheduler_params()

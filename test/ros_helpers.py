@@ -282,77 +282,6 @@ def joint_state(stamp_ns_: int, names, position=(), velocity=(), effort=()):
     return m
 
 
-# ---------------------------------------------------------------------------------------------
-class ShimEstimator:
-    """DEVELOPMENT ONLY stand-in for mbfg_ros.estimator.FixedLagEstimator (same contract): RK4 on
-    forward dynamics plus a crude encoder correction.  Selected with MBFG_ESTIMATOR_IMPL."""
-
-    def __init__(self, mech, config):
-        self.mech, self.config = mech, config
-        self.reset()
-
-    def reset(self):
-        self.q = self.v = None
-        self.last_obs = {}
-
-    def _solve(self, assembly_mode):
-        from mbfg_ros import kinematics
-        mech = self.mech
-        q = np.array(mech.q0 if self.q is None else self.q)
-        fixed, vals = [], []
-        for s in mech.sensors:
-            if s.kind == "encoder" and s.name in self.last_obs:
-                fixed.append(s.coordinate)
-                q[s.coordinate] = self.last_obs[s.name]
-        sol = kinematics.solve_positions_on_mode(mech, q, fixed, assembly_mode)
-        return sol
-
-    def reinitialize(self, assembly_mode=None):
-        from mbfg_ros import kinematics
-        sol = self._solve(assembly_mode or self.config.assembly_mode)
-        self.q = sol.q
-        self.v = kinematics.solve_velocities(self.mech, self.q, v_guess=self.v if self.v is not None else None)
-        return sol.assembly_mode, sol.residual
-
-    def step(self, t, efforts=None, observations=None):
-        import time as _t
-        from mbfg_ros import dynamics, kinematics
-        from mbfg_ros.estimate import Estimate
-        t0 = _t.perf_counter()
-        mech = self.mech
-        if observations:
-            self.last_obs.update(observations)
-        tau = np.zeros(len(mech.actuated)) if efforts is None else np.nan_to_num(np.asarray(efforts, float))
-        Q = mech.generalized_forces(tau)
-        status = "ok"
-        if self.q is None:
-            self.reinitialize()
-            self.v = np.zeros(mech.n)
-            status = "initialized"
-        else:
-            h = self.config.dt
-            f = lambda q, v: dynamics.forward_dynamics(mech, q, v, Q)  # noqa: E731
-            q, v = self.q, self.v
-            a1 = f(q, v)
-            a2 = f(q + 0.5 * h * v, v + 0.5 * h * a1)
-            a3 = f(q + 0.5 * h * (v + 0.5 * h * a1), v + 0.5 * h * a2)
-            a4 = f(q + h * (v + 0.5 * h * a2), v + h * a3)
-            q = q + h * v + h * h / 6 * (a1 + a2 + a3)
-            v = v + h / 6 * (a1 + 2 * a2 + 2 * a3 + a4)
-            if observations:
-                for s in mech.sensors:
-                    if s.kind == "encoder" and s.name in observations:
-                        q[s.coordinate] += 0.05 * (observations[s.name] - q[s.coordinate])
-            q = kinematics.solve_positions(mech, q).q
-            v = kinematics.solve_velocities(mech, q, v_guess=v)
-            self.q, self.v = q, v
-        a = dynamics.forward_dynamics(mech, self.q, self.v, Q)
-        return Estimate(t=t, q=self.q.copy(), v=self.v.copy(), a=a, Q=Q, efforts=tau,
-                        assembly_mode=mech.assembly_mode(self.q),
-                        constraint_residual=float(np.abs(mech.constraints.phi(self.q)).max(initial=0)),
-                        solve_time=_t.perf_counter() - t0, status=status)
-
-
 class Feeder:
     """Publishes a plant trajectory as the node's inputs in real time from a thread: observations
     (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
@@ -418,3 +347,59 @@ def _cleanup_children():
 
 
 atexit.register(_cleanup_children)
+
+
+def message_class(type_name: str):
+    """rclpy message class from 'pkg/msg/Type'."""
+    import importlib
+    pkg, _, name = type_name.split("/")
+    return getattr(importlib.import_module(f"{pkg}.msg"), name)
+
+
+class BagPlayer:
+    """Replays a rosbag2 folder (read with `rosbags`) into the ROS graph with the recorded timing, like
+    `ros2 bag play --clock`: the serialized messages are published unchanged, and the recorded /clock
+    (one tick per sample) drives the nodes' sim time.  `rate` scales the playback speed."""
+
+    def __init__(self, probe: "Probe", path, topics=None, rate: float = 1.0, clock: bool = True):
+        from rosbags.highlevel import AnyReader
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        self.rate = rate
+        self.records = []
+        self.pubs = {}
+        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        with AnyReader([Path(path)]) as r:
+            conns = [c for c in r.connections if (topics is None or c.topic in topics)
+                     and (clock or c.topic != "/clock")]
+            for c in conns:
+                if c.topic not in self.pubs:
+                    self.pubs[c.topic] = probe.node.create_publisher(message_class(c.msgtype), c.topic, qos)
+            for c, t, raw in r.messages(connections=conns):
+                self.records.append((t, c.topic, bytes(raw)))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._stop = threading.Event()
+        self.published = 0
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def join(self, timeout=120):
+        self.thread.join(timeout)
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(10)
+
+    def _run(self):
+        t_first = self.records[0][0]
+        wall0 = time.time_ns()
+        for t, topic, raw in self.records:
+            if self._stop.is_set():
+                break
+            due = wall0 + int((t - t_first) / self.rate)
+            d = (due - time.time_ns()) / 1e9
+            if d > 0:
+                time.sleep(d)
+            self.pubs[topic].publish(raw)
+            self.published += 1

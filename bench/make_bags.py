@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Generate rosbag2 (MCAP) bags of the simulated plants, without ROS (pure-Python `rosbags`).
+
+    python bench/make_bags.py OUT_DIR [--duration 3] [--distro kilted] [--storage mcap] [--only four_bar_crank]
+
+For each mechanism (four_bar_crank at 1 ms, pick_and_place_robot at 5 ms) writes OUT_DIR/<mechanism>/,
+a rosbag2 folder (metadata.yaml + one .mcap file) with
+
+    /clock                      rosgraph_msgs/msg/Clock        simulated time, one tick per sample
+    /joint_observations         sensor_msgs/msg/JointState     noisy encoders (position), gyroscopes (velocity)
+    /commanded_effort           sensor_msgs/msg/JointState     the applied actuator efforts
+    /four_bar_sim/truth         sensor_msgs/msg/JointState     truth q, q̇ and efforts, all coordinates
+    /four_bar_sim/truth_state   trajectory_msgs/msg/JointTrajectory  truth q, q̇, q̈, Q
+
+Header stamps and bag times are the simulated time, starting at a positive epoch (`--t0`, default
+100 s: time 0 means "unset" to a node using sim time).  Replay into the estimator on a ROS 2 machine:
+
+    ros2 bag play OUT_DIR/four_bar_crank --clock 1000 &    # or publish the recorded /clock: --topics ...
+    ros2 run mbfg_ros estimator --ros-args --params-file config/four_bar.yaml -p use_sim_time:=true
+
+(see docs/ros2_interfaces.md).  The message definitions are those of ROS 2 Kilted (`--distro`), which
+for these types are identical in Humble, Jazzy and Kilted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mbfg_ros.model import load_mechanism  # noqa: E402
+from mbfg_ros.plant import SimulatedPlant, Trajectory  # noqa: E402
+
+NS = 1_000_000_000
+DEFAULT_DT = {"four_bar_crank": 1e-3, "pick_and_place_robot": 5e-3}
+TOPICS = ("/clock", "/joint_observations", "/commanded_effort", "/four_bar_sim/truth", "/four_bar_sim/truth_state")
+
+
+def _typestore(distro: str):
+    from rosbags.typesys import Stores, get_typestore
+    key = f"ROS2_{distro.upper()}"
+    if not hasattr(Stores, key):
+        raise SystemExit(f"unknown distro {distro!r} (rosbags knows {[s.name for s in Stores]})")
+    return get_typestore(getattr(Stores, key))
+
+
+def write_bag(path, mechanism: str = "four_bar_crank", duration: float = 3.0, dt: Optional[float] = None,
+              seed: int = 1, t0: float = 100.0, distro: str = "kilted", storage: str = "mcap",
+              overwrite: bool = True) -> Dict[str, object]:
+    """Simulate `mechanism` and write the bag to `path` (a folder).  Returns {path, dt, t0_ns, trajectory}."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    path = Path(path)
+    if path.exists():
+        if not overwrite:
+            raise FileExistsError(path)
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mech = load_mechanism(mechanism)
+    dt = float(dt if dt is not None else DEFAULT_DT.get(mech.name, 1e-3))
+    traj: Trajectory = SimulatedPlant(mech, dt=dt, seed=seed).simulate(duration)
+    ts = _typestore(distro)
+    T = ts.types
+    Time, Header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]
+    Duration = T["builtin_interfaces/msg/Duration"]
+    JointState, Clock = T["sensor_msgs/msg/JointState"], T["rosgraph_msgs/msg/Clock"]
+    JT, JTP = T["trajectory_msgs/msg/JointTrajectory"], T["trajectory_msgs/msg/JointTrajectoryPoint"]
+    sensors = list(traj.readings)
+    gyro = np.array([s.kind == "gyroscope" for s in mech.sensors if s.name in traj.readings])
+    names = list(mech.coordinate_names)
+    t0_ns = int(round(t0 * NS))
+    dt_ns = int(round(dt * NS))
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    empty = np.zeros(0)
+    with Writer(path, version=9, storage_plugin=plugin) as w:
+        c_clock = w.add_connection("/clock", Clock.__msgtype__, typestore=ts)
+        c_obs = w.add_connection("/joint_observations", JointState.__msgtype__, typestore=ts)
+        c_eff = w.add_connection("/commanded_effort", JointState.__msgtype__, typestore=ts)
+        c_truth = w.add_connection("/four_bar_sim/truth", JointState.__msgtype__, typestore=ts)
+        c_state = w.add_connection("/four_bar_sim/truth_state", JT.__msgtype__, typestore=ts)
+        for k in range(len(traj)):
+            t_ns = t0_ns + k * dt_ns
+            stamp = Time(sec=t_ns // NS, nanosec=t_ns % NS)
+            hdr = Header(stamp=stamp, frame_id="")
+            w.write(c_clock, t_ns, ts.serialize_cdr(Clock(clock=stamp), Clock.__msgtype__))
+            vals = np.array([traj.readings[s][k] for s in sensors])
+            obs = JointState(header=hdr, name=sensors, position=np.where(gyro, np.nan, vals),
+                             velocity=np.where(gyro, vals, np.nan) if gyro.any() else empty, effort=empty)
+            w.write(c_obs, t_ns, ts.serialize_cdr(obs, JointState.__msgtype__))
+            eff = JointState(header=hdr, name=list(mech.actuator_names), position=empty, velocity=empty,
+                             effort=np.asarray(traj.efforts[k], dtype=float))
+            w.write(c_eff, t_ns, ts.serialize_cdr(eff, JointState.__msgtype__))
+            e_all = np.zeros(mech.n)
+            e_all[mech.actuated] = traj.efforts[k]
+            truth = JointState(header=hdr, name=names, position=traj.q[k], velocity=traj.v[k], effort=e_all)
+            w.write(c_truth, t_ns, ts.serialize_cdr(truth, JointState.__msgtype__))
+            pt = JTP(positions=traj.q[k], velocities=traj.v[k], accelerations=traj.a[k], effort=traj.Q[k],
+                     time_from_start=Duration(sec=0, nanosec=0))
+            st = JT(header=Header(stamp=stamp, frame_id="world"), joint_names=names, points=[pt])
+            w.write(c_state, t_ns, ts.serialize_cdr(st, JT.__msgtype__))
+    return {"path": path, "dt": dt, "t0_ns": t0_ns, "trajectory": traj, "mechanism": mech}
+
+
+def read_bag(path, distro: str = "kilted"):
+    """(topic, bag time ns, deserialized message) in bag order, with rosbags' AnyReader."""
+    from rosbags.highlevel import AnyReader
+    ts = _typestore(distro)
+    with AnyReader([Path(path)], default_typestore=ts) as r:
+        for conn, t, raw in r.messages():
+            yield conn.topic, t, r.deserialize(raw, conn.msgtype)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="output folder (one sub-folder per bag)")
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--distro", default="kilted", help="message definitions: humble | jazzy | kilted (default)")
+    ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--t0", type=float, default=100.0, help="simulated time of the first sample [s]")
+    ap.add_argument("--only", action="append", help="mechanism(s) to write (default: both)")
+    a = ap.parse_args(argv)
+    for mech in a.only or list(DEFAULT_DT):
+        info = write_bag(Path(a.out) / mech, mech, a.duration, seed=a.seed, t0=a.t0, distro=a.distro,
+                         storage=a.storage)
+        print(f"{info['path']}: {mech}, {len(info['trajectory'])} samples at dt = {info['dt']} s, "
+              f"{a.storage}, topics {', '.join(TOPICS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
