@@ -109,40 +109,68 @@ class LMReport:
 # sparse Levenberg–Marquardt over factor units
 # ----------------------------------------------------------------------------------------------
 def _group(factors, dims):
-    """Factors reordered so that those with the same unit type and block shapes are contiguous
-    (stable within a group), as a list of groups."""
+    """Factors grouped by unit type and block shapes (stable within a group)."""
     groups: Dict[tuple, list] = {}
     for f in factors:
         unit, keys = f
-        sig = (type(unit), unit.dim, tuple(dims[k] for k in keys))
+        k0 = min(k[1] for k in keys) if keys else 0
+        sig = (type(unit), unit.dim, tuple((k[0], k[1] - k0, dims[k]) for k in keys))
         groups.setdefault(sig, []).append(f)
     return list(groups.values())
 
 
-def _block_pattern(groups, dims, offset):
-    """COO (rows, cols) of the Jacobian blocks, factor by factor and slot by slot in row-major
-    order (the order in which `_Assembly.evaluate` concatenates the blocks)."""
-    rows, cols = [], []
-    r0 = 0
-    for grp in groups:
-        unit, keys = grp[0]
-        d, kd = unit.dim, [dims[k] for k in keys]
-        starts = r0 + d * np.arange(len(grp))
-        rr, cc = [], []
-        for s_, dk in enumerate(kd):
-            offs = np.fromiter((offset[f[1][s_]] for f in grp), dtype=np.intp, count=len(grp))
-            rr.append(starts[:, None] + np.repeat(np.arange(d), dk)[None, :])
-            cc.append(offs[:, None] + np.tile(np.arange(dk), d)[None, :])
-        rows.append(np.hstack(rr).ravel())
-        cols.append(np.hstack(cc).ravel())
-        r0 += d * len(grp)
-    if not rows:
-        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), 0
-    return np.concatenate(rows), np.concatenate(cols), r0
+class _Group:
+    """Factors of one shape: whitened residuals r (F, d) and Jacobians J (F, d, w) over the columns
+    `cols` (F, w) of the stacked variable vector (the factor's slots side by side)."""
+
+    def __init__(self, factors, dims, offset, linear: bool):
+        self.factors = factors
+        unit0, keys0 = factors[0]
+        self.F, self.d = len(factors), unit0.dim
+        self.widths = [dims[k] for k in keys0]
+        self.w = int(sum(self.widths))
+        self.bounds = np.cumsum([0] + self.widths)
+        local = np.concatenate([np.arange(wi) for wi in self.widths]) if self.widths else np.zeros(0, int)
+        starts = np.array([[offset[k] for k in keys] for _, keys in factors], dtype=np.intp).reshape(self.F, -1)
+        self.cols = np.repeat(starts, self.widths, axis=1) + local[None, :]
+        self.inv_sigma = np.array([1.0 / np.asarray(u.sigmas, float).reshape(self.d) for u, _ in factors])
+        self.linear = linear
+        self.J = np.zeros((self.F, self.d, self.w))
+        self.r = np.zeros((self.F, self.d))
+        if linear:
+            cache = {}
+            self.b = np.zeros((self.F, self.d))
+            for i, (unit, keys) in enumerate(factors):
+                hit = cache.get(id(unit))
+                if hit is None:
+                    e, Js = unit.evaluate(*[np.zeros(dims[k]) for k in keys])
+                    hit = (np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1),
+                           np.asarray(e, float).reshape(self.d))
+                    cache[id(unit)] = hit
+                self.J[i] = hit[0]
+                self.b[i] = -hit[1]
+            self.J *= self.inv_sigma[:, :, None]
+            self.b *= self.inv_sigma
+
+    def set_linear_residual(self, x):
+        self.r = np.einsum("fdw,fw->fd", self.J, x[self.cols]) - self.b
+
+    def times(self, x):
+        """J x, (F, d)."""
+        return np.einsum("fdw,fw->fd", self.J, x[self.cols])
+
+    def transpose_times(self, y, n):
+        """Jᵀ y for y (F, d), as an n-vector."""
+        return np.bincount(self.cols.ravel(), np.einsum("fdw,fd->fw", self.J, y).ravel(), minlength=n)
+
+    def normal_blocks(self):
+        """JᵀJ per factor, (F, w, w)."""
+        return np.matmul(self.J.transpose(0, 2, 1), self.J)
 
 
 class _Assembly:
-    """Row/column layout of the whitened Jacobian of a `Problem` (columns ordered by time step)."""
+    """The least-squares problem of a `Problem` in stacked form (columns ordered by time step), with
+    the normal equations accumulated directly in LAPACK band storage (the graphs here are chains)."""
 
     def __init__(self, prob: Problem):
         self.prob = prob
@@ -153,50 +181,115 @@ class _Assembly:
         for k in self.keys:
             self.offset[k] = col
             col += prob.dims[k]
-        self.ncols = col
-        per_step: Dict[int, int] = {}
-        for k in self.keys:
-            per_step[k[1]] = per_step.get(k[1], 0) + prob.dims[k]
-        sizes = set(per_step.values())
-        self.block = sizes.pop() if len(sizes) == 1 else 0      # uniform block per time step
+        self.n = col
         self.slices = [(k, self.offset[k], self.offset[k] + prob.dims[k]) for k in self.keys]
         lin, nl = [], []
         for f in prob.factors:
             (lin if _unit_is_linear(f[0]) else nl).append(f)
-        lin_groups, nl_groups = _group(lin, prob.dims), _group(nl, prob.dims)
-        lin = [f for g in lin_groups for f in g]
-        nl = [f for g in nl_groups for f in g]
-        self.linear, self.nonlinear = lin, nl
-        self._lin_A, self._lin_b = self._build_linear(lin_groups)
-        self.nl_rows, self.nl_cols, self.nl_m = _block_pattern(nl_groups, prob.dims, self.offset)
-        # evaluate step by step so units of one step share an EvalContext (Φq, dynamics)
-        self.eval_order = sorted(range(len(nl)), key=lambda i: (min(k[1] for k in nl[i][1]), i))
-        self.sig_nl = (np.concatenate([np.asarray(u.sigmas, float).reshape(u.dim) for u, _ in nl])
-                       if nl else np.zeros(0))
-        self.inv_sig_entries = 1.0 / self.sig_nl[self.nl_rows] if nl else np.zeros(0)
-        A = self._lin_A
-        self.H_lin = (A.T @ A).tocsc() if A is not None else sp.csc_matrix((self.ncols, self.ncols))
+        self.lin_groups = [_Group(g, prob.dims, self.offset, True) for g in _group(lin, prob.dims)]
+        self.nl_groups = [_Group(g, prob.dims, self.offset, False) for g in _group(nl, prob.dims)]
+        self.groups = self.lin_groups + self.nl_groups
+        # evaluate step by step so the units of one step share an EvalContext (Φq, dynamics)
+        order = [(min(k[1] for k in keys), gi, i) for gi, G in enumerate(self.nl_groups)
+                 for i, (_, keys) in enumerate(G.factors)]
+        order.sort()
+        self.eval_order = [(gi, i) for _, gi, i in order]
+        # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
+        self.u = int(max((int((G.cols.max(axis=1) - G.cols.min(axis=1)).max(initial=0)) for G in self.groups
+                          if G.w), default=0))
+        self.band_ok = (self.u + 1) * max(self.n, 1) <= 60_000_000
+        self.blocks = self._block_layout(prob) if self.band_ok else None
+        if self.band_ok:
+            if self.blocks is None:          # general layout: scatter every entry (slower)
+                u1 = self.u + 1
+                for G in self.groups:
+                    I, Jc = G.cols[:, :, None], G.cols[:, None, :]
+                    G.upper = np.broadcast_to(I <= Jc, (G.F, G.w, G.w))
+                    G.band_index = ((self.u + I - Jc) + u1 * Jc)[G.upper]
+            self.H_lin_band = self._to_band(self._accumulate(self.lin_groups))
 
-    def _build_linear(self, groups):
-        """Exactly linear units: error = A x − b, from one evaluation at x = 0 per distinct unit object."""
-        if not groups:
-            return None, None
-        rows, cols, m = _block_pattern(groups, self.prob.dims, self.offset)
-        factors = [f for g in groups for f in g]
-        cache = {}
-        vals, b = [], []
-        for unit, keys in factors:
-            hit = cache.get(id(unit))
-            if hit is None:
-                e, Js = unit.evaluate(*[np.zeros(self.prob.dims[k]) for k in keys])
-                s = np.asarray(unit.sigmas, float).reshape(unit.dim)
-                Jw = np.concatenate([(np.asarray(J, float).reshape(unit.dim, -1) / s[:, None]).ravel() for J in Js])
-                hit = (Jw, -np.asarray(e, float).reshape(unit.dim) / s, unit)
-                cache[id(unit)] = hit
-            vals.append(hit[0])
-            b.append(hit[1])
-        A = sp.csr_matrix((np.concatenate(vals), (rows, cols)), shape=(m, self.ncols))
-        return A, np.concatenate(b)
+    def _block_layout(self, prob):
+        """(N, P, b) when every step holds the same variables (block b) and every factor of a group
+        touches the same relative steps at the same in-block positions: the normal equations are then
+        accumulated as dense b×b blocks H[k, k + dk], dk < P, with slice additions."""
+        steps: Dict[int, list] = {}
+        for k in self.keys:
+            steps.setdefault(k[1], []).append((k[0], prob.dims[k]))
+        ks = sorted(steps)
+        if not ks or ks != list(range(ks[0], ks[0] + len(ks))):
+            return None
+        first = steps[ks[0]]
+        if any(steps[k] != first for k in ks):
+            return None
+        b = sum(dm for _, dm in first)
+        k_base = ks[0]
+        P = 1
+        for G in self.groups:
+            st = np.array([[k[1] for k in keys] for _, keys in G.factors]).reshape(G.F, -1)
+            k0 = st.min(axis=1)
+            rel = st - k0[:, None]
+            pos = np.array([[self.offset[k] - (k[1] - k_base) * b for k in keys] for _, keys in G.factors]
+                           ).reshape(G.F, -1)
+            if np.any(rel != rel[0]) or np.any(pos != pos[0]):
+                return None
+            G.k0 = k0 - k_base
+            G.rel = rel[0]
+            G.pos = pos[0]
+            G.unique = len(np.unique(G.k0)) == G.F
+            G.contiguous = bool(G.F and np.all(np.diff(G.k0) == 1))
+            P = max(P, int(G.rel.max(initial=0)) + 1)
+        return len(ks), P, b
+
+    def _accumulate(self, groups):
+        """JᵀJ of `groups`: dense blocks (N, P, b, b) in block mode, else a flat band array."""
+        if self.blocks is None:
+            size = (self.u + 1) * self.n
+            out = np.zeros(size)
+            for G in groups:
+                if G.F and G.w:
+                    out += np.bincount(G.band_index, G.normal_blocks()[G.upper], minlength=size)
+            return out
+        N, _, b = self.blocks
+        P = 1 + max((int(G.rel.max(initial=0)) for G in groups if G.F), default=0)
+        H = np.zeros((N, P, b, b))
+        for G in groups:
+            if not (G.F and G.w):
+                continue
+            NB = G.normal_blocks()
+            nslots = len(G.widths)
+            for s_ in range(nslots):
+                for t_ in range(nslots):
+                    rs, rt = G.rel[s_], G.rel[t_]
+                    if rs > rt:
+                        continue
+                    S = slice(G.bounds[s_], G.bounds[s_ + 1])
+                    T = slice(G.bounds[t_], G.bounds[t_ + 1])
+                    ps, pt = G.pos[s_], G.pos[t_]
+                    blk = NB[:, S, T]
+                    rows = (slice(G.k0[0] + rs, G.k0[0] + rs + G.F) if G.contiguous else G.k0 + rs)
+                    idx = (rows, rt - rs, slice(ps, ps + blk.shape[1]), slice(pt, pt + blk.shape[2]))
+                    if G.contiguous or G.unique:
+                        H[idx] += blk
+                    else:
+                        np.add.at(H, idx, blk)
+        return H
+
+    def _to_band(self, H):
+        """Band storage (u+1, n), Fortran order, of the normal matrix."""
+        n, u = self.n, self.u
+        if self.blocks is None:
+            return H.reshape(u + 1, n, order="F")
+        N, P, b = H.shape[0], H.shape[1], H.shape[2]
+        ab = np.zeros((u + 1, n), order="F")
+        for dk in range(P):
+            for p_ in range(b):
+                for q_ in range(b):
+                    dist = dk * b + q_ - p_
+                    if dist < 0 or dist > u:
+                        continue
+                    j0 = dk * b + q_
+                    ab[u - dist, j0::b][:N - dk] = H[:N - dk, dk, p_, q_]
+        return ab
 
     def pack(self, values) -> np.ndarray:
         return np.concatenate([values[k] for k in self.keys]) if self.keys else np.zeros(0)
@@ -204,36 +297,88 @@ class _Assembly:
     def unpack(self, x) -> Dict[Key, np.ndarray]:
         return {k: x[a:b] for k, a, b in self.slices}
 
-    def evaluate(self, x):
-        """Whitened nonlinear residuals and Jacobian (csr), and the whitened linear residuals."""
+    def evaluate(self, x) -> float:
+        """Residuals and Jacobians of every group at x; returns the cost ½ Σ |r|²."""
         vals = self.unpack(x)
-        nl = self.nonlinear
-        out = [None] * len(nl)
         ctx = _eval_context(self.prob)
-        for i in self.eval_order:
-            unit, keys = nl[i]
+        groups = self.nl_groups
+        for gi, i in self.eval_order:
+            G = groups[gi]
+            unit, keys = G.factors[i]
             blocks = [vals[k] for k in keys]
-            out[i] = unit.evaluate(*blocks, ctx=ctx) if ctx is not None else unit.evaluate(*blocks)
-        if nl:
-            r_nl = np.concatenate([o[0] for o in out]) / self.sig_nl
-            jv = [J.ravel() for o in out for J in o[1]]
-            J_nl = sp.csr_matrix((np.concatenate(jv) * self.inv_sig_entries, (self.nl_rows, self.nl_cols)),
-                                 shape=(self.nl_m, self.ncols))
-        else:
-            r_nl, J_nl = np.zeros(0), sp.csr_matrix((0, self.ncols))
-        r_lin = (self._lin_A @ x - self._lin_b) if self._lin_A is not None else np.zeros(0)
-        return r_nl, J_nl, r_lin
+            e, Js = unit.evaluate(*blocks, ctx=ctx) if ctx is not None else unit.evaluate(*blocks)
+            G.r[i] = e
+            Ji = G.J[i]
+            for s, Jb in enumerate(Js):
+                Ji[:, G.bounds[s]:G.bounds[s + 1]] = Jb
+        for G in groups:
+            G.r *= G.inv_sigma
+            G.J *= G.inv_sigma[:, :, None]
+        for G in self.lin_groups:
+            G.set_linear_residual(x)
+        return 0.5 * float(sum(np.sum(G.r * G.r) for G in self.groups))
 
-    def gradient_and_hessian(self, x, r_nl, J_nl, r_lin):
-        g = J_nl.T @ r_nl
-        if self._lin_A is not None:
-            g = g + self._lin_A.T @ r_lin
-        H = (self.H_lin + (J_nl.T @ J_nl)).tocsc()
-        return g, H
+    def gradient(self):
+        g = np.zeros(self.n)
+        for G in self.groups:
+            g += G.transpose_times(G.r, self.n)
+        return g
+
+    def hessian_times(self, x):
+        out = np.zeros(self.n)
+        for G in self.groups:
+            out += G.transpose_times(G.times(x), self.n)
+        return out
+
+    def model_decrease(self, g, dx) -> float:
+        """Decrease of the Gauss–Newton model for the step dx: −gᵀdx − ½ |J dx|²."""
+        return float(-(g @ dx) - 0.5 * sum(np.sum(G.times(dx) ** 2) for G in self.groups))
+
+    def step(self, g, lam: float) -> np.ndarray:
+        """dx = −(H + λ diag H)⁻¹ g (Jacobi-scaled banded Cholesky + two refinement steps)."""
+        import scipy.linalg as sla
+        n, u = self.n, self.u
+        if not self.band_ok:
+            return self._step_sparse(g, lam)
+        ab = self.H_lin_band + self._to_band(self._accumulate(self.nl_groups))
+        diag = ab[u].copy()
+        d = np.sqrt(np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0)))))
+        for o in range(u + 1):
+            sft = u - o
+            if sft < n:
+                ab[o, sft:] /= d[:n - sft] * d[sft:]
+        ab[u] += lam
+        gs = g / d
+        hs = lambda y: self.hessian_times(y / d) / d + lam * y
+        try:
+            cb = sla.cholesky_banded(ab, lower=False, overwrite_ab=True, check_finite=False)
+            y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
+            for _ in range(2):
+                y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
+            return y / d
+        except (np.linalg.LinAlgError, ValueError):
+            return self._step_sparse(g, lam)
+
+    def _step_sparse(self, g, lam: float) -> np.ndarray:
+        rows, cols, vals = [], [], []
+        for G in self.groups:
+            if G.F and G.w:
+                B = G.normal_blocks()
+                rows.append(np.broadcast_to(G.cols[:, :, None], B.shape).ravel())
+                cols.append(np.broadcast_to(G.cols[:, None, :], B.shape).ravel())
+                vals.append(B.ravel())
+        H = sp.csc_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                          shape=(self.n, self.n))
+        diag = H.diagonal()
+        D = sp.diags(np.maximum(diag, 1e-12 * max(1.0, float(diag.max(initial=1.0)))))
+        try:
+            return spla.spsolve((H + lam * D).tocsc(), -g)
+        except RuntimeError:
+            return np.full(self.n, np.nan)
 
 
 class _single_threaded_blas:
-    """Run OpenBLAS single-threaded inside the block: the banded Cholesky is a long chain of tiny
+    """Run OpenBLAS single-threaded inside the block: the banded Cholesky is a long chain of small
     BLAS calls, which threads only slow down (10× on a busy 2-core machine)."""
 
     _libs = None
@@ -255,6 +400,7 @@ class _single_threaded_blas:
             except OSError:
                 continue
             for prefix in ("scipy_openblas", "openblas"):
+                found = False
                 for suffix in ("64_", ""):
                     try:
                         setter = getattr(lib, f"{prefix}_set_num_threads{suffix}")
@@ -263,10 +409,10 @@ class _single_threaded_blas:
                         continue
                     getter.restype = ctypes.c_int
                     libs.append((setter, getter))
+                    found = True
                     break
-                else:
-                    continue
-                break
+                if found:
+                    break
         cls._libs = libs
         return libs
 
@@ -289,41 +435,6 @@ class _single_threaded_blas:
         return False
 
 
-def _solve_damped(H, g, lam: float, block: int = 0) -> np.ndarray:
-    """dx = −(H + λ diag H)⁻¹ g with Jacobi scaling: banded Cholesky (columns are ordered by time
-    step, so H is banded) plus two steps of iterative refinement, which recover the accuracy that
-    the normal equations lose in weakly determined directions; sparse LU if the band is wide or the
-    Cholesky fails."""
-    import scipy.linalg as sla
-    n = H.shape[0]
-    diag = H.diagonal()
-    d = np.sqrt(np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0)))))
-    coo = H.tocoo()
-    coo.sum_duplicates()
-    r, c, v = coo.row, coo.col, coo.data / (d[coo.row] * d[coo.col])
-    gs = g / d
-    Hs = sp.csr_matrix((v, (r, c)), shape=H.shape) + lam * sp.identity(n, format="csr")
-    upper = r <= c
-    u = int((c[upper] - r[upper]).max(initial=0))
-    if u <= max(64, n // 8):
-        ab = np.zeros((u + 1, n), order="F")
-        ab[u + r[upper] - c[upper], c[upper]] = v[upper]
-        ab[u] += lam                      # the scaled diagonal is 1: Marquardt damping λ·diag(H)
-        try:
-            cb = sla.cholesky_banded(ab, lower=False, check_finite=False)
-            y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
-            for _ in range(2):
-                y += sla.cho_solve_banded((cb, False), -gs - Hs @ y, check_finite=False)
-            if np.all(np.isfinite(y)):
-                return y / d
-        except (np.linalg.LinAlgError, ValueError):
-            pass
-    try:
-        return spla.spsolve(Hs.tocsc(), -gs) / d
-    except RuntimeError:
-        return np.full(n, np.nan)
-
-
 def _eval_context(prob: Problem):
     """A fresh `factors.EvalContext` for the problem's mechanism (None without one)."""
     mech = getattr(prob, "mech", None)
@@ -333,49 +444,46 @@ def _eval_context(prob: Problem):
     return EvalContext(mech)
 
 
-def _cost(r_nl, r_lin) -> float:
-    return 0.5 * (float(r_nl @ r_nl) + float(r_lin @ r_lin))
-
-
 def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
     t0 = time.perf_counter()
     asm = _Assembly(prob)
     x = asm.pack(prob.values)
-    r_nl, J_nl, r_lin = asm.evaluate(x)
+    cost = asm.evaluate(x)
     evaluations = 1
-    cost = _cost(r_nl, r_lin)
     initial = cost
     lam = settings.lambda_initial
     iterations = 0
     converged = False
-    g, H = asm.gradient_and_hessian(x, r_nl, J_nl, r_lin)
+    g = asm.gradient()
+    saved = None
     while iterations < settings.max_iterations:
         _t = time.perf_counter()
-        dx = _solve_damped(H, g, lam, asm.block)
+        dx = asm.step(g, lam)
         if _DEBUG:
-            print(f"   solve {time.perf_counter() - _t:.3f} s (block {asm.block}, n {len(x)})")
+            print(f"   solve {time.perf_counter() - _t:.3f} s (n {asm.n}, band {asm.u})")
         if not np.all(np.isfinite(dx)):
             lam = max(lam * settings.lambda_factor, settings.lambda_initial)
             if lam > 1e12:
                 break
             continue
-        predicted = -(g @ dx) - 0.5 * (dx @ (H @ dx))
-        if _DEBUG: print(f"  it {iterations} cost {cost:.6g} pred {predicted:.3g} lam {lam:.1g} |dx| {np.abs(dx).max():.3g}")
+        predicted = asm.model_decrease(g, dx)
+        if _DEBUG:
+            print(f"  it {iterations} cost {cost:.6g} pred {predicted:.3g} lam {lam:.1g} |dx| {np.abs(dx).max():.3g}")
         if predicted <= settings.relative_tolerance * cost + settings.absolute_tolerance:
             converged = True
             break
+        saved = [(G.r.copy(), G.J.copy()) for G in asm.groups]
         x_new = x + dx
         _t = time.perf_counter()
-        r_nl_new, J_nl_new, r_lin_new = asm.evaluate(x_new)
+        cost_new = asm.evaluate(x_new)
+        evaluations += 1
         if _DEBUG:
             print(f"   evaluate {time.perf_counter() - _t:.3f} s")
-        evaluations += 1
-        cost_new = _cost(r_nl_new, r_lin_new)
         if np.isfinite(cost_new) and cost_new < cost:
             decrease = cost - cost_new
-            x, r_nl, J_nl, r_lin, cost = x_new, r_nl_new, J_nl_new, r_lin_new, cost_new
+            x, cost = x_new, cost_new
             iterations += 1
-            g, H = asm.gradient_and_hessian(x, r_nl, J_nl, r_lin)
+            g = asm.gradient()
             rho = decrease / max(predicted, 1e-300)
             if rho > 0.25:
                 lam = lam / settings.lambda_factor ** 2 if lam > 1e-16 else 0.0
@@ -383,6 +491,8 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
                 converged = True
                 break
         else:
+            for G, (r, J) in zip(asm.groups, saved):      # back to the linearization at x
+                G.r, G.J = r, J
             lam = max(lam * settings.lambda_factor, settings.lambda_initial)
             if lam > 1e12:
                 break
