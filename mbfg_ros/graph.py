@@ -220,12 +220,13 @@ class StepModel:
         self._S_cur = self.A_cur[:rows_s].copy()
         self._S_prev = None if self.A_prev is None else self.A_prev[:rows_s].copy()
         self._rows_s = rows_s
-        # per dynamic unit: (unit, first row, inverse sigmas, [(which, block name, cols)] per slot)
+        # per dynamic unit: (unit, first row, inverse sigmas, [(which, block name, cols)] per slot, assign?)
         self._plan = []
         check_rows, weights = [], []
         for u in dynamic:
             slots = [layout.slot_map[s] for s in u.slots]
-            self._plan.append((u, row, 1.0 / u.sigmas, slots))
+            distinct = len({(w, n) for w, n, _ in slots}) == len(slots)
+            self._plan.append((u, row, 1.0 / u.sigmas, [(w, c) for w, _, c in slots], distinct))
             if not u.linear:
                 check_rows.extend(range(row, row + u.dim))
                 weights.extend([float(u.check_weight)] * u.dim)
@@ -234,22 +235,20 @@ class StepModel:
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
         self.check_units = [u for u in dynamic if not u.linear]
         self._param_units = [(u, u.params) for u in dynamic if u.params]
-        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots) in self._plan if not u.linear]
+        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan if not u.linear]
 
     def snapshot(self) -> list:
         """The units' current per-step parameters (references: the estimator assigns new objects)."""
         return [tuple(getattr(u, p) for p in names) for u, names in self._param_units]
 
     def restore(self, snap: list):
+        """Put a snapshot back (units may be shared by several models: always set every value)."""
         for (u, names), vals in zip(self._param_units, snap):
             for p, val in zip(names, vals):
                 setattr(u, p, val)
 
     def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
         """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers)."""
-        layout = self.layout
-        vcur = layout.views(x_cur)
-        vprev = layout.views(x_prev) if self.need_prev else None
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
         rs = self._rows_s
         if rs:
@@ -259,25 +258,25 @@ class StepModel:
         A_cur[rs:] = 0.0
         if A_prev is not None:
             A_prev[rs:] = 0.0
-        for u, row, w, slots in self._plan:
+        for u, row, w, slots, distinct in self._plan:
             d = u.dim
-            blocks = [vcur[name] if which else vprev[name] for which, name, _ in slots]
-            e, Js = u.evaluate(*blocks, ctx=ctx)
+            e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
             r[row:row + d] = e * w
             wc = w[:, None]
-            for (which, _, cols), J in zip(slots, Js):
-                (A_cur if which else A_prev)[row:row + d, cols] += J * wc
+            if distinct:
+                for (which, cols), J in zip(slots, Js):
+                    (A_cur if which else A_prev)[row:row + d, cols] = J * wc
+            else:
+                for (which, cols), J in zip(slots, Js):
+                    (A_cur if which else A_prev)[row:row + d, cols] += J * wc
         return A_prev, A_cur, r
 
     def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
         """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur)."""
-        layout = self.layout
-        vcur = layout.views(x_cur)
-        vprev = layout.views(x_prev) if self.need_prev else None
-        parts = []
-        for u, slots, w in self._check_plan:
-            blocks = [vcur[name] if which else vprev[name] for which, name, _ in slots]
-            parts.append(u.error(*blocks, ctx=ctx) * w)
+        parts = [u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx) * w
+                 for u, slots, w in self._check_plan]
+        if len(parts) == 1:
+            return parts[0]
         return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -360,9 +359,11 @@ class FixedLagWindow:
         self.steps += 1
         # records whose keys are all still in the window (keys k − lag ... k are kept)
         self.records[k] = rec
-        oldest_key = k - self.lag
-        for j in [j for j in self.records if j - (1 if self.records[j].x_prev is not None else 0) < oldest_key]:
-            del self.records[j]
+        # keys k − lag ... k stay: a two-step factor j needs j − 1 ≥ k − lag
+        old = self.records.get(k - self.lag)
+        if old is not None and old.x_prev is not None:
+            del self.records[k - self.lag]
+        self.records.pop(k - self.lag - 1, None)
         x_est = self.estimate(k)
         if check:
             x_est = self.safeguard(x_est)
@@ -457,6 +458,7 @@ class FixedLagWindow:
                 vals = list(rec.params[i])
                 for name, val in values.items():
                     vals[names.index(name)] = val
+                rec.params = list(rec.params)
                 rec.params[i] = tuple(vals)
                 break
         else:
