@@ -206,7 +206,7 @@ class _Assembly:
                     I, Jc = G.cols[:, :, None], G.cols[:, None, :]
                     G.upper = np.broadcast_to(I <= Jc, (G.F, G.w, G.w))
                     G.band_index = ((self.u + I - Jc) + u1 * Jc)[G.upper]
-            self.H_lin_band = self._to_band(self._accumulate(self.lin_groups))
+            self.H_lin_band = self._band(self.lin_groups)
 
     def _block_layout(self, prob):
         """(N, P, b) when every step holds the same variables (block b) and every factor of a group
@@ -240,18 +240,18 @@ class _Assembly:
             P = max(P, int(G.rel.max(initial=0)) + 1)
         return len(ks), P, b
 
-    def _accumulate(self, groups):
-        """JᵀJ of `groups`: dense blocks (N, P, b, b) in block mode, else a flat band array."""
+    def _band(self, groups):
+        """Σ JᵀJ of `groups` in band storage (u+1, n), Fortran order: H[i, j] (i ≤ j) at ab[u + i − j, j]."""
+        n, u = self.n, self.u
         if self.blocks is None:
-            size = (self.u + 1) * self.n
+            size = (u + 1) * n
             out = np.zeros(size)
             for G in groups:
                 if G.F and G.w:
                     out += np.bincount(G.band_index, G.normal_blocks()[G.upper], minlength=size)
-            return out
-        N, _, b = self.blocks
-        P = 1 + max((int(G.rel.max(initial=0)) for G in groups if G.F), default=0)
-        H = np.zeros((N, P, b, b))
+            return out.reshape(u + 1, n, order="F")
+        b = self.blocks[2]
+        ab = np.zeros((u + 1, n), order="F")
         for G in groups:
             if not (G.F and G.w):
                 continue
@@ -262,33 +262,24 @@ class _Assembly:
                     rs, rt = G.rel[s_], G.rel[t_]
                     if rs > rt:
                         continue
-                    S = slice(G.bounds[s_], G.bounds[s_ + 1])
-                    T = slice(G.bounds[t_], G.bounds[t_ + 1])
-                    ps, pt = G.pos[s_], G.pos[t_]
-                    blk = NB[:, S, T]
-                    rows = (slice(G.k0[0] + rs, G.k0[0] + rs + G.F) if G.contiguous else G.k0 + rs)
-                    idx = (rows, rt - rs, slice(ps, ps + blk.shape[1]), slice(pt, pt + blk.shape[2]))
-                    if G.contiguous or G.unique:
-                        H[idx] += blk
-                    else:
-                        np.add.at(H, idx, blk)
-        return H
-
-    def _to_band(self, H):
-        """Band storage (u+1, n), Fortran order, of the normal matrix."""
-        n, u = self.n, self.u
-        if self.blocks is None:
-            return H.reshape(u + 1, n, order="F")
-        N, P, b = H.shape[0], H.shape[1], H.shape[2]
-        ab = np.zeros((u + 1, n), order="F")
-        for dk in range(P):
-            for p_ in range(b):
-                for q_ in range(b):
-                    dist = dk * b + q_ - p_
-                    if dist < 0 or dist > u:
-                        continue
-                    j0 = dk * b + q_
-                    ab[u - dist, j0::b][:N - dk] = H[:N - dk, dk, p_, q_]
+                    ws, wt = G.widths[s_], G.widths[t_]
+                    blk = NB[:, G.bounds[s_]:G.bounds[s_ + 1], G.bounds[t_]:G.bounds[t_ + 1]]
+                    for p_ in range(ws):
+                        i_off = G.pos[s_] + p_
+                        for q_ in range(wt):
+                            dist = (rt - rs) * b + G.pos[t_] + q_ - i_off
+                            if dist < 0:
+                                continue
+                            vals = blk[:, p_, q_]
+                            if G.contiguous:
+                                j0 = (int(G.k0[0]) + rt) * b + G.pos[t_] + q_
+                                ab[u - dist, j0:j0 + b * G.F:b] += vals
+                            else:
+                                j = (G.k0 + rt) * b + G.pos[t_] + q_
+                                if G.unique:
+                                    ab[u - dist, j] += vals
+                                else:
+                                    np.add.at(ab[u - dist], j, vals)
         return ab
 
     def pack(self, values) -> np.ndarray:
@@ -340,7 +331,7 @@ class _Assembly:
         n, u = self.n, self.u
         if not self.band_ok:
             return self._step_sparse(g, lam)
-        ab = self.H_lin_band + self._to_band(self._accumulate(self.nl_groups))
+        ab = self.H_lin_band + self._band(self.nl_groups)
         diag = ab[u].copy()
         d = np.sqrt(np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0)))))
         for o in range(u + 1):
