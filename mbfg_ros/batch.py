@@ -164,8 +164,10 @@ class _Group:
         return np.bincount(self.cols.ravel(), np.einsum("fdw,fd->fw", self.J, y).ravel(), minlength=n)
 
     def normal_blocks(self):
-        """JᵀJ per factor, (F, w, w)."""
-        return np.matmul(self.J.transpose(0, 2, 1), self.J)
+        """JᵀJ per factor, (F, w, w) (a broadcast view when all factors share one Jacobian)."""
+        if self.linear and self.F and np.array_equal(self.J, np.broadcast_to(self.J[0], self.J.shape)):
+            return np.broadcast_to(self.J[0].T @ self.J[0], (self.F, self.w, self.w))
+        return np.einsum("fdi,fdj->fij", self.J, self.J, optimize=True)
 
 
 class _Assembly:
@@ -262,24 +264,23 @@ class _Assembly:
                     rs, rt = G.rel[s_], G.rel[t_]
                     if rs > rt:
                         continue
-                    ws, wt = G.widths[s_], G.widths[t_]
                     blk = NB[:, G.bounds[s_]:G.bounds[s_ + 1], G.bounds[t_]:G.bounds[t_ + 1]]
-                    for p_ in range(ws):
-                        i_off = G.pos[s_] + p_
-                        for q_ in range(wt):
-                            dist = (rt - rs) * b + G.pos[t_] + q_ - i_off
-                            if dist < 0:
-                                continue
-                            vals = blk[:, p_, q_]
-                            if G.contiguous:
-                                j0 = (int(G.k0[0]) + rt) * b + G.pos[t_] + q_
-                                ab[u - dist, j0:j0 + b * G.F:b] += vals
+                    shared = blk.strides[0] == 0          # one block for all factors
+                    nz = blk[0] != 0 if shared else np.any(blk != 0, axis=0)
+                    for p_, q_ in zip(*np.nonzero(nz)):
+                        dist = (rt - rs) * b + G.pos[t_] + q_ - G.pos[s_] - p_
+                        if dist < 0:
+                            continue
+                        vals = blk[0, p_, q_] if shared else blk[:, p_, q_]
+                        if G.contiguous:
+                            j0 = (int(G.k0[0]) + rt) * b + G.pos[t_] + q_
+                            ab[u - dist, j0:j0 + b * G.F:b] += vals
+                        else:
+                            j = (G.k0 + rt) * b + G.pos[t_] + q_
+                            if G.unique:
+                                ab[u - dist, j] += vals
                             else:
-                                j = (G.k0 + rt) * b + G.pos[t_] + q_
-                                if G.unique:
-                                    ab[u - dist, j] += vals
-                                else:
-                                    np.add.at(ab[u - dist], j, vals)
+                                np.add.at(ab[u - dist], j, np.broadcast_to(vals, j.shape))
         return ab
 
     def pack(self, values) -> np.ndarray:
@@ -329,6 +330,7 @@ class _Assembly:
         """dx = −(H + λ diag H)⁻¹ g (Jacobi-scaled banded Cholesky + two refinement steps)."""
         import scipy.linalg as sla
         n, u = self.n, self.u
+        self.factor = None
         if not self.band_ok:
             return self._step_sparse(g, lam)
         ab = self.H_lin_band + self._band(self.nl_groups)
@@ -339,16 +341,25 @@ class _Assembly:
             if sft < n:
                 ab[o, sft:] /= d[:n - sft] * d[sft:]
         ab[u] += lam
-        gs = g / d
-        hs = lambda y: self.hessian_times(y / d) / d + lam * y
         try:
             cb = sla.cholesky_banded(ab, lower=False, overwrite_ab=True, check_finite=False)
-            y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
-            for _ in range(2):
-                y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
-            return y / d
         except (np.linalg.LinAlgError, ValueError):
+            self.factor = None
             return self._step_sparse(g, lam)
+        self.factor = (cb, d, lam)
+        return self.refined_step(g)
+
+    def refined_step(self, g) -> np.ndarray:
+        """The step for gradient g with the last factorization, refined twice against the current
+        Jacobians (so a factorization from the previous iterate gives a good step too)."""
+        import scipy.linalg as sla
+        cb, d, lam = self.factor
+        gs = g / d
+        hs = lambda y: self.hessian_times(y / d) / d + lam * y
+        y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
+        for _ in range(2):
+            y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
+        return y / d
 
     def _step_sparse(self, g, lam: float) -> np.ndarray:
         rows, cols, vals = [], [], []
@@ -481,6 +492,14 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
             if decrease <= settings.relative_tolerance * cost + settings.absolute_tolerance:
                 converged = True
                 break
+            if asm.factor is not None and 0.5 < rho < 2.0:
+                # convergence test without a new factorization: the step from the previous one,
+                # refined against the new Jacobians, is (nearly) the Gauss–Newton step
+                dx_test = asm.refined_step(g)
+                if (np.all(np.isfinite(dx_test)) and asm.model_decrease(g, dx_test)
+                        <= settings.relative_tolerance * cost + settings.absolute_tolerance):
+                    converged = True
+                    break
         else:
             for G, (r, J) in zip(asm.groups, saved):      # back to the linearization at x
                 G.r, G.J = r, J
