@@ -378,7 +378,7 @@ class EstimatorNode(Node):
             floating_point_range=_float_range(0.01, 60.0))).value
         self.p_reset_on_time_jump = d("reset_on_time_jump", True, PD(
             description="Reset when the node clock jumps backwards (looping bag)")).value
-        self.p_max_backlog = d("max_backlog", 0.1, PD(
+        self.p_max_backlog = d("max_backlog", 0.05, PD(
             description="If estimation falls further behind the node clock (solves slower than dt), skip to "
                         "the newest inputs and re-seed from the last estimate [s] (0 = never)",
             floating_point_range=_float_range(0.0, 3600.0))).value
@@ -427,6 +427,7 @@ class EstimatorNode(Node):
     # ------------------------------------------------------------------------------- state
     def _setup_state(self):
         mech = self.mech
+        self._clock_handle = None
         self.Estimator = FixedLagEstimator
         self.estimator = self.Estimator(mech, self.config)
         self.sched = InputScheduler(self.config.dt, self.config.window, len(mech.actuated))
@@ -509,8 +510,16 @@ class EstimatorNode(Node):
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
-        self._js_msg = JointState()
-        self._state_msg = JointTrajectory()
+        try:   # rclpy's Clock.now() wraps this in two objects; read the rcl clock directly when possible
+            h = self.get_clock().handle
+            h.get_now().nanoseconds
+            self._clock_handle = h
+        except Exception:  # pragma: no cover
+            self._clock_handle = None
+        # output messages are built once and refilled in place (names do not change)
+        self._js_msg = rc.joint_state(rc.ns_to_stamp(0), self.js_names, [], [], [])
+        self._state_msg = rc.trajectory_state(rc.ns_to_stamp(0), self.p_frame_id, self.mech.coordinate_names,
+                                              [], [], [], [])
 
     def _locked(self, fn):
         def wrapper(*args):
@@ -547,6 +556,10 @@ class EstimatorNode(Node):
 
     # -------------------------------------------------------------------------------- inputs
     def _now_ns(self) -> int:
+        """Node clock (ROS time: sim time when use_sim_time) in ns; the direct read skips two objects."""
+        h = self._clock_handle
+        if h is not None:
+            return h.get_now().nanoseconds
         return self.get_clock().now().nanoseconds
 
     def _on_observations(self, msg: JointState):
@@ -706,10 +719,21 @@ class EstimatorNode(Node):
         if np.any(has):
             e = np.asarray(est.efforts, dtype=float)
             eff[has] = e[idx[has]]
-        self.pub_js.publish(rc.joint_state(stamp, self.js_names, q[self.js_coords], v[self.js_coords], eff,
-                                           self._js_msg))
-        self.pub_state.publish(rc.trajectory_state(stamp, self.p_frame_id, self.mech.coordinate_names, q, v,
-                                                   est.a, est.Q, self._state_msg))
+        js = self._js_msg
+        js.header.stamp = stamp
+        js.position = rc.float_array(q[self.js_coords])
+        js.velocity = rc.float_array(v[self.js_coords])
+        js.effort = rc.float_array(eff)
+        self.pub_js.publish(js)
+        st = self._state_msg
+        st.header.stamp = stamp
+        st.header.frame_id = self.p_frame_id
+        pt = st.points[0]
+        pt.positions = rc.float_array(q)
+        pt.velocities = rc.float_array(v)
+        pt.accelerations = rc.float_array(est.a)
+        pt.effort = rc.float_array(est.Q)
+        self.pub_state.publish(st)
         if self.p_publish_markers and t_k - self._last_marker_ns >= self.p_marker_period * NS:
             self._last_marker_ns = t_k
             self.pub_markers.publish(rc.mechanism_markers(self.mech, q, stamp, self.p_frame_id))

@@ -293,6 +293,7 @@ class Feeder:
         self.observations, self.efforts, self.clock, self.rate = observations, efforts, clock, rate
         self.t_start_ns = t_start_ns
         self.stamps: List[int] = []
+        self.lateness_ns: List[int] = []      # publish time - due time, per sample
         self.thread = threading.Thread(target=self._run, daemon=True)
         self._stop = threading.Event()
 
@@ -324,6 +325,7 @@ class Feeder:
                 time.sleep(d)
             st = t0 + k * dt_ns
             self.stamps.append(st)
+            self.lateness_ns.append(time.time_ns() - due)
             if self.clock:
                 self.probe.pub_clock.publish(Clock(clock=Time(sec=st // 1_000_000_000, nanosec=st % 1_000_000_000)))
             if self.observations:

@@ -35,8 +35,11 @@ os.environ["ROS_DOMAIN_ID"] = str(80 + os.getpid() % 20)
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 os.environ.setdefault("ROS_LOCALHOST_ONLY", "1")
 
-DT = 0.001             # config/four_bar.yaml
-MIN_RATE_SHARE = 0.5   # a loaded CI machine may skip steps (they are counted in the diagnostics)
+DT = 0.001   # config/four_bar.yaml
+# Share of the configured rate that must be reached.  Python + GTSAM need ~0.8 ms of a 1 ms step for the
+# four-bar, and four_bar_sim integrates the plant live on the same machine: a loaded 2-core CI runner
+# falls short (the node then skips steps and says so in /diagnostics).  Override with MBFG_MIN_RATE_SHARE.
+MIN_RATE_SHARE = float(os.environ.get("MBFG_MIN_RATE_SHARE", "0.5"))
 
 
 def _launch_file() -> str:
@@ -65,6 +68,10 @@ class TestFourBarRunning(unittest.TestCase):
         import rclpy
         rclpy.init()
         cls.node = rclpy.create_node("four_bar_launch_test")
+        # unittest runs the tests in name order: wait for the estimator before any of them
+        end = time.monotonic() + 30
+        while cls.node.count_publishers("/mbfg_estimator/state") == 0 and time.monotonic() < end:
+            rclpy.spin_once(cls.node, timeout_sec=0.1)
 
     @classmethod
     def tearDownClass(cls):
@@ -93,10 +100,19 @@ class TestFourBarRunning(unittest.TestCase):
         while not first and time.monotonic() < end:
             first = self._collect(JointTrajectory, "/mbfg_estimator/state", 0.5, qos=100)
         self.assertTrue(first, "no ~/state within 30 s")
-        got = self._collect(JointTrajectory, "/mbfg_estimator/state", 3.0, qos=1000)
+        got = self._collect(JointTrajectory, "/mbfg_estimator/state", 1.0, qos=1000)
+        self.assertGreater(len(got), 50)
         stamps = [m.header.stamp.sec + 1e-9 * m.header.stamp.nanosec for _, m in got]
-        rate = (len(set(stamps)) - 1) / (max(stamps) - min(stamps))
-        print(f"~/state: {len(got)} messages, {rate:.0f} Hz by stamp")
+        self.assertTrue(all(b > a for a, b in zip(stamps, stamps[1:])), "stamps not increasing")
+        # the rate: counted by the node itself (a Python subscriber here cannot take 1 kHz reliably)
+        from diagnostic_msgs.msg import DiagnosticArray
+        diags = self._collect(DiagnosticArray, "/diagnostics", 2.5)
+        est = [{kv.key: kv.value for kv in st.values} for _, m in diags for st in m.status
+               if st.name.endswith(": estimator")]
+        self.assertTrue(est, "no estimator diagnostics")
+        rate = float(est[-1]["output_rate_hz"])
+        print(f"~/state rate {rate:.0f} Hz (target {1 / DT:.0f}); solve {est[-1].get('solve_ms_mean')} ms; "
+              f"latency median {est[-1].get('latency_ms_median')} ms; skipped {est[-1].get('skipped_steps')}")
         self.assertGreater(rate, MIN_RATE_SHARE / DT)
         m = got[-1][1]
         self.assertEqual(list(m.joint_names), ["x1", "y1", "x2", "y2", "crank"])
@@ -121,7 +137,7 @@ class TestFourBarRunning(unittest.TestCase):
 
     def test_diagnostics(self):
         from diagnostic_msgs.msg import DiagnosticArray
-        got = self._collect(DiagnosticArray, "/diagnostics", 3.0)
+        got = self._collect(DiagnosticArray, "/diagnostics", 4.0)
         names = {st.name for _, m in got for st in m.status}
         self.assertTrue(any(n.endswith(": estimator") for n in names), names)
 
