@@ -59,6 +59,8 @@ class Problem:
         self.dims: Dict[Key, int] = {}
         self.values: Dict[Key, np.ndarray] = {}
         self.factors: List[Tuple[object, Tuple[Key, ...]]] = []
+        # factors grouped (incrementally) by unit type, dimension and key pattern
+        self.groups: Dict[tuple, list] = {}
 
     def add_variable(self, key: Key, value) -> None:
         value = np.array(value, dtype=float).reshape(-1)
@@ -75,6 +77,9 @@ class Problem:
             if k not in self.dims:
                 raise KeyError(f"factor {type(unit).__name__} uses unknown variable {k}")
         self.factors.append((unit, keys))
+        k0 = min(k[1] for k in keys) if keys else 0
+        sig = (type(unit), unit.dim, tuple((k[0], k[1] - k0, self.dims[k]) for k in keys))
+        self.groups.setdefault(sig, []).append((unit, keys))
 
     def error(self, values: Optional[Dict[Key, np.ndarray]] = None) -> float:
         """½ Σ |whitened error|² (GTSAM's graph error)."""
@@ -108,22 +113,11 @@ class LMReport:
 # ----------------------------------------------------------------------------------------------
 # sparse Levenberg–Marquardt over factor units
 # ----------------------------------------------------------------------------------------------
-def _group(factors, dims):
-    """Factors grouped by unit type and block shapes (stable within a group)."""
-    groups: Dict[tuple, list] = {}
-    for f in factors:
-        unit, keys = f
-        k0 = min(k[1] for k in keys) if keys else 0
-        sig = (type(unit), unit.dim, tuple((k[0], k[1] - k0, dims[k]) for k in keys))
-        groups.setdefault(sig, []).append(f)
-    return list(groups.values())
-
-
 class _Group:
     """Factors of one shape: whitened residuals r (F, d) and Jacobians J (F, d, w) over the columns
     `cols` (F, w) of the stacked variable vector (the factor's slots side by side)."""
 
-    def __init__(self, factors, dims, offset, linear: bool):
+    def __init__(self, factors, dims, offset, linear: bool, offsets_by_step=None):
         self.factors = factors
         unit0, keys0 = factors[0]
         self.F, self.d = len(factors), unit0.dim
@@ -131,7 +125,12 @@ class _Group:
         self.w = int(sum(self.widths))
         self.bounds = np.cumsum([0] + self.widths)
         local = np.concatenate([np.arange(wi) for wi in self.widths]) if self.widths else np.zeros(0, int)
-        starts = np.array([[offset[k] for k in keys] for _, keys in factors], dtype=np.intp).reshape(self.F, -1)
+        if offsets_by_step is not None:
+            steps = np.array([keys[0][1] for _, keys in factors], dtype=np.intp) - keys0[0][1]
+            starts = np.column_stack([offsets_by_step[name][steps + k] for name, k in keys0]) \
+                if keys0 else np.zeros((self.F, 0), dtype=np.intp)
+        else:
+            starts = np.array([[offset[k] for k in keys] for _, keys in factors], dtype=np.intp).reshape(self.F, -1)
         self.cols = np.repeat(starts, self.widths, axis=1) + local[None, :]
         self.inv_sigma = np.array([1.0 / np.asarray(u.sigmas, float).reshape(self.d) for u, _ in factors])
         self.linear = linear
@@ -185,11 +184,19 @@ class _Assembly:
             col += prob.dims[k]
         self.n = col
         self.slices = [(k, self.offset[k], self.offset[k] + prob.dims[k]) for k in self.keys]
-        lin, nl = [], []
-        for f in prob.factors:
-            (lin if _unit_is_linear(f[0]) else nl).append(f)
-        self.lin_groups = [_Group(g, prob.dims, self.offset, True) for g in _group(lin, prob.dims)]
-        self.nl_groups = [_Group(g, prob.dims, self.offset, False) for g in _group(nl, prob.dims)]
+        # offsets by variable name and step, for vectorized column lookups
+        max_step = max((k[1] for k in self.keys), default=0)
+        by_step: Dict[str, np.ndarray] = {}
+        for k in self.keys:
+            arr = by_step.get(k[0])
+            if arr is None:
+                arr = by_step[k[0]] = np.full(max_step + 1, -1, dtype=np.intp)
+            arr[k[1]] = self.offset[k]
+        groups = list(prob.groups.values())
+        self.lin_groups = [_Group(g, prob.dims, self.offset, True, by_step) for g in groups
+                           if _unit_is_linear(g[0][0])]
+        self.nl_groups = [_Group(g, prob.dims, self.offset, False, by_step) for g in groups
+                          if not _unit_is_linear(g[0][0])]
         self.groups = self.lin_groups + self.nl_groups
         # evaluate step by step so the units of one step share an EvalContext (Φq, dynamics)
         order = [(min(k[1] for k in keys), gi, i) for gi, G in enumerate(self.nl_groups)
