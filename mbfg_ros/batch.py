@@ -210,10 +210,12 @@ class _Assembly:
                           if not _unit_is_linear(g[0][0])]
         self.groups = self.lin_groups + self.nl_groups
         # evaluate step by step so the units of one step share an EvalContext (Φq, dynamics)
-        order = [(min(k[1] for k in keys), gi, i) for gi, G in enumerate(self.nl_groups)
+        # within a step, units with more slots first: the dynamics linearization then supplies
+        # Φq and Φ̇q to the constraint units through the context
+        order = [(min(k[1] for k in keys), -len(G.widths), gi, i) for gi, G in enumerate(self.nl_groups)
                  for i, (_, keys) in enumerate(G.factors)]
         order.sort()
-        self.eval_order = [(gi, i) for _, gi, i in order]
+        self.eval_order = [(gi, i) for _, _, gi, i in order]
         # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
         self.u = int(max((int((G.cols.max(axis=1) - G.cols.min(axis=1)).max(initial=0)) for G in self.groups
                           if G.w), default=0))
