@@ -192,7 +192,7 @@ class StepModel:
     Units flagged ``static`` (affine with zero offset and fixed parameters: integrators, soft equality,
     random walks) are whitened and stacked once; the others are evaluated at each linearization.
     ``linear`` units are exact as linear factors, so only the remaining (nonlinear) rows are kept for
-    the relinearization check (`check_rows`, weighted by the units' ``check_weight``).
+    the relinearization check (`check_rows`, weighted by the units' ``check_weight``; weight 0 = unchecked).
     `linearize` returns internal buffers: they stay valid until the next call (gtsam copies them).
     """
 
@@ -227,15 +227,16 @@ class StepModel:
             slots = [layout.slot_map[s] for s in u.slots]
             distinct = len({(w, n) for w, n, _ in slots}) == len(slots)
             self._plan.append((u, row, 1.0 / u.sigmas, [(w, c) for w, _, c in slots], distinct))
-            if not u.linear:
+            if not u.linear and u.check_weight > 0.0:
                 check_rows.extend(range(row, row + u.dim))
                 weights.extend([float(u.check_weight)] * u.dim)
             row += u.dim
         self.check_rows = np.array(check_rows, dtype=np.intp)
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
-        self.check_units = [u for u in dynamic if not u.linear]
+        self.check_units = [u for u in dynamic if not u.linear and u.check_weight > 0.0]
         self._param_units = [(u, u.params) for u in dynamic if u.params]
-        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan if not u.linear]
+        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan
+                            if not u.linear and u.check_weight > 0.0]
 
     def snapshot(self) -> list:
         """The units' current per-step parameters (references: the estimator assigns new objects)."""
