@@ -78,7 +78,7 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "fast", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_R", "_rows", "_n", "_r")
+                 "_K", "_b", "_R", "_rows", "_n", "_r", "_third")
 
     def __init__(self, mech: Mechanism, fast: bool = True):
         self.mech = mech
@@ -92,6 +92,11 @@ class EvalContext:
         self._b = np.zeros(n + rows.size)
         self._R = np.zeros((n + rows.size, 3 * n), order="F")
         self._R[:n, 2 * n:] = np.eye(n)
+        # do the constraints have third derivatives (∂(Φ̇q q̇)/∂q ≠ 0)?  Quadratic ones (distances, sliders)
+        # do not: probe once at a random point.
+        rng = np.random.default_rng(0)
+        qr, vr = np.array(mech.q0) + 0.1 * rng.standard_normal(n), rng.standard_normal(n)
+        self._third = bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
         self.clear()
 
     def clear(self):
@@ -168,24 +173,22 @@ class EvalContext:
         if info != 0 or not _sane(x):
             return None
         a = x[:n]
-        lam = np.zeros(mech.m)
         if self._rows is None:
-            lam[:] = x[n:]
+            lam = x[n:]
         else:
+            lam = np.zeros(mech.m)
             lam[self._rows] = x[n:]
         R = self._R                      # [[−Σλᵢ∂²Φᵢ, 0, I], [−∂(Φq q̈)/∂q − ∂(Φ̇q q̇)/∂q, −2Φ̇q, 0]]
-        R[:n, :n] = C.weighted_hessian(q, lam)
-        R[:n, :n] *= -1.0
+        np.negative(C.weighted_hessian(q, lam), out=R[:n, :n])
         low = C.hessian_vector(q, a)
-        low += C.jacobian_dot_times_v_derivative(q, v)
+        if self._third:
+            low = low + C.jacobian_dot_times_v_derivative(q, v)
         if self._rows is None:
-            R[n:, :n] = low
-            R[n:, n:2 * n] = Jd_all
+            np.negative(low, out=R[n:, :n])
+            np.multiply(Jd_all, -2.0, out=R[n:, n:2 * n])
         else:
-            R[n:, :n] = low[self._rows]
-            R[n:, n:2 * n] = Jd_all[self._rows]
-        R[n:, n:2 * n] *= 2.0
-        R[n:, :2 * n] *= -1.0
+            np.negative(low[self._rows], out=R[n:, :n])
+            np.multiply(Jd_all[self._rows], -2.0, out=R[n:, n:2 * n])
         D, info = _lapack.dgetrs(lu, piv, R)
         if info != 0:
             return None

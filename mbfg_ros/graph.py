@@ -29,8 +29,12 @@ __all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "l
            "FixedLagWindow", "StepRecord", "state_key"]
 
 
+_X_KEY = gtsam.symbol("x", 0)
+
+
 def state_key(k: int) -> int:
-    return gtsam.symbol("x", int(k))
+    """gtsam key of the stacked state of step k (= gtsam.symbol('x', k))."""
+    return _X_KEY + int(k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,6 +235,7 @@ class StepModel:
                 check_rows.extend(range(row, row + u.dim))
                 weights.extend([float(u.check_weight)] * u.dim)
             row += u.dim
+        self._all_distinct = all(p[4] for p in self._plan)
         self.check_rows = np.array(check_rows, dtype=np.intp)
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
         self.check_units = [u for u in dynamic if not u.linear and u.check_weight > 0.0]
@@ -253,20 +258,22 @@ class StepModel:
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
         rs = self._rows_s
         if rs:
-            r[:rs] = self._S_cur @ x_cur
+            np.matmul(self._S_cur, x_cur, out=r[:rs])
             if A_prev is not None:
                 r[:rs] += self._S_prev @ x_prev
-        A_cur[rs:] = 0.0
-        if A_prev is not None:
-            A_prev[rs:] = 0.0
+        if not self._all_distinct:
+            A_cur[rs:] = 0.0
+            if A_prev is not None:
+                A_prev[rs:] = 0.0
+        mul = np.multiply
         for u, row, w, slots, distinct in self._plan:
             d = u.dim
             e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
-            r[row:row + d] = e * w
+            mul(e, w, out=r[row:row + d])
             wc = w[:, None]
-            if distinct:
+            if distinct:         # every block of these rows is overwritten; the others stay zero
                 for (which, cols), J in zip(slots, Js):
-                    (A_cur if which else A_prev)[row:row + d, cols] = J * wc
+                    mul(J, wc, out=(A_cur if which else A_prev)[row:row + d, cols])
             else:
                 for (which, cols), J in zip(slots, Js):
                     (A_cur if which else A_prev)[row:row + d, cols] += J * wc
