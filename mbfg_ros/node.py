@@ -66,7 +66,10 @@ from .model import load_mechanism, resolve_mechanism_path
 NODE_NAME = "mbfg_estimator"
 NS = rc.NS
 
-INPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST,
+# Inputs: best effort (accepts reliable and best-effort publishers), 100 deep (0.1 s at 1 kHz: a
+# momentarily busy node must not lose samples).  Outputs: reliable, 10 deep.  Both overridable with the
+# qos_overrides.<topic>.* parameters.
+INPUT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST,
                        durability=DurabilityPolicy.VOLATILE)
 OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
                         durability=DurabilityPolicy.VOLATILE)

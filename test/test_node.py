@@ -246,32 +246,36 @@ def test_bad_inputs_are_rejected_counted_and_harmless(shared, mech, traj):
     f = Feeder(probe, traj, DT, mech).start()
     try:
         assert wait_until(lambda: len(probe.snapshot("state")) > 20, 5.0)
-        now = time.time_ns()
-        bad_obs = {
-            "bad_size": [joint_state(now, ["crank"], []), joint_state(now, ["crank", "crank"], [0.1, 0.2])],
-            "unknown_joint": [joint_state(now, ["no_such_joint"], [0.1])],
-            "non_finite": [joint_state(now, ["crank"], [float("nan")]), joint_state(now, ["crank"], [float("inf")]),
-                           joint_state(now, ["coupler_gyro"], [0.0], [float("-inf")])],
-            "bad_stamp": [joint_state(0, ["crank"], [0.1])],
-            "future": [joint_state(now + 100 * NS, ["crank"], [0.1])],
-            "stale": [joint_state(now - 100 * NS, ["crank"], [0.1])],
-        }
-        neg = joint_state(now, ["crank"], [0.1])
-        neg.header.stamp.sec = -5
-        bad_obs["bad_stamp"].append(neg)
-        for msgs in bad_obs.values():
-            for m in msgs:
+        def publish_bad():
+            now = time.time_ns()
+            neg = joint_state(now, ["crank"], [0.1])
+            neg.header.stamp.sec = -5
+            obs = [joint_state(now, ["crank"], []),                                 # bad_size
+                   joint_state(now, ["crank", "crank"], [0.1, 0.2]),                  # bad_size (repeated name)
+                   joint_state(now, ["no_such_joint"], [0.1]),                        # unknown_joint
+                   joint_state(now, ["crank"], [float("nan")]),                       # non_finite
+                   joint_state(now, ["crank"], [float("inf")]),                       # non_finite
+                   joint_state(now, ["coupler_gyro"], [0.0], [float("-inf")]),        # non_finite
+                   joint_state(0, ["crank"], [0.1]), neg,                             # bad_stamp
+                   joint_state(now + 100 * NS, ["crank"], [0.1]),                     # future
+                   joint_state(now - 100 * NS, ["crank"], [0.1])]                     # stale
+            for m in obs:
                 probe.pub_obs.publish(m)
-        probe.pub_eff.publish(joint_state(now, ["crank"], effort=[1.0, 2.0]))           # bad_size
-        probe.pub_eff.publish(joint_state(now, ["crank"], effort=[float("nan")]))        # non_finite
-        probe.pub_eff.publish(joint_state(now, ["elbow_motor"], effort=[1.0]))            # unknown_joint
-        probe.pub_eff_arr.publish(Float64MultiArray(data=[1.0, 2.0]))                     # bad_size
-        probe.pub_eff_arr.publish(Float64MultiArray(data=[float("inf")]))                 # non_finite
-        d = probe.wait_diag(lambda d: all(int(d.get(f"rejected.{k}", 0)) >= 1 for k in bad_obs), 5.0)
+            probe.pub_eff.publish(joint_state(now, ["crank"], effort=[1.0, 2.0]))      # bad_size
+            probe.pub_eff.publish(joint_state(now, ["crank"], effort=[float("nan")]))   # non_finite
+            probe.pub_eff.publish(joint_state(now, ["elbow_motor"], effort=[1.0]))       # unknown_joint
+            probe.pub_eff_arr.publish(Float64MultiArray(data=[1.0, 2.0]))                # bad_size
+            probe.pub_eff_arr.publish(Float64MultiArray(data=[float("inf")]))            # non_finite
+
+        kinds = ("bad_size", "unknown_joint", "non_finite", "bad_stamp", "future", "stale")
+
+        def all_counted():     # best-effort inputs: repeat until every kind has been seen
+            publish_bad()
+            d = probe.latest_diag()
+            return d is not None and all(int(d[f"rejected.{k}"]) >= 2 for k in kinds)
+        assert wait_until(all_counted, 10.0, 0.15)
+        d = probe.latest_diag()
         print("\n  " + ", ".join(f"{k}={d[k]}" for k in sorted(d) if k.startswith("rejected.")))
-        assert int(d["rejected.bad_size"]) >= 4 and int(d["rejected.non_finite"]) >= 5
-        assert int(d["rejected.unknown_joint"]) >= 2
-        assert int(d["rejected.bad_stamp"]) >= 2 and int(d["rejected.future"]) >= 1 and int(d["rejected.stale"]) >= 1
         assert d["state"] == "running"
         f.join()
     finally:
@@ -290,12 +294,15 @@ def test_late_and_out_of_order_inputs_are_dropped(shared, mech, traj):
     f = Feeder(probe, traj, DT, mech).start()
     try:
         assert wait_until(lambda: len(probe.snapshot("state")) > 50, 5.0)
-        newest = stamp_ns(probe.snapshot("state")[-1][1].header.stamp)
         dt_ns = int(round(DT * NS))
-        probe.pub_obs.publish(joint_state(newest - 30 * dt_ns, ["crank"], [0.0]))   # older than the window (10)
-        probe.pub_obs.publish(joint_state(newest - 2 * dt_ns, ["crank"], [0.0]))    # a step already estimated
-        d = probe.wait_diag(lambda d: int(d["rejected.too_old"]) >= 1 and int(d["rejected.late"]) >= 1, 5.0)
-        assert int(d["rejected.too_old"]) >= 1 and int(d["rejected.late"]) >= 1
+
+        def counted():
+            newest = stamp_ns(probe.snapshot("state")[-1][1].header.stamp)
+            probe.pub_obs.publish(joint_state(newest - 30 * dt_ns, ["crank"], [0.0]))   # older than the window
+            probe.pub_obs.publish(joint_state(newest - 2 * dt_ns, ["crank"], [0.0]))    # a step already estimated
+            d = probe.latest_diag()
+            return int(d["rejected.too_old"]) >= 1 and int(d["rejected.late"]) >= 1
+        assert wait_until(counted, 10.0, 0.15)
     finally:
         f.stop()
 
@@ -367,8 +374,12 @@ def test_sim_time_and_backward_time_jump_reset(tmp_path, mech, traj):
     try:
         assert probe.wait_for_node(40), est.output()
         # inputs before any /clock: time is not valid yet
-        probe.pub_obs.publish(joint_state(1000 * NS, ["crank"], [0.0]))
-        d = probe.wait_diag(lambda d: int(d["rejected.no_clock"]) >= 1, 5.0)
+        def rejected():   # (re)publish: the first sample after discovery may not be matched yet
+            probe.pub_obs.publish(joint_state(1000 * NS, ["crank"], [0.0]))
+            d = probe.latest_diag()
+            return d is not None and int(d["rejected.no_clock"]) >= 1
+        assert wait_until(rejected, 10.0, 0.1)
+        d = probe.latest_diag()
         assert d and int(d["rejected.no_clock"]) >= 1
         assert d["state"] == "waiting for valid ROS time"
         f1 = Feeder(probe, traj, DT, mech, t_start_ns=500 * NS, clock=True).start()
