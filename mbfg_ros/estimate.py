@@ -44,7 +44,7 @@ class EstimatorConfig:
     compute_covariance: bool = False
     # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
     relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing the newest
-                                           # step; None: 1e-3 in forward_dynamics mode, 1.0 with sensors (estimation, fused)
+                                           # step; None: 1e-3 in forward_dynamics mode, 10 with sensors (estimation, fused)
     max_relinearizations: int = 3          # rounds per step
     relinearize_scope: str = "newest"      # steps checked after each update: newest | ends (also the step about
                                            # to be marginalized) | window (all: the full nonlinear smoother)
