@@ -126,13 +126,32 @@ def _wrap_near(value: float, reference: float) -> float:
 class FixedLagEstimator:
     """Fixed-lag smoother / state observer of one mechanism.  See the module docstring.
 
-    `step(t, efforts=None, observations=None) -> Estimate` advances to time t (one step of
-    ``config.dt``; a longer gap is bridged with intermediate steps, a gap over ``max_substeps`` steps or
-    a time going backwards re-initializes).  ``efforts``: array in actuator order (``mech.actuator_names``),
-    NaN / None = unknown (zero in `forward_dynamics` mode).  ``observations``: dict sensor name → reading
-    (missing or NaN = no reading this step), plus generic ``'q:<coordinate>'`` etc.
-    Numerical failures never raise: they are reported as ``status='recovered'`` and fixed by
-    re-initializing from the last good estimate.
+    ``FixedLagEstimator(mech, config=EstimatorConfig(), q0=None, v0=None)``: q0 / v0 are guesses for the
+    first position / velocity problem (default: the drawn pose, at rest).
+
+    ``step(t, efforts=None, observations=None) -> Estimate`` advances to time t: one step of
+    ``config.dt`` (a longer gap is bridged with intermediate steps, a gap over ``max_substeps`` steps or a
+    time going backwards re-initializes, a repeated t returns the previous estimate).
+
+    * ``efforts``: array in actuator order (``mech.actuator_names``), NaN / None = unknown.
+      `forward_dynamics`: the commanded efforts (unknown = 0); `estimation`: ignored (τ is estimated);
+      `fused`: the finite entries are priors on τ (sigma ``commanded_effort``).  Wrong length: ValueError.
+    * ``observations``: dict sensor name → reading (missing, None or NaN = no reading this step), plus
+      generic ``'q:<coordinate>'``, ``'v:<coordinate>'``, ``'a:<coordinate>'``; unknown names are ignored
+      and listed in ``Estimate.message``.  The `forward_dynamics` mode ignores them (except that encoder
+      readings fix their coordinates in the first position problem).
+    * Returns the estimate at t of q, q̇, q̈, Q (gravity + efforts), the efforts (estimated or commanded),
+      the assembly mode, max |Φ|, the wall time, ``status`` (initialized | ok | recovered | waiting) and the
+      [q, q̇] marginal covariance when ``compute_covariance``.
+
+    Numerical failures (GTSAM exceptions, NaN, |Φ| > ``max_constraint_residual``, |q̇| > ``max_speed``,
+    a linearization that does not converge, leaving a requested assembly mode) never raise: the window is
+    re-seeded at the last good estimate and integrated forward (``status='recovered'``, ``message``).
+
+    ``reinitialize(assembly_mode=None) -> (mode, max |Φ|)`` re-solves the position problem on the
+    requested (or current) assembly mode from the latest estimate and readings and re-seeds the window;
+    ``reset()`` forgets everything.  Attributes: ``layout`` (the stacked state), ``independent_coordinates``,
+    ``relinearizations``, ``recoveries``, ``last`` (latest Estimate), ``relinearize_threshold``.
     """
 
     def __init__(self, mech: Mechanism, config: Optional[EstimatorConfig] = None, q0=None, v0=None):
