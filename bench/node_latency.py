@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Benchmark of the `estimator` node as a real ROS 2 node (over DDS, no ROS installation needed).
+
+    python bench/node_latency.py [--duration 5] [--cases four_bar_1ms,four_bar_2ms,robot_5ms] [--md out/node_latency.md]
+
+For each case it runs `mbfg_ros.demo.run_demo` (estimator + simulated plant as subprocesses, an
+in-process probe) and reports: achieved output rate, missing outputs, input-to-output latency
+(receive time of the estimate minus the stamp of its inputs, same machine clock: median / p99 / max),
+late steps (latency > dt), the node's mean solve time, the estimation error against the simulated
+truth, and the CPU share of each process.  `--overhead` also measures the node's own per-step cost
+(message parsing, scheduling, publishing) with the estimator replaced by a no-op, without DDS.
+
+Numbers depend heavily on the machine and its load: run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CASES = {
+    "four_bar_1ms": dict(mechanism="four_bar_crank", dt=0.001),
+    "four_bar_2ms": dict(mechanism="four_bar_crank", dt=0.002),
+    "four_bar_1ms_fd": dict(mechanism="four_bar_crank", dt=0.001, mode="forward_dynamics"),
+    "robot_5ms": dict(mechanism="pick_and_place_robot", dt=0.005),
+}
+
+
+def node_overhead(steps: int = 400) -> float:
+    """µs per step spent in the node itself (estimator replaced by a no-op), no DDS involved."""
+    import numpy as np
+    import rclpy
+    from sensor_msgs.msg import JointState
+    import mbfg_ros.node as N
+    from mbfg_ros.estimate import Estimate
+
+    class NoOp:
+        def __init__(self, mech, config):
+            self.mech = mech
+
+        def reset(self):
+            pass
+
+        def reinitialize(self, assembly_mode=None):
+            return (-1,), 0.0
+
+        def step(self, t, efforts=None, observations=None):
+            m = self.mech
+            z = np.zeros(m.n)
+            return Estimate(t, np.array(m.q0), z, z, z, np.zeros(len(m.actuated)), np.array([-1]), 0.0, 0.0)
+
+    os.environ.setdefault("ROS_DOMAIN_ID", "99")
+    ctx_args = ["--ros-args", "--params-file", str(REPO / "config" / "four_bar.yaml"), "-p", "publish_markers:=false",
+                "-p", "future_tolerance:=100.0"]
+    rclpy.init(args=ctx_args)
+    real = N.FixedLagEstimator
+    N.FixedLagEstimator = NoOp
+    try:
+        node = N.EstimatorNode()
+        node._fast = True
+        t0 = node._now_ns()
+
+        def js(k, names, pos=(), vel=(), eff=()):
+            m = JointState()
+            st = t0 + k * 1_000_000
+            m.header.stamp.sec, m.header.stamp.nanosec = st // 1_000_000_000, st % 1_000_000_000
+            m.name, m.position, m.velocity, m.effort = list(names), list(pos), list(vel), list(eff)
+            return m
+        obs = [js(k, ["crank", "coupler_gyro"], [0.1, float("nan")], [float("nan"), 0.2]) for k in range(steps)]
+        eff = [js(k, ["crank"], eff=[1.0]) for k in range(steps)]
+        t = time.perf_counter()
+        for k in range(steps):
+            node._on_observations(obs[k])
+            node._on_effort_js(eff[k])
+            node._after_batch()
+            node._on_timer()
+        per = (time.perf_counter() - t) / steps * 1e6
+        node.destroy_node()
+        return per
+    finally:
+        N.FixedLagEstimator = real
+        rclpy.shutdown()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--cases", default="four_bar_1ms,four_bar_2ms,robot_5ms",
+                    help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--md", help="also write the table (markdown) to this file")
+    ap.add_argument("--plots", default="out", help="folder for one plot per case ('' = none)")
+    ap.add_argument("--overhead", action="store_true", help="also measure the node's own per-step cost")
+    a = ap.parse_args(argv)
+    from mbfg_ros.demo import run_demo
+    rows = []
+    for name in a.cases.split(","):
+        c = CASES[name.strip()]
+        print(f"=== {name}")
+        plot = str(Path(a.plots) / f"node_latency_{name}.png") if a.plots else None
+        r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot)
+        rows.append((name, r))
+    lines = ["| case | mode | dt | output rate | missing | latency median / p99 / max | late steps | "
+             "solve (node) | q error rms / max | effort error rms | CPU est / plant / probe |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows:
+        L, e, d, cpu = r["latency_ms"], r.get("errors", {}), r.get("node_diagnostics", {}), r["cpu_share"]
+        lines.append(
+            f"| {name} | {d.get('mode', '?')} | {r['dt'] * 1e3:g} ms | {r['output_rate_hz']:.0f} Hz | "
+            f"{r['missing_percent']:.1f} % | {L['median']:.2f} / {L['p99']:.2f} / {L['max']:.1f} ms | "
+            f"{r['late_percent']:.1f} % | {float(d.get('solve_ms_mean', 'nan')):.2f} ms | "
+            f"{e.get('q_rms', float('nan')):.1e} / {e.get('q_max', float('nan')):.1e} | "
+            f"{e.get('effort_rms', float('nan')):.1e} | "
+            f"{cpu['estimator'] * 100:.0f} / {cpu['plant'] * 100:.0f} / {cpu['probe'] * 100:.0f} % |")
+    table = "\n".join(lines)
+    if a.overhead:
+        table += f"\n\nNode overhead per step (no estimator, no DDS): {node_overhead():.0f} µs"
+    load = os.getloadavg()
+    table += f"\n\n{os.cpu_count()} CPUs, load average before/after: {load[0]:.2f} (1 min)"
+    print(table)
+    if a.md:
+        Path(a.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.md).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
