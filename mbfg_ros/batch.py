@@ -186,6 +186,7 @@ class _Assembly:
 
     def __init__(self, prob: Problem):
         self.prob = prob
+        self.factor = None          # last banded Cholesky factorization (cb, d, λ)
         order = sorted(range(len(prob.keys)), key=lambda i: (prob.keys[i][1], i))
         self.keys = [prob.keys[i] for i in order]
         self.offset: Dict[Key, int] = {}
@@ -369,9 +370,10 @@ class _Assembly:
         self.factor = (cb, d, lam)
         return self.refined_step(g)
 
-    def refined_step(self, g) -> np.ndarray:
+    def refined_step(self, g, with_residual: bool = False):
         """The step for gradient g with the last factorization, refined twice against the current
-        Jacobians (so a factorization from the previous iterate gives a good step too)."""
+        Jacobians (so a factorization from the previous iterate gives a good step too).  With
+        `with_residual`, also the relative residual |H dx + g| / |g| of the scaled system."""
         import scipy.linalg as sla
         cb, d, lam = self.factor
         gs = g / d
@@ -379,7 +381,10 @@ class _Assembly:
         y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
         for _ in range(2):
             y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
-        return y / d
+        if not with_residual:
+            return y / d
+        res = float(np.linalg.norm(gs + hs(y)) / max(np.linalg.norm(gs), 1e-300))
+        return y / d, res
 
     def _step_sparse(self, g, lam: float) -> np.ndarray:
         rows, cols, vals = [], [], []
@@ -515,8 +520,8 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
             if asm.factor is not None and 0.5 < rho < 2.0:
                 # convergence test without a new factorization: the step from the previous one,
                 # refined against the new Jacobians, is (nearly) the Gauss–Newton step
-                dx_test = asm.refined_step(g)
-                if (np.all(np.isfinite(dx_test)) and asm.model_decrease(g, dx_test)
+                dx_test, residual = asm.refined_step(g, with_residual=True)
+                if (residual < 1e-2 and np.all(np.isfinite(dx_test)) and asm.model_decrease(g, dx_test)
                         <= settings.relative_tolerance * cost + settings.absolute_tolerance):
                     converged = True
                     break
