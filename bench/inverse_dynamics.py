@@ -58,7 +58,7 @@ def run_case(name, case, engine, repeat):
     wall, res = best
     err = res.tau - ref
     return {
-        "name": name, "steps": len(val) - 1, "stages": [s.seconds for s in res.stages],
+        "name": name, "samples": len(val), "stages": [s.seconds for s in res.stages],
         "iterations": [s.iterations for s in res.stages], "total": wall,
         "rms": np.sqrt(np.mean(err ** 2, axis=0)), "max": np.abs(err).max(axis=0),
         "tau0": res.tau[0], "ref0": ref[0], "follow": np.abs(res.q[:, list(mech.actuated)] - val).max(),
@@ -77,14 +77,14 @@ def main(argv=None):
     print(f"Staged batch inverse dynamics, engine `{args.engine}`, best of {args.repeat}; "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs\n")
-    print("| mechanism | steps | stage 1 [s] | stage 2 [s] | stage 3 [s] | stage 4 [s] | total [s] "
+    print("| mechanism | samples | stage 1 [s] | stage 2 [s] | stage 3 [s] | stage 4 [s] | total [s] "
           "| paper C++ [s] | speed-up | LM iterations | RMS τ error [N·m] | max τ error [N·m] | τ(0) [N·m] "
           "| max following error [rad] |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         paper = PAPER_SECONDS[r["name"]] if not args.quick else float("nan")
         st = " | ".join(f"{s:.3f}" for s in r["stages"])
-        print(f"| {r['name']} | {r['steps']} | {st} | {r['total']:.2f} | {paper:.1f} | "
+        print(f"| {r['name']} | {r['samples']} | {st} | {r['total']:.2f} | {paper:.1f} | "
               f"{paper / r['total']:.1f}× | {'/'.join(map(str, r['iterations']))} | "
               f"{', '.join(f'{x:.4f}' for x in r['rms'])} | {', '.join(f'{x:.3f}' for x in r['max'])} | "
               f"{', '.join(f'{x:.3f}' for x in r['tau0'])} (closed form {', '.join(f'{x:.3f}' for x in r['ref0'])}) | "
