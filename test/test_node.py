@@ -412,3 +412,33 @@ def test_bad_parameters_fail_fast_with_a_clear_message(tmp_path):
         assert p.proc.returncode != 0, out
         assert name in out, out
         assert "Traceback" not in out, out
+
+
+def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp_path):
+    """SetBool cannot name a branch of a mechanism with several indicators: the reply says to use the
+    `assembly_mode` parameter, which works."""
+    from std_srvs.srv import SetBool
+    text = (CONFIG.parent.parent / "mechanisms" / "four_bar_crank.yaml").read_text()
+    assert "  - {name: elbow, points: [1, 2, 3]}" in text
+    text = text.replace("  - {name: elbow, points: [1, 2, 3]}",
+                        "  - {name: elbow, points: [1, 2, 3]}\n  - {name: crank_side, points: [0, 1, 2]}")
+    mech_file = tmp_path / "four_bar_two_indicators.yaml"
+    mech_file.write_text(text)
+    dom = fresh_domain_id()
+    # the four-bar parameter file requests [-1] (one indicator): this mechanism needs two values
+    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "mechanism": str(mech_file),
+                                                               "assembly_mode": [-1, 1]})
+    probe = Probe(dom)
+    try:
+        assert probe.wait_for_node(40), est.output()
+        res, _ = probe.call(SetBool, "/mbfg_estimator/set_assembly_mode", SetBool.Request(data=True))
+        assert not res.success and "assembly_mode" in res.message and "2 assembly-mode indicators" in res.message
+        current = list(probe.get_params(["assembly_mode"])[0])
+        assert len(current) == 2
+        r = probe.set_params({"assembly_mode": [-current[0], current[1]]})[0]
+        assert r.successful, r.reason
+        r = probe.set_params({"assembly_mode": [1]})[0]
+        assert not r.successful and "needs 2 values" in r.reason
+    finally:
+        probe.close()
+        assert est.stop() == 0
