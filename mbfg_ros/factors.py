@@ -640,8 +640,8 @@ class Encoder(Factor):
 
     params = ('value',)
 
-    def __init__(self, mech: Mechanism, coordinate: int, value: float = 0.0, sigma: float = 1e-3):
-        self.coordinate = int(coordinate)
+    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
+        self.coordinate = _coordinate(mech, coordinate)
         self.angle = self.coordinate >= mech.n_point_coordinates
         self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
         self.value = float(value)
@@ -659,18 +659,30 @@ class Encoder(Factor):
         return np.array([d]), [self._J]
 
 
+def _coordinate(mech: Mechanism, coordinate) -> int:
+    """Coordinate index from an index or a name (`Mechanism.coordinate_names`)."""
+    if isinstance(coordinate, str):
+        return mech.coordinate_index(coordinate)
+    c = int(coordinate)
+    if not 0 <= c < mech.n:
+        raise ValueError(f"coordinate index {c} out of range 0..{mech.n - 1}")
+    return c
+
+
 class ObservedCoordinate(Factor):
     """Generic observation of one named coordinate's position (order 0), velocity (1) or acceleration (2):
-    e = x[c] − reading with x = q, q̇ or q̈."""
+    e = x[c] − reading with x = q, q̇ or q̈.  `coordinate` is an index or a name."""
 
     linear = True
     BLOCKS = ("q", "v", "a")
 
     params = ('value',)
 
-    def __init__(self, mech: Mechanism, coordinate: int, order: int = 0, value: float = 0.0, sigma: float = 1e-3):
-        self.coordinate = int(coordinate)
-        self.order = int(order)
+    def __init__(self, mech: Mechanism, coordinate, order=0, value: float = 0.0, sigma: float = 1e-3):
+        self.coordinate = _coordinate(mech, coordinate)
+        self.order = {"q": 0, "position": 0, "v": 1, "velocity": 1, "a": 2, "acceleration": 2}.get(order, order)
+        if self.order not in (0, 1, 2):
+            raise ValueError(f"order must be 0/'position', 1/'velocity' or 2/'acceleration' (got {order!r})")
         self.value = float(value)
         self.slots = (self.BLOCKS[self.order],)
         self.dim = 1

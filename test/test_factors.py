@@ -183,6 +183,11 @@ def test_sensor_values():
     assert enc.error(q)[0] == pytest.approx(1e-3)
     q[c] = 0.25 - 2 * math.pi - 1e-3
     assert enc.error(q)[0] == pytest.approx(-1e-3)
+    assert F.Encoder(mech, "crank", 0.25).coordinate == c
+    obs = F.ObservedCoordinate(mech, "y2", "velocity", 0.5)
+    assert obs.slots == ("v",) and obs.error(s["q"], ) [0] == pytest.approx(s["q"][3] - 0.5)
+    with pytest.raises(ValueError):
+        F.ObservedCoordinate(mech, 99)
 
 
 def test_default_sigmas_come_from_table_2():
