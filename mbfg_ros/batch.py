@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -53,6 +53,7 @@ __all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult"
 
 Key = Tuple[str, int]
 _DEBUG = False
+_REFINE = 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -380,7 +381,7 @@ class _Assembly:
         gs = g / d
         hs = lambda y: self.hessian_times(y / d) / d + lam * y
         y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
-        for _ in range(2):
+        for _ in range(_REFINE):
             y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
         if not with_residual:
             return y / d

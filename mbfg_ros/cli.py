@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
