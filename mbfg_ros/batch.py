@@ -207,8 +207,14 @@ class _Assembly:
                 arr = by_step[k[0]] = np.full(max_step + 1, -1, dtype=np.intp)
             arr[k[1]] = self.offset[k]
         groups = list(prob.groups.values())
-        self.lin_groups = [_Group(g, prob.dims, self.offset, True, by_step) for g in groups
-                           if _unit_is_linear(g[0][0])]
+        # the linear part is reused from the previous assembly of this problem when neither the
+        # variables nor the linear factors changed (stage 3 only adds velocity constraints)
+        n_lin = sum(len(g) for g in groups if _unit_is_linear(g[0][0]))
+        signature = (len(self.keys), n_lin)
+        cached = getattr(prob, "_linear_cache", None)
+        reuse = cached is not None and cached[0] == signature
+        self.lin_groups = cached[1] if reuse else [_Group(g, prob.dims, self.offset, True, by_step) for g in groups
+                                                   if _unit_is_linear(g[0][0])]
         self.nl_groups = [_Group(g, prob.dims, self.offset, False, by_step) for g in groups
                           if not _unit_is_linear(g[0][0])]
         self.groups = self.lin_groups + self.nl_groups
@@ -231,7 +237,9 @@ class _Assembly:
                     I, Jc = G.cols[:, :, None], G.cols[:, None, :]
                     G.upper = np.broadcast_to(I <= Jc, (G.F, G.w, G.w))
                     G.band_index = ((self.u + I - Jc) + u1 * Jc)[G.upper]
-            self.H_lin_band = self._band(self.lin_groups)
+            ok = reuse and cached[2] is not None and cached[2].shape == (self.u + 1, self.n)
+            self.H_lin_band = cached[2] if ok else self._band(self.lin_groups)
+        prob._linear_cache = (signature, self.lin_groups, self.H_lin_band if self.band_ok else None)
 
     def _block_layout(self, prob):
         """(N, P, b) when every step holds the same variables (block b) and every factor of a group
