@@ -197,3 +197,16 @@ def test_progress_bar_only_on_a_terminal():
     bar.update(10)
     bar.close()
     assert "100.0%" in t.getvalue() and t.getvalue().endswith("\n")
+
+
+@pytest.mark.parametrize("options", [["--coords", "independent"], ["--integrator", "hermite"]])
+def test_simulate_options(tmp_path, capsys, options):
+    out = tmp_path / "sim.csv"
+    rc, _, err = run(["simulate", "four_bar_crank", "--duration", "0.05", "--dt", "0.005", *options, "-o", out], capsys)
+    assert rc == 0, err
+    _, data = read_csv(out)
+    mech = load_mechanism("four_bar_crank")
+    a0 = dynamics.forward_dynamics(mech, np.array(mech.q0), np.zeros(mech.n))
+    np.testing.assert_allclose(data[0, 1 + 2 * mech.n:1 + 3 * mech.n], a0, atol=1e-3)
+    # 50 ms of free fall from rest: θ ≈ ½ θ̈(0) t²
+    assert data[-1, 5] == pytest.approx(0.5 * a0[4] * 0.05 ** 2, rel=0.05)
