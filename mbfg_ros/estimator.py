@@ -51,6 +51,10 @@ class StepFailure(RuntimeError):
     """A numerical failure detected after a step (non-finite, |Φ| too large, divergence...)."""
 
 
+class _Resync(Exception):
+    """Readings kept disagreeing with the prediction: re-initialize from them."""
+
+
 # ----------------------------------------------------------------------------------------------
 def limit_blas_threads(n: int = 1) -> int:
     """Set the thread count of every OpenBLAS loaded in this process (numpy's and scipy's).
@@ -227,6 +231,8 @@ class FixedLagEstimator:
         self._switch_next = False
         self._retry = None
         self._failures = 0
+        self._rejections: Dict[str, int] = {}
+        self._rejected: List[str] = []
         self._a_prev, self._h_prev = None, self.config.dt
         self._models: Dict[tuple, StepModel] = {}
         self._int_cache: Dict[float, list] = {}
@@ -463,7 +469,7 @@ class FixedLagEstimator:
             m = self._models[key] = StepModel(self.layout, units)
         return m
 
-    def _step_units(self, efforts, obs, h) -> list:
+    def _step_units(self, efforts, obs, h, with_observations=True) -> list:
         units = list(self._integrators(h)) if h is not None else []
         units += self._u_kin
         prior = self._set_forces(efforts, self.config.dt if h is None else h)
@@ -472,8 +478,36 @@ class FixedLagEstimator:
             units.append(self._u_jerk)
         if prior is not None:
             units.append(prior)
-        units += self._observation_units(obs)
+        if with_observations:
+            units += self._observation_units(obs)
         return units
+
+    def _gate(self, units, xp):
+        """Innovation gate: drop readings whose whitened residual at the prediction exceeds
+        ``outlier_gate`` (a sensor glitch would otherwise be traded against the constraints, which have
+        comparable sigmas); after ``max_rejections`` consecutive rejections of a sensor it is believed again
+        (the prediction is the likelier culprit, e.g. after an outage): then the window is re-initialized
+        from the readings (the position problem with the encoder coordinates fixed) instead of adding a
+        factor whose innovation no linearization could absorb."""
+        gate = self.config.outlier_gate
+        if not gate or not units:
+            return units
+        L = self.layout
+        kept = []
+        for u in units:
+            e = u.error(*[xp[L.slices[s]] for s in u.slots], ctx=self.ctx) / u.sigmas
+            m = float(np.abs(e).max())
+            if m > gate:
+                if self._rejections.get(u.name, 0) >= self.config.max_rejections:
+                    self._rejections.clear()
+                    raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ for "
+                                  f"{self.config.max_rejections + 1} steps")
+                self._rejections[u.name] = self._rejections.get(u.name, 0) + 1
+                self._rejected.append(f"{u.name} ({m:.3g} σ)")
+                continue
+            self._rejections.pop(u.name, None)
+            kept.append(u)
+        return kept
 
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:
@@ -509,7 +543,13 @@ class FixedLagEstimator:
                                     tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
                                     status="initialized",
                                     message=f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
-        return self._advance_to(t, efforts, obs, "ok", [])
+        try:
+            return self._advance_to(t, efforts, obs, "ok", [])
+        except _Resync as why:
+            last = self._last
+            return self._initialize(t, efforts, obs, q_guess=last.q, v_guess=last.v,
+                                    tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
+                                    status="recovered", message=f"{why}: re-initialized from the readings")
 
     def _advance_to(self, t, efforts, obs, status, messages) -> Estimate:
         """Integrate from the window's newest time to t (sub-steps of about dt) and make the estimate."""
@@ -525,6 +565,9 @@ class FixedLagEstimator:
         unknown = self._unknown_observations(obs)
         if unknown:
             messages.append(f"ignored unknown observations {unknown}")
+        if self._rejected:
+            messages.append(f"rejected outlier readings {self._rejected}")
+            self._rejected = []
         est = self._estimate(t, self._x, efforts, status, messages)
         self._check_failure(est)
         self._last = est
@@ -602,10 +645,10 @@ class FixedLagEstimator:
 
     def _advance(self, h, efforts, obs):
         k = self._k + 1
-        units = self._step_units(efforts, obs, h)
-        model = self._model(units)
+        units = self._step_units(efforts, obs, h, with_observations=False)
         x_prev = self._x
         xp = self._predict(x_prev, h)
+        model = self._model(units + self._gate(self._observation_units(obs), xp))
         x = self._window.add_step(k, model, xp, x_prev)
         self._a_prev, self._h_prev = x_prev[self.layout.slices["a"]].copy(), h
         if self._u_jerk is not None and not self.has_tau and self.na and k <= 2:
