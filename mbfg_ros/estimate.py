@@ -52,6 +52,9 @@ class EstimatorConfig:
     max_speed: float = 1e4                 # max |q̇| above which a step counts as diverged
     max_substeps: int = 10000              # longest time gap (in dt) bridged by integrating; longer: re-initialize
     blas_threads: int = 1                  # limit OpenBLAS threads of this process (0 = leave alone)
+    outlier_gate: float = 100.0            # reject a reading whose residual at the prediction exceeds this many
+                                           # sigmas (0 = off) ...
+    max_rejections: int = 10               # ... unless it was rejected this many consecutive steps
 
     def validated(self) -> "EstimatorConfig":
         problems = []
