@@ -61,8 +61,10 @@ class FastLoop:
 
     Each wake-up drains every ready subscription (all queued messages, in arrival order per topic),
     then calls `after_batch()` once (e.g. to run the estimator on everything that arrived together),
-    then the ready timers' handlers.  Exceptions in handlers are passed to `on_error` and never stop
-    the loop."""
+    then the ready timers' handlers.  When `after_batch` or a timer handler returns True ("more work
+    is ready"), the loop only polls for new messages and calls `after_batch` again, so work split into
+    short slices is finished without waiting for the next event.  Exceptions in handlers are passed to
+    `on_error` and never stop the loop."""
 
     def __init__(self, node, subscriptions: List[Tuple[object, Callable]], timers: List[Tuple[object, Callable]],
                  after_batch: Optional[Callable[[], None]] = None, lock=None,
@@ -110,6 +112,7 @@ class FastLoop:
                 subs = [(s.handle, s.msg_type, s.raw, h) for s, h in self.subs]
                 timers = [(t.handle, h) for t, h in self.timers]
                 call = self._call_timer
+                more = False
                 while not self._stop.is_set() and ctx.ok():
                     ws.clear_entities()
                     for sh, _, _, _ in subs:
@@ -117,12 +120,13 @@ class FastLoop:
                     for th, _ in timers:
                         ws.add_timer(th)
                     ws.add_guard_condition(self._wake.handle)
-                    ws.wait(200_000_000)   # 0.2 s: re-check the stop flag now and then
+                    ws.wait(0 if more else 200_000_000)   # 0.2 s: re-check the stop flag now and then
                     if self._stop.is_set():
                         break
                     ready_subs = ws.get_ready_entities("subscription")
                     ready_timers = ws.get_ready_entities("timer")
-                    took = False
+                    took = more
+                    more = False
                     with self.lock:
                         for sh, mtype, raw, handler in subs:
                             if sh.pointer not in ready_subs:
@@ -138,14 +142,14 @@ class FastLoop:
                                     self.on_error(e)
                         if took and self.after_batch is not None:
                             try:
-                                self.after_batch()
+                                more = bool(self.after_batch())
                             except Exception as e:  # noqa: BLE001
                                 self.on_error(e)
                         for th, handler in timers:
                             if th.pointer in ready_timers and th.is_timer_ready():
                                 getattr(th, call)()
                                 try:
-                                    handler()
+                                    more = bool(handler()) or more
                                 except Exception as e:  # noqa: BLE001
                                     self.on_error(e)
         except Exception as e:  # context shut down under us, handle destroyed...

@@ -381,7 +381,7 @@ class EstimatorNode(Node):
             floating_point_range=_float_range(0.01, 60.0))).value
         self.p_reset_on_time_jump = d("reset_on_time_jump", True, PD(
             description="Reset when the node clock jumps backwards (looping bag)")).value
-        self.p_max_backlog = d("max_backlog", 0.05, PD(
+        self.p_max_backlog = d("max_backlog", 0.1, PD(
             description="If estimation falls further behind the node clock (solves slower than dt), skip to "
                         "the newest inputs and re-seed from the last estimate [s] (0 = never)",
             floating_point_range=_float_range(0.0, 3600.0))).value
@@ -567,6 +567,7 @@ class EstimatorNode(Node):
 
     def _on_observations(self, msg: JointState):
         now = self._now_ns()
+        self._check_time(now)          # a clock jump resets before inputs of the new time are judged
         values, problems = rc.parse_observations(msg, self.sensor_map)
         for kind, detail in problems:
             self._reject(kind, detail)
@@ -577,10 +578,11 @@ class EstimatorNode(Node):
             if bad:
                 self._reject(bad, self._stamp_detail(stamp, now))
         if not self._fast:
-            self._pump(now)
+            self._pump(now, max_steps=1000)
 
     def _on_effort_js(self, msg: JointState):
         now = self._now_ns()
+        self._check_time(now)
         tau, problems = rc.parse_effort_joint_state(msg, self.actuator_map, len(self.mech.actuated))
         for kind, detail in problems:
             self._reject(kind, detail)
@@ -590,10 +592,11 @@ class EstimatorNode(Node):
             if bad:
                 self._reject(bad, self._stamp_detail(stamp, now))
         if not self._fast:
-            self._pump(now)
+            self._pump(now, max_steps=1000)
 
     def _on_effort_array(self, msg: Float64MultiArray):
         now = self._now_ns()
+        self._check_time(now)
         tau, problems = rc.parse_effort_array(msg.data, len(self.mech.actuated))
         for kind, detail in problems:
             self._reject(kind, detail)
@@ -602,10 +605,10 @@ class EstimatorNode(Node):
             if bad:
                 self._reject(bad, self._stamp_detail(now, now))
         if not self._fast:
-            self._pump(now)
+            self._pump(now, max_steps=1000)
 
-    def _after_batch(self):
-        self._pump(self._now_ns())
+    def _after_batch(self) -> bool:
+        return self._pump(self._now_ns())
 
     def _stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
         s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"
@@ -634,22 +637,26 @@ class EstimatorNode(Node):
     # ---------------------------------------------------------------------------- stepping
     def _on_timer(self):
         if self._fast:
-            self._pump(self._now_ns())
-        else:
-            with self._lock:
-                self._pump(self._now_ns())
+            return self._pump(self._now_ns())
+        with self._lock:
+            return self._pump(self._now_ns(), max_steps=1000)
 
-    def _pump(self, now_ns: int, max_steps: int = 8):
+    def _pump(self, now_ns: int, max_steps: int = 4) -> bool:
+        """Estimate the ready steps (at most `max_steps`, so that services are not kept waiting);
+        True if more are ready (the fast loop then comes back at once)."""
         self._check_time(now_ns)
         sched = self.sched
         if sched.anchored and self.p_max_backlog > 0 and sched.backlog_ns(now_ns) > self.p_max_backlog * NS:
             self._skip_ahead(now_ns)
         expected = self._expected_streams()
         n = 0
-        while n < max_steps and sched.ready(now_ns, expected):
+        while sched.ready(now_ns, expected):
+            if n == max_steps:
+                return True
             k, efforts, obs = sched.pop(hold_missing=self.config.mode == "forward_dynamics")
             self._step(k, efforts, obs)
             n += 1
+        return False
 
     def _skip_ahead(self, now_ns: int):
         """Estimation fell more than max_backlog behind the clock (solves slower than dt): jump to the newest
@@ -938,8 +945,13 @@ class EstimatorNode(Node):
             kv[k] = v
         for k, v in self.counters.items():
             kv[f"rejected.{k}"] = v
+        if self.sched.anchored:
+            kv["next_step_time"] = self.sched.t_of(self.sched.k_next) / NS
+        kv["clock"] = now / NS
         for name, s in self.sched.streams.items():
             kv[f"input.{name}.received"] = s.total
+            if s.last_stamp_ns is not None:
+                kv[f"input.{name}.last_stamp"] = s.last_stamp_ns / NS
             age = (now - s.last_rx_ns) / NS if s.last_rx_ns is not None else float("inf")
             kv[f"input.{name}.age_s"] = age if math.isfinite(age) else "never"
             if name in self._expected_streams() and st == "running" and age > self.p_sensor_timeout:

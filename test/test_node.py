@@ -25,9 +25,10 @@ pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS
 
 DT = 0.004
 NS = 1_000_000_000
-# Test-only overrides of config/four_bar.yaml: a 4 ms step and a generous wait for late inputs keep the
-# checks deterministic on a busy machine; fast diagnostics keep the tests short.
-TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03}
+# Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
+# overload bound keep the checks deterministic on a busy machine; fast diagnostics keep the tests short.
+# max_backlog 0.5 s: a loaded machine must not make the node skip steps here (test_overload_* does).
+TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +76,24 @@ def _state_arrays(probe, after_ns=0):
     return st, q, v, a, Q, recv
 
 
+def _wrap(d):
+    return (d + np.pi) % (2 * np.pi) - np.pi
+
+
 def _errors(feeder, traj, mech, st, q, v, Q, skip_s=0.3):
+    """Per matched step: |crank error|, max |q error|, max |q̇ error|, |effort error| (angles modulo 2π:
+    a crank angle that went once around is the same pose)."""
     index = {s: k for k, s in enumerate(feeder.stamps)}
     rows = []
     c = int(mech.actuated[0])
+    ang = np.asarray(mech.relative_angle_columns, dtype=int)
     for i, s in enumerate(st):
         k = index.get(int(s))
         if k is None or k * DT < skip_s:
             continue
-        rows.append((abs(q[i, c] - traj.q[k, c]), np.abs(q[i] - traj.q[k]).max(), np.abs(v[i] - traj.v[k]).max(),
+        dq = q[i] - traj.q[k]
+        dq[ang] = _wrap(dq[ang])
+        rows.append((abs(dq[c]), np.abs(dq).max(), np.abs(v[i] - traj.v[k]).max(),
                      abs(Q[i, c] - traj.efforts[k, 0])))
     return np.array(rows)
 
@@ -439,6 +449,58 @@ def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp
         assert r.successful, r.reason
         r = probe.set_params({"assembly_mode": [1]})[0]
         assert not r.successful and "needs 2 values" in r.reason
+    finally:
+        probe.close()
+        assert est.stop() == 0
+
+
+def test_stock_executor_fallback(tmp_path, mech, traj):
+    """fast_loop:=false (or an rclpy without the pybind11 wait-set API): plain executor, same behaviour."""
+    from std_srvs.srv import Trigger
+    dom = fresh_domain_id()
+    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "fast_loop": False})
+    probe = Probe(dom)
+    try:
+        assert probe.wait_for_node(40), est.output()
+        f = Feeder(probe, traj.head(250), DT, mech).start()
+        f.join()
+        assert wait_until(lambda: probe.snapshot("state") and
+                          stamp_ns(probe.snapshot("state")[-1][1].header.stamp) >= f.stamps[-1], 5.0)
+        st, q, v, a, Q, _ = _state_arrays(probe)
+        E = _errors(f, traj, mech, st, q, v, Q)
+        assert len(E) > 100 and np.percentile(E[:, 0], 95) < 5e-3
+        res, _ = probe.call(Trigger, "/mbfg_estimator/reinitialize", Trigger.Request())
+        assert res.success
+    finally:
+        probe.close()
+        assert est.stop() == 0
+
+
+def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
+    """A step far below the solve time (0.2 ms): the node cannot keep up, so it skips to the newest
+    inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
+    from mbfg_ros.plant import SimulatedPlant
+    dt = 0.0002
+    fast_traj = SimulatedPlant(mech, dt=dt, seed=2).simulate(1.0)
+    dom = fresh_domain_id()
+    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "dt": dt, "max_backlog": 0.05,
+                                                               "max_input_delay": 0.001})
+    probe = Probe(dom)
+    try:
+        assert probe.wait_for_node(40), est.output()
+        f = Feeder(probe, fast_traj, dt, mech).start()
+        f.join()
+        time.sleep(0.3)
+        st, q, v, a, Q, recv = _state_arrays(probe)
+        assert len(st) > 100 and np.all(np.isfinite(q))
+        lat = (recv - st) / 1e9
+        print(f"\n  {len(st)} estimates for {len(f.stamps)} input steps; latency median {np.median(lat) * 1e3:.1f} ms, "
+              f"max {lat.max() * 1e3:.1f} ms")
+        # bounded by max_backlog (+ slow solves on a busy machine); without skipping it would grow to seconds
+        assert np.median(lat) < 0.15 and np.percentile(lat, 95) < 0.3
+        d = probe.wait_diag(lambda d: int(d["overruns"]) > 0, 3.0)
+        assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0
+        assert est.alive()
     finally:
         probe.close()
         assert est.stop() == 0
