@@ -48,12 +48,63 @@ def sync_relative_angles(mech: Mechanism, q: np.ndarray, keep: Sequence[int] = (
     return q
 
 
+def _place_fixed_angles(mech: Mechanism, q: np.ndarray, fixed: Sequence[int]) -> np.ndarray:
+    """Move the free end point of every relative angle held fixed onto the angle's direction.
+
+    The single-row angle constraint (Δx = L cos θ or Δy = L sin θ, whichever is well conditioned) together
+    with the bar length also admits the point mirrored across the other axis; from a guess far from θ
+    Newton often converges to that spurious assembly (e.g. the crank four-bar from its drawn pose with the
+    crank fixed anywhere in (π/2, 3π/2) + 2πk), which then breaks when θ crosses the row-form switch."""
+    fixed = set(int(i) for i in fixed)
+    xy = mech.point_positions(q)
+    for k, r in enumerate(mech.spec.relative_angles):
+        col = mech.n_point_coordinates + k
+        if col not in fixed:
+            continue
+        i0, i1 = r.points
+        c0, c1 = mech.point_columns[i0], mech.point_columns[i1]
+        L = float(np.hypot(*(xy[i1] - xy[i0])))
+        u = np.array([math.cos(q[col]), math.sin(q[col])])
+        if c1[0] >= 0 and not fixed & set(c1.tolist()):
+            q[c1] = xy[i0] + L * u
+        elif c0[0] >= 0 and not fixed & set(c0.tolist()):
+            q[c0] = xy[i1] - L * u
+        xy = mech.point_positions(q)
+    return q
+
+
 def solve_positions(mech: Mechanism, q_guess, fixed: Sequence[int] = (), tol: float = 1e-12,
                     max_iterations: int = 60) -> PositionSolution:
-    """Newton–Raphson on Φ(q) = 0 over the coordinates not in `fixed`, from `q_guess`."""
+    """Newton–Raphson on Φ(q) = 0 over the coordinates not in `fixed`, from `q_guess`.
+
+    Relative angles held fixed first move their free end point onto their direction (see
+    `_place_fixed_angles`); a solution whose points still contradict a fixed angle is re-placed and
+    solved once more."""
+    sol = _solve_positions(mech, q_guess, fixed, tol, max_iterations)
+    if _mirrored_fixed_angles(mech, sol.q, fixed):
+        sol = _solve_positions(mech, sol.q, fixed, tol, max_iterations)
+        if _mirrored_fixed_angles(mech, sol.q, fixed):
+            raise AssemblyError(f"{mech.name}: the position problem converged to a point that contradicts the "
+                                f"fixed relative angles {[mech.coordinate_names[i] for i in fixed]}")
+    return sol
+
+
+def _mirrored_fixed_angles(mech: Mechanism, q: np.ndarray, fixed: Sequence[int]) -> bool:
+    xy = mech.point_positions(q)
+    fixed = set(int(i) for i in fixed)
+    for k, r in enumerate(mech.spec.relative_angles):
+        col = mech.n_point_coordinates + k
+        if col in fixed:
+            d = xy[r.points[1]] - xy[r.points[0]]
+            if abs(math.remainder(math.atan2(d[1], d[0]) - q[col], 2.0 * math.pi)) > 1e-6:
+                return True
+    return False
+
+
+def _solve_positions(mech: Mechanism, q_guess, fixed, tol, max_iterations) -> PositionSolution:
     fixed = [int(i) for i in fixed]
     free = np.setdiff1d(np.arange(mech.n), fixed)
-    q = sync_relative_angles(mech, q_guess, keep=fixed)
+    q = _place_fixed_angles(mech, sync_relative_angles(mech, q_guess, keep=fixed), fixed)
     C = mech.constraints
     phi, J = C.phi_and_jacobian(q)
     err = float(np.abs(phi).max(initial=0.0))
