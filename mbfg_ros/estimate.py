@@ -54,7 +54,8 @@ class EstimatorConfig:
     blas_threads: int = 1                  # limit OpenBLAS threads of this process (0 = leave alone)
     outlier_gate: float = 100.0            # reject a reading whose residual at the prediction exceeds this many
                                            # sigmas (0 = off) ...
-    max_rejections: int = 10               # ... unless it was rejected this many consecutive steps
+    max_rejections: int = 50               # ... unless it was rejected this many consecutive steps (then the
+                                           # window is re-initialized from the readings)
 
     def validated(self) -> "EstimatorConfig":
         problems = []
