@@ -790,8 +790,10 @@ class FixedLagEstimator:
         self.init_residual = float(sol.residual)
         z = self._z_user if self._z_user is not None else choose_independent(mech, q0)
         self._build_units(z if self.independent else None)
+        v_known = v_guess is not None
         if v_guess is None:
-            v_guess = self._v0_arg if (self._v0_arg is not None and self._last is None) else np.zeros(mech.n)
+            v_known = self._v0_arg is not None and self._last is None
+            v_guess = self._v0_arg if v_known else np.zeros(mech.n)
         v_guess = np.asarray(v_guess, dtype=float)
         zsel = z if len(z) else choose_independent(mech, q0)
         fixed_v = [int(i) for i in zsel]
@@ -830,7 +832,10 @@ class FixedLagEstimator:
             blocks["tau"] = tau0
         x0 = L.pack(**blocks)
         s = self.sigmas
-        priors = [F.Prior("q", q0, s["prior_q0"]), F.Prior("v", v0, s["prior_v0"])]
+        # With sensors an unknown initial velocity gets a weak prior: the mechanism may be moving when the
+        # observer starts (a tight "at rest" prior would take ~100 steps and huge effort errors to unlearn).
+        sigma_v0 = s["prior_v0"] if (v_known or c.mode == "forward_dynamics") else s["initial_velocity"]
+        priors = [F.Prior("q", q0, s["prior_q0"]), F.Prior("v", v0, sigma_v0)]
         if self.has_tau:
             priors.append(F.Prior("tau", tau0, s["initial_effort"]))
         units = priors + self._step_units(efforts, obs, None)
