@@ -26,6 +26,7 @@ def default_sigmas() -> Dict[str, float]:
         "commanded_effort": 1e-3,    # how well the commanded efforts are applied (fused mode)
         "effort_random_walk": 50.0,  # N·m/s/√s: how fast unknown efforts may change
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
+        "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
         "observed_coordinate": 1e-3, # generic observations 'q:<name>', 'v:<name>', 'a:<name>' (unless in sensor_sigmas)
     }
 
