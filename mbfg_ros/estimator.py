@@ -163,16 +163,17 @@ class FixedLagEstimator:
         self.config = c = (config if config is not None else EstimatorConfig()).validated()
         self.sigmas = {**default_sigmas(), **dict(c.sigmas)}
         # Relinearization threshold (whitened units).  A mismatch ε moves the estimate by at most what an
-        # ε-sigma perturbation of that factor would.  The forward-dynamics digital twin needs ε ≪ 1 to keep
-        # its discretization-level accuracy (its mismatches are ~1e-5 anyway).  With sensors and unknown
-        # efforts the innovations (~σ of the sensors) make the dynamics rows' mismatch 0.3 / 1.9 / 5 σ_dyn
-        # (median / 90 % / 99 %, encoder-only crank four-bar) while the effort random walk allows q̈ to move
-        # by ~1e3 σ_dyn per step: there 10 σ catches genuinely bad linearizations (glitches) without
-        # re-linearizing routine steps (measured: 1 relinearization in 1000 steps, estimates within 4 % of the
-        # estimation error of the full nonlinear smoother, see test_default_relinearization_close_to_...).
+        # ε-sigma perturbation of that factor would.  Steps without readings are pure predictions (the
+        # digital twin, or an observer between sensor samples) and need ε ≪ 1 to keep the model's
+        # discretization-level accuracy (their mismatches are ~1e-5 anyway).  In steps with readings the
+        # innovations (~σ of the sensors) make the dynamics rows' mismatch 0.3 / 1.9 / 5 σ_dyn (median / 90 % /
+        # 99 %, encoder-only crank four-bar) while the unknown efforts let q̈ move by ~1e3 σ_dyn per step:
+        # there 10 σ catches genuinely bad linearizations without re-linearizing routine steps (measured:
+        # estimates within 4 % of the estimation error of the full nonlinear smoother, see
+        # test_default_relinearization_close_to_full_nonlinear_smoother).
         thr = c.relinearize_threshold
-        self.relinearize_threshold = float(thr if thr is not None else
-                                           (1e-3 if c.mode == "forward_dynamics" else 10.0))
+        self.relinearize_threshold = float(1e-3 if thr is None else thr)            # prediction steps
+        self.relinearize_threshold_readings = float(10.0 if thr is None else thr)   # steps with readings
         # With sensors, later steps move earlier states (smoothing) and only "window" re-checks them all
         # (the full nonlinear fixed-lag smoother, ~15 relinearizations per step at 1e-6 σ); the default
         # "newest" checks the step just added.
@@ -390,8 +391,27 @@ class FixedLagEstimator:
             return efforts
         return np.where(np.isfinite(efforts), efforts, 0.0)
 
+    def _effort_rate(self, tau, h):
+        """Q̇ for the jerk factor from the commanded efforts: second-order backward differences."""
+        hist = self._tau_hist
+        if len(hist) >= 2:
+            tdot = (3.0 * tau - 4.0 * hist[-1] + hist[-2]) / (2.0 * h)
+        elif len(hist) == 1:
+            tdot = (tau - hist[-1]) / h
+        else:
+            tdot = np.zeros(self.na)
+        hist.append(tau)
+        if len(hist) > 2:
+            del hist[0]
+        Qdot = np.zeros(self.mech.n)
+        Qdot[self.mech.actuated] = tdot
+        return Qdot
+
     def _set_forces(self, efforts, h):
-        """Update the dynamics/jerk parameters for this step's efforts; return the effort-prior unit (fused)."""
+        """Update the dynamics/jerk parameters for this step's efforts; return the effort-prior unit (fused).
+
+        Jerk factor: Q̇ from the commanded efforts (forward_dynamics; fused, unknown entries count as
+        constant), zero in estimation mode (the random-walk effort model has no expected rate)."""
         if not self.has_tau:
             tau = self._commanded(efforts)
             Q = self._Qg.copy()
@@ -399,22 +419,12 @@ class FixedLagEstimator:
             self._u_dyn.Q = Q
             if self._u_jerk is not None:
                 self._u_jerk.Q = Q
-                hist = self._tau_hist
-                if len(hist) >= 2:
-                    tdot = (3.0 * tau - 4.0 * hist[-1] + hist[-2]) / (2.0 * h)
-                elif len(hist) == 1:
-                    tdot = (tau - hist[-1]) / h
-                else:
-                    tdot = np.zeros(self.na)
-                Qdot = np.zeros(self.mech.n)
-                Qdot[self.mech.actuated] = tdot
-                self._u_jerk.Qdot = Qdot
-                hist.append(tau)
-                if len(hist) > 2:
-                    del hist[0]
+                self._u_jerk.Qdot = self._effort_rate(tau, h)
             return None
         if self.config.mode != "fused":
             return None
+        if self._u_jerk is not None:
+            self._u_jerk.Qdot = self._effort_rate(self._commanded(efforts), h)
         known = np.isfinite(efforts)
         if not known.any():
             return None
@@ -622,9 +632,7 @@ class FixedLagEstimator:
         ap = d.a
         xp[sl["a"]] = ap
         if self.hermite:
-            jp = d.da_dq @ vp + d.da_dv @ ap
-            if not self.has_tau:
-                jp += d.da_dQ @ self._u_jerk.Qdot
+            jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ self._u_jerk.Qdot
         if self._u_eq is not None:
             self._u_eq.offset = qp - q           # predictive soft equality (see factors.SoftEquality)
         if self.independent:
@@ -648,14 +656,16 @@ class FixedLagEstimator:
         units = self._step_units(efforts, obs, h, with_observations=False)
         x_prev = self._x
         xp = self._predict(x_prev, h)
-        model = self._model(units + self._gate(self._observation_units(obs), xp))
-        x = self._window.add_step(k, model, xp, x_prev)
+        readings = self._gate(self._observation_units(obs), xp)
+        model = self._model(units + readings)
+        x = self._window.add_step(k, model, xp, x_prev,
+                                  threshold=self.relinearize_threshold_readings if readings else None)
         self._a_prev, self._h_prev = x_prev[self.layout.slices["a"]].copy(), h
-        if self._u_jerk is not None and not self.has_tau and self.na and k <= 2:
+        if self._u_jerk is not None and self.config.mode != "estimation" and self.na and k <= 2:
             x = self._correct_first_effort_rates(k, h)
         rec = self._window.last
         self.relinearizations = self._window.total_relinearizations
-        if rec.mismatch > max(1e3 * self.relinearize_threshold, 1e3):
+        if rec.mismatch > max(1e3 * (rec.threshold or self.relinearize_threshold), 1e3):
             raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
                               f"{rec.relinearizations} relinearizations)")
         self._k, self._x = k, x
@@ -834,7 +844,11 @@ class FixedLagEstimator:
         s = self.sigmas
         # With sensors an unknown initial velocity gets a weak prior: the mechanism may be moving when the
         # observer starts (a tight "at rest" prior would take ~100 steps and huge effort errors to unlearn).
-        sigma_v0 = s["prior_v0"] if (v_known or c.mode == "forward_dynamics") else s["initial_velocity"]
+        # (Only when readings arrive: without them every v0 fits and a weak prior leaves the trajectory free
+        # to drift along that direction.)
+        observed = c.mode != "forward_dynamics" and any(
+            n in self._sensor_units or self._generic_unit(n) is not None for n in obs)
+        sigma_v0 = s["initial_velocity"] if (observed and not v_known) else s["prior_v0"]
         priors = [F.Prior("q", q0, s["prior_q0"]), F.Prior("v", v0, sigma_v0)]
         if self.has_tau:
             priors.append(F.Prior("tau", tau0, s["initial_effort"]))

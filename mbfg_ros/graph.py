@@ -304,6 +304,7 @@ class StepRecord:
     relinearizations: int = 0
     mismatch: float = 0.0
     params: Optional[list] = None     # the units' parameters at this step (`StepModel.snapshot`)
+    threshold: Optional[float] = None  # this step's relinearization threshold (None: the window's)
     _factor: object = None
 
 
@@ -350,15 +351,16 @@ class FixedLagWindow:
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
-                 check: bool = True) -> np.ndarray:
+                 check: bool = True, threshold: Optional[float] = None) -> np.ndarray:
         """Add step k (state X_k with initial value / linearization point `x_pred`; `x_prev` = the current
-        estimate of X_{k−1}, needed when the model has `_prev` slots).  Returns the estimate of X_k."""
+        estimate of X_{k−1}, needed when the model has `_prev` slots).  `threshold` overrides the window's
+        relinearization threshold for this step.  Returns the estimate of X_k."""
         if not model.need_prev:
             x_prev = None
         elif x_prev is None:
             raise ValueError("this step's units read the previous state: x_prev is required")
         key = state_key(k)
-        rec = StepRecord(k, model, x_prev, x_pred, None, None, None, params=model.snapshot())
+        rec = StepRecord(k, model, x_prev, x_pred, None, None, None, params=model.snapshot(), threshold=threshold)
         values = gtsam.Values()
         values.insert(key, x_pred)
         self._linearize(rec)
@@ -441,7 +443,8 @@ class FixedLagWindow:
                 x_cur = est(rec.k)
                 x_prev = est(rec.k - 1) if rec.x_prev is not None else None
                 rec.mismatch = self.mismatch(rec, x_prev, x_cur)
-                if rec.mismatch > self.threshold and round_ < self.max_relinearizations:
+                thr = self.threshold if rec.threshold is None else rec.threshold
+                if rec.mismatch > thr and round_ < self.max_relinearizations:
                     rec.x_prev, rec.x_cur = x_prev, x_cur
                     stale.append(rec)
             if not stale:

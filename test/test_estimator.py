@@ -292,6 +292,11 @@ def test_forward_dynamics_with_commanded_torque(crank, driven):
     q = np.array([e.q for e in out])
     assert np.abs(q[:, 4] - driven.theta).max() < 1e-8       # measured 2e-10 rad (trapezoidal: 3e-5)
     assert np.allclose([e.efforts[0] for e in out], driven.tau)
+    # fused mode without readings is the same digital twin (efforts estimated under a tight prior)
+    est = FixedLagEstimator(crank, EstimatorConfig(window=5, integrator="hermite", mode="fused"))
+    out = [est.step(t, efforts=[driven.tau[k]]) for k, t in enumerate(driven.t)]
+    assert np.abs(np.array([e.q[4] for e in out]) - driven.theta).max() < 1e-6   # measured 4e-8 rad
+    assert np.abs(np.array([e.efforts[0] for e in out]) - driven.tau).max() < 1e-6
 
 
 # -- robustness, modes, API -------------------------------------------------------------------------
