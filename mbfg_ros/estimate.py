@@ -44,8 +44,8 @@ class EstimatorConfig:
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     compute_covariance: bool = False
     # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
-    relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing the newest
-                                           # step; None: 1e-3 in forward_dynamics mode, 10 with sensors (estimation, fused)
+    relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing a step;
+                                           # None: 1e-3 for steps without readings, 10 for steps with readings
     max_relinearizations: int = 3          # rounds per step
     relinearize_scope: str = "newest"      # steps checked after each update: newest | ends (also the step about
                                            # to be marginalized) | window (all: the full nonlinear smoother)
