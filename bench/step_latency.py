@@ -70,7 +70,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="four-bar horizon (default 5 s)")
     ap.add_argument("--robot-steps", type=int, default=300)
-    ap.add_argument("--repeat", type=int, default=1, help="repeat each four-bar run, keep the fastest (mean)")
+    ap.add_argument("--repeat", type=int, default=1, help="repeat each forward-dynamics run, keep the fastest "
+                                                          "(mean wall time): the machine may be shared")
     args = ap.parse_args(argv)
 
     dt = 1e-3
@@ -105,8 +106,13 @@ def main(argv=None):
     pts = slice(0, robot.n_point_coordinates)
     for integrator in ("trapezoidal", "hermite"):
         for nw in (2, 10):
-            est = FixedLagEstimator(robot, EstimatorConfig(dt=dt, window=nw, integrator=integrator))
-            out, wall, cpu = timed_run(est, times, efforts=lambda k: tau_fn(times[k]))
+            best = None
+            for _ in range(max(1, args.repeat)):
+                est = FixedLagEstimator(robot, EstimatorConfig(dt=dt, window=nw, integrator=integrator))
+                run_ = timed_run(est, times, efforts=lambda k: tau_fn(times[k]))
+                if best is None or run_[1].mean() < best[1].mean():
+                    best = run_
+            out, wall, cpu = best
             q = np.array([e.q for e in out])
             d = q[:, pts] - qref[:, pts]
             rmse = float(np.sqrt(np.mean(d ** 2)))
