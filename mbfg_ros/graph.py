@@ -18,7 +18,7 @@ Two ways to hand a unit to GTSAM:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import gtsam
 import numpy as np
