@@ -306,7 +306,7 @@ def _plot(rec, res, path):
         ax[0, 1].plot(te, E[:, 6], "r--", lw=1, label="estimate")
         ax[0, 1].set_ylabel("actuator effort [N·m]")
         ax[1, 1].semilogy(te, np.maximum(E[:, 1], 1e-12), label="max |q error|")
-        ax[1, 1].semilogy(te, np.maximum(E[:, 2], 1e-12), label="max |q̇ error|")
+        ax[1, 1].semilogy(te, np.maximum(E[:, 2], 1e-12), label="max |dq/dt error|")
         ax[1, 1].set_ylabel("error")
         for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
             a.legend(loc="upper right", fontsize=8)
