@@ -44,7 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from . import dynamics, kinematics
+from . import batched, dynamics, kinematics
 from .model import Mechanism
 
 __all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult", "StageReport",
@@ -54,6 +54,7 @@ __all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult"
 Key = Tuple[str, int]
 _DEBUG = False
 _REFINE = 2
+_VECTORIZE = True     # evaluate supported nonlinear units over all steps at once (`mbfg_ros.batched`)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,11 +219,19 @@ class _Assembly:
         self.nl_groups = [_Group(g, prob.dims, self.offset, False, by_step) for g in groups
                           if not _unit_is_linear(g[0][0])]
         self.groups = self.lin_groups + self.nl_groups
-        # evaluate step by step so the units of one step share an EvalContext (Φq, dynamics)
+        # groups of supported units are evaluated over all their factors at once (`batched`)
+        for G in self.nl_groups:
+            G.batched = batched.evaluator([u for u, _ in G.factors]) if _VECTORIZE else None
+            if G.batched is not None:
+                G.mech = G.factors[0][0].mech
+                G.slot_cols = [G.cols[:, G.bounds[s]:G.bounds[s + 1]] for s in range(len(G.widths))]
+                G.starts = [c[:, 0] for c in G.slot_cols]
+        self._batch_cache: dict = {}
+        # the others step by step so the units of one step share an EvalContext (Φq, dynamics)
         # within a step, units with more slots first: the dynamics linearization then supplies
         # Φq and Φ̇q to the constraint units through the context
         order = [(min(k[1] for k in keys), -len(G.widths), gi, i) for gi, G in enumerate(self.nl_groups)
-                 for i, (_, keys) in enumerate(G.factors)]
+                 if G.batched is None for i, (_, keys) in enumerate(G.factors)]
         order.sort()
         self.eval_order = [(gi, i) for _, _, gi, i in order]
         # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
@@ -322,9 +331,20 @@ class _Assembly:
 
     def evaluate(self, x) -> float:
         """Residuals and Jacobians of every group at x; returns the cost ½ Σ |r|²."""
-        vals = self.unpack(x)
-        ctx = _eval_context(self.prob)
         groups = self.nl_groups
+        contexts = {}
+        for G in groups:
+            if G.batched is None:
+                continue
+            bctx = contexts.get(id(G.mech))
+            if bctx is None:
+                bctx = contexts[id(G.mech)] = batched.BatchContext(G.mech, self._batch_cache)
+            e, Js = G.batched(bctx, G.starts, *[x[c] for c in G.slot_cols])
+            G.r[:] = e
+            for s, Jb in enumerate(Js):
+                G.J[:, :, G.bounds[s]:G.bounds[s + 1]] = Jb
+        vals = self.unpack(x) if self.eval_order else None
+        ctx = _eval_context(self.prob) if self.eval_order else None
         for gi, i in self.eval_order:
             G = groups[gi]
             unit, keys = G.factors[i]

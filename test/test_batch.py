@@ -188,3 +188,59 @@ def test_sparse_engine_layouts_agree_with_gtsam(layout, monkeypatch):
     assert rep.final_error == pytest.approx(rep_ref.final_error, rel=1e-6)
     for k in prob.keys:
         np.testing.assert_allclose(prob.values[k], ref.values[k], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+def test_vectorized_units_match_the_per_step_units(name):
+    """`batched.evaluator` gives the numbers of the units of `factors` (errors and Jacobians, 1e-12)
+    at random, inconsistent points (both forms of the relative-angle rows occur)."""
+    from mbfg_ros import batched
+    mech = load_mechanism(name)
+    rng = np.random.default_rng(1)
+    N = 40
+    blocks = {"q": np.array(mech.q0) + 0.3 * rng.standard_normal((N, mech.n)),
+              "v": rng.standard_normal((N, mech.n)), "a": rng.standard_normal((N, mech.n)),
+              "tau": 50.0 * rng.standard_normal((N, len(mech.actuated)))}
+    Q = [mech.gravity_forces + rng.standard_normal(mech.n) for _ in range(N)]
+    kinds = [[F.PositionConstraints(mech, 1e-3)] * N, [F.VelocityConstraints(mech, 1e-3)] * N,
+             [F.AccelerationConstraints(mech, 1e-3)] * N, [F.ForwardDynamics(mech, Q[k], 1e-3) for k in range(N)],
+             [F.InverseDynamics(mech, sigma=1e-3)] * N]
+    for units in kinds:
+        f = batched.evaluator(units)
+        assert f is not None
+        slots = units[0].slots
+        starts = [np.arange(N) * 100 + 10 * s for s in range(len(slots))]
+        e, Js = f(batched.BatchContext(mech), starts, *[blocks[s] for s in slots])
+        for k, unit in enumerate(units):
+            e1, J1 = unit.evaluate(*[blocks[s][k] for s in slots])
+            np.testing.assert_allclose(e[k], e1, rtol=0, atol=1e-12 * max(1.0, np.abs(e1).max()))
+            for Jb, Jr in zip(Js, J1):
+                np.testing.assert_allclose(Jb[k], Jr, rtol=0, atol=1e-12 * max(1.0, np.abs(Jr).max()))
+
+
+def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar, monkeypatch):
+    """The sparse engine's residuals and Jacobians are the same with and without vectorization."""
+    t, th, _, _ = crank_trajectory(25)
+    res = batch.staged_inverse_dynamics(four_bar, th[:, None], DT)
+    prob = batch.Problem(four_bar)
+    U = batch._LibraryUnits(four_bar, DT, batch.InverseDynamicsSigmas())
+    for k in range(25):
+        prob.add_variable(("q", k), res.q[k] + 1e-3 * np.sin(k))
+        prob.add_variable(("v", k), res.v[k])
+        prob.add_variable(("a", k), res.a[k])
+        prob.add_variable(("tau", k), res.tau[k])
+        prob.add_factor(U.position(), [("q", k)])
+        prob.add_factor(U.velocity(), [("q", k), ("v", k)])
+        prob.add_factor(U.inverse_dynamics(), [("q", k), ("v", k), ("a", k), ("tau", k)])
+    out = []
+    for vec in (True, False):
+        monkeypatch.setattr(batch, "_VECTORIZE", vec)
+        asm = batch._Assembly(prob)
+        assert all((G.batched is not None) == vec for G in asm.nl_groups)
+        cost = asm.evaluate(asm.pack(prob.values))
+        out.append((cost, [(G.r.copy(), G.J.copy()) for G in asm.nl_groups]))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-12)
+    for (r0, J0), (r1, J1) in zip(out[0][1], out[1][1]):
+        np.testing.assert_allclose(r0, r1, rtol=0, atol=1e-12 * max(1.0, np.abs(r1).max()))
+        np.testing.assert_allclose(J0, J1, rtol=0, atol=1e-12 * max(1.0, np.abs(J1).max()))

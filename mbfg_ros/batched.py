@@ -1,0 +1,355 @@
+"""Factor units evaluated over many time steps at once (numpy arrays of shape (N, ...)).
+
+The batch solvers (`mbfg_ros.batch`) evaluate the same nonlinear unit at every step of a trajectory.
+Doing that one step at a time costs ~100 µs of Python per step and unit; this module evaluates a
+whole group in a few vectorized numpy calls and gives the same numbers as the units of
+`mbfg_ros.factors` (the tests compare both to 1e-12):
+
+* `BatchConstraints` – Φ, Φq, Φ̇q = ∂(Φq w)/∂q, ∂(Φ̇q q̇)/∂q and Σ λᵢ ∂²Φᵢ/∂q² of a `ConstraintSet` for N
+  configurations: the quadratic constraints (distances, sliders) through the set's dense quadratic
+  form (one matrix product for all steps), the relative angles per instance over all steps.
+* `BatchDynamics` – q̈(q, q̇; Q) and its exact first derivatives for N steps: the same augmented
+  system [[M, Φqᵀ], [Φq, 0]] over the independent rows of Φq as `factors.EvalContext`, solved for all
+  steps by batched `np.linalg.solve`.  Steps whose augmented matrix is singular or ill-conditioned
+  fall back to `dynamics.forward_dynamics_jacobians` (the null-space solver), like the per-step path.
+* `evaluator(units)` – for a list of units of one kind (one per factor, often the same object), a
+  function ``f(ctx, *blocks) -> (errors (F, d), [Jacobian (F, d, w_slot) ...])`` over stacked blocks
+  (F, w_slot), or None when the kind (or a constraint type) is not supported: the caller then
+  evaluates step by step.  `BatchContext` memoizes Φ/Φq, Φ̇q and the dynamics per set of columns so
+  the units of one evaluation share them (as `EvalContext` does within a step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from . import factors as F
+from .constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConstraints
+from .dynamics import forward_dynamics_jacobians
+from .model import Mechanism
+
+__all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported"]
+
+_SWITCH = 1.0 / math.sqrt(2.0)
+
+
+class BatchConstraints:
+    """Vectorized `ConstraintSet` quantities for N configurations q (N, n)."""
+
+    def __init__(self, cset: ConstraintSet):
+        self.cset = cset
+        self.n, self.m, self.ne = cset.n, cset.m, cset.n_extended
+        self.fixed = np.asarray(cset.fixed_values, float)
+        self.HT = np.ascontiguousarray(cset._H_rows.T)          # (ne, m·ne): qe @ HT = H qe per row
+        self.bT = np.ascontiguousarray(cset._b.T)                 # (ne, m)
+        self.b = cset._b
+        self.c = cset._c
+        self.H_flat = cset._H_flat                                # (m, ne²)
+        self.angles = []                                          # (rows, index (K, 5), L (K,))
+        self.supported = True
+        for t in cset.types:
+            if isinstance(t, QuadraticConstraints):
+                continue
+            if type(t) is RelativeAngleConstraints:
+                rows = np.arange(sum(s.size for s in cset.types[:cset.types.index(t)]),
+                                 sum(s.size for s in cset.types[:cset.types.index(t) + 1]))
+                self.angles.append((rows, np.asarray(t.index, np.intp), np.asarray(t.lengths, float)))
+            else:
+                self.supported = False
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def extended(self, q):
+        N = q.shape[0]
+        if not self.fixed.size:
+            return q
+        return np.concatenate((q, np.broadcast_to(self.fixed, (N, self.fixed.size))), axis=1)
+
+    def extended_rate(self, v):
+        if not self.fixed.size:
+            return v
+        return np.concatenate((v, np.zeros((v.shape[0], self.fixed.size))), axis=1)
+
+    def _rows_times(self, xe):
+        """H_i xe for every row i: (N, m, ne)."""
+        return (xe @ self.HT).reshape(xe.shape[0], self.m, self.ne)
+
+    def _forms(self, qe, index, L):
+        """(x-form mask, sin θ, cos θ) per step and instance, (N, K)."""
+        th = qe[:, index[:, 4]]
+        s, c = np.sin(th), np.cos(th)
+        return np.abs(s) > _SWITCH, s, c
+
+    # -- the ConstraintSet quantities ------------------------------------------------------------
+    def phi_and_jacobian(self, q):
+        """Φ (N, m) and Φq (N, m, n)."""
+        qe = self.extended(q)
+        Jd = self._rows_times(qe)
+        phi = 0.5 * np.einsum("kij,kj->ki", Jd, qe) + qe @ self.bT + self.c
+        Jd += self.b
+        for rows, index, L in self.angles:
+            xf, s, c = self._forms(qe, index, L)
+            u = qe[:, index]                                              # (N, K, 5)
+            phi[:, rows] = np.where(xf, u[..., 2] - u[..., 0] - L * c, u[..., 3] - u[..., 1] - L * s)
+            g = np.zeros(xf.shape + (5,))
+            g[..., 0] = np.where(xf, -1.0, 0.0)
+            g[..., 1] = np.where(xf, 0.0, -1.0)
+            g[..., 2] = np.where(xf, 1.0, 0.0)
+            g[..., 3] = np.where(xf, 0.0, 1.0)
+            g[..., 4] = np.where(xf, L * s, -L * c)
+            Jd[:, rows[:, None], index] = g
+        return phi, Jd[:, :, :self.n]
+
+    def hessian_vector(self, q, w):
+        """∂(Φq w)/∂q (N, m, n); with w = q̇ this is Φ̇q."""
+        we = self.extended_rate(w)
+        out = self._rows_times(we)
+        if self.angles:
+            qe = self.extended(q)
+            for rows, index, L in self.angles:
+                xf, s, c = self._forms(qe, index, L)
+                h44 = np.where(xf, L * c, L * s)
+                blk = np.zeros(xf.shape + (5,))
+                blk[..., 4] = h44 * we[:, index[:, 4]]
+                out[:, rows[:, None], index] = blk
+        return out[:, :, :self.n]
+
+    def jacobian_dot_times_v_derivative(self, q, v):
+        """∂(Φ̇q(q, v) v)/∂q at fixed v (N, m, n): zero for quadratic constraints."""
+        N = q.shape[0]
+        out = np.zeros((N, self.m, self.ne))
+        if self.angles:
+            qe, ve = self.extended(q), self.extended_rate(v)
+            for rows, index, L in self.angles:
+                xf, s, c = self._forms(qe, index, L)
+                blk = np.zeros(xf.shape + (5,))
+                blk[..., 4] = np.where(xf, -L * s, L * c) * ve[:, index[:, 4]] ** 2
+                out[:, rows[:, None], index] = blk
+        return out[:, :, :self.n]
+
+    def weighted_hessian(self, q, lam):
+        """Σᵢ λᵢ ∂²Φᵢ/∂q² (N, n, n) for multipliers lam (N, m)."""
+        N, ne = q.shape[0], self.ne
+        out = (lam @ self.H_flat).reshape(N, ne, ne)
+        if self.angles:
+            qe = self.extended(q)
+            for rows, index, L in self.angles:
+                xf, s, c = self._forms(qe, index, L)
+                h44 = np.where(xf, L * c, L * s) * lam[:, rows]          # (N, K)
+                for k in range(len(rows)):
+                    j = index[k, 4]
+                    out[:, j, j] += h44[:, k]
+        return out[:, :self.n, :self.n]
+
+
+class BatchDynamics:
+    """q̈(q, q̇; Q) and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q·S (S: a column selection of the forces) for N steps."""
+
+    def __init__(self, mech: Mechanism, constraints: Optional[BatchConstraints] = None):
+        self.mech = mech
+        self.bc = constraints or BatchConstraints(mech.constraints)
+        self.n = mech.n
+        rows = np.asarray(mech.independent_rows, np.intp)
+        self.rows = None if rows.size == mech.m else rows
+        self.r = rows.size
+        self.M = np.asarray(mech.mass_matrix, float)
+        rng = np.random.default_rng(0)             # third derivatives of the constraints? (as EvalContext)
+        qr, vr = np.array(mech.q0) + 0.1 * rng.standard_normal(self.n), rng.standard_normal(self.n)
+        self.third = bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
+
+    def _sel(self, A):
+        return A if self.rows is None else A[:, self.rows]
+
+    def linearize(self, q, v, Q, J_all, Jd_all, force_columns=None, need_jacobians: bool = True):
+        """(a (N, n), da_dq (N, n, n), da_dv (N, n, n), da_dQS (N, n, s)) with Φq, Φ̇q (all rows) given.
+
+        `force_columns` selects the columns of ∂q̈/∂Q returned (all n by default)."""
+        N, n, r = q.shape[0], self.n, self.r
+        J, Jd = self._sel(J_all), self._sel(Jd_all)
+        K = np.zeros((N, n + r, n + r))
+        K[:, :n, :n] = self.M
+        K[:, :n, n:] = np.swapaxes(J, 1, 2)
+        K[:, n:, :n] = J
+        rhs = np.empty((N, n + r, 1))
+        rhs[:, :n, 0] = Q
+        rhs[:, n:, 0] = -np.einsum("kij,kj->ki", Jd, v)
+        bad = np.zeros(N, bool)
+        try:
+            x = np.linalg.solve(K, rhs)[..., 0]
+        except np.linalg.LinAlgError:
+            return None
+        bad |= ~np.all(np.abs(x) < 1e12, axis=1)
+        a = x[:, :n]
+        if not need_jacobians:
+            return a, bad
+        lam = np.zeros((N, self.mech.m))
+        if self.rows is None:
+            lam[:] = x[:, n:]
+        else:
+            lam[:, self.rows] = x[:, n:]
+        cols = np.arange(n) if force_columns is None else np.asarray(force_columns, np.intp)
+        s = cols.size
+        R = np.zeros((N, n + r, 2 * n + s))
+        R[:, :n, :n] = -self.bc.weighted_hessian(q, lam)
+        R[:, cols, 2 * n + np.arange(s)] = 1.0
+        low = self.bc.hessian_vector(q, a)
+        if self.third:
+            low = low + self.bc.jacobian_dot_times_v_derivative(q, v)
+        R[:, n:, :n] = -self._sel(low)
+        R[:, n:, n:2 * n] = -2.0 * Jd
+        try:
+            D = np.linalg.solve(K, R)
+        except np.linalg.LinAlgError:
+            return None
+        bad |= ~np.all(np.isfinite(D[:, :n]), axis=(1, 2))
+        return a, D[:, :n, :n], D[:, :n, n:2 * n], D[:, :n, 2 * n:], bad
+
+
+class BatchContext:
+    """Memo of the batch quantities of one evaluation (all groups at one stacked point x)."""
+
+    def __init__(self, mech: Mechanism, cache: Optional[dict] = None):
+        self.mech = mech
+        # the vectorized constraint/dynamics objects are cached per mechanism across evaluations
+        cache = cache if cache is not None else {}
+        key = id(mech)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not mech:
+            bc = BatchConstraints(mech.constraints)
+            hit = cache[key] = (mech, bc, BatchDynamics(mech, bc))
+        self.bc, self.dyn = hit[1], hit[2]
+        self.memo: Dict[tuple, object] = {}
+
+    def phi_and_jacobian(self, key, q):
+        k = ("pj", key)
+        if k not in self.memo:
+            self.memo[k] = self.bc.phi_and_jacobian(q)
+        return self.memo[k]
+
+    def jacobian_dot(self, key, q, v):
+        k = ("jd", key)
+        if k not in self.memo:
+            self.memo[k] = self.bc.hessian_vector(q, v)
+        return self.memo[k]
+
+
+def _Q_stack(units, attr):
+    Qs = [np.asarray(getattr(u, attr), float) for u in units]
+    if all(Q is Qs[0] for Q in Qs) or all(np.array_equal(Q, Qs[0]) for Q in Qs):
+        return Qs[0][None, :]
+    return np.array(Qs)
+
+
+def _fallback_dynamics(mech, q, v, Q, bad, a, dq, dv, dQ, cols):
+    for k in np.nonzero(bad)[0]:
+        d = forward_dynamics_jacobians(mech, q[k], v[k], Q[k])
+        a[k], dq[k], dv[k] = d.a, d.da_dq, d.da_dv
+        dQ[k] = d.da_dQ[:, cols]
+
+
+def _dynamics(ctx: BatchContext, qkey, vkey, q, v, Q, cols):
+    """a, ∂a/∂q, ∂a/∂v, ∂a/∂Q[:, cols] for all steps (with per-step fallbacks), Φq, Φ̇q memoized."""
+    J_all = ctx.phi_and_jacobian(qkey, q)[1]
+    Jd_all = ctx.jacobian_dot((qkey, vkey), q, v)
+    out = ctx.dyn.linearize(q, v, Q, J_all, Jd_all, force_columns=cols)
+    mech = ctx.mech
+    N, n = q.shape
+    if out is None:
+        a, dq, dv = np.empty((N, n)), np.empty((N, n, n)), np.empty((N, n, n))
+        dQ = np.empty((N, n, len(cols)))
+        _fallback_dynamics(mech, q, v, Q, np.ones(N, bool), a, dq, dv, dQ, cols)
+        return a, dq, dv, dQ
+    a, dq, dv, dQ, bad = out
+    if bad.any():
+        a, dq, dv, dQ = a.copy(), dq.copy(), dv.copy(), dQ.copy()
+        _fallback_dynamics(mech, q, v, Q, bad, a, dq, dv, dQ, cols)
+    return a, dq, dv, dQ
+
+
+def _key(cols):
+    return cols.tobytes()
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluators per unit kind: f(ctx, starts, *blocks) with starts[s] the first column of slot s per factor
+# ----------------------------------------------------------------------------------------------
+def _position(units):
+    def f(ctx, starts, q):
+        phi, J = ctx.phi_and_jacobian(_key(starts[0]), q)
+        return phi, [J]
+    return f
+
+
+def _velocity(units):
+    def f(ctx, starts, q, v):
+        qk = _key(starts[0])
+        J = ctx.phi_and_jacobian(qk, q)[1]
+        Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
+        return np.einsum("kij,kj->ki", J, v), [Jd, J]
+    return f
+
+
+def _acceleration(units):
+    def f(ctx, starts, q, v, a):
+        qk = _key(starts[0])
+        J = ctx.phi_and_jacobian(qk, q)[1]
+        Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
+        Jq = ctx.bc.hessian_vector(q, a) + ctx.bc.jacobian_dot_times_v_derivative(q, v)
+        return (np.einsum("kij,kj->ki", J, a) + np.einsum("kij,kj->ki", Jd, v),
+                [Jq, 2.0 * Jd, J])
+    return f
+
+
+def _forward(units):
+    Q0 = _Q_stack(units, "Q")
+    n = units[0].mech.n
+
+    def f(ctx, starts, q, v, a):
+        Q = np.broadcast_to(Q0, q.shape)
+        acc, dq, dv, _ = _dynamics(ctx, _key(starts[0]), _key(starts[1]), q, v, Q, np.zeros(0, np.intp))
+        return acc - a, [dq, dv, np.broadcast_to(-np.eye(n), dq.shape)]
+    return f
+
+
+def _inverse(units):
+    Q0 = _Q_stack(units, "Q_known")
+    act = units[0].actuated
+    if any(not np.array_equal(u.actuated, act) for u in units):
+        return None
+    n = units[0].mech.n
+
+    def f(ctx, starts, q, v, a, tau):
+        Q = np.array(np.broadcast_to(Q0, q.shape))
+        Q[:, act] += tau
+        acc, dq, dv, dQ = _dynamics(ctx, _key(starts[0]), _key(starts[1]), q, v, Q, act)
+        return acc - a, [dq, dv, np.broadcast_to(-np.eye(n), dq.shape), dQ]
+    return f
+
+
+_EVALUATORS: Dict[type, Callable] = {
+    F.PositionConstraints: _position,
+    F.VelocityConstraints: _velocity,
+    F.AccelerationConstraints: _acceleration,
+    F.ForwardDynamics: _forward,
+    F.InverseDynamics: _inverse,
+}
+
+
+def supported(unit) -> bool:
+    return type(unit) in _EVALUATORS
+
+
+def evaluator(units: List[object]) -> Optional[Callable]:
+    """Vectorized evaluation of `units` (one per factor, of one exact type and one mechanism), or None."""
+    if not units:
+        return None
+    kind = type(units[0])
+    make = _EVALUATORS.get(kind)
+    if make is None or any(type(u) is not kind for u in units):
+        return None
+    mech = units[0].mech
+    if any(u.mech is not mech for u in units) or not BatchConstraints(mech.constraints).supported:
+        return None
+    return make(units)
