@@ -352,6 +352,13 @@ class EstimatorNode(Node):
             sensor_sigmas[s.name] = d(f"sensor_sigmas.{s.name}", float(s.sigma), PD(
                 description=f"Noise sigma of {s.kind} '{s.name}' (default from the mechanism file)",
                 floating_point_range=_float_range(1e-15, 1e15))).value
+        defaults = EstimatorConfig()
+        outlier_gate = d("outlier_gate", float(defaults.outlier_gate), PD(
+            description="Reject a sensor reading whose residual at the prediction exceeds this many sigmas "
+                        "(0 = off)", read_only=True, floating_point_range=_float_range(0.0, 1e12))).value
+        max_rejections = d("max_rejections", int(defaults.max_rejections), PD(
+            description="...unless rejected this many consecutive steps: then re-initialize from the readings",
+            read_only=True, integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
         n_ind = len(mech.assembly_mode_names)
         am_default = [int(x) for x in mech.assembly_mode(np.array(mech.q0))] if n_ind else Parameter.Type.INTEGER_ARRAY
         am = d("assembly_mode", am_default, PD(
@@ -395,7 +402,8 @@ class EstimatorNode(Node):
             # core must re-seed from its last estimate rather than integrate every skipped step).
             base = EstimatorConfig(dt=float(dt), window=int(window), mode=str(mode), formulation=str(formulation),
                                    integrator=str(integrator), independent=tuple(independent),
-                                   sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1)
+                                   sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
+                                   outlier_gate=float(outlier_gate), max_rejections=int(max_rejections))
             self.config = base.validated()
         except ValueError as e:
             raise ConfigError(f"bad estimator parameters: {self._name_params(str(e))}") from None
