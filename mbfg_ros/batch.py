@@ -636,16 +636,18 @@ def quintic_move(t, start, end, t0: float, t1: float):
 
 
 def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, assembly_mode=None,
-                           tol: float = 1e-12):
+                           tol: float = 1e-12, stride: int = 8):
     """Per-step position problems with the actuated coordinates at `values` (N, n_actuated).
 
-    Step 0 is the full position problem (`kinematics.solve_positions[_on_mode]`); every later step
-    is a few Newton iterations from the quadratic extrapolation of the previous solutions, which is
-    O(dt³) accurate and so keeps the branch (assembly mode) and needs 1–2 iterations.
+    Step 0 is the full position problem (`kinematics.solve_positions[_on_mode]`).  Every `stride`-th
+    step is then solved in sequence by a few Newton iterations from the quadratic extrapolation of the
+    previous solutions (continuation: keeps the branch, the assembly mode); the steps in between start
+    from the cubic interpolation of those and are solved all at once (`batched.newton_positions`).
+    Steps that do not converge or land on another branch are redone in sequence from their predecessor.
+    `stride` = 1 solves every step in sequence.
     """
     act = list(mech.actuated)
     free = np.setdiff1d(np.arange(mech.n), act)
-    C = mech.constraints
     N = len(values)
     q = np.empty((N, mech.n))
     guess = np.array(mech.q0 if q_start is None else q_start, dtype=float)
@@ -654,13 +656,61 @@ def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, as
              if assembly_mode is not None else kinematics.solve_positions(mech, guess, fixed=act))
     q[0] = first.q
     mode0 = mech.assembly_mode(q[0])
-    for k in range(1, N):
-        if k >= 3:
-            x = 3.0 * (q[k - 1] - q[k - 2]) + q[k - 3]
-        elif k == 2:
-            x = 2.0 * q[k - 1] - q[k - 2]
+    bc = batched.BatchConstraints(mech.constraints)
+    if stride <= 1 or N < 4 * stride or not bc.supported:
+        _continue_positions(mech, values, q, range(1, N), free, mode0, tol)
+        return q
+    coarse = np.unique(np.r_[np.arange(0, N, stride), N - 1])
+    _continue_positions(mech, values, q, coarse[1:], free, mode0, tol, coarse)
+    others = np.setdiff1d(np.arange(N), coarse)
+    x = _cubic_interpolation(coarse, q[coarse], others)
+    x[:, act] = values[others]
+    ok = batched.newton_positions(bc, x, free, tol)
+    if len(mode0):
+        ok &= np.all(batched.assembly_modes(mech, x) == mode0, axis=1)
+    q[others] = x
+    bad = others[~ok]
+    if bad.size:
+        _continue_positions(mech, values, q, bad, free, mode0, tol, np.arange(N))
+    return q
+
+
+def _cubic_interpolation(grid, values, at):
+    """Values at the points `at` of the cubic through the four grid points around each (Lagrange)."""
+    G = len(grid)
+    j = np.clip(np.searchsorted(grid, at) - 2, 0, max(G - 4, 0))          # first of the 4 points
+    idx = j[:, None] + np.arange(min(4, G))[None, :]
+    xs = grid[idx].astype(float)                                          # (P, 4)
+    t = np.asarray(at, float)[:, None]
+    w = np.ones_like(xs)
+    for a_ in range(xs.shape[1]):
+        for b_ in range(xs.shape[1]):
+            if a_ != b_:
+                w[:, a_] *= (t[:, 0] - xs[:, b_]) / (xs[:, a_] - xs[:, b_])
+    return np.einsum("pa,pan->pn", w, values[idx])
+
+
+def _continue_positions(mech, values, q, steps, free, mode0, tol, grid=None):
+    """Solve the position problems of `steps` (increasing) in sequence into q, each from the quadratic
+    extrapolation of the three previous solved points of `grid` (default: consecutive steps)."""
+    act = list(mech.actuated)
+    C = mech.constraints
+    pos = {int(k): i for i, k in enumerate(grid)} if grid is not None else None
+    for k in steps:
+        k = int(k)
+        if pos is None:
+            prev = [j for j in (k - 1, k - 2, k - 3) if j >= 0]
         else:
-            x = q[k - 1].copy()
+            i = pos[k]
+            prev = [int(grid[j]) for j in (i - 1, i - 2, i - 3) if j >= 0]
+        # Lagrange extrapolation through the previous points (in step units: any spacing)
+        x = np.zeros(mech.n)
+        for a_ in prev:
+            w = 1.0
+            for b_ in prev:
+                if b_ != a_:
+                    w *= (k - b_) / (a_ - b_)
+            x += w * q[a_]
         x[act] = values[k]
         ok = False
         for _ in range(8):
@@ -675,11 +725,10 @@ def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, as
                 break
             x[free] += step
         if not ok or (len(mode0) and np.any(mech.assembly_mode(x) != mode0)):
-            guess = q[k - 1].copy()
+            guess = q[prev[0]].copy()
             guess[act] = values[k]
             x = kinematics.solve_positions(mech, guess, fixed=act, tol=tol).q
         q[k] = x
-    return q
 
 
 def closed_form_motion(mech: Mechanism, values, rates, accelerations, q_start=None, assembly_mode=None):
@@ -904,7 +953,10 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
         ts = time.perf_counter()
         idyn = U.inverse_dynamics()
         q3, v3, a3 = (np.array([prob.values[(nm, k)] for k in range(N)]) for nm in ("q", "v", "a"))
-        tau0 = closed_form_efforts(mech, q3, v3, a3)
+        tau0 = batched.inverse_dynamics_many(mech, q3, v3, a3)
+        redo = ~np.all(np.isfinite(tau0), axis=1)
+        if redo.any():
+            tau0[redo] = closed_form_efforts(mech, q3[redo], v3[redo], a3[redo])
         for k in range(N):
             prob.add_variable(("tau", k), tau0[k])
             prob.add_factor(idyn, [("q", k), ("v", k), ("a", k), ("tau", k)])

@@ -31,7 +31,8 @@ from .constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConst
 from .dynamics import forward_dynamics_jacobians
 from .model import Mechanism
 
-__all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported"]
+__all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported", "assembly_modes",
+           "newton_positions", "inverse_dynamics_many"]
 
 _SWITCH = 1.0 / math.sqrt(2.0)
 
@@ -87,7 +88,7 @@ class BatchConstraints:
         """Φ (N, m) and Φq (N, m, n)."""
         qe = self.extended(q)
         Jd = self._rows_times(qe)
-        phi = 0.5 * np.einsum("kij,kj->ki", Jd, qe) + qe @ self.bT + self.c
+        phi = 0.5 * (Jd @ qe[:, :, None])[:, :, 0] + qe @ self.bT + self.c
         Jd += self.b
         for rows, index, L in self.angles:
             xf, s, c = self._forms(qe, index, L)
@@ -174,7 +175,7 @@ class BatchDynamics:
         K[:, n:, :n] = J
         rhs = np.empty((N, n + r, 1))
         rhs[:, :n, 0] = Q
-        rhs[:, n:, 0] = -np.einsum("kij,kj->ki", Jd, v)
+        rhs[:, n:, :] = -(Jd @ v[:, :, None])
         bad = np.zeros(N, bool)
         try:
             x = np.linalg.solve(K, rhs)[..., 0]
@@ -235,6 +236,83 @@ class BatchContext:
         return self.memo[k]
 
 
+# ----------------------------------------------------------------------------------------------
+# kinematics and closed-form inverse dynamics over many steps
+# ----------------------------------------------------------------------------------------------
+def assembly_modes(mech: Mechanism, q) -> np.ndarray:
+    """`Mechanism.assembly_mode` for every row of q (N, n): ±1 per indicator, (N, n_indicators)."""
+    q = np.asarray(q, float)
+    pts = mech.assembly_mode_points
+    if not len(pts):
+        return np.zeros((q.shape[0], 0), dtype=int)
+    qe = np.concatenate((q, np.broadcast_to(mech.fixed_values, (q.shape[0], mech.fixed_values.size))), axis=1)
+    xy = qe[:, mech._extended_point_index]                      # (N, n_points, 2)
+    i, j, k = pts.T
+    a, b = xy[:, j] - xy[:, i], xy[:, k] - xy[:, i]
+    return np.where(a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0] >= 0.0, 1, -1)
+
+
+def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8):
+    """Gauss–Newton on Φ(q) = 0 over the coordinates `free` for every row of x (N, n), in place, with
+    the per-step iteration of `batch._position_continuation` (steps stop once max |Φ| ≤ tol).
+    Returns the mask of converged rows."""
+    N = x.shape[0]
+    active = np.arange(N)
+    done = np.zeros(N, bool)
+    for _ in range(iterations + 1):
+        if not active.size:
+            break
+        xa = x[active]
+        phi, J = bc.phi_and_jacobian(xa)
+        ok = np.abs(phi).max(axis=1, initial=0.0) <= tol
+        done[active[ok]] = True
+        active, xa, phi, J = active[~ok], xa[~ok], phi[~ok], J[~ok]
+        if not active.size or _ == iterations:
+            break
+        Jf = J[:, :, free]
+        JfT = np.swapaxes(Jf, 1, 2)
+        try:
+            step = np.linalg.solve(JfT @ Jf, -(JfT @ phi[:, :, None]))[..., 0]
+        except np.linalg.LinAlgError:
+            break
+        finite = np.all(np.isfinite(step), axis=1)
+        xa[:, free] += np.where(finite[:, None], step, 0.0)
+        x[active] = xa
+        active = active[finite]
+    return done
+
+
+def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: Optional[BatchConstraints] = None):
+    """τ per step (N, n_actuated) with M q̈ + Φqᵀλ = Q_known + E τ over the independent rows of Φq:
+    one square solve per step for (λ, τ) when the actuators match the degrees of freedom (then the
+    same τ as `dynamics.inverse_dynamics`, which projects onto the null space of Φq); rows whose
+    system is singular (or all rows when it is not square) come back NaN for the caller to redo."""
+    q, v, a = (np.asarray(x, float) for x in (q, v, a))
+    N, n = q.shape
+    act = np.asarray(mech.actuated, np.intp)
+    rows = np.asarray(mech.independent_rows, np.intp)
+    out = np.full((N, act.size), np.nan)
+    if rows.size + act.size != n:
+        return out
+    bc = constraints or BatchConstraints(mech.constraints)
+    if not bc.supported:
+        return out
+    Q = np.broadcast_to(mech.gravity_forces if Q_known is None else np.asarray(Q_known, float), (N, n))
+    J = bc.phi_and_jacobian(q)[1][:, rows]
+    A = np.zeros((N, n, n))
+    A[:, :, :rows.size] = np.swapaxes(J, 1, 2)
+    A[:, act, rows.size + np.arange(act.size)] = -1.0
+    rhs = Q - a @ np.asarray(mech.mass_matrix, float).T
+    try:
+        x = np.linalg.solve(A, rhs[..., None])[..., 0]
+    except np.linalg.LinAlgError:
+        return out
+    tau = x[:, rows.size:]
+    good = np.all(np.abs(x) < 1e12, axis=1)
+    out[good] = tau[good]
+    return out
+
+
 def _Q_stack(units, attr):
     Qs = [np.asarray(getattr(u, attr), float) for u in units]
     if all(Q is Qs[0] for Q in Qs) or all(np.array_equal(Q, Qs[0]) for Q in Qs):
@@ -287,7 +365,7 @@ def _velocity(units):
         qk = _key(starts[0])
         J = ctx.phi_and_jacobian(qk, q)[1]
         Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
-        return np.einsum("kij,kj->ki", J, v), [Jd, J]
+        return (J @ v[:, :, None])[:, :, 0], [Jd, J]
     return f
 
 
@@ -297,7 +375,7 @@ def _acceleration(units):
         J = ctx.phi_and_jacobian(qk, q)[1]
         Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
         Jq = ctx.bc.hessian_vector(q, a) + ctx.bc.jacobian_dot_times_v_derivative(q, v)
-        return (np.einsum("kij,kj->ki", J, a) + np.einsum("kij,kj->ki", Jd, v),
+        return ((J @ a[:, :, None] + Jd @ v[:, :, None])[:, :, 0],
                 [Jq, 2.0 * Jd, J])
     return f
 
