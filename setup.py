@@ -29,6 +29,7 @@ setup(
             'mbfg = mbfg_ros.cli:main',
             'estimator = mbfg_ros.node:main',
             'four_bar_sim = mbfg_ros.sim_node:main',
+            'mbfg_demo = mbfg_ros.demo:main',
         ],
     },
 )
