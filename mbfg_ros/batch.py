@@ -73,8 +73,10 @@ class Problem:
         self.dims: Dict[Key, int] = {}
         self.values: Dict[Key, np.ndarray] = {}
         self.factors: List[Tuple[object, Tuple[Key, ...]]] = []
-        # factors grouped (incrementally) by unit type, dimension and key pattern
+        # factors grouped (incrementally) by unit type, dimension and key pattern, with the first
+        # step of each factor's keys (chunks: ints or arrays, in the order of the group's factors)
         self.groups: Dict[tuple, list] = {}
+        self.group_steps: Dict[tuple, list] = {}
 
     def add_variable(self, key: Key, value) -> None:
         value = np.array(value, dtype=float).reshape(-1)
@@ -94,6 +96,63 @@ class Problem:
         k0 = min(k[1] for k in keys) if keys else 0
         sig = (type(unit), unit.dim, tuple((k[0], k[1] - k0, self.dims[k]) for k in keys))
         self.groups.setdefault(sig, []).append((unit, keys))
+        self.group_steps.setdefault(sig, []).append(k0)
+
+    def add_variables(self, name: str, values, steps=None) -> None:
+        """Variables (name, k) for the steps k (default 0, 1, ...) with the rows of `values` (N, d)."""
+        values = np.array(values, dtype=float)
+        values = values.reshape(len(values), -1)
+        steps = range(len(values)) if steps is None else [int(k) for k in steps]
+        dim = values.shape[1]
+        for k, row in zip(steps, values):
+            key = (name, k)
+            old = self.dims.get(key)
+            if old is None:
+                self.keys.append(key)
+                self.dims[key] = dim
+            elif old != dim:
+                raise ValueError(f"variable {key}: dimension {dim} != {old}")
+            self.values[key] = row
+
+    def add_factors(self, units, pattern: Sequence[Tuple[str, int]], steps) -> None:
+        """One factor per step k of `steps` over the keys (name, k + offset) for (name, offset) in
+        `pattern`: `units` is one shared unit or a list with one unit per step.  The same as calling
+        `add_factor` for each step, in bulk."""
+        steps = [int(k) for k in steps]
+        shared = not isinstance(units, (list, tuple))
+        unit_list = [units] * len(steps) if shared else list(units)
+        if len(unit_list) != len(steps):
+            raise ValueError("add_factors: one unit per step")
+        if not steps:
+            return
+        pattern = [(str(nm), int(off)) for nm, off in pattern]
+        keys_list = [tuple((nm, k + off) for nm, off in pattern) for k in steps]
+        dims = self.dims
+        for keys in keys_list:
+            for key in keys:
+                if key not in dims:
+                    raise KeyError(f"factor {type(unit_list[0]).__name__} uses unknown variable {key}")
+        unit0 = unit_list[0]
+        slot_dims = [{dims[keys[i]] for keys in keys_list} for i in range(len(pattern))]
+        uniform = all(len(d) == 1 for d in slot_dims) and (
+            shared or all(type(u) is type(unit0) and u.dim == unit0.dim for u in unit_list))
+        if not uniform:
+            for unit, keys in zip(unit_list, keys_list):
+                self.add_factor(unit, keys)
+            return
+        off0 = min((off for _, off in pattern), default=0)
+        sig = (type(unit0), unit0.dim, tuple((nm, off - off0, next(iter(d))) for (nm, off), d
+                                             in zip(pattern, slot_dims)))
+        pairs = list(zip(unit_list, keys_list))
+        self.factors.extend(pairs)
+        self.groups.setdefault(sig, []).extend(pairs)
+        self.group_steps.setdefault(sig, []).append(np.asarray(steps, dtype=np.intp) + off0)
+
+    def _first_steps(self, sig) -> np.ndarray:
+        chunks = self.group_steps[sig]
+        if all(isinstance(c, int) for c in chunks):
+            return np.array(chunks, dtype=np.intp)
+        return np.concatenate([np.atleast_1d(np.asarray(c, dtype=np.intp)) for c in chunks])
 
     def error(self, values: Optional[Dict[Key, np.ndarray]] = None) -> float:
         """½ Σ |whitened error|² (GTSAM's graph error)."""
@@ -131,7 +190,7 @@ class _Group:
     """Factors of one shape: whitened residuals r (F, d) and Jacobians J (F, d, w) over the columns
     `cols` (F, w) of the stacked variable vector (the factor's slots side by side)."""
 
-    def __init__(self, factors, dims, offset, linear: bool, offsets_by_step=None):
+    def __init__(self, factors, dims, offset, linear: bool, offsets_by_step=None, first_steps=None):
         self.factors = factors
         unit0, keys0 = factors[0]
         self.F, self.d = len(factors), unit0.dim
@@ -139,18 +198,29 @@ class _Group:
         self.w = int(sum(self.widths))
         self.bounds = np.cumsum([0] + self.widths)
         local = np.concatenate([np.arange(wi) for wi in self.widths]) if self.widths else np.zeros(0, int)
+        k_first = min((k[1] for k in keys0), default=0)
+        self.rel = np.array([k[1] - k_first for k in keys0], dtype=np.intp)      # slot steps − first step
+        if first_steps is None:
+            first_steps = np.array([min((k[1] for k in keys), default=0) for _, keys in factors], dtype=np.intp)
+        self.first_steps = np.asarray(first_steps, dtype=np.intp)
         if offsets_by_step is not None:
-            steps = np.array([keys[0][1] for _, keys in factors], dtype=np.intp) - keys0[0][1]
-            starts = np.column_stack([offsets_by_step[name][steps + k] for name, k in keys0]) \
-                if keys0 else np.zeros((self.F, 0), dtype=np.intp)
+            starts = np.column_stack([offsets_by_step[name][self.first_steps + r] for (name, _), r
+                                      in zip(keys0, self.rel)]) if keys0 else np.zeros((self.F, 0), dtype=np.intp)
         else:
             starts = np.array([[offset[k] for k in keys] for _, keys in factors], dtype=np.intp).reshape(self.F, -1)
         self.cols = np.repeat(starts, self.widths, axis=1) + local[None, :]
-        self.inv_sigma = np.array([1.0 / np.asarray(u.sigmas, float).reshape(self.d) for u, _ in factors])
+        units = [u for u, _ in factors]
+        self.shared_unit = all(u is unit0 for u in units)
+        if self.shared_unit:
+            self.inv_sigma = np.repeat(1.0 / np.asarray(unit0.sigmas, float).reshape(1, self.d), self.F, axis=0)
+        else:
+            self.inv_sigma = 1.0 / np.array([np.asarray(u.sigmas, float).reshape(self.d) for u in units])
         self.linear = linear
         self.J = np.zeros((self.F, self.d, self.w))
         self.r = np.zeros((self.F, self.d))
-        if linear:
+        if linear and self._linear_bulk(units, dims, keys0):
+            pass
+        elif linear:
             cache = {}
             self.b = np.zeros((self.F, self.d))
             for i, (unit, keys) in enumerate(factors):
@@ -164,6 +234,27 @@ class _Group:
                 self.b[i] = -hit[1]
             self.J *= self.inv_sigma[:, :, None]
             self.b *= self.inv_sigma
+
+    def _linear_bulk(self, units, dims, keys0) -> bool:
+        """J and b of a linear group without a per-factor loop: one shared unit, or priors that differ
+        only in their means.  False when neither applies."""
+        from . import factors as F
+        unit0 = units[0]
+        if self.shared_unit:
+            e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0])
+            J0 = np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1)
+            b0 = -np.asarray(e, float).reshape(self.d)
+            self.J[:] = J0
+            self.b = np.repeat(b0[None, :], self.F, axis=0)
+        elif (type(unit0) is F.Prior and all(type(u) is F.Prior and u._J is unit0._J and u.size == unit0.size
+                                             and (u.select is unit0.select) for u in units)):
+            self.J[:] = unit0._J
+            self.b = np.array([u.mean for u in units], dtype=float).reshape(self.F, self.d)
+        else:
+            return False
+        self.J *= self.inv_sigma[:, :, None]
+        self.b *= self.inv_sigma
+        return True
 
     def set_linear_residual(self, x):
         self.r = np.einsum("fdw,fw->fd", self.J, x[self.cols]) - self.b
@@ -207,17 +298,19 @@ class _Assembly:
             if arr is None:
                 arr = by_step[k[0]] = np.full(max_step + 1, -1, dtype=np.intp)
             arr[k[1]] = self.offset[k]
-        groups = list(prob.groups.values())
+        if min((k[1] for k in self.keys), default=0) < 0:
+            by_step = None                   # negative steps: look the columns up key by key
+        groups = list(prob.groups.items())
         # the linear part is reused from the previous assembly of this problem when neither the
         # variables nor the linear factors changed (stage 3 only adds velocity constraints)
-        n_lin = sum(len(g) for g in groups if _unit_is_linear(g[0][0]))
+        n_lin = sum(len(g) for _, g in groups if _unit_is_linear(g[0][0]))
         signature = (len(self.keys), n_lin)
         cached = getattr(prob, "_linear_cache", None)
         reuse = cached is not None and cached[0] == signature
-        self.lin_groups = cached[1] if reuse else [_Group(g, prob.dims, self.offset, True, by_step) for g in groups
+        make = lambda sig, g, linear: _Group(g, prob.dims, self.offset, linear, by_step, prob._first_steps(sig))
+        self.lin_groups = cached[1] if reuse else [make(sig, g, True) for sig, g in groups
                                                    if _unit_is_linear(g[0][0])]
-        self.nl_groups = [_Group(g, prob.dims, self.offset, False, by_step) for g in groups
-                          if not _unit_is_linear(g[0][0])]
+        self.nl_groups = [make(sig, g, False) for sig, g in groups if not _unit_is_linear(g[0][0])]
         self.groups = self.lin_groups + self.nl_groups
         # groups of supported units are evaluated over all their factors at once (`batched`)
         for G in self.nl_groups:
@@ -267,15 +360,13 @@ class _Assembly:
         k_base = ks[0]
         P = 1
         for G in self.groups:
-            st = np.array([[k[1] for k in keys] for _, keys in G.factors]).reshape(G.F, -1)
-            k0 = st.min(axis=1)
-            rel = st - k0[:, None]
-            pos = np.array([[self.offset[k] - (k[1] - k_base) * b for k in keys] for _, keys in G.factors]
-                           ).reshape(G.F, -1)
-            if np.any(rel != rel[0]) or np.any(pos != pos[0]):
+            # the slots of a group sit at the same relative steps (G.rel: part of the group's
+            # signature); their in-block positions must agree too
+            k0 = G.first_steps
+            pos = G.cols[:, G.bounds[:-1]] - (k0[:, None] + G.rel[None, :] - k_base) * b
+            if np.any(pos != pos[:1]):
                 return None
             G.k0 = k0 - k_base
-            G.rel = rel[0]
             G.pos = pos[0]
             G.unique = len(np.unique(G.k0)) == G.F
             G.contiguous = bool(G.F and np.all(np.diff(G.k0) == 1))
@@ -842,6 +933,18 @@ class _LibraryUnits:
     def prior(self, target):
         return self.F.Prior("q", target, self.s.trajectory, select=self.mech.actuated, size=self.mech.n)
 
+    def priors(self, targets):
+        """`prior` for every row of targets: shallow copies of one prior with their own means (they
+        share the selection and the Jacobian, so the batch engine stacks them without a loop)."""
+        import copy
+        base = self.prior(targets[0])
+        out = []
+        for row in np.asarray(targets, float):
+            p = copy.copy(base)
+            p.mean = row.copy()
+            out.append(p)
+        return out
+
     def position(self):
         return self._position
 
@@ -910,14 +1013,15 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     q_init = _position_continuation(mech, traj, q_start, assembly_mode)
     eq = U.soft_equality()
     pos = U.position()
-    for k in range(N):
-        prob.add_variable(("q", k), q_init[k])
-        prob.add_factor(U.prior(traj[k]), [("q", k)])
-        prob.add_factor(pos, [("q", k)])
-        if k:
-            prob.add_factor(eq, [("q", k - 1), ("q", k)])
+    steps = np.arange(N)
+    prob.add_variables("q", q_init)
+    priors = U.priors(traj) if hasattr(U, "priors") else [U.prior(traj[k]) for k in range(N)]
+    prob.add_factors(priors, [("q", 0)], steps)
+    prob.add_factors(pos, [("q", 0)], steps)
+    prob.add_factors(eq, [("q", -1), ("q", 0)], steps[1:])
     run(1, ts)
-    q = np.array([prob.values[("q", k)] for k in range(N)])
+    get = lambda name: np.array([prob.values[(name, k)] for k in range(N)])
+    q = get("q")
     if stages < 2:
         nan = np.full((N, n), np.nan)
         return InverseDynamicsResult(t, q, nan, nan.copy(), np.full((N, len(mech_act)), np.nan), reports)
@@ -928,23 +1032,18 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     a_init = _finite_difference(v_init, dt)
     trap_q, trap_v = U.trapezoidal("q"), U.trapezoidal("v")
     sd_v, sd_a = U.smoothness("v"), U.smoothness("a")
-    for k in range(N):
-        prob.add_variable(("v", k), v_init[k])
-        prob.add_variable(("a", k), a_init[k])
-    for k in range(N - 1):
-        prob.add_factor(trap_q, [("q", k), ("q", k + 1), ("v", k), ("v", k + 1)])
-        prob.add_factor(trap_v, [("v", k), ("v", k + 1), ("a", k), ("a", k + 1)])
-        if k >= 1:
-            prob.add_factor(sd_v, [("v", k - 1), ("v", k), ("v", k + 1)])
-            prob.add_factor(sd_a, [("a", k - 1), ("a", k), ("a", k + 1)])
+    prob.add_variables("v", v_init)
+    prob.add_variables("a", a_init)
+    prob.add_factors(trap_q, [("q", 0), ("q", 1), ("v", 0), ("v", 1)], steps[:-1])
+    prob.add_factors(trap_v, [("v", 0), ("v", 1), ("a", 0), ("a", 1)], steps[:-1])
+    prob.add_factors(sd_v, [("v", -1), ("v", 0), ("v", 1)], steps[1:-1])
+    prob.add_factors(sd_a, [("a", -1), ("a", 0), ("a", 1)], steps[1:-1])
     run(2, ts)
 
     # --- stage 3: velocity constraints --------------------------------------------------------------
     if stages >= 3:
         ts = time.perf_counter()
-        vel = U.velocity()
-        for k in range(N):
-            prob.add_factor(vel, [("q", k), ("v", k)])
+        prob.add_factors(U.velocity(), [("q", 0), ("v", 0)], steps)
         run(3, ts)
 
     # --- stage 4: efforts as variables of the inverse-dynamics factor -------------------------------
@@ -952,17 +1051,15 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     if stages >= 4:
         ts = time.perf_counter()
         idyn = U.inverse_dynamics()
-        q3, v3, a3 = (np.array([prob.values[(nm, k)] for k in range(N)]) for nm in ("q", "v", "a"))
+        q3, v3, a3 = get("q"), get("v"), get("a")
         tau0 = batched.inverse_dynamics_many(mech, q3, v3, a3)
         redo = ~np.all(np.isfinite(tau0), axis=1)
         if redo.any():
             tau0[redo] = closed_form_efforts(mech, q3[redo], v3[redo], a3[redo])
-        for k in range(N):
-            prob.add_variable(("tau", k), tau0[k])
-            prob.add_factor(idyn, [("q", k), ("v", k), ("a", k), ("tau", k)])
+        prob.add_variables("tau", tau0)
+        prob.add_factors(idyn, [("q", 0), ("v", 0), ("a", 0), ("tau", 0)], steps)
         run(4, ts)
-        tau = np.array([prob.values[("tau", k)] for k in range(N)])
-    get = lambda name: np.array([prob.values[(name, k)] for k in range(N)])
+        tau = get("tau")
     return InverseDynamicsResult(t, get("q"), get("v"), get("a"), tau, reports)
 
 
