@@ -53,7 +53,8 @@ __all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult"
 
 Key = Tuple[str, int]
 _DEBUG = False
-_REFINE = 2
+_REFINE = 2                 # at most this many refinement steps of a banded solve
+_REFINE_TOLERANCE = 1e-10   # ... stopping once the relative residual of the normal equations is below this
 _VECTORIZE = True     # evaluate supported nonlinear units over all steps at once (`mbfg_ros.batched`)
 
 
@@ -256,6 +257,18 @@ class _Group:
         self.b *= self.inv_sigma
         return True
 
+    def reach(self) -> int:
+        """Largest column distance between two entries that JᵀJ of this group couples: over the
+        structural nonzeros of the (constant) Jacobians of a linear group, the whole extent of the
+        factors otherwise."""
+        if not self.w:
+            return 0
+        if self.linear:
+            nz = np.any(self.J != 0, axis=0).astype(np.intp)           # (d, w)
+            I, Jc = np.nonzero(np.triu(nz.T @ nz))
+            return int(np.abs(self.cols[:, Jc] - self.cols[:, I]).max(initial=0)) if I.size else 0
+        return int((self.cols.max(axis=1) - self.cols.min(axis=1)).max(initial=0))
+
     def set_linear_residual(self, x):
         self.r = np.einsum("fdw,fw->fd", self.J, x[self.cols]) - self.b
 
@@ -271,7 +284,7 @@ class _Group:
         """JᵀJ per factor, (F, w, w) (a broadcast view when all factors share one Jacobian)."""
         if self.linear and self.F and np.array_equal(self.J, np.broadcast_to(self.J[0], self.J.shape)):
             return np.broadcast_to(self.J[0].T @ self.J[0], (self.F, self.w, self.w))
-        return np.einsum("fdi,fdj->fij", self.J, self.J, optimize=True)
+        return np.swapaxes(self.J, 1, 2) @ self.J
 
 
 class _Assembly:
@@ -328,8 +341,10 @@ class _Assembly:
         order.sort()
         self.eval_order = [(gi, i) for _, _, gi, i in order]
         # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
-        self.u = int(max((int((G.cols.max(axis=1) - G.cols.min(axis=1)).max(initial=0)) for G in self.groups
-                          if G.w), default=0))
+        # (the half bandwidth counts only the entries JᵀJ can fill: for the linear groups the structural
+        # nonzeros of their Jacobians — a second difference of q̇ couples q̇ᵢ at k−1 and k+1, not
+        # all of their neighbours — and the whole extent of each nonlinear factor)
+        self.u = int(max((G.reach() for G in self.groups if G.w), default=0))
         self.band_ok = (self.u + 1) * max(self.n, 1) <= 60_000_000
         self.blocks = self._block_layout(prob) if self.band_ok else None
         if self.band_ok:
@@ -337,7 +352,7 @@ class _Assembly:
                 u1 = self.u + 1
                 for G in self.groups:
                     I, Jc = G.cols[:, :, None], G.cols[:, None, :]
-                    G.upper = np.broadcast_to(I <= Jc, (G.F, G.w, G.w))
+                    G.upper = np.broadcast_to((I <= Jc) & (Jc - I <= self.u), (G.F, G.w, G.w))
                     G.band_index = ((self.u + I - Jc) + u1 * Jc)[G.upper]
             ok = reuse and cached[2] is not None and cached[2].shape == (self.u + 1, self.n)
             self.H_lin_band = cached[2] if ok else self._band(self.lin_groups)
@@ -373,22 +388,34 @@ class _Assembly:
             P = max(P, int(G.rel.max(initial=0)) + 1)
         return len(ks), P, b
 
-    def _band(self, groups):
-        """Σ JᵀJ of `groups` in band storage (u+1, n), Fortran order: H[i, j] (i ≤ j) at ab[u + i − j, j]."""
+    def _band(self, groups, ab=None):
+        """Σ JᵀJ of `groups` in band storage (u+1, n), Fortran order: H[i, j] (i ≤ j) at ab[u + i − j, j];
+        added into `ab` when given (Fortran-ordered, shape (u+1, n))."""
         n, u = self.n, self.u
+        if ab is None:
+            ab = np.zeros((u + 1, n), order="F")
+        flat = ab.reshape(-1, order="F")          # a view: ab is Fortran-contiguous
         if self.blocks is None:
-            size = (u + 1) * n
-            out = np.zeros(size)
             for G in groups:
                 if G.F and G.w:
-                    out += np.bincount(G.band_index, G.normal_blocks()[G.upper], minlength=size)
-            return out.reshape(u + 1, n, order="F")
+                    flat += np.bincount(G.band_index, G.normal_blocks()[G.upper], minlength=flat.size)
+            return ab
         b = self.blocks[2]
-        ab = np.zeros((u + 1, n), order="F")
         for G in groups:
             if not (G.F and G.w):
                 continue
             NB = G.normal_blocks()
+            if self._single_step(G):
+                # every slot in the factor's own step, consecutive steps: the upper triangle of each
+                # factor's block goes to a strided view W[k, i, j] = H[kb + i, kb + j] (valid for i ≤ j)
+                from numpy.lib.stride_tricks import as_strided
+                S = b * (u + 1)
+                start = u + int(G.k0[0]) * S
+                W = as_strided(flat[start:], shape=(G.F, b, b),
+                               strides=(S * flat.itemsize, flat.itemsize, u * flat.itemsize))
+                for c1, p1, sel, targets in G.scatter:
+                    W[:, p1, targets] += NB[:, c1, sel]
+                continue
             nslots = len(G.widths)
             for s_ in range(nslots):
                 for t_ in range(nslots):
@@ -400,7 +427,7 @@ class _Assembly:
                     nz = blk[0] != 0 if shared else np.any(blk != 0, axis=0)
                     for p_, q_ in zip(*np.nonzero(nz)):
                         dist = (rt - rs) * b + G.pos[t_] + q_ - G.pos[s_] - p_
-                        if dist < 0:
+                        if dist < 0 or dist > u:     # lower triangle; beyond the band only zeros
                             continue
                         vals = blk[0, p_, q_] if shared else blk[:, p_, q_]
                         if G.contiguous:
@@ -413,6 +440,25 @@ class _Assembly:
                             else:
                                 np.add.at(ab[u - dist], j, np.broadcast_to(vals, j.shape))
         return ab
+
+    def _single_step(self, G) -> bool:
+        """Is G a group of one-step factors on consecutive steps (the strided scatter of `_band`)?
+        Prepares G.scatter: per column c1 of the factor, its in-block position p1 and the columns
+        `sel` (in-block positions `targets` ≥ p1) of its upper-triangle entries."""
+        ok = getattr(G, "scatter", None)
+        if ok is None:
+            good = bool(G.contiguous and G.unique and np.all(G.rel == 0))
+            if good:
+                P = np.concatenate([G.pos[s_] + np.arange(G.widths[s_]) for s_ in range(len(G.widths))])
+                good = len(np.unique(P)) == P.size and self.u >= self.blocks[2] - 1
+            G.scatter = False
+            if good:
+                G.scatter = []
+                for c1 in range(G.w):
+                    sel = np.nonzero(P >= P[c1])[0]
+                    G.scatter.append((c1, int(P[c1]), sel, P[sel]))
+            ok = G.scatter
+        return ok is not False
 
     def pack(self, values) -> np.ndarray:
         return np.concatenate([values[k] for k in self.keys]) if self.keys else np.zeros(0)
@@ -469,20 +515,19 @@ class _Assembly:
         return float(-(g @ dx) - 0.5 * sum(np.sum(G.times(dx) ** 2) for G in self.groups))
 
     def step(self, g, lam: float) -> np.ndarray:
-        """dx = −(H + λ diag H)⁻¹ g (Jacobi-scaled banded Cholesky + two refinement steps)."""
+        """dx = −(H + λ diag H)⁻¹ g (banded Cholesky + up to two refinement steps)."""
         import scipy.linalg as sla
         n, u = self.n, self.u
         self.factor = None
         if not self.band_ok:
             return self._step_sparse(g, lam)
-        ab = self.H_lin_band + self._band(self.nl_groups)
+        ab = self._band(self.nl_groups, self.H_lin_band.copy(order="F"))
         diag = ab[u].copy()
-        d = np.sqrt(np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0)))))
-        for o in range(u + 1):
-            sft = u - o
-            if sft < n:
-                ab[o, sft:] /= d[:n - sft] * d[sft:]
-        ab[u] += lam
+        d2 = np.maximum(diag, 1e-300 + 1e-14 * max(1.0, float(diag.max(initial=1.0))))
+        d = np.sqrt(d2)
+        # H + λ D² with D² = diag H: the Jacobi-scaled system D⁻¹HD⁻¹ + λI without forming it (Cholesky
+        # is invariant under diagonal scaling; the residuals are measured in the scaled variables)
+        ab[u] += lam * d2
         try:
             cb = sla.cholesky_banded(ab, lower=False, overwrite_ab=True, check_finite=False)
         except (np.linalg.LinAlgError, ValueError):
@@ -492,20 +537,28 @@ class _Assembly:
         return self.refined_step(g)
 
     def refined_step(self, g, with_residual: bool = False):
-        """The step for gradient g with the last factorization, refined twice against the current
-        Jacobians (so a factorization from the previous iterate gives a good step too).  With
-        `with_residual`, also the relative residual |H dx + g| / |g| of the scaled system."""
+        """The step for gradient g with the last factorization, refined (up to twice) against the
+        current Jacobians, so a factorization from the previous iterate gives a good step too; the
+        refinement stops once the relative residual |H dx + g| / |g| of the scaled system is below
+        1e-10 (a fresh factorization is usually there at once).  With `with_residual`, also that
+        residual."""
         import scipy.linalg as sla
         cb, d, lam = self.factor
         gs = g / d
         hs = lambda y: self.hessian_times(y / d) / d + lam * y
-        y = sla.cho_solve_banded((cb, False), -gs, check_finite=False)
-        for _ in range(_REFINE):
-            y += sla.cho_solve_banded((cb, False), -gs - hs(y), check_finite=False)
-        if not with_residual:
-            return y / d
-        res = float(np.linalg.norm(gs + hs(y)) / max(np.linalg.norm(gs), 1e-300))
-        return y / d, res
+        solve_s = lambda r: sla.cho_solve_banded((cb, False), r * d, check_finite=False) * d
+        y = solve_s(-gs)
+        scale = max(float(np.linalg.norm(gs)), 1e-300)
+        res = math.inf
+        for i in range(_REFINE + 1):
+            if i == _REFINE and not with_residual:
+                break
+            r = -gs - hs(y)
+            res = float(np.linalg.norm(r)) / scale
+            if res <= _REFINE_TOLERANCE or i == _REFINE:
+                break
+            y += solve_s(r)
+        return (y / d, res) if with_residual else y / d
 
     def _step_sparse(self, g, lam: float) -> np.ndarray:
         rows, cols, vals = [], [], []
