@@ -201,7 +201,11 @@ class FixedLagEstimator:
             self._check_mode(c.assembly_mode)
         self.ctx = F.EvalContext(mech)
         self.layout = self._make_layout()
-        self._Qg = np.array(mech.gravity_forces)
+        self._a_slice = self.layout.slices["a"]
+        self._Qg = np.array(mech.gravity_forces, dtype=float)
+        self._Qg.flags.writeable = False          # shared by units and estimates: never modified
+        self._no_efforts = np.full(self.na, np.nan)
+        self._no_efforts.flags.writeable = False
         # sensors: one persistent unit each (readings are set per step)
         self._sensor_units: Dict[str, F.Factor] = {}
         for s in mech.sensors:
@@ -293,7 +297,7 @@ class FixedLagEstimator:
 
     def _efforts_in(self, efforts):
         if efforts is None:
-            return np.full(self.na, np.nan)
+            return self._no_efforts
         e = np.array(efforts, dtype=float).reshape(-1)
         if e.size != self.na:
             raise ValueError(f"expected {self.na} efforts (actuators {list(self.mech.actuator_names)}), got {e.size}")
@@ -413,9 +417,12 @@ class FixedLagEstimator:
         Jerk factor: Q̇ from the commanded efforts (forward_dynamics; fused, unknown entries count as
         constant), zero in estimation mode (the random-walk effort model has no expected rate)."""
         if not self.has_tau:
-            tau = self._commanded(efforts)
-            Q = self._Qg.copy()
-            Q[self.mech.actuated] += tau
+            if self.na:
+                tau = self._commanded(efforts)
+                Q = self._Qg.copy()
+                Q[self.mech.actuated] += tau
+            else:
+                tau, Q = efforts, self._Qg
             self._u_dyn.Q = Q
             if self._u_jerk is not None:
                 self._u_jerk.Q = Q
@@ -603,9 +610,10 @@ class FixedLagEstimator:
         """Continuity predictor: Taylor expansion of q, q̇ (through q̈ and, hermite, the jerk) from the
         previous estimate, then q̈ (and j) from the dynamics at the predicted (q, q̇) — the same dynamics
         linearization the step's factors use (shared through the context), so it costs nothing extra."""
-        L = self.layout
-        sl = L.slices
-        q, v, a = x[sl["q"]], x[sl["v"]], x[sl["a"]]
+        sl = self.layout.slices
+        n = self.mech.n
+        n2, n3 = 2 * n, 3 * n
+        q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
@@ -615,22 +623,20 @@ class FixedLagEstimator:
             j = (a - self._a_prev) / self._h_prev      # backward-difference jerk
         else:
             j = None
+        qp, vp = xp[:n], xp[n:n2]
+        xp[:n2] += h * x[n:n3]                      # q + h q̇, q̇ + h q̈
         if j is not None:
-            qp = q + h * v + h2 * a + h3 * j
-            vp = v + h * a + h2 * j
+            qp += h2 * a + h3 * j
+            vp += h2 * j
         else:
-            qp = q + h * v + h2 * a
-            vp = v + h * a
-        xp[sl["q"]] = qp
-        xp[sl["v"]] = vp
-        qp, vp = xp[sl["q"]], xp[sl["v"]]
+            qp += h2 * a
         if self.has_tau:
             Q = self._u_dyn.forces(xp[sl["tau"]])
         else:
             Q = self._u_dyn.Q
         d = self.ctx.dynamics(qp, vp, Q)
         ap = d.a
-        xp[sl["a"]] = ap
+        xp[n2:n3] = ap
         if self.hermite:
             jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ self._u_jerk.Qdot
         if self._u_eq is not None:
@@ -660,7 +666,7 @@ class FixedLagEstimator:
         model = self._model(units + readings)
         x = self._window.add_step(k, model, xp, x_prev,
                                   threshold=self.relinearize_threshold_readings if readings else None)
-        self._a_prev, self._h_prev = x_prev[self.layout.slices["a"]].copy(), h
+        self._a_prev, self._h_prev = x_prev[self._a_slice], h      # (estimates are never modified in place)
         if self._u_jerk is not None and self.config.mode != "estimation" and self.na and k <= 2:
             x = self._correct_first_effort_rates(k, h)
         rec = self._window.last
@@ -694,10 +700,12 @@ class FixedLagEstimator:
 
     def _estimate(self, t, x, efforts, status, messages) -> Estimate:
         L, mech = self.layout, self.mech
-        q, v, a = x[L.slices["q"]].copy(), x[L.slices["v"]].copy(), x[L.slices["a"]].copy()
+        n = mech.n
+        qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
+        q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
         if self.has_tau:
             tau = x[L.slices["tau"]].copy()
-        elif self.config.mode == "forward_dynamics":
+        elif self.config.mode == "forward_dynamics" and self.na:
             tau = self._commanded(efforts)
         else:
             tau = np.zeros(0)
@@ -708,7 +716,7 @@ class FixedLagEstimator:
         residual = float(np.abs(phi).max(initial=0.0))
         xa = np.abs(x)
         self._x_abs_max = float(xa.max())                      # NaN propagates: checked in _check_failure
-        self._speed = float(xa[L.slices["v"]].max(initial=0.0))
+        self._speed = float(xa[n:2 * n].max(initial=0.0))
         mode = mech.assembly_mode(q)
         if self._mode is not None and mode.size and not np.array_equal(mode, self._mode):
             if self._requested_mode is not None and not np.array_equal(mode, self._requested_mode):

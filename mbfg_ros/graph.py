@@ -17,7 +17,6 @@ Two ways to hand a unit to GTSAM:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 import gtsam
@@ -30,6 +29,7 @@ __all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "l
 
 
 _X_KEY = gtsam.symbol("x", 0)
+_EMPTY = np.zeros(0)
 
 
 def state_key(k: int) -> int:
@@ -242,6 +242,8 @@ class StepModel:
         self._param_units = [(u, u.params) for u in dynamic if u.params]
         self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan
                             if not u.linear and u.check_weight > 0.0]
+        # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
+        self.check_prev = any(not which for _, slots, _ in self._check_plan for which, _ in slots)
 
     def snapshot(self) -> list:
         """The units' current per-step parameters (references: the estimator assigns new objects)."""
@@ -289,23 +291,34 @@ class StepModel:
 
 
 # ----------------------------------------------------------------------------------------------
-@dataclass
 class StepRecord:
-    """What the window remembers about the newest step: its model and the current linear model of its
-    nonlinear rows (for the relinearization check)."""
-    k: int
-    model: StepModel
-    x_prev: Optional[np.ndarray]
-    x_cur: np.ndarray
-    A_prev: Optional[np.ndarray]      # rows `model.check_rows` only
-    A_cur: np.ndarray
-    r: np.ndarray
-    factor_index: int = -1
-    relinearizations: int = 0
-    mismatch: float = 0.0
-    params: Optional[list] = None     # the units' parameters at this step (`StepModel.snapshot`)
-    threshold: Optional[float] = None  # this step's relinearization threshold (None: the window's)
-    _factor: object = None
+    """What the window remembers about a step: its model, its units' parameters, the linearization point
+    and the current linear model of its checked (nonlinear) rows (for the relinearization check)."""
+
+    __slots__ = ("k", "model", "x_prev", "x_cur", "A_prev", "A_cur", "r", "factor_index", "relinearizations",
+                 "mismatch", "params", "threshold", "_factor")
+
+    def __init__(self, k: int, model: StepModel, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                 A_prev: Optional[np.ndarray] = None, A_cur: Optional[np.ndarray] = None,
+                 r: Optional[np.ndarray] = None, factor_index: int = -1, relinearizations: int = 0,
+                 mismatch: float = 0.0, params: Optional[list] = None, threshold: Optional[float] = None):
+        self.k = k
+        self.model = model
+        self.x_prev = x_prev
+        self.x_cur = x_cur
+        self.A_prev = A_prev              # rows `model.check_rows` only (None when they do not read X_{k−1})
+        self.A_cur = A_cur
+        self.r = r
+        self.factor_index = factor_index
+        self.relinearizations = relinearizations
+        self.mismatch = mismatch
+        self.params = params              # the units' parameters at this step (`StepModel.snapshot`)
+        self.threshold = threshold        # this step's relinearization threshold (None: the window's)
+        self._factor = None
+
+    def __repr__(self):
+        return (f"StepRecord(k={self.k}, factor_index={self.factor_index}, relinearizations={self.relinearizations}, "
+                f"mismatch={self.mismatch:.3g})")
 
 
 class FixedLagWindow:
@@ -323,6 +336,9 @@ class FixedLagWindow:
     * ``"ends"``   – also the oldest step still in the window, i.e. every factor is re-checked at its
       final smoothed estimate just before it is marginalized into the prior;
     * ``"window"`` – every step in the window (the full nonlinear fixed-lag smoother, most expensive).
+
+    iSAM2 runs with ``findUnusedFactorSlots`` (the slots of removed and marginalized factors are reused, so
+    its factor list stays as long as the window instead of growing by two entries per step).
     """
 
     SCOPES = ("newest", "ends", "window")
@@ -340,14 +356,17 @@ class FixedLagWindow:
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
+        params.findUnusedFactorSlots = True       # bounded factor list over an unbounded run
         self.smoother = gtsam.IncrementalFixedLagSmoother(float(self.lag), params)
         self.records: Dict[int, StepRecord] = {}
         self.last: Optional[StepRecord] = None
         self.total_relinearizations = 0
         self.steps = 0
         self._graph = gtsam.NonlinearFactorGraph()
+        self._values = gtsam.Values()
         self._empty_values = gtsam.Values()
         self._empty_stamps: Dict[int, float] = {}
+        self._no_removals: list = []
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
@@ -359,34 +378,51 @@ class FixedLagWindow:
             x_prev = None
         elif x_prev is None:
             raise ValueError("this step's units read the previous state: x_prev is required")
-        key = state_key(k)
-        rec = StepRecord(k, model, x_prev, x_pred, None, None, None, params=model.snapshot(), threshold=threshold)
-        values = gtsam.Values()
+        key = _X_KEY + k
+        rec = StepRecord(k, model, x_prev, x_pred, params=model.snapshot() if model._param_units else [],
+                         threshold=threshold)
+        self._linearize(rec, restore=False)
+        values = self._values
+        values.clear()
         values.insert(key, x_pred)
-        self._linearize(rec)
-        self._update([rec], values, {key: float(k)}, [])
+        self._update1(rec, values, {key: float(k)})
         self.last = rec
         self.steps += 1
         # records whose keys are all still in the window (keys k − lag ... k are kept)
-        self.records[k] = rec
+        records = self.records
+        records[k] = rec
         # keys k − lag ... k stay: a two-step factor j needs j − 1 ≥ k − lag
-        old = self.records.get(k - self.lag)
+        old = records.get(k - self.lag)
         if old is not None and old.x_prev is not None:
-            del self.records[k - self.lag]
-        self.records.pop(k - self.lag - 1, None)
+            del records[k - self.lag]
+        records.pop(k - self.lag - 1, None)
         x_est = self.estimate(k)
         if check:
             x_est = self.safeguard(x_est)
         return x_est
 
-    def _linearize(self, rec: StepRecord):
-        rec.model.restore(rec.params)
-        A_prev, A_cur, r = rec.model.linearize(rec.x_prev, rec.x_cur, self.ctx)
-        rows = rec.model.check_rows
-        rec.A_cur, rec.r = A_cur[rows], r[rows]
-        rec.A_prev = None if A_prev is None else A_prev[rows]
-        key_prev = state_key(rec.k - 1) if A_prev is not None else None
-        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, state_key(rec.k), rec.x_prev, rec.x_cur)
+    def _linearize(self, rec: StepRecord, restore: bool = True):
+        model = rec.model
+        if restore:
+            model.restore(rec.params)
+        A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx)
+        rows = model.check_rows
+        if rows.size:
+            rec.A_cur, rec.r = A_cur[rows], r[rows]
+            rec.A_prev = A_prev[rows] if model.check_prev else None
+        else:
+            rec.A_cur = rec.r = _EMPTY
+            rec.A_prev = None
+        key_prev = _X_KEY + rec.k - 1 if A_prev is not None else None
+        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, _X_KEY + rec.k, rec.x_prev, rec.x_cur)
+
+    def _update1(self, rec, values, timestamps):
+        g = self._graph
+        g.resize(0)
+        g.push_back(rec._factor)
+        rec._factor = None
+        self.smoother.update(g, values, timestamps, self._no_removals)
+        rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
 
     def _update(self, recs, values, timestamps, remove):
         g = self._graph
@@ -399,17 +435,22 @@ class FixedLagWindow:
         for i, rec in enumerate(recs):
             rec.factor_index = int(idx[i])
 
-    def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> float:
+    def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray, restore: bool = True) -> float:
         """max weighted |nonlinear − linear model| of the step's nonlinear rows at (x_prev, x_cur)."""
         if rec.r.size == 0:
             return 0.0
-        rec.model.restore(rec.params)
-        lin = rec.r + rec.A_cur @ (x_cur - rec.x_cur)
+        model = rec.model
+        if restore:
+            model.restore(rec.params)
+        lin = rec.A_cur @ (x_cur - rec.x_cur)
+        lin += rec.r
         if rec.A_prev is not None:
             lin += rec.A_prev @ (x_prev - rec.x_prev)
-        diff = np.abs(rec.model.check_residual(x_prev, x_cur, self.ctx) - lin)
-        if rec.model.check_weights is not None:
-            diff *= rec.model.check_weights
+        diff = model.check_residual(x_prev, x_cur, self.ctx)
+        diff -= lin
+        np.abs(diff, out=diff)
+        if model.check_weights is not None:
+            diff *= model.check_weights
         m = float(diff.max())
         if m != m:
             raise FloatingPointError("non-finite residual at the estimate")
@@ -429,26 +470,32 @@ class FixedLagWindow:
         returns the estimate of the newest state."""
         newest = self.last
         newest.relinearizations = 0
+        calc = self.estimate
         for round_ in range(self.max_relinearizations + 1):
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
-
-            def est(j):
-                x = cache.get(j)
-                if x is None:
-                    x = cache[j] = self.estimate(j)
-                return x
-
             stale = []
             for rec in self._checked():
-                x_cur = est(rec.k)
-                x_prev = est(rec.k - 1) if rec.x_prev is not None else None
-                rec.mismatch = self.mismatch(rec, x_prev, x_cur)
+                k = rec.k
+                x_cur = cache.get(k)
+                if x_cur is None:
+                    x_cur = cache[k] = calc(k)
+                x_prev = None
+                if rec.x_prev is not None:
+                    # the estimate of X_{k−1}: needed for the checked rows or for a relinearization
+                    x_prev = cache.get(k - 1)
+                    if x_prev is None and rec.A_prev is not None:
+                        x_prev = cache[k - 1] = calc(k - 1)
+                # the step just added still has its parameters in place: no restore
+                rec.mismatch = self.mismatch(rec, x_prev, x_cur, restore=rec is not newest or round_ > 0)
                 thr = self.threshold if rec.threshold is None else rec.threshold
                 if rec.mismatch > thr and round_ < self.max_relinearizations:
+                    if rec.x_prev is not None and x_prev is None:
+                        x_prev = cache[k - 1] = calc(k - 1)
                     rec.x_prev, rec.x_cur = x_prev, x_cur
                     stale.append(rec)
             if not stale:
-                return est(newest.k)
+                x = cache.get(newest.k)
+                return x if x is not None else calc(newest.k)
             remove = [rec.factor_index for rec in stale]
             for rec in stale:
                 rec.relinearizations += 1
@@ -456,7 +503,7 @@ class FixedLagWindow:
             self.total_relinearizations += len(stale)
             self._update(stale, self._empty_values, self._empty_stamps, remove)
             x_est = None
-        return self.estimate(newest.k)
+        return calc(newest.k)
 
     def reparametrize(self, k: int, unit, **values) -> bool:
         """Change per-step parameters of `unit` in step k's factor (e.g. a rate known only later) and
