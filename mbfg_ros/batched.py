@@ -164,24 +164,31 @@ class BatchDynamics:
         return A if self.rows is None else A[:, self.rows]
 
     def linearize(self, q, v, Q, J_all, Jd_all, force_columns=None, need_jacobians: bool = True):
-        """(a (N, n), da_dq (N, n, n), da_dv (N, n, n), da_dQS (N, n, s)) with Φq, Φ̇q (all rows) given.
+        """(a (N, n), da_dq (N, n, n), da_dv (N, n, n), da_dQS (N, n, s), bad (N,)) with Φq, Φ̇q (all rows)
+        given; `bad` marks the steps whose augmented system is singular or ill-conditioned.
 
-        `force_columns` selects the columns of ∂q̈/∂Q returned (all n by default)."""
+        `force_columns` selects the columns of ∂q̈/∂Q returned (all n by default).  One solve per step
+        with n + 1 right-hand sides gives x = K⁻¹[Q; −Φ̇q q̇] = [q̈; λ] and the first n columns of K⁻¹,
+        i.e. (K symmetric) its first n rows [A B]; then the derivatives of q̈ are the products
+        ∂q̈/∂q = −A Σλᵢ∂²Φᵢ − B ∂(Φq q̈ + Φ̇q q̇)/∂q, ∂q̈/∂q̇ = −2 B Φ̇q, ∂q̈/∂Q = A
+        (the same equations as `factors.EvalContext`, which solves K D = R for all of D)."""
         N, n, r = q.shape[0], self.n, self.r
         J, Jd = self._sel(J_all), self._sel(Jd_all)
         K = np.zeros((N, n + r, n + r))
         K[:, :n, :n] = self.M
         K[:, :n, n:] = np.swapaxes(J, 1, 2)
         K[:, n:, :n] = J
-        rhs = np.empty((N, n + r, 1))
+        rhs = np.zeros((N, n + r, 1 + (n if need_jacobians else 0)))
         rhs[:, :n, 0] = Q
-        rhs[:, n:, :] = -(Jd @ v[:, :, None])
-        bad = np.zeros(N, bool)
+        rhs[:, n:, :1] = -(Jd @ v[:, :, None])
+        if need_jacobians:
+            rhs[:, np.arange(n), 1 + np.arange(n)] = 1.0
         try:
-            x = np.linalg.solve(K, rhs)[..., 0]
+            X = np.linalg.solve(K, rhs)
         except np.linalg.LinAlgError:
             return None
-        bad |= ~np.all(np.abs(x) < 1e12, axis=1)
+        x = X[:, :, 0]
+        bad = ~np.all(np.abs(x) < 1e12, axis=1)
         a = x[:, :n]
         if not need_jacobians:
             return a, bad
@@ -190,22 +197,20 @@ class BatchDynamics:
             lam[:] = x[:, n:]
         else:
             lam[:, self.rows] = x[:, n:]
-        cols = np.arange(n) if force_columns is None else np.asarray(force_columns, np.intp)
-        s = cols.size
-        R = np.zeros((N, n + r, 2 * n + s))
-        R[:, :n, :n] = -self.bc.weighted_hessian(q, lam)
-        R[:, cols, 2 * n + np.arange(s)] = 1.0
+        AB = np.swapaxes(X[:, :, 1:], 1, 2)                  # (N, n, n + r): the first n rows of K⁻¹
+        A, B = AB[:, :, :n], AB[:, :, n:]
         low = self.bc.hessian_vector(q, a)
         if self.third:
             low = low + self.bc.jacobian_dot_times_v_derivative(q, v)
-        R[:, n:, :n] = -self._sel(low)
-        R[:, n:, n:2 * n] = -2.0 * Jd
-        try:
-            D = np.linalg.solve(K, R)
-        except np.linalg.LinAlgError:
-            return None
-        bad |= ~np.all(np.isfinite(D[:, :n]), axis=(1, 2))
-        return a, D[:, :n, :n], D[:, :n, n:2 * n], D[:, :n, 2 * n:], bad
+        da_dq = A @ self.bc.weighted_hessian(q, lam)
+        da_dq += B @ self._sel(low)
+        np.negative(da_dq, out=da_dq)
+        da_dv = B @ Jd
+        da_dv *= -2.0
+        cols = np.arange(n) if force_columns is None else np.asarray(force_columns, np.intp)
+        da_dQ = A[:, :, cols]
+        bad |= ~np.all(np.isfinite(AB), axis=(1, 2))
+        return a, da_dq, da_dv, da_dQ, bad
 
 
 class BatchContext:
