@@ -161,6 +161,37 @@ class RelativeAngleConstraints(ConstraintType):
                    for (xf, L, s, c, _), wr in zip(self._forms(u), w.tolist())]
         return t
 
+    # -- one-pass forms used by `ConstraintSet` (only ∂²φ/∂θ² is non-zero among the second derivatives)
+    angle_only = True
+
+    def phi_gradient(self, u):
+        """(phi(u), gradient(u)) in one pass."""
+        phi, grad = [], []
+        for xf, L, s, c, r in self._forms(u):
+            if xf:
+                phi.append(r[2] - r[0] - L * c)
+                grad.append([-1.0, 0.0, 1.0, 0.0, L * s])
+            else:
+                phi.append(r[3] - r[1] - L * s)
+                grad.append([0.0, -1.0, 0.0, 1.0, -L * c])
+        return np.array(phi), np.array(grad)
+
+    def curvature(self, theta) -> np.ndarray:
+        """∂²φ/∂θ² per instance at the angles `theta` (the only non-zero second derivative)."""
+        out = []
+        for t, L in zip(theta.tolist(), self._L):
+            s, c = math.sin(t), math.cos(t)
+            out.append(L * c if abs(s) > self._SWITCH else L * s)
+        return np.array(out)
+
+    def curvature_rate(self, theta, rate) -> np.ndarray:
+        """∂³φ/∂θ³ · θ̇² per instance (`third` in global form)."""
+        out = []
+        for t, w, L in zip(theta.tolist(), rate.tolist(), self._L):
+            s, c = math.sin(t), math.cos(t)
+            out.append((-L * s if abs(s) > self._SWITCH else L * c) * w * w)
+        return np.array(out)
+
 
 class ConstraintSet:
     """All constraint types of a mechanism, assembled into global arrays over the n coordinates.
@@ -198,6 +229,24 @@ class ConstraintSet:
         self._H_flat = H.reshape(m, ne * ne)          # λ-weighted sum of Hessians
         self._b, self._c = b, c
         self._empty = m == 0
+        # Φ and Φq in one product: with qe1 = [qe, 1] and H̃ = [[H, b], [bᵀ, 2c]] per row,
+        # T = H̃ qe1 = [Φq(extended) | bᵀqe + 2c] and Φ = ½ T qe1.
+        Ht = np.zeros((m, ne + 1, ne + 1))
+        Ht[:, :ne, :ne] = H
+        Ht[:, :ne, ne] = b
+        Ht[:, ne, :ne] = b
+        Ht[:, ne, ne] = 2.0 * c
+        self._Ht_rows = Ht.reshape(m * (ne + 1), ne + 1)
+        self._qe1 = np.concatenate((np.zeros(n), self.fixed_values, [1.0]))      # work buffers
+        self._we = np.zeros(ne)
+        # types whose only non-zero second derivative is ∂²φ/∂θ² of one local coordinate (relative angles):
+        # (type, rows, extended column of θ, flat (θ, θ) index, are those indices distinct?)
+        self._angle = []
+        for t, r, _ in self._nonlinear:
+            if getattr(t, "angle_only", False):
+                col = np.ascontiguousarray(t.index[:, 4])
+                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size))
+        self._all_angle = len(self._angle) == len(self._nonlinear)
 
     def _extended(self, q):
         return np.concatenate((q, self.fixed_values))
@@ -220,24 +269,36 @@ class ConstraintSet:
         return self.phi_and_jacobian(q)[1]
 
     def phi_and_jacobian(self, q):
-        qe = self._extended(q)
-        Jd = self._rows_times(qe)
-        phi = 0.5 * (Jd @ qe) + self._b @ qe + self._c
-        Jd += self._b
+        qe1 = self._qe1
+        qe1[:self.n] = q
+        T = (self._Ht_rows @ qe1).reshape(self.m, self.n_extended + 1)
+        phi = T @ qe1
+        phi *= 0.5
         for t, r, _ in self._nonlinear:
-            u = qe[t.index]
-            phi[r] = t.phi(u)
-            self._put(Jd, t, r, t.gradient(u))
-        return phi, Jd[:, :self.n]
+            u = qe1[t.index]
+            if self._all_angle:
+                p, g = t.phi_gradient(u)
+            else:
+                p, g = t.phi(u), t.gradient(u)
+            phi[r] = p
+            T[r[:, None], t.index] = g
+        return phi, T[:, :self.n]
 
     def hessian_vector(self, q: np.ndarray, w: np.ndarray) -> np.ndarray:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
-        we = self._extended_rate(w)
-        out = self._rows_times(we)
+        we = self._we
+        we[:self.n] = w
+        out = (self._H_rows @ we).reshape(self.m, self.n_extended)
         if self._nonlinear:
-            qe = self._extended(q)
-            for t, r, _ in self._nonlinear:
-                self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
+            qe1 = self._qe1
+            qe1[:self.n] = q
+            if self._all_angle:
+                for t, r, col, _, _ in self._angle:
+                    out[r, col] = t.curvature(qe1[col]) * we[col]
+            else:
+                qe = qe1[:-1]
+                for t, r, _ in self._nonlinear:
+                    self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
         return out[:, :self.n]
 
     def jacobian_dot(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -248,9 +309,17 @@ class ConstraintSet:
         """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
         out = np.zeros((self.m, self.n_extended))
         if self._nonlinear:
-            qe, ve = self._extended(q), self._extended_rate(v)
-            for t, r, _ in self._nonlinear:
-                self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
+            qe1 = self._qe1
+            qe1[:self.n] = q
+            if self._all_angle:
+                we = self._we
+                we[:self.n] = v
+                for t, r, col, _, _ in self._angle:
+                    out[r, col] = t.curvature_rate(qe1[col], we[col])
+            else:
+                qe, ve = qe1[:-1], self._extended_rate(v)
+                for t, r, _ in self._nonlinear:
+                    self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
         return out[:, :self.n]
 
     def weighted_hessian(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
@@ -258,8 +327,18 @@ class ConstraintSet:
         ne = self.n_extended
         out = lam @ self._H_flat if self.m else np.zeros(ne * ne)
         if self._nonlinear:
-            qe = self._extended(q)
-            for t, r, flat in self._nonlinear:
-                weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
-                out = out + np.bincount(flat, weights, minlength=ne * ne)
+            qe1 = self._qe1
+            qe1[:self.n] = q
+            if self._all_angle:
+                for t, r, col, flat, distinct in self._angle:
+                    vals = t.curvature(qe1[col]) * lam[r]
+                    if distinct:
+                        out[flat] += vals
+                    else:
+                        np.add.at(out, flat, vals)
+            else:
+                qe = qe1[:-1]
+                for t, r, flat in self._nonlinear:
+                    weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
+                    out = out + np.bincount(flat, weights, minlength=ne * ne)
         return out.reshape(ne, ne)[:self.n, :self.n]
