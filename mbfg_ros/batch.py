@@ -55,6 +55,7 @@ Key = Tuple[str, int]
 _DEBUG = False
 _REFINE = 2                 # at most this many refinement steps of a banded solve
 _REFINE_TOLERANCE = 1e-10   # ... stopping once the relative residual of the normal equations is below this
+_COARSE_MOTION = 0.25  # position continuation: largest move of an actuated coordinate per coarse interval
 _VECTORIZE = True     # evaluate supported nonlinear units over all steps at once (`mbfg_ros.batched`)
 
 
@@ -780,15 +781,18 @@ def quintic_move(t, start, end, t0: float, t1: float):
 
 
 def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, assembly_mode=None,
-                           tol: float = 1e-12, stride: int = 8):
+                           tol: float = 1e-12, stride: int = 16):
     """Per-step position problems with the actuated coordinates at `values` (N, n_actuated).
 
-    Step 0 is the full position problem (`kinematics.solve_positions[_on_mode]`).  Every `stride`-th
-    step is then solved in sequence by a few Newton iterations from the quadratic extrapolation of the
-    previous solutions (continuation: keeps the branch, the assembly mode); the steps in between start
-    from the cubic interpolation of those and are solved all at once (`batched.newton_positions`).
-    Steps that do not converge or land on another branch are redone in sequence from their predecessor.
-    `stride` = 1 solves every step in sequence.
+    Step 0 is the full position problem (`kinematics.solve_positions[_on_mode]`).  Then every
+    `stride`-th step is solved in sequence by a few Newton iterations from the quadratic extrapolation
+    of the previous solutions (continuation: keeps the branch, the assembly mode); where that fails
+    (no convergence, another branch) the steps since the last solved one are solved one by one
+    instead.  The steps in between start from the cubic interpolation of the solved ones and are
+    solved all at once (`batched.newton_positions`); any that do not converge, land on another
+    branch or on a point mirrored across a relative angle's direction are redone in sequence from
+    their predecessors.  `stride` = 1 solves every step in sequence
+    (each from the extrapolation of the three before it).
     """
     act = list(mech.actuated)
     free = np.setdiff1d(np.arange(mech.n), act)
@@ -801,22 +805,95 @@ def _position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, as
     q[0] = first.q
     mode0 = mech.assembly_mode(q[0])
     bc = batched.BatchConstraints(mech.constraints)
+    solved = [0]
+    # the coarse grid: the actuated coordinates move by at most _COARSE_MOTION per interval
+    while stride > 1 and N > stride and np.abs(values[stride:] - values[:-stride]).max(initial=0.0) > _COARSE_MOTION:
+        stride //= 2
     if stride <= 1 or N < 4 * stride or not bc.supported:
-        _continue_positions(mech, values, q, range(1, N), free, mode0, tol)
+        for k in range(1, N):
+            _position_step(mech, values, q, k, solved[-3:], free, mode0, tol, fallback=True)
+            solved.append(k)
         return q
-    coarse = np.unique(np.r_[np.arange(0, N, stride), N - 1])
-    _continue_positions(mech, values, q, coarse[1:], free, mode0, tol, coarse)
-    others = np.setdiff1d(np.arange(N), coarse)
-    x = _cubic_interpolation(coarse, q[coarse], others)
-    x[:, act] = values[others]
-    ok = batched.newton_positions(bc, x, free, tol)
+
+    def spaced(k_last):            # up to three solved steps about `stride` apart, the last one first
+        out = [solved[-1]]
+        for j in reversed(solved[:-1]):
+            if len(out) == 3:
+                break
+            if out[-1] - j >= stride:
+                out.append(j)
+        return out
+
+    for c in np.unique(np.r_[np.arange(stride, N, stride), N - 1]).tolist():
+        if _position_step(mech, values, q, c, spaced(c), free, mode0, tol, fallback=False):
+            solved.append(c)
+            continue
+        for k in range(solved[-1] + 1, c + 1):           # hard stretch: step by step
+            _position_step(mech, values, q, k, solved[-3:], free, mode0, tol, fallback=True)
+            solved.append(k)
+    grid = np.array(solved)
+    others = np.setdiff1d(np.arange(N), grid)
+    if not others.size:
+        return q
+    guess = _cubic_interpolation(grid, q[grid], others)
+    guess[:, act] = values[others]
+    x = guess.copy()
+    ok = batched.newton_positions(bc, x, free, tol) & batched.angles_consistent(mech, x)
     if len(mode0):
         ok &= np.all(batched.assembly_modes(mech, x) == mode0, axis=1)
+    # a Newton correction that is not small against the motion over the grid interval means the
+    # interpolation was poor there (near a singular pose): solve those steps in sequence instead
+    j = np.searchsorted(grid, others)
+    motion = np.abs(q[grid[j]] - q[grid[j - 1]]).max(axis=1)
+    ok &= np.abs(x - guess).max(axis=1) <= 0.1 * motion + 1e-12
     q[others] = x
-    bad = others[~ok]
-    if bad.size:
-        _continue_positions(mech, values, q, bad, free, mode0, tol, np.arange(N))
+    for k in others[~ok].tolist():              # in order: their predecessors are solved by then
+        _position_step(mech, values, q, k, [j for j in (k - 3, k - 2, k - 1) if j >= 0], free, mode0, tol,
+                       fallback=True)
     return q
+
+
+def _position_step(mech, values, q, k, prev, free, mode0, tol, fallback: bool) -> bool:
+    """Solve the position problem of step k into q[k]: Newton on the free coordinates from the
+    Lagrange extrapolation through the solved steps `prev` (any spacing).  Returns whether Newton
+    converged on the branch `mode0`; if not, with `fallback` q[k] is the full position problem from
+    the nearest solved step (as `kinematics.solve_positions`), else q[k] is left unset."""
+    act = list(mech.actuated)
+    C = mech.constraints
+    x = np.zeros(mech.n)
+    for a_ in prev:
+        w = 1.0
+        for b_ in prev:
+            if b_ != a_:
+                w *= (k - b_) / (a_ - b_)
+        x += w * q[a_]
+    x[act] = values[k]
+    x0 = x.copy()
+    ok = False
+    for _ in range(8):
+        phi, J = C.phi_and_jacobian(x)
+        if np.abs(phi).max(initial=0.0) <= tol:
+            ok = True
+            break
+        Jf = J[:, free]
+        try:
+            step = np.linalg.solve(Jf.T @ Jf, -(Jf.T @ phi))
+        except np.linalg.LinAlgError:
+            break
+        x[free] += step
+    ok = ok and not (len(mode0) and np.any(mech.assembly_mode(x) != mode0))
+    if ok and not fallback:
+        # a coarse step: also reject a point mirrored across a relative angle's direction, and a
+        # Newton correction that is not small against the motion since the last solved step
+        ok = (bool(batched.angles_consistent(mech, x[None, :])[0]) and
+              np.abs(x - x0).max() <= 0.5 * np.abs(x0 - q[prev[0]]).max() + 1e-12)
+    if ok:
+        q[k] = x
+    elif fallback:
+        guess = q[max(prev)].copy()
+        guess[act] = values[k]
+        q[k] = kinematics.solve_positions(mech, guess, fixed=act, tol=tol).q
+    return ok
 
 
 def _cubic_interpolation(grid, values, at):
@@ -832,47 +909,6 @@ def _cubic_interpolation(grid, values, at):
             if a_ != b_:
                 w[:, a_] *= (t[:, 0] - xs[:, b_]) / (xs[:, a_] - xs[:, b_])
     return np.einsum("pa,pan->pn", w, values[idx])
-
-
-def _continue_positions(mech, values, q, steps, free, mode0, tol, grid=None):
-    """Solve the position problems of `steps` (increasing) in sequence into q, each from the quadratic
-    extrapolation of the three previous solved points of `grid` (default: consecutive steps)."""
-    act = list(mech.actuated)
-    C = mech.constraints
-    pos = {int(k): i for i, k in enumerate(grid)} if grid is not None else None
-    for k in steps:
-        k = int(k)
-        if pos is None:
-            prev = [j for j in (k - 1, k - 2, k - 3) if j >= 0]
-        else:
-            i = pos[k]
-            prev = [int(grid[j]) for j in (i - 1, i - 2, i - 3) if j >= 0]
-        # Lagrange extrapolation through the previous points (in step units: any spacing)
-        x = np.zeros(mech.n)
-        for a_ in prev:
-            w = 1.0
-            for b_ in prev:
-                if b_ != a_:
-                    w *= (k - b_) / (a_ - b_)
-            x += w * q[a_]
-        x[act] = values[k]
-        ok = False
-        for _ in range(8):
-            phi, J = C.phi_and_jacobian(x)
-            if np.abs(phi).max(initial=0.0) <= tol:
-                ok = True
-                break
-            Jf = J[:, free]
-            try:
-                step = np.linalg.solve(Jf.T @ Jf, -(Jf.T @ phi))
-            except np.linalg.LinAlgError:
-                break
-            x[free] += step
-        if not ok or (len(mode0) and np.any(mech.assembly_mode(x) != mode0)):
-            guess = q[prev[0]].copy()
-            guess[act] = values[k]
-            x = kinematics.solve_positions(mech, guess, fixed=act, tol=tol).q
-        q[k] = x
 
 
 def closed_form_motion(mech: Mechanism, values, rates, accelerations, q_start=None, assembly_mode=None):

@@ -32,7 +32,7 @@ from .dynamics import forward_dynamics_jacobians
 from .model import Mechanism
 
 __all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported", "assembly_modes",
-           "newton_positions", "inverse_dynamics_many"]
+           "angles_consistent", "newton_positions", "inverse_dynamics_many"]
 
 _SWITCH = 1.0 / math.sqrt(2.0)
 
@@ -255,6 +255,23 @@ def assembly_modes(mech: Mechanism, q) -> np.ndarray:
     i, j, k = pts.T
     a, b = xy[:, j] - xy[:, i], xy[:, k] - xy[:, i]
     return np.where(a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0] >= 0.0, 1, -1)
+
+
+def angles_consistent(mech: Mechanism, q, tol: float = 1e-6) -> np.ndarray:
+    """Per row of q (N, n): does every relative angle point along its points (p0 → p1)?  The single
+    constraint row of a relative angle (`RelativeAngleConstraints`) is also satisfied by the mirrored
+    point, so Newton from a poor guess can land there; this tells the two apart."""
+    q = np.asarray(q, float)
+    ok = np.ones(q.shape[0], bool)
+    if not len(mech.relative_angle_columns):
+        return ok
+    qe = np.concatenate((q, np.broadcast_to(mech.fixed_values, (q.shape[0], mech.fixed_values.size))), axis=1)
+    xy = qe[:, mech._extended_point_index]
+    for k, r in enumerate(mech.spec.relative_angles):
+        d = xy[:, r.points[1]] - xy[:, r.points[0]]
+        err = np.arctan2(d[:, 1], d[:, 0]) - q[:, mech.n_point_coordinates + k]
+        ok &= np.abs(np.remainder(err + np.pi, 2.0 * np.pi) - np.pi) < tol
+    return ok
 
 
 def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8):
