@@ -276,3 +276,18 @@ def test_vectorized_kinematics_and_efforts_match_per_step(robot):
     for aa in (a, a + 0.1):
         np.testing.assert_allclose(batched.inverse_dynamics_many(robot, q, v, aa),
                                    batch.closed_form_efforts(robot, q, v, aa), rtol=0, atol=1e-10)
+
+
+def test_position_continuation_fast_crank_matches_step_by_step(four_bar):
+    """A fast crank (40 rad/s, 0.2 rad per step): the coarse grid shrinks, and batched Newton solutions
+    mirrored across the crank direction (which satisfy the single relative-angle row) are rejected."""
+    from mbfg_ros import batched
+    N = 400
+    values = 40.0 * np.arange(N)[:, None] * DT
+    q_seq = batch._position_continuation(four_bar, values, stride=1)
+    q_vec = batch._position_continuation(four_bar, values)
+    np.testing.assert_allclose(q_vec, q_seq, rtol=0, atol=1e-11)
+    assert batched.angles_consistent(four_bar, q_vec).all()
+    mirrored = q_vec[5:6].copy()             # crank at 1 rad
+    mirrored[0, 1] *= -1.0                     # point 1 reflected across the x axis: Φ's x-form row still holds
+    assert not batched.angles_consistent(four_bar, mirrored)[0]
