@@ -128,14 +128,15 @@ class Problem:
         if not steps:
             return
         pattern = [(str(nm), int(off)) for nm, off in pattern]
-        keys_list = [tuple((nm, k + off) for nm, off in pattern) for k in steps]
         dims = self.dims
-        for keys in keys_list:
-            for key in keys:
-                if key not in dims:
-                    raise KeyError(f"factor {type(unit_list[0]).__name__} uses unknown variable {key}")
+        slot_keys = [[(nm, k + off) for k in steps] for nm, off in pattern]
+        for keys in slot_keys:
+            missing = [key for key in keys if key not in dims]
+            if missing:
+                raise KeyError(f"factor {type(unit_list[0]).__name__} uses unknown variable {missing[0]}")
+        keys_list = list(zip(*slot_keys)) if pattern else [()] * len(steps)
         unit0 = unit_list[0]
-        slot_dims = [{dims[keys[i]] for keys in keys_list} for i in range(len(pattern))]
+        slot_dims = [{dims[key] for key in keys} for keys in slot_keys]
         uniform = all(len(d) == 1 for d in slot_dims) and (
             shared or all(type(u) is type(unit0) and u.dim == unit0.dim for u in unit_list))
         if not uniform:
@@ -218,6 +219,7 @@ class _Group:
         else:
             self.inv_sigma = 1.0 / np.array([np.asarray(u.sigmas, float).reshape(self.d) for u in units])
         self.linear = linear
+        self.J_shared = None
         self.J = np.zeros((self.F, self.d, self.w))
         self.r = np.zeros((self.F, self.d))
         if linear and self._linear_bulk(units, dims, keys0):
@@ -256,6 +258,8 @@ class _Group:
             return False
         self.J *= self.inv_sigma[:, :, None]
         self.b *= self.inv_sigma
+        if self.F and np.all(self.inv_sigma == self.inv_sigma[:1]):
+            self.J_shared = self.J[0].copy()          # one whitened Jacobian for all factors
         return True
 
     def reach(self) -> int:
@@ -271,18 +275,23 @@ class _Group:
         return int((self.cols.max(axis=1) - self.cols.min(axis=1)).max(initial=0))
 
     def set_linear_residual(self, x):
-        self.r = np.einsum("fdw,fw->fd", self.J, x[self.cols]) - self.b
+        self.r = self.times(x) - self.b
 
     def times(self, x):
         """J x, (F, d)."""
+        if self.J_shared is not None:
+            return x[self.cols] @ self.J_shared.T
         return np.einsum("fdw,fw->fd", self.J, x[self.cols])
 
     def transpose_times(self, y, n):
         """Jᵀ y for y (F, d), as an n-vector."""
-        return np.bincount(self.cols.ravel(), np.einsum("fdw,fd->fw", self.J, y).ravel(), minlength=n)
+        Jty = y @ self.J_shared if self.J_shared is not None else np.einsum("fdw,fd->fw", self.J, y)
+        return np.bincount(self.cols.ravel(), Jty.ravel(), minlength=n)
 
     def normal_blocks(self):
         """JᵀJ per factor, (F, w, w) (a broadcast view when all factors share one Jacobian)."""
+        if self.J_shared is not None:
+            return np.broadcast_to(self.J_shared.T @ self.J_shared, (self.F, self.w, self.w))
         if self.linear and self.F and np.array_equal(self.J, np.broadcast_to(self.J[0], self.J.shape)):
             return np.broadcast_to(self.J[0].T @ self.J[0], (self.F, self.w, self.w))
         return np.swapaxes(self.J, 1, 2) @ self.J
@@ -295,25 +304,32 @@ class _Assembly:
     def __init__(self, prob: Problem):
         self.prob = prob
         self.factor = None          # last banded Cholesky factorization (cb, d, λ)
-        order = sorted(range(len(prob.keys)), key=lambda i: (prob.keys[i][1], i))
-        self.keys = [prob.keys[i] for i in order]
-        self.offset: Dict[Key, int] = {}
-        col = 0
-        for k in self.keys:
-            self.offset[k] = col
-            col += prob.dims[k]
-        self.n = col
-        self.slices = [(k, self.offset[k], self.offset[k] + prob.dims[k]) for k in self.keys]
+        all_steps = np.array([k[1] for k in prob.keys], dtype=np.intp)
+        order = np.argsort(all_steps, kind="stable")              # by step, then as added
+        self.keys = [prob.keys[i] for i in order.tolist()]
+        key_steps = all_steps[order]
+        key_dims = np.array([prob.dims[k] for k in self.keys], dtype=np.intp)
+        starts = np.concatenate(([0], np.cumsum(key_dims)))
+        self.n = int(starts[-1])
+        self.offset: Dict[Key, int] = dict(zip(self.keys, starts[:-1].tolist()))
+        self.slices = list(zip(self.keys, starts[:-1].tolist(), starts[1:].tolist()))
         # offsets by variable name and step, for vectorized column lookups
-        max_step = max((k[1] for k in self.keys), default=0)
-        by_step: Dict[str, np.ndarray] = {}
-        for k in self.keys:
-            arr = by_step.get(k[0])
-            if arr is None:
-                arr = by_step[k[0]] = np.full(max_step + 1, -1, dtype=np.intp)
-            arr[k[1]] = self.offset[k]
-        if min((k[1] for k in self.keys), default=0) < 0:
-            by_step = None                   # negative steps: look the columns up key by key
+        key_names = [k[0] for k in self.keys]
+        names = list(dict.fromkeys(key_names))
+        name_index = np.array([names.index(nm) for nm in key_names] if len(names) > 1 else
+                              [0] * len(key_names), dtype=np.intp)
+        self._by_name = {}
+        for i, name in enumerate(names):
+            mask = name_index == i
+            self._by_name[name] = (key_steps[mask], starts[:-1][mask], key_dims[mask])
+        by_step: Optional[Dict[str, np.ndarray]] = None
+        if not key_steps.size or key_steps.min() >= 0:
+            max_step = int(key_steps.max(initial=0))
+            by_step = {}
+            for name, (st, off, _) in self._by_name.items():
+                arr = by_step[name] = np.full(max_step + 1, -1, dtype=np.intp)
+                arr[st] = off
+        # (negative steps: the columns are looked up key by key)
         groups = list(prob.groups.items())
         # the linear part is reused from the previous assembly of this problem when neither the
         # variables nor the linear factors changed (stage 3 only adds velocity constraints)
@@ -363,17 +379,21 @@ class _Assembly:
         """(N, P, b) when every step holds the same variables (block b) and every factor of a group
         touches the same relative steps at the same in-block positions: the normal equations are then
         accumulated as dense b×b blocks H[k, k + dk], dk < P, with slice additions."""
-        steps: Dict[int, list] = {}
-        for k in self.keys:
-            steps.setdefault(k[1], []).append((k[0], prob.dims[k]))
-        ks = sorted(steps)
-        if not ks or ks != list(range(ks[0], ks[0] + len(ks))):
+        if not self.keys:
             return None
-        first = steps[ks[0]]
-        if any(steps[k] != first for k in ks):
-            return None
-        b = sum(dm for _, dm in first)
-        k_base = ks[0]
+        # every name at every step of one range, with one dimension, at one position within the step
+        lo = min(int(st.min()) for st, _, _ in self._by_name.values())
+        hi = max(int(st.max()) for st, _, _ in self._by_name.values())
+        n_steps = hi - lo + 1
+        b = 0
+        for st, off, dm in self._by_name.values():
+            if st.size != n_steps or np.any(st != np.arange(lo, hi + 1)) or np.any(dm != dm[0]):
+                return None
+            b += int(dm[0])
+        for st, off, dm in self._by_name.values():
+            if np.any(off - (st - lo) * b != off[0]):
+                return None
+        k_base = lo
         P = 1
         for G in self.groups:
             # the slots of a group sit at the same relative steps (G.rel: part of the group's
@@ -387,7 +407,7 @@ class _Assembly:
             G.unique = len(np.unique(G.k0)) == G.F
             G.contiguous = bool(G.F and np.all(np.diff(G.k0) == 1))
             P = max(P, int(G.rel.max(initial=0)) + 1)
-        return len(ks), P, b
+        return n_steps, P, b
 
     def _band(self, groups, ab=None):
         """Σ JᵀJ of `groups` in band storage (u+1, n), Fortran order: H[i, j] (i ≤ j) at ab[u + i − j, j];
@@ -674,7 +694,7 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
         if predicted <= settings.relative_tolerance * cost + settings.absolute_tolerance:
             converged = True
             break
-        saved = [(G.r.copy(), G.J.copy()) for G in asm.groups]
+        saved = [(G.r.copy(), G.J if G.linear else G.J.copy()) for G in asm.groups]
         x_new = x + dx
         _t = time.perf_counter()
         cost_new = asm.evaluate(x_new)
@@ -706,7 +726,7 @@ def _solve_sparse(prob: Problem, settings: LMSettings) -> LMReport:
             lam = max(lam * settings.lambda_factor, settings.lambda_initial)
             if lam > 1e12:
                 break
-    prob.values.update({k: v.copy() for k, v in asm.unpack(x).items()})
+    prob.values.update(asm.unpack(x.copy()))      # views into one private copy
     return LMReport(iterations, evaluations, initial, cost, converged, time.perf_counter() - t0)
 
 
