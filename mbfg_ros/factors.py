@@ -78,7 +78,7 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "fast", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_R", "_rows", "_n", "_r", "_third")
+                 "_K", "_b", "_rows", "_n", "_r", "_third")
 
     def __init__(self, mech: Mechanism, fast: bool = True):
         self.mech = mech
@@ -90,8 +90,6 @@ class EvalContext:
         self._K = np.zeros((n + rows.size, n + rows.size), order="F")
         self._K[:n, :n] = mech.mass_matrix
         self._b = np.zeros(n + rows.size)
-        self._R = np.zeros((n + rows.size, 3 * n), order="F")
-        self._R[:n, 2 * n:] = np.eye(n)
         # do the constraints have third derivatives (∂(Φ̇q q̇)/∂q ≠ 0)?  Quadratic ones (distances, sliders)
         # do not: probe once at a random point.
         rng = np.random.default_rng(0)
@@ -164,36 +162,42 @@ class EvalContext:
         return K, b, J_all, Jd_all
 
     def _lean(self, q, v, Q):
+        """One LU of K, its explicit inverse (K is small; the top rows Kᵢₙᵥ[:n] give ∂q̈/∂Q directly and
+        turn the derivative solve K D = R into two small products), then
+        ∂q̈/∂q = −Kᵢₙᵥ[:n] [Σλᵢ∂²Φᵢ; ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q],  ∂q̈/∂q̇ = −2 Kᵢₙᵥ[:n, n:] Φ̇q."""
         mech, n, C = self.mech, self._n, self.mech.constraints
         K, b, J_all, Jd_all = self._system(q, v, Q)
         lu, piv, info = _lapack.dgetrf(K)
         if info != 0:
             return None
-        x, info = _lapack.dgetrs(lu, piv, b)
-        if info != 0 or not _sane(x):
+        Kinv, info = _lapack.dgetri(lu, piv, overwrite_lu=1)
+        if info != 0:
+            return None
+        x = Kinv @ b
+        if not _sane(x):
             return None
         a = x[:n]
         if self._rows is None:
             lam = x[n:]
+            Jd = Jd_all
         else:
             lam = np.zeros(mech.m)
             lam[self._rows] = x[n:]
-        R = self._R                      # [[−Σλᵢ∂²Φᵢ, 0, I], [−∂(Φq q̈)/∂q − ∂(Φ̇q q̇)/∂q, −2Φ̇q, 0]]
-        np.negative(C.weighted_hessian(q, lam), out=R[:n, :n])
+            Jd = Jd_all[self._rows]
+        top = Kinv[:n]
         low = C.hessian_vector(q, a)
         if self._third:
             low = low + C.jacobian_dot_times_v_derivative(q, v)
-        if self._rows is None:
-            np.negative(low, out=R[n:, :n])
-            np.multiply(Jd_all, -2.0, out=R[n:, n:2 * n])
-        else:
-            np.negative(low[self._rows], out=R[n:, :n])
-            np.multiply(Jd_all[self._rows], -2.0, out=R[n:, n:2 * n])
-        D, info = _lapack.dgetrs(lu, piv, R)
-        if info != 0:
-            return None
-        return DynamicsLinearization(a, D[:n, :n], D[:n, n:2 * n], D[:n, 2 * n:], lam, J_all, Jd_all,
-                                     mech.independent_rows, mech.mass_matrix)
+        if self._rows is not None:
+            low = low[self._rows]
+        tl, tr = top[:, :n], top[:, n:]
+        da_dq = tl @ C.weighted_hessian(q, lam)
+        da_dq += tr @ low
+        np.negative(da_dq, out=da_dq)
+        da_dv = tr @ Jd
+        da_dv *= -2.0
+        return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all, mech.independent_rows,
+                                     mech.mass_matrix)
 
 
 def _sane(x) -> bool:
