@@ -247,19 +247,21 @@ class _Group:
         if self.shared_unit:
             e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0])
             J0 = np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1)
-            b0 = -np.asarray(e, float).reshape(self.d)
-            self.J[:] = J0
-            self.b = np.repeat(b0[None, :], self.F, axis=0)
+            self.b = np.repeat(-np.asarray(e, float).reshape(1, self.d), self.F, axis=0)
         elif (type(unit0) is F.Prior and all(type(u) is F.Prior and u._J is unit0._J and u.size == unit0.size
                                              and (u.select is unit0.select) for u in units)):
-            self.J[:] = unit0._J
+            J0 = np.asarray(unit0._J, float).reshape(self.d, self.w)
             self.b = np.array([u.mean for u in units], dtype=float).reshape(self.F, self.d)
         else:
             return False
-        self.J *= self.inv_sigma[:, :, None]
         self.b *= self.inv_sigma
-        if self.F and np.all(self.inv_sigma == self.inv_sigma[:1]):
-            self.J_shared = self.J[0].copy()          # one whitened Jacobian for all factors
+        if np.all(self.inv_sigma == self.inv_sigma[:1]):
+            # one whitened Jacobian for all factors (J is a read-only broadcast view of it)
+            self.J_shared = J0 * self.inv_sigma[0][:, None]
+            self.J = np.broadcast_to(self.J_shared, (self.F, self.d, self.w))
+        else:
+            self.J[:] = J0
+            self.J *= self.inv_sigma[:, :, None]
         return True
 
     def reach(self) -> int:
@@ -269,7 +271,7 @@ class _Group:
         if not self.w:
             return 0
         if self.linear:
-            nz = np.any(self.J != 0, axis=0).astype(np.intp)           # (d, w)
+            nz = (self.J_shared != 0 if self.J_shared is not None else np.any(self.J != 0, axis=0)).astype(np.intp)
             I, Jc = np.nonzero(np.triu(nz.T @ nz))
             return int(np.abs(self.cols[:, Jc] - self.cols[:, I]).max(initial=0)) if I.size else 0
         return int((self.cols.max(axis=1) - self.cols.min(axis=1)).max(initial=0))
