@@ -5,14 +5,19 @@ each a factor *unit* of `mbfg_ros.factors` (closed-form Jacobians) applied to a 
 keys.  Two Levenberg–Marquardt engines solve the same `Problem`:
 
 * ``engine="sparse"`` (default): LM written here over the units directly.  Factors are grouped by
-  kind; the Jacobians of exactly linear units (integrators, priors, soft equalities) are built once
-  per stage; the nonlinear units are evaluated once per iteration, step by step with a shared
-  `factors.EvalContext` (one evaluation gives errors and Jacobians).  The graphs are chains in time,
-  so the damped normal equations are accumulated directly in LAPACK band storage (columns ordered by
-  time step), Jacobi-scaled, solved by a banded Cholesky and refined twice against the Jacobians
-  (which recovers the accuracy that forming JᵀJ loses in weakly determined directions).
-  Convergence is judged on the Gauss–Newton model (predicted decrease ≤ 1e-10 × cost), tested with
-  the previous factorization, so a converged stage costs no extra evaluation or factorization.
+  kind (`Problem.add_factors` adds a whole series in bulk); the Jacobians of exactly linear units
+  (integrators, priors, soft equalities) are built once per stage (one whitened Jacobian when the
+  group shares it); the nonlinear units are evaluated once per iteration, vectorized over all the
+  steps of a group (`mbfg_ros.batched`: Φ, Φq, Φ̇q for all steps from the constraint set's quadratic
+  form, the dynamics by batched solves of the augmented systems) or, for other unit kinds, step by
+  step with a shared `factors.EvalContext` (one evaluation gives errors and Jacobians).  The graphs
+  are chains in time, so the damped normal equations are accumulated directly in LAPACK band storage
+  (columns ordered by time step; half bandwidth from the structural nonzeros), solved by a banded
+  Cholesky and refined against the Jacobians until the residual of the Jacobi-scaled system is below
+  1e-10 (at most twice; this recovers the accuracy that forming JᵀJ loses in weakly determined
+  directions).  Convergence is judged on the Gauss–Newton model (predicted decrease ≤ 1e-10 × cost),
+  tested with the previous factorization, so a converged stage costs no extra evaluation or
+  factorization.
 * ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.custom_factor`)
   and `gtsam.LevenbergMarquardtOptimizer` with multifrontal QR and tolerances that converge.  The
   paper's structure literally; about 100× slower (a Python callback per factor and linearization,
@@ -24,8 +29,9 @@ constraints, soft equality between consecutive q), stage 2 adds q̇, q̈ and the
 integrators, stage 3 the velocity constraints, stage 4 the efforts τ_k as real variables of the
 inverse-dynamics factor (error q̈(q, q̇; Qg + Eτ) − q̈ over the keys q_k, q̇_k, q̈_k, τ_k).  Each
 stage starts from the previous result; stage 1 from per-step position problems with continuation
-(the separable part of stage 1), stage 2 from finite differences, stage 4 from the closed-form
-efforts at the stage-3 motion.  With τ free, the trapezoidal rule leaves a sawtooth (−1)^k in q̈
+(the separable part of stage 1: every 16th step in sequence, the steps between all at once by
+batched Newton from a cubic interpolation), stage 2 from finite differences, stage 4 from the
+closed-form efforts at the stage-3 motion.  With τ free, the trapezoidal rule leaves a sawtooth (−1)^k in q̈
 (and τ) undetermined; a weak second-difference prior on q̇ and q̈ (`SecondDifference`) fixes it
 without biasing the ends (a soft equality q̈_k → q̈_k+1 pulls the end values by O(Δt·jerk)).
 
