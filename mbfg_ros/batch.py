@@ -20,8 +20,8 @@ keys.  Two Levenberg–Marquardt engines solve the same `Problem`:
   factorization.
 * ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.custom_factor`)
   and `gtsam.LevenbergMarquardtOptimizer` with multifrontal QR and tolerances that converge.  The
-  paper's structure literally; about 100× slower (a Python callback per factor and linearization,
-  and 4–7 LM iterations per stage).
+  paper's structure literally; two orders of magnitude slower (a Python callback per factor and
+  linearization, and 4–7 LM iterations per stage).
 
 Staged inverse dynamics (paper §7.2, `staged_inverse_dynamics`): for a prescribed trajectory of the
 actuated coordinates, stage 1 solves q only (trajectory priors on the actuated entries, position
