@@ -4,10 +4,10 @@
 `gtsam.IncrementalFixedLagSmoother` (iSAM2 with QR factorization: Cholesky breaks down at dead points,
 real marginalization, lag in steps).  Each step's state is one stacked vector (`graph.StateLayout`)
 
-    dependent:    X_k = [q, q̇, q̈ (, j) (, τ)]
+    dependent:    X_k = [q, q̇, q̈ (, τ)]
     independent:  X_k = [q, q̇, q̈, z, ż, z̈ (, z⃛) (, τ)]
 
-(j = dq̈/dt only with the 4th-order `hermite` integrator; τ = the actuator efforts, a state in the
+(z⃛ = dz̈/dt only with the 4th-order `hermite` integrator; τ = the actuator efforts, a state in the
 `estimation` and `fused` modes), and each step's factors are linearized once in Python at a continuity
 predictor and handed to GTSAM as one linear C++ factor, with the relinearization safeguard of
 `graph.FixedLagWindow`.
@@ -15,11 +15,13 @@ predictor and handed to GTSAM as one linear C++ factor, with the relinearization
 Factors per step k (see `mbfg_ros.factors`):
 
 * integrators between X_{k−1} and X_k (trapezoidal | hermite | euler) on (q, q̇, q̈) or, independent
-  formulation, on (z, ż, z̈) plus the soft equality f_eq(q_{k−1}, q_k);
+  formulation, on (z, ż, z̈) plus the soft equality f_eq(q_{k−1}, q_k); the dependent hermite velocity
+  integrator computes the jerk at both ends from the states (`factors.HermiteVelocityIntegrator`), the
+  independent one has z⃛ in the state and the jerk factor;
 * f_pc, f_vc (dependent) or f_pc^i, f_vc^i, f_ac^i (independent);
 * dynamics: f_dyn with the commanded efforts (`forward_dynamics`), or f_idyn with τ as a variable
   (`estimation`, `fused`) plus the random walk τ_k − τ_{k−1} (sigma effort_random_walk·√Δt); in `fused`
-  mode the commanded efforts are a prior on τ (sigma commanded_effort); hermite: the jerk factor;
+  mode the commanded efforts are a prior on τ (sigma commanded_effort); independent hermite: the jerk factor;
 * sensors present in this step's observations (`estimation`, `fused`; the `forward_dynamics` digital
   twin ignores observations): encoders, gyroscopes and generic observations ``'q:<coordinate>'``,
   ``'v:<coordinate>'``, ``'a:<coordinate>'`` (sigma from ``sensor_sigmas`` or ``observed_coordinate``);
@@ -189,6 +191,7 @@ class FixedLagEstimator:
         self.has_tau = c.mode != "forward_dynamics" and self.na > 0
         self.hermite = c.integrator == "hermite"
         self.independent = c.formulation == "independent"
+        self._hermite_lite = self.hermite and not self.independent    # jerk-free velocity integrator
         self.dof = self._degrees_of_freedom()
         self._z_user = None
         if c.independent:
@@ -200,6 +203,8 @@ class FixedLagEstimator:
         if c.assembly_mode is not None:
             self._check_mode(c.assembly_mode)
         self.ctx = F.EvalContext(mech)
+        self._zero_rate = np.zeros(mech.n)
+        self._zero_rate.flags.writeable = False
         self.layout = self._make_layout()
         self._a_slice = self.layout.slices["a"]
         self._Qg = np.array(mech.gravity_forces, dtype=float)
@@ -336,8 +341,6 @@ class FixedLagEstimator:
         blocks = [("q", n), ("v", n), ("a", n)]
         if self.independent:
             blocks += [("z", d), ("zd", d), ("zdd", d)] + ([("zj", d)] if self.hermite else [])
-        elif self.hermite:
-            blocks += [("j", n)]
         if self.has_tau:
             blocks += [("tau", self.na)]
         return StateLayout(blocks)
@@ -360,9 +363,9 @@ class FixedLagEstimator:
                            else F.ForwardDynamics(mech, sigma=s["dynamics"]))
             self._u_eq = None
         self._u_jerk = None
-        if self.hermite:
-            self._u_jerk = F.Jerk(mech, sigma=s["dynamics"], select=self.z if self.independent else None,
-                                  efforts=self.has_tau)
+        if self.hermite and self.independent:
+            self._u_jerk = F.Jerk(mech, sigma=s["dynamics"], select=self.z, efforts=self.has_tau)
+        self._forces_last = None        # (Q or Q_known, Q̇) of the newest step (jerk-free hermite)
         self._models.clear()
         self._int_cache.clear()
         self._effort_priors.clear()
@@ -371,11 +374,14 @@ class FixedLagEstimator:
         units = self._int_cache.get(h)
         if units is None:
             s, n, d = self.sigmas, self.mech.n, self.dof
-            x, xd, xdd, x3, dim = (("z", "zd", "zdd", "zj", d) if self.independent else ("q", "v", "a", "j", n))
+            x, xd, xdd, x3, dim = (("z", "zd", "zdd", "zj", d) if self.independent else ("q", "v", "a", None, n))
             si = s["integrator"]
             kind = self.config.integrator
-            if kind == "hermite":
+            if kind == "hermite" and self.independent:
                 units = [F.HermiteIntegrator(x, xd, xdd, dim, h, si), F.HermiteIntegrator(xd, xdd, x3, dim, h, si)]
+            elif kind == "hermite":
+                units = [F.HermiteIntegrator(x, xd, xdd, dim, h, si),
+                         F.HermiteVelocityIntegrator(self.mech, h, sigma=si, efforts=self.has_tau)]
             elif kind == "euler":
                 units = [F.EulerIntegrator(x, xd, dim, h, si), F.EulerIntegrator(xd, xdd, dim, h, si)]
             else:
@@ -397,6 +403,8 @@ class FixedLagEstimator:
 
     def _effort_rate(self, tau, h):
         """Q̇ for the jerk factor from the commanded efforts: second-order backward differences."""
+        if not self.na:
+            return self._zero_rate
         hist = self._tau_hist
         if len(hist) >= 2:
             tdot = (3.0 * tau - 4.0 * hist[-1] + hist[-2]) / (2.0 * h)
@@ -414,8 +422,9 @@ class FixedLagEstimator:
     def _set_forces(self, efforts, h):
         """Update the dynamics/jerk parameters for this step's efforts; return the effort-prior unit (fused).
 
-        Jerk factor: Q̇ from the commanded efforts (forward_dynamics; fused, unknown entries count as
-        constant), zero in estimation mode (the random-walk effort model has no expected rate)."""
+        Jerk (hermite): Q̇ from the commanded efforts (forward_dynamics; fused, unknown entries count as
+        constant), zero in estimation mode (the random-walk effort model has no expected rate).
+        Sets ``_step_forces`` = (Q, or Q_known with estimated efforts; Q̇ or None)."""
         if not self.has_tau:
             if self.na:
                 tau = self._commanded(efforts)
@@ -424,14 +433,23 @@ class FixedLagEstimator:
             else:
                 tau, Q = efforts, self._Qg
             self._u_dyn.Q = Q
-            if self._u_jerk is not None:
-                self._u_jerk.Q = Q
-                self._u_jerk.Qdot = self._effort_rate(tau, h)
+            Qdot = None
+            if self.hermite:
+                Qdot = self._effort_rate(tau, h)
+                if self._u_jerk is not None:
+                    self._u_jerk.Q = Q
+                    self._u_jerk.Qdot = Qdot
+            self._step_forces = (Q, Qdot)
             return None
-        if self.config.mode != "fused":
+        fused = self.config.mode == "fused"
+        Qdot = None
+        if self.hermite:
+            Qdot = self._effort_rate(self._commanded(efforts), h) if fused else self._zero_rate
+            if self._u_jerk is not None and fused:
+                self._u_jerk.Qdot = Qdot
+        self._step_forces = (self._u_dyn.Q_known, Qdot)
+        if not fused:
             return None
-        if self._u_jerk is not None:
-            self._u_jerk.Qdot = self._effort_rate(self._commanded(efforts), h)
         known = np.isfinite(efforts)
         if not known.any():
             return None
@@ -490,6 +508,17 @@ class FixedLagEstimator:
         units = list(self._integrators(h)) if h is not None else []
         units += self._u_kin
         prior = self._set_forces(efforts, self.config.dt if h is None else h)
+        if self._hermite_lite:
+            if h is not None:
+                # the velocity integrator's forces at both ends, and the previous step's linearization point
+                # (its jerk's linear model: see factors.HermiteVelocityIntegrator)
+                hv = units[1]
+                hv.Q_prev, hv.Qdot_prev = self._forces_last
+                hv.Q, hv.Qdot = self._step_forces
+                x = self._window.last.x_cur
+                n = self.mech.n
+                hv.lin_prev = (x[:n], x[n:2 * n], x[self.layout.slices["tau"]] if self.has_tau else None)
+            self._forces_last = self._step_forces
         units.append(self._u_dyn)
         if self._u_jerk is not None:
             units.append(self._u_jerk)
@@ -617,8 +646,10 @@ class FixedLagEstimator:
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
-        if self.hermite and not self.independent:
-            j = x[sl["j"]]
+        if self._hermite_lite:
+            # the jerk at the previous estimate, on the linear model the step factors use for it
+            hv = self._integrators(h)[1]
+            j = hv.jerk(hv.dynamics_prev(q, x[n:n2], ctx=self.ctx), x[n:n2], a, hv.Qdot_prev)
         elif self._a_prev is not None:
             j = (a - self._a_prev) / self._h_prev      # backward-difference jerk
         else:
@@ -637,7 +668,7 @@ class FixedLagEstimator:
         d = self.ctx.dynamics(qp, vp, Q)
         ap = d.a
         xp[n2:n3] = ap
-        if self.hermite:
+        if self._u_jerk is not None:
             jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ self._u_jerk.Qdot
         if self._u_eq is not None:
             self._u_eq.offset = qp - q           # predictive soft equality (see factors.SoftEquality)
@@ -653,8 +684,6 @@ class FixedLagEstimator:
                 xp[sl["z"]] = qp[z]
                 xp[sl["zd"]] = vp[z]
                 xp[sl["zdd"]] = ap[z]
-        elif self.hermite:
-            xp[sl["j"]] = jp
         return xp
 
     def _advance(self, h, efforts, obs):
@@ -667,7 +696,7 @@ class FixedLagEstimator:
         x = self._window.add_step(k, model, xp, x_prev,
                                   threshold=self.relinearize_threshold_readings if readings else None)
         self._a_prev, self._h_prev = x_prev[self._a_slice], h      # (estimates are never modified in place)
-        if self._u_jerk is not None and self.config.mode != "estimation" and self.na and k <= 2:
+        if self.hermite and self.config.mode != "estimation" and self.na and k <= 2:
             x = self._correct_first_effort_rates(k, h)
         rec = self._window.last
         self.relinearizations = self._window.total_relinearizations
@@ -691,7 +720,17 @@ class FixedLagEstimator:
             Q[E] = tdot
             return Q
 
-        if k == 1 and len(taus) == 2:
+        if self._hermite_lite:
+            # step j's velocity integrator reads Q̇ at steps j − 1 and j
+            hv = self._integrators(h)[1]
+            if k == 1 and len(taus) == 2:
+                w.reparametrize(1, hv, Qdot_prev=qdot((taus[1] - taus[0]) / h))
+            elif k == 2 and len(taus) == 3:
+                q1 = qdot((taus[2] - taus[0]) / (2.0 * h))
+                w.reparametrize(1, hv, Qdot_prev=qdot((-3.0 * taus[0] + 4.0 * taus[1] - taus[2]) / (2.0 * h)),
+                                Qdot=q1)
+                w.reparametrize(2, hv, Qdot_prev=q1)
+        elif k == 1 and len(taus) == 2:
             w.reparametrize(0, self._u_jerk, Qdot=qdot((taus[1] - taus[0]) / h))
         elif k == 2 and len(taus) == 3:
             w.reparametrize(0, self._u_jerk, Qdot=qdot((-3.0 * taus[0] + 4.0 * taus[1] - taus[2]) / (2.0 * h)))
@@ -841,9 +880,9 @@ class FixedLagEstimator:
         d = self.ctx.dynamics(q0, v0, Q0)
         a0 = d.a.copy()
         blocks = dict(q=q0, v=v0, a=a0)
-        if self.hermite:
+        if self.hermite and self.independent:
             j0 = d.da_dq @ v0 + d.da_dv @ a0
-            blocks["zj" if self.independent else "j"] = j0[z] if self.independent else j0
+            blocks["zj"] = j0[z]
         if self.independent:
             blocks.update(z=q0[z], zd=v0[z], zdd=a0[z])
         if self.has_tau:

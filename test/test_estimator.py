@@ -69,6 +69,7 @@ def test_free_fall_5s_hermite_is_fourth_order(four_bar, free_fall):
     rmse, worst = R.point_errors(q, free_fall)
     assert rmse <= 1e-7 and worst <= 1e-6, (rmse, worst)             # ≤ 1e-4 mm; measured 4.9e-7 mm RMSE
     assert est.relinearizations == 0
+    assert [b for b, _ in est.layout.blocks] == ["q", "v", "a"]      # no jerk block (see HermiteVelocityIntegrator)
 
 
 @pytest.mark.parametrize("integrator,bound", [("trapezoidal", 0.02e-3), ("hermite", 1e-9), ("euler", 20e-3)])

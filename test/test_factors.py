@@ -126,6 +126,58 @@ def test_jerk_factor_exact_blocks_and_documented_approximation(mech):
         assert [J.shape for J in J2] == [(1, mech.n)] * 3 + [(1, 1), (1, len(mech.actuated))]
 
 
+def test_hermite_velocity_integrator(mech):
+    """The jerk-free hermite velocity integrator is `HermiteIntegrator` on (q̇, q̈, j) with j = `Jerk`'s
+    j_pred at each end; exact q̈ blocks, documented approximation elsewhere; with ``lin_prev`` the previous
+    end's matrices come from that point (the previous step's linear model of its jerk)."""
+    rng = np.random.default_rng(12)
+    s = random_state(mech, rng)
+    n, h = mech.n, 1e-3
+    x0 = {k: s[k] + 0.01 * rng.standard_normal(n) for k in ("q", "v", "a")}
+    x1 = {k: s[k] for k in ("q", "v", "a")}
+    Q0, Q1 = mech.gravity_forces + rng.standard_normal(n), mech.gravity_forces + rng.standard_normal(n)
+    Qd0, Qd1 = rng.standard_normal(n), rng.standard_normal(n)
+    unit = F.HermiteVelocityIntegrator(mech, h, Q_prev=Q0, Q=Q1, Qdot_prev=Qd0, Qdot=Qd1)
+    blocks = [x0["q"], x0["v"], x0["a"], x1["q"], x1["v"], x1["a"]]
+    e, Js = unit.evaluate(*blocks)
+
+    def j_pred(x, Q, Qd, at=None):
+        lin = D.forward_dynamics_jacobians(mech, *(at or (x["q"], x["v"])), Q)
+        return lin.da_dq @ x["v"] + lin.da_dv @ x["a"] + lin.da_dQ @ Qd, lin
+
+    j0, l0 = j_pred(x0, Q0, Qd0)
+    j1, l1 = j_pred(x1, Q1, Qd1)
+    herm = F.HermiteIntegrator("v", "a", "j", n, h)
+    np.testing.assert_allclose(e, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0, j1), rtol=1e-9, atol=1e-12)
+    for i in (2, 5):                                   # exact in q̈
+        Jn = fd_jacobian(unit, blocks, i)
+        assert np.abs(Js[i] - Jn).max() <= 1e-6 * max(1.0, np.abs(Jn).max())
+    c = h * h / 12.0
+    np.testing.assert_array_equal(Js[0], 0.0)
+    np.testing.assert_array_equal(Js[3], 0.0)
+    np.testing.assert_allclose(Js[1], -np.eye(n) - c * l0.da_dq, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(Js[4], np.eye(n) + c * l1.da_dq, rtol=1e-9, atol=1e-12)
+    # previous end on the linear model built at another point: matrices there, q̇ and q̈ of the state
+    qb, vb = x0["q"] + 1e-3, x0["v"] - 1e-3
+    unit.lin_prev = (qb, vb, None)
+    e2, Js2 = unit.evaluate(*blocks)
+    j0b, l0b = j_pred(x0, Q0, Qd0, at=(qb, vb))
+    np.testing.assert_allclose(e2, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0b, j1), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(Js2[2], -0.5 * h * np.eye(n) - c * l0b.da_dv, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fd_jacobian(unit, blocks, 2), Js2[2], rtol=1e-6, atol=1e-9)
+    # efforts as variables: Qᵢ = Q_known + E τᵢ, zero τ blocks
+    if len(mech.actuated):
+        ue = F.HermiteVelocityIntegrator(mech, h, efforts=True)
+        tau0, tau1 = rng.standard_normal(len(mech.actuated)), s["tau"]
+        e3, J3 = ue.evaluate(*blocks, tau0, tau1)
+        Qa, Qb = mech.gravity_forces.copy(), mech.gravity_forces.copy()
+        Qa[mech.actuated] += tau0
+        Qb[mech.actuated] += tau1
+        ref = F.HermiteVelocityIntegrator(mech, h, Q_prev=Qa, Q=Qb).error(*blocks)
+        np.testing.assert_allclose(e3, ref, rtol=1e-12, atol=1e-12)
+        assert [J.shape for J in J3[6:]] == [(n, len(mech.actuated))] * 2 and not np.any(J3[6]) and not np.any(J3[7])
+
+
 def test_lean_dynamics_equals_core(mech):
     rng = np.random.default_rng(11)
     for _ in range(3):
