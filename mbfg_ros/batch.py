@@ -254,8 +254,9 @@ class _Group:
             e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0])
             J0 = np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1)
             self.b = np.repeat(-np.asarray(e, float).reshape(1, self.d), self.F, axis=0)
-        elif (type(unit0) is F.Prior and all(type(u) is F.Prior and u._J is unit0._J and u.size == unit0.size
-                                             and (u.select is unit0.select) for u in units)):
+        elif (type(unit0) is F.Prior and getattr(unit0, "_J", None) is not None
+              and all(type(u) is F.Prior and getattr(u, "_J", None) is unit0._J and u.size == unit0.size
+                      and u.select is unit0.select for u in units)):
             J0 = np.asarray(unit0._J, float).reshape(self.d, self.w)
             self.b = np.array([u.mean for u in units], dtype=float).reshape(self.F, self.d)
         else:
