@@ -291,3 +291,40 @@ def test_position_continuation_fast_crank_matches_step_by_step(four_bar):
     mirrored = q_vec[5:6].copy()             # crank at 1 rad
     mirrored[0, 1] *= -1.0                     # point 1 reflected across the x axis: Φ's x-form row still holds
     assert not batched.angles_consistent(four_bar, mirrored)[0]
+
+
+def test_bulk_construction_matches_one_by_one():
+    """`Problem.add_variables` / `add_factors` build the same groups as `add_variable` / `add_factor`,
+    and the engine gives the same answer (including non-uniform series, which fall back)."""
+    rng = np.random.default_rng(5)
+    N = 9
+    targets = rng.uniform(1, 4, (N, 2))
+    trap = F.TrapezoidalIntegrator("x", "v", 2, 0.1, 1e-2)
+
+    def priors():
+        return [F.Prior("x", t, 0.1) for t in targets]
+
+    one = batch.Problem()
+    for k in range(N):
+        one.add_variable(("x", k), np.ones(2))
+        one.add_variable(("v", k), np.zeros(2))
+    for k, p in enumerate(priors()):
+        one.add_factor(p, [("x", k)])
+    for k in range(N - 1):
+        one.add_factor(trap, [("x", k), ("x", k + 1), ("v", k), ("v", k + 1)])
+    bulk = batch.Problem()
+    bulk.add_variables("x", np.ones((N, 2)))
+    bulk.add_variables("v", np.zeros((N, 2)))
+    bulk.add_factors(priors(), [("x", 0)], range(N))
+    bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], range(N - 1))
+    assert sorted(one.keys) == sorted(bulk.keys) and len(one.factors) == len(bulk.factors)
+    assert [[keys for _, keys in g] for g in one.groups.values()] == \
+        [[keys for _, keys in g] for g in bulk.groups.values()]
+    for sig in one.groups:
+        np.testing.assert_array_equal(one._first_steps(sig), bulk._first_steps(sig))
+    batch.solve(one)
+    batch.solve(bulk)
+    for k in one.keys:
+        np.testing.assert_allclose(bulk.values[k], one.values[k], atol=1e-12)
+    with pytest.raises(KeyError):
+        bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], [N - 1])
