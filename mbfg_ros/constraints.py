@@ -255,7 +255,7 @@ class ConstraintSet:
         return np.concatenate((v, self._zeros_fixed))
 
     def _rows_times(self, x):
-        return (self._H_rows @ x).reshape(self.m, self.n_extended)
+        return self._H_rows.dot(x).reshape(self.m, self.n_extended)
 
     @staticmethod
     def _put(out, t, r, block):
@@ -271,8 +271,8 @@ class ConstraintSet:
     def phi_and_jacobian(self, q):
         qe1 = self._qe1
         qe1[:self.n] = q
-        T = (self._Ht_rows @ qe1).reshape(self.m, self.n_extended + 1)
-        phi = T @ qe1
+        T = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1)
+        phi = T.dot(qe1)
         phi *= 0.5
         for t, r, _ in self._nonlinear:
             u = qe1[t.index]
@@ -288,7 +288,7 @@ class ConstraintSet:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
         we = self._we
         we[:self.n] = w
-        out = (self._H_rows @ we).reshape(self.m, self.n_extended)
+        out = self._H_rows.dot(we).reshape(self.m, self.n_extended)
         if self._nonlinear:
             qe1 = self._qe1
             qe1[:self.n] = q
@@ -325,7 +325,7 @@ class ConstraintSet:
     def weighted_hessian(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q, shape (n, n)."""
         ne = self.n_extended
-        out = lam @ self._H_flat if self.m else np.zeros(ne * ne)
+        out = lam.dot(self._H_flat) if self.m else np.zeros(ne * ne)
         if self._nonlinear:
             qe1 = self._qe1
             qe1[:self.n] = q

@@ -47,6 +47,7 @@ from .model import Mechanism
 __all__ = ["FixedLagEstimator", "choose_independent", "limit_blas_threads"]
 
 TWO_PI = 2.0 * math.pi
+_max = np.maximum.reduce
 
 
 class StepFailure(RuntimeError):
@@ -691,7 +692,7 @@ class FixedLagEstimator:
         units = self._step_units(efforts, obs, h, with_observations=False)
         x_prev = self._x
         xp = self._predict(x_prev, h)
-        readings = self._gate(self._observation_units(obs), xp)
+        readings = self._gate(self._observation_units(obs), xp) if obs else []
         model = self._model(units + readings)
         x = self._window.add_step(k, model, xp, x_prev,
                                   threshold=self.relinearize_threshold_readings if readings else None)
@@ -752,12 +753,12 @@ class FixedLagEstimator:
         if tau.size:
             Q[mech.actuated] += tau
         phi = self.ctx.phi_and_jacobian(q)[0]
-        residual = float(np.abs(phi).max(initial=0.0))
+        residual = float(_max(np.abs(phi))) if phi.size else 0.0
         xa = np.abs(x)
-        self._x_abs_max = float(xa.max())                      # NaN propagates: checked in _check_failure
-        self._speed = float(xa[n:2 * n].max(initial=0.0))
+        self._x_abs_max = float(_max(xa))                      # NaN propagates: checked in _check_failure
+        self._speed = float(_max(xa[n:2 * n])) if n else 0.0
         mode = mech.assembly_mode(q)
-        if self._mode is not None and mode.size and not np.array_equal(mode, self._mode):
+        if self._mode is not None and mode.size and mode.tolist() != self._mode.tolist():
             if self._requested_mode is not None and not np.array_equal(mode, self._requested_mode):
                 raise StepFailure(f"assembly mode left the requested {self._mode_text(self._requested_mode)} "
                                   f"(now {self._mode_text(mode)})")

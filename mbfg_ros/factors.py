@@ -172,7 +172,7 @@ class EvalContext:
         K[n:, :n] = J
         b = self._b
         b[:n] = Q
-        b[n:] = Jd @ v
+        b[n:] = Jd.dot(v)
         b[n:] *= -1.0
         return K, b, J_all, Jd_all
 
@@ -188,7 +188,7 @@ class EvalContext:
         Kinv, info = _lapack.dgetri(lu, piv, overwrite_lu=1)
         if info != 0:
             return None
-        x = Kinv @ b
+        x = Kinv.dot(b)
         if not _sane(x):
             return None
         a = x[:n]
@@ -206,18 +206,18 @@ class EvalContext:
         if self._rows is not None:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]
-        da_dq = tl @ C.weighted_hessian(q, lam)
-        da_dq += tr @ low
+        da_dq = tl.dot(C.weighted_hessian(q, lam))
+        da_dq += tr.dot(low)
         np.negative(da_dq, out=da_dq)
-        da_dv = tr @ Jd
+        da_dv = tr.dot(Jd)
         da_dv *= -2.0
         return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all, mech.independent_rows,
                                      mech.mass_matrix)
 
 
 def _sane(x) -> bool:
-    m = np.abs(x).max(initial=0.0)
-    return bool(m < 1e12)      # NaN compares False
+    """Finite and not absurdly large (‖x‖ < 1e12; one BLAS call: NaN and inf compare False)."""
+    return bool(x.dot(x) < 1e24)
 
 
 def _ctx(ctx, mech):
@@ -383,6 +383,9 @@ class PositionConstraints(Factor):
         phi, J = _ctx(ctx, self.mech).phi_and_jacobian(q)
         return phi, [J]
 
+    def error(self, q, ctx=None):
+        return _ctx(ctx, self.mech).phi_and_jacobian(q)[0]
+
 
 class VelocityConstraints(Factor):
     """f_vc: e = Φq q̇; ∂e/∂q = ∂(Φq q̇)/∂q = Φ̇q, ∂e/∂q̇ = Φq."""
@@ -398,7 +401,10 @@ class VelocityConstraints(Factor):
         c = _ctx(ctx, self.mech)
         J = c.phi_and_jacobian(q)[1]
         Jd = c.jacobian_dot(q, v)
-        return J @ v, [Jd, J]
+        return J.dot(v), [Jd, J]
+
+    def error(self, q, v, ctx=None):
+        return _ctx(ctx, self.mech).phi_and_jacobian(q)[1].dot(v)
 
 
 class AccelerationConstraints(Factor):
@@ -595,9 +601,9 @@ class HermiteVelocityIntegrator(Factor):
     @staticmethod
     def jerk(d, v, a, Qdot):
         """j = ∂q̈/∂q q̇ + ∂q̈/∂q̇ q̈ + ∂q̈/∂Q Q̇ with the matrices of a dynamics linearization `d`."""
-        j = d.da_dq @ v
-        j += d.da_dv @ a
-        j += d.da_dQ @ Qdot
+        j = d.da_dq.dot(v)
+        j += d.da_dv.dot(a)
+        j += d.da_dQ.dot(Qdot)
         return j
 
     def dynamics_prev(self, q0, v0, tau0=None, ctx=None):

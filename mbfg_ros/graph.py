@@ -30,6 +30,7 @@ __all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "l
 
 _X_KEY = gtsam.symbol("x", 0)
 _EMPTY = np.zeros(0)
+_max = np.maximum.reduce
 
 
 def state_key(k: int) -> int:
@@ -175,10 +176,16 @@ def _unit_noise(rows: int):
 
 
 def linear_factor(A_prev: Optional[np.ndarray], A_cur: np.ndarray, r: np.ndarray, key_prev: Optional[int],
-                  key_cur: int, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> gtsam.LinearContainerFactor:
+                  key_cur: int, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                  work: Optional[gtsam.Values] = None) -> gtsam.LinearContainerFactor:
     """The linear model e_w ≈ r + A_prev δ_prev + A_cur δ_cur as a C++ `LinearContainerFactor`
-    linearized at (x_prev, x_cur) (unit noise: the rows are already whitened)."""
-    lin = gtsam.Values()
+    linearized at (x_prev, x_cur) (unit noise: the rows are already whitened).  `work`: a scratch
+    `gtsam.Values` to reuse (the factor keeps its own copy of the linearization point)."""
+    if work is None:
+        lin = gtsam.Values()
+    else:
+        lin = work
+        lin.clear()
     lin.insert(key_cur, x_cur)
     noise = _unit_noise(r.size)
     if A_prev is None:
@@ -223,6 +230,7 @@ class StepModel:
             row += u.dim
         self._S_cur = self.A_cur[:rows_s].copy()
         self._S_prev = None if self.A_prev is None else self.A_prev[:rows_s].copy()
+        self._S = self._S_cur if self.A_prev is None else np.hstack((self._S_prev, self._S_cur))
         self._rows_s = rows_s
         # per dynamic unit: (unit, first row, inverse sigmas, [(which, block name, cols)] per slot, assign?)
         self._plan = []
@@ -244,6 +252,13 @@ class StepModel:
                             if not u.linear and u.check_weight > 0.0]
         # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
         self.check_prev = any(not which for _, slots, _ in self._check_plan for which, _ in slots)
+        self._check_buf = np.zeros(len(check_rows))
+        offs = np.cumsum([0] + [u.dim for u, _, _ in self._check_plan])
+        self._check_plan = [(u, slots, w, int(a), int(b)) for (u, slots, w), a, b in
+                            zip(self._check_plan, offs[:-1], offs[1:])]
+        # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
+        # same (constant) array object again needs no rewrite
+        self._last_J = [[None] * len(p[3]) for p in self._plan]
 
     def snapshot(self) -> list:
         """The units' current per-step parameters (references: the estimator assigns new objects)."""
@@ -260,34 +275,37 @@ class StepModel:
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
         rs = self._rows_s
         if rs:
-            np.matmul(self._S_cur, x_cur, out=r[:rs])
-            if A_prev is not None:
-                r[:rs] += self._S_prev @ x_prev
+            self._S.dot(x_cur if A_prev is None else np.concatenate((x_prev, x_cur)), out=r[:rs])
         if not self._all_distinct:
             A_cur[rs:] = 0.0
             if A_prev is not None:
                 A_prev[rs:] = 0.0
+            for last in self._last_J:
+                last[:] = [None] * len(last)
         mul = np.multiply
-        for u, row, w, slots, distinct in self._plan:
+        for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J):
             d = u.dim
             e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
             mul(e, w, out=r[row:row + d])
             wc = w[:, None]
             if distinct:         # every block of these rows is overwritten; the others stay zero
-                for (which, cols), J in zip(slots, Js):
-                    mul(J, wc, out=(A_cur if which else A_prev)[row:row + d, cols])
+                for i, ((which, cols), J) in enumerate(zip(slots, Js)):
+                    if J is not last[i]:
+                        mul(J, wc, out=(A_cur if which else A_prev)[row:row + d, cols])
+                        last[i] = J
             else:
                 for (which, cols), J in zip(slots, Js):
                     (A_cur if which else A_prev)[row:row + d, cols] += J * wc
         return A_prev, A_cur, r
 
     def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
-        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur)."""
-        parts = [u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx) * w
-                 for u, slots, w in self._check_plan]
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur) (an internal buffer,
+        valid until the next call)."""
+        buf = self._check_buf
+        mul = np.multiply
+        for u, slots, w, a, b in self._check_plan:
+            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx), w, out=buf[a:b])
+        return buf
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,6 +382,7 @@ class FixedLagWindow:
         self.steps = 0
         self._graph = gtsam.NonlinearFactorGraph()
         self._values = gtsam.Values()
+        self._lin_values = gtsam.Values()
         self._empty_values = gtsam.Values()
         self._empty_stamps: Dict[int, float] = {}
         self._no_removals: list = []
@@ -414,7 +433,8 @@ class FixedLagWindow:
             rec.A_cur = rec.r = _EMPTY
             rec.A_prev = None
         key_prev = _X_KEY + rec.k - 1 if A_prev is not None else None
-        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, _X_KEY + rec.k, rec.x_prev, rec.x_cur)
+        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, _X_KEY + rec.k, rec.x_prev, rec.x_cur,
+                                    self._lin_values)
 
     def _update1(self, rec, values, timestamps):
         g = self._graph
@@ -442,16 +462,16 @@ class FixedLagWindow:
         model = rec.model
         if restore:
             model.restore(rec.params)
-        lin = rec.A_cur @ (x_cur - rec.x_cur)
+        lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:
-            lin += rec.A_prev @ (x_prev - rec.x_prev)
+            lin += rec.A_prev.dot(x_prev - rec.x_prev)
         diff = model.check_residual(x_prev, x_cur, self.ctx)
-        diff -= lin
-        np.abs(diff, out=diff)
+        lin -= diff
+        np.abs(lin, out=lin)
         if model.check_weights is not None:
-            diff *= model.check_weights
-        m = float(diff.max())
+            lin *= model.check_weights
+        m = float(_max(lin))
         if m != m:
             raise FloatingPointError("non-finite residual at the estimate")
         return m
