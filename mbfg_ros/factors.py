@@ -152,7 +152,7 @@ class EvalContext:
         if key != self._acc_key:
             a = None
             if self.fast:
-                K, b, _, _ = self._system(q, v, Q)
+                K, b = self._system(q, v, Q)[:2]
                 lu, piv, x, info = _lapack.dgesv(K, b)
                 if info == 0 and _sane(x):
                     a = x[:self._n]
@@ -172,16 +172,15 @@ class EvalContext:
         K[n:, :n] = J
         b = self._b
         b[:n] = Q
-        b[n:] = Jd.dot(v)
-        b[n:] *= -1.0
-        return K, b, J_all, Jd_all
+        np.negative(Jd.dot(v), out=b[n:])
+        return K, b, J_all, Jd_all, Jd
 
     def _lean(self, q, v, Q):
         """One LU of K, its explicit inverse (K is small; the top rows Kᵢₙᵥ[:n] give ∂q̈/∂Q directly and
         turn the derivative solve K D = R into two small products), then
         ∂q̈/∂q = −Kᵢₙᵥ[:n] [Σλᵢ∂²Φᵢ; ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q],  ∂q̈/∂q̇ = −2 Kᵢₙᵥ[:n, n:] Φ̇q."""
         mech, n, C = self.mech, self._n, self.mech.constraints
-        K, b, J_all, Jd_all = self._system(q, v, Q)
+        K, b, J_all, Jd_all, Jd = self._system(q, v, Q)
         lu, piv, info = _lapack.dgetrf(K)
         if info != 0:
             return None
@@ -194,11 +193,9 @@ class EvalContext:
         a = x[:n]
         if self._rows is None:
             lam = x[n:]
-            Jd = Jd_all
         else:
             lam = np.zeros(mech.m)
             lam[self._rows] = x[n:]
-            Jd = Jd_all[self._rows]
         top = Kinv[:n]
         low = C.hessian_vector(q, a)
         if self._third:

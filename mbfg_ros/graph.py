@@ -382,7 +382,7 @@ class FixedLagWindow:
         self.steps = 0
         self._graph = gtsam.NonlinearFactorGraph()
         self._values = gtsam.Values()
-        self._lin_values = gtsam.Values()
+        self._theta: Dict[int, np.ndarray] = {}      # key index -> the value it was inserted with
         self._empty_values = gtsam.Values()
         self._empty_stamps: Dict[int, float] = {}
         self._no_removals: list = []
@@ -400,6 +400,9 @@ class FixedLagWindow:
         key = _X_KEY + k
         rec = StepRecord(k, model, x_prev, x_pred, params=model.snapshot() if model._param_units else [],
                          threshold=threshold)
+        theta = self._theta
+        theta[k] = x_pred
+        theta.pop(k - self.lag - 2, None)
         self._linearize(rec, restore=False)
         values = self._values
         values.clear()
@@ -432,9 +435,22 @@ class FixedLagWindow:
         else:
             rec.A_cur = rec.r = _EMPTY
             rec.A_prev = None
-        key_prev = _X_KEY + rec.k - 1 if A_prev is not None else None
-        rec._factor = linear_factor(A_prev, A_cur, r, key_prev, _X_KEY + rec.k, rec.x_prev, rec.x_cur,
-                                    self._lin_values)
+        # iSAM2 never relinearizes (every factor is linear), so each key's linearization point stays the
+        # value θ it was inserted with; the factor is handed over as a linear factor in δ = X − θ (shifted
+        # here from its own linearization point), without a linearization point of its own.
+        theta = self._theta
+        k = rec.k
+        th = theta[k]
+        b = r + A_cur.dot(th - rec.x_cur) if th is not rec.x_cur else r.copy()
+        noise = _unit_noise(r.size)
+        if A_prev is None:
+            jf = gtsam.JacobianFactor(_X_KEY + k, A_cur, np.negative(b, out=b), noise)
+        else:
+            th = theta[k - 1]
+            if th is not rec.x_prev:
+                b += A_prev.dot(th - rec.x_prev)
+            jf = gtsam.JacobianFactor(_X_KEY + k - 1, A_prev, _X_KEY + k, A_cur, np.negative(b, out=b), noise)
+        rec._factor = gtsam.LinearContainerFactor(jf)
 
     def _update1(self, rec, values, timestamps):
         g = self._graph
