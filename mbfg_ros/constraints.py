@@ -178,11 +178,20 @@ class RelativeAngleConstraints(ConstraintType):
 
     def curvature(self, theta) -> np.ndarray:
         """∂²φ/∂θ² per instance at the angles `theta` (the only non-zero second derivative)."""
-        out = []
+        return self.curvatures(theta)[0]
+
+    def curvatures(self, theta):
+        """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`."""
+        c2, c3 = [], []
         for t, L in zip(theta.tolist(), self._L):
             s, c = math.sin(t), math.cos(t)
-            out.append(L * c if abs(s) > self._SWITCH else L * s)
-        return np.array(out)
+            if abs(s) > self._SWITCH:
+                c2.append(L * c)
+                c3.append(-L * s)
+            else:
+                c2.append(L * s)
+                c3.append(L * c)
+        return np.array(c2), np.array(c3)
 
     def curvature_rate(self, theta, rate) -> np.ndarray:
         """∂³φ/∂θ³ · θ̇² per instance (`third` in global form)."""
@@ -240,13 +249,23 @@ class ConstraintSet:
         self._qe1 = np.concatenate((np.zeros(n), self.fixed_values, [1.0]))      # work buffers
         self._we = np.zeros(ne)
         # types whose only non-zero second derivative is ∂²φ/∂θ² of one local coordinate (relative angles):
-        # (type, rows, extended column of θ, flat (θ, θ) index, are those indices distinct?)
+        # (type, rows, extended column of θ, flat (θ, θ) index, are those indices distinct?, memo)
         self._angle = []
         for t, r, _ in self._nonlinear:
             if getattr(t, "angle_only", False):
                 col = np.ascontiguousarray(t.index[:, 4])
-                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size))
+                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size, [None, None]))
         self._all_angle = len(self._angle) == len(self._nonlinear)
+
+    @staticmethod
+    def _curv(t, col, memo, qe1):
+        """(∂²φ/∂θ², ∂³φ/∂θ³) of an angle type at qe1 (memo of the last angles: the dynamics evaluate them
+        several times per configuration)."""
+        th = qe1[col]
+        key = th.tobytes()
+        if memo[0] != key:
+            memo[0], memo[1] = key, t.curvatures(th)
+        return memo[1]
 
     def _extended(self, q):
         return np.concatenate((q, self.fixed_values))
@@ -293,8 +312,8 @@ class ConstraintSet:
             qe1 = self._qe1
             qe1[:self.n] = q
             if self._all_angle:
-                for t, r, col, _, _ in self._angle:
-                    out[r, col] = t.curvature(qe1[col]) * we[col]
+                for t, r, col, _, _, memo in self._angle:
+                    out[r, col] = self._curv(t, col, memo, qe1)[0] * we[col]
             else:
                 qe = qe1[:-1]
                 for t, r, _ in self._nonlinear:
@@ -314,8 +333,9 @@ class ConstraintSet:
             if self._all_angle:
                 we = self._we
                 we[:self.n] = v
-                for t, r, col, _, _ in self._angle:
-                    out[r, col] = t.curvature_rate(qe1[col], we[col])
+                for t, r, col, _, _, memo in self._angle:
+                    w = we[col]
+                    out[r, col] = self._curv(t, col, memo, qe1)[1] * (w * w)
             else:
                 qe, ve = qe1[:-1], self._extended_rate(v)
                 for t, r, _ in self._nonlinear:
@@ -330,8 +350,8 @@ class ConstraintSet:
             qe1 = self._qe1
             qe1[:self.n] = q
             if self._all_angle:
-                for t, r, col, flat, distinct in self._angle:
-                    vals = t.curvature(qe1[col]) * lam[r]
+                for t, r, col, flat, distinct, memo in self._angle:
+                    vals = self._curv(t, col, memo, qe1)[0] * lam[r]
                     if distinct:
                         out[flat] += vals
                     else:

@@ -101,6 +101,10 @@ class Mechanism:
         self.sensors = tuple(sensors)
         self.assembly_mode_names = tuple(a.name for a in spec.assembly_modes)
         self.assembly_mode_points = np.array([a.points for a in spec.assembly_modes], dtype=np.intp).reshape(-1, 3)
+        # per indicator: extended-coordinate columns (x, y) of points i, j, k (for the per-step `assembly_mode`)
+        P = self._extended_point_index
+        self._mode_cols = [tuple(int(c) for p in pts for c in P[p]) for pts in self.assembly_mode_points.tolist()]
+        self._fixed_list = [float(x) for x in self.fixed_values]
 
     # ------------------------------------------------------------------------------------------
     @classmethod
@@ -267,12 +271,15 @@ class Mechanism:
 
     def assembly_mode(self, q: np.ndarray) -> np.ndarray:
         """±1 per assembly-mode indicator: sign of (p_j − p_i) × (p_k − p_i)."""
-        if not len(self.assembly_mode_points):
+        if not self._mode_cols:
             return np.zeros(0, dtype=int)
-        xy = self.point_positions(q)
-        i, j, k = self.assembly_mode_points.T
-        a, b = xy[j] - xy[i], xy[k] - xy[i]
-        return np.where(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0] >= 0.0, 1, -1)
+        qe = np.asarray(q, dtype=float).tolist() + self._fixed_list      # a handful of indicators: plain floats
+        out = []
+        for xi, yi, xj, yj, xk, yk in self._mode_cols:
+            x0, y0 = qe[xi], qe[yi]
+            ax, ay, bx, by = qe[xj] - x0, qe[yj] - y0, qe[xk] - x0, qe[yk] - y0
+            out.append(1 if ax * by - ay * bx >= 0.0 else -1)
+        return np.array(out)
 
     def describe(self) -> dict:
         """Summary used by `mbfg info`."""
