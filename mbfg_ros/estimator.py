@@ -472,6 +472,8 @@ class FixedLagEstimator:
                 u = self._sensor_units[name]
                 u.value = val
                 units.append(u)
+        if len(units) == len(obs):          # only named sensors
+            return units
         for name in sorted(obs):
             if name in self._sensor_units:
                 continue
@@ -539,11 +541,11 @@ class FixedLagEstimator:
         gate = self.config.outlier_gate
         if not gate or not units:
             return units
-        L = self.layout
+        sl = self.layout.slices
         kept = []
         for u in units:
-            e = u.error(*[xp[L.slices[s]] for s in u.slots], ctx=self.ctx) / u.sigmas
-            m = float(np.abs(e).max())
+            e = u.error(*[xp[sl[s]] for s in u.slots], ctx=self.ctx) / u.sigmas
+            m = float(_max(np.abs(e)))
             if m > gate:
                 if self._rejections.get(u.name, 0) >= self.config.max_rejections:
                     self._rejections.clear()

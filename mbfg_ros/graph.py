@@ -5,14 +5,16 @@ Two ways to hand a unit to GTSAM:
 * `custom_factor(unit, keys)` – a `gtsam.CustomFactor` over one vector key per slot (the paper's graph
   structure; used by the tests and by batch solvers).  GTSAM relinearizes it whenever it likes, at the
   price of a Python callback per linearization.
-* The fast path: one stacked state variable per step, X_k = [q, q̇, q̈ (, j) (, τ) ...] (`StateLayout`),
+* The fast path: one stacked state variable per step, X_k = [q, q̇, q̈ (, τ) ...] (`StateLayout`),
   and all units of step k (which read X_k and possibly X_{k−1}) linearized ONCE in Python, whitened and
   stacked into one `gtsam.JacobianFactor` wrapped in a `gtsam.LinearContainerFactor` (`linearize_step`,
-  `linear_factor`).  GTSAM never calls back into Python for these factors.  Since such a factor is a
-  fixed first-order model, `FixedLagWindow` implements the relinearization safeguard: after each
-  update it evaluates the newest step's nonlinear residual at the estimate and, while it departs
+  `linear_factor`, `StepModel`).  GTSAM never calls back into Python for these factors.  Since such a
+  factor is a fixed first-order model, `FixedLagWindow` implements the relinearization safeguard: after
+  each update it evaluates the newest step's nonlinear residual at the estimate and, while it departs
   from the linear model by more than a threshold, replaces the factor (`factorsToRemove`) by one
-  linearized at the new estimate.
+  linearized at the new estimate.  (The window hands iSAM2 its factors in δ = X − θ, θ being each key's
+  insertion value, which iSAM2 never changes since nothing is relinearized there: no linearization point
+  per factor.)
 """
 
 from __future__ import annotations
