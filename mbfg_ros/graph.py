@@ -388,6 +388,7 @@ class FixedLagWindow:
         self._empty_values = gtsam.Values()
         self._empty_stamps: Dict[int, float] = {}
         self._no_removals: list = []
+        self._index_pending: Optional[StepRecord] = None
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
@@ -459,8 +460,25 @@ class FixedLagWindow:
         g.resize(0)
         g.push_back(rec._factor)
         rec._factor = None
+        self._index_pending = None
         self.smoother.update(g, values, timestamps, self._no_removals)
-        rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+        if self.scope == "newest" and self.steps >= 3:
+            # only this step's factor can still be replaced (by the safeguard, before the next update):
+            # its index is read from iSAM2's result only then (`_index_of`)
+            rec.factor_index = -1
+            self._index_pending = rec
+        else:
+            rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+
+    def _index_of(self, rec: StepRecord) -> int:
+        """iSAM2's index of the factor of `rec`."""
+        if rec.factor_index < 0:
+            if rec is not self._index_pending:
+                raise RuntimeError(f"the factor index of step {rec.k} was not recorded (scope 'newest': only the "
+                                   f"newest step's factor can be replaced, before the next update)")
+            rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+            self._index_pending = None
+        return rec.factor_index
 
     def _update(self, recs, values, timestamps, remove):
         g = self._graph
@@ -468,6 +486,7 @@ class FixedLagWindow:
         for rec in recs:
             g.push_back(rec._factor)
             rec._factor = None
+        self._index_pending = None
         self.smoother.update(g, values, timestamps, remove)
         idx = self.smoother.getISAM2Result().getNewFactorsIndices()
         for i, rec in enumerate(recs):
@@ -509,6 +528,12 @@ class FixedLagWindow:
         newest = self.last
         newest.relinearizations = 0
         calc = self.estimate
+        if x_est is not None and (self.scope == "newest" or len(self.records) == 1) and not newest.model.check_prev:
+            # common case: one checked step whose checked rows read only its own state
+            newest.mismatch = self.mismatch(newest, None, x_est, restore=False)
+            thr = self.threshold if newest.threshold is None else newest.threshold
+            if not newest.mismatch > thr or self.max_relinearizations < 1:
+                return x_est
         for round_ in range(self.max_relinearizations + 1):
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
             stale = []
@@ -534,7 +559,7 @@ class FixedLagWindow:
             if not stale:
                 x = cache.get(newest.k)
                 return x if x is not None else calc(newest.k)
-            remove = [rec.factor_index for rec in stale]
+            remove = [self._index_of(rec) for rec in stale]
             for rec in stale:
                 rec.relinearizations += 1
                 self._linearize(rec)
@@ -562,7 +587,7 @@ class FixedLagWindow:
         rec.x_cur = self.estimate(k)
         rec.x_prev = self.estimate(k - 1) if rec.x_prev is not None else None
         self._linearize(rec)
-        self._update([rec], self._empty_values, self._empty_stamps, [rec.factor_index])
+        self._update([rec], self._empty_values, self._empty_stamps, [self._index_of(rec)])
         return True
 
     # -- queries ----------------------------------------------------------------------------
