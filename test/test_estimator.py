@@ -334,6 +334,18 @@ def test_reset_reinitializes(crank):
     assert e.status == "initialized" and np.allclose(e.v, 0.0)
 
 
+def test_window_memory_stays_bounded(crank):
+    """iSAM2 reuses the slots of marginalized and replaced factors: its factor list stays as long as the
+    window over an unbounded run (readings every step, so some factors are replaced too)."""
+    est = FixedLagEstimator(crank, EstimatorConfig(window=5, mode="estimation", relinearize_threshold=1e-6))
+    sizes = []
+    for k in range(400):
+        est.step(k * 1e-3, observations={"crank": 0.3 * math.sin(5 * k * 1e-3)})
+        if k in (100, 399):
+            sizes.append(est._window.smoother.getFactors().size())
+    assert est.relinearizations > 0 and sizes[1] == sizes[0] <= 3 * 5, (sizes, est.relinearizations)
+
+
 def test_numerical_failure_is_recovered_not_raised(four_bar, free_fall, monkeypatch):
     est = FixedLagEstimator(four_bar, EstimatorConfig(window=3))
     out = run(est, 100)
