@@ -516,8 +516,11 @@ class FixedLagEstimator:
                 # the velocity integrator's forces at both ends, and the previous step's linearization point
                 # (its jerk's linear model: see factors.HermiteVelocityIntegrator)
                 hv = units[1]
-                hv.Q_prev, hv.Qdot_prev = self._forces_last
-                hv.Q, hv.Qdot = self._step_forces
+                Q0, Qd0 = self._forces_last
+                Q1, Qd1 = self._step_forces
+                zero = self._zero_rate
+                hv.Q_prev, hv.Qdot_prev = Q0, (None if Qd0 is zero else Qd0)
+                hv.Q, hv.Qdot = Q1, (None if Qd1 is zero else Qd1)
                 x = self._window.last.x_cur
                 n = self.mech.n
                 hv.lin_prev = (x[:n], x[n:2 * n], x[self.layout.slices["tau"]] if self.has_tau else None)

@@ -548,7 +548,7 @@ class HermiteVelocityIntegrator(Factor):
     i.e. `HermiteIntegrator` on (q̇, q̈, j) with the jerk of each end computed from the states (the j_pred
     of `Jerk`), so the stacked state stays [q, q̇, q̈ (, τ)].  Slots (q_prev, v_prev, a_prev, q, v, a)
     (+ tau_prev, tau with the efforts as variables: Qᵢ = Q_known + E τᵢ).  Parameters: Q_prev, Q (Q_known
-    with efforts), Qdot_prev, Qdot and ``lin_prev``.
+    with efforts), Qdot_prev, Qdot (None: zero) and ``lin_prev``.
 
     j₁ uses ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at (q₁, q̇₁; Q₁).  j₀ uses them at ``lin_prev`` = (q̄, q̇̄, τ̄ or None): the
     point where the previous step's integrator linearized its own j₁ (None: at (q₀, q̇₀), the exact jerk).
@@ -572,8 +572,8 @@ class HermiteVelocityIntegrator(Factor):
         g = mech.gravity_forces
         self.Q_prev = np.array(g if Q_prev is None else Q_prev, dtype=float)
         self.Q = np.array(g if Q is None else Q, dtype=float)
-        self.Qdot_prev = np.zeros(n) if Qdot_prev is None else np.array(Qdot_prev, dtype=float)
-        self.Qdot = np.zeros(n) if Qdot is None else np.array(Qdot, dtype=float)
+        self.Qdot_prev = None if Qdot_prev is None else np.array(Qdot_prev, dtype=float)
+        self.Qdot = None if Qdot is None else np.array(Qdot, dtype=float)
         self.lin_prev = lin_prev
         self.efforts = bool(efforts)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
@@ -583,6 +583,7 @@ class HermiteVelocityIntegrator(Factor):
         self.sigmas = _sigmas(sigma_or_default(sigma, "integrator"), self.dim)
         self._h2, self._c = 0.5 * self.dt, self.dt * self.dt / 12.0
         self._I = np.eye(n)
+        self._mI, self._mh2I = -self._I, -self._h2 * self._I
         self._zq = np.zeros((n, n))
         self._ztau = np.zeros((n, self.actuated.size))
         self.check_weight = 0.0
@@ -597,10 +598,11 @@ class HermiteVelocityIntegrator(Factor):
 
     @staticmethod
     def jerk(d, v, a, Qdot):
-        """j = ∂q̈/∂q q̇ + ∂q̈/∂q̇ q̈ + ∂q̈/∂Q Q̇ with the matrices of a dynamics linearization `d`."""
+        """j = ∂q̈/∂q q̇ + ∂q̈/∂q̇ q̈ + ∂q̈/∂Q Q̇ with the matrices of a dynamics linearization `d` (Q̇ None: 0)."""
         j = d.da_dq.dot(v)
         j += d.da_dv.dot(a)
-        j += d.da_dQ.dot(Qdot)
+        if Qdot is not None:
+            j += d.da_dQ.dot(Qdot)
         return j
 
     def dynamics_prev(self, q0, v0, tau0=None, ctx=None):
@@ -621,9 +623,8 @@ class HermiteVelocityIntegrator(Factor):
         e = v1 - v0
         e -= h2 * (a0 + a1)
         e -= cc * j0
-        I = self._I
-        Js = [self._zq, -I - cc * d0.da_dq, -h2 * I - cc * d0.da_dv,
-              self._zq, I + cc * d1.da_dq, -h2 * I + cc * d1.da_dv]
+        Js = [self._zq, self._mI - cc * d0.da_dq, self._mh2I - cc * d0.da_dv,
+              self._zq, self._I + cc * d1.da_dq, self._mh2I + cc * d1.da_dv]
         if self.efforts:
             Js += [self._ztau, self._ztau]
         return e, Js
