@@ -255,6 +255,8 @@ class StepModel:
         # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
         self.check_prev = any(not which for _, slots, _ in self._check_plan for which, _ in slots)
         self._check_buf = np.zeros(len(check_rows))
+        # do the non-static rows read X_{k−1}?
+        self.dynamic_prev = any(not which for p in self._plan for which, _ in p[3])
         offs = np.cumsum([0] + [u.dim for u, _, _ in self._check_plan])
         self._check_plan = [(u, slots, w, int(a), int(b)) for (u, slots, w), a, b in
                             zip(self._check_plan, offs[:-1], offs[1:])]
@@ -272,12 +274,16 @@ class StepModel:
             for p, val in zip(names, vals):
                 setattr(u, p, val)
 
-    def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
-        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers)."""
+    def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
+                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None):
+        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers).
+        With ``static_at`` = (x_prev', x_cur') the rows of the static (affine) units are evaluated there
+        instead (their linear model is exact, so this is the same model expressed about another point)."""
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
         rs = self._rows_s
         if rs:
-            self._S.dot(x_cur if A_prev is None else np.concatenate((x_prev, x_cur)), out=r[:rs])
+            xp, xc = (x_prev, x_cur) if static_at is None else static_at
+            self._S.dot(xc if A_prev is None else np.concatenate((xp, xc)), out=r[:rs])
         if not self._all_distinct:
             A_cur[rs:] = 0.0
             if A_prev is not None:
@@ -430,7 +436,15 @@ class FixedLagWindow:
         model = rec.model
         if restore:
             model.restore(rec.params)
-        A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx)
+        # iSAM2 never relinearizes (every factor is linear), so each key's linearization point stays the
+        # value θ it was inserted with; the factor is handed over as a linear factor in δ = X − θ, without a
+        # linearization point of its own: the static rows are evaluated at θ directly, the others shifted
+        # from the factor's own linearization point.
+        theta = self._theta
+        k = rec.k
+        th_cur = theta[k]
+        th_prev = theta[k - 1] if rec.x_prev is not None else None
+        A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
         rows = model.check_rows
         if rows.size:
             rec.A_cur, rec.r = A_cur[rows], r[rows]
@@ -438,21 +452,17 @@ class FixedLagWindow:
         else:
             rec.A_cur = rec.r = _EMPTY
             rec.A_prev = None
-        # iSAM2 never relinearizes (every factor is linear), so each key's linearization point stays the
-        # value θ it was inserted with; the factor is handed over as a linear factor in δ = X − θ (shifted
-        # here from its own linearization point), without a linearization point of its own.
-        theta = self._theta
-        k = rec.k
-        th = theta[k]
-        b = r + A_cur.dot(th - rec.x_cur) if th is not rec.x_cur else r.copy()
+        b = np.negative(r)
+        rs = model._rows_s
+        if th_cur is not rec.x_cur:
+            b[rs:] -= A_cur[rs:].dot(th_cur - rec.x_cur)
+        if model.dynamic_prev and th_prev is not rec.x_prev:
+            b[rs:] -= A_prev[rs:].dot(th_prev - rec.x_prev)
         noise = _unit_noise(r.size)
         if A_prev is None:
-            jf = gtsam.JacobianFactor(_X_KEY + k, A_cur, np.negative(b, out=b), noise)
+            jf = gtsam.JacobianFactor(_X_KEY + k, A_cur, b, noise)
         else:
-            th = theta[k - 1]
-            if th is not rec.x_prev:
-                b += A_prev.dot(th - rec.x_prev)
-            jf = gtsam.JacobianFactor(_X_KEY + k - 1, A_prev, _X_KEY + k, A_cur, np.negative(b, out=b), noise)
+            jf = gtsam.JacobianFactor(_X_KEY + k - 1, A_prev, _X_KEY + k, A_cur, b, noise)
         rec._factor = gtsam.LinearContainerFactor(jf)
 
     def _update1(self, rec, values, timestamps):
