@@ -246,26 +246,27 @@ class ConstraintSet:
         Ht[:, ne, :ne] = b
         Ht[:, ne, ne] = 2.0 * c
         self._Ht_rows = Ht.reshape(m * (ne + 1), ne + 1)
-        self._qe1 = np.concatenate((np.zeros(n), self.fixed_values, [1.0]))      # work buffers
-        self._we = np.zeros(ne)
+        self._tail1 = np.concatenate((self.fixed_values, [1.0]))
         # types whose only non-zero second derivative is ∂²φ/∂θ² of one local coordinate (relative angles):
         # (type, rows, extended column of θ, flat (θ, θ) index, are those indices distinct?, memo)
         self._angle = []
         for t, r, _ in self._nonlinear:
             if getattr(t, "angle_only", False):
                 col = np.ascontiguousarray(t.index[:, 4])
-                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size, [None, None]))
-        self._all_angle = len(self._angle) == len(self._nonlinear)
+                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size, [None]))
+        # fast path: only angle types, and their angles are coordinates (not fixed values)
+        self._all_angle = (len(self._angle) == len(self._nonlinear)
+                           and all(bool(np.all(a[2] < n)) for a in self._angle))
 
     @staticmethod
-    def _curv(t, col, memo, qe1):
-        """(∂²φ/∂θ², ∂³φ/∂θ³) of an angle type at qe1 (memo of the last angles: the dynamics evaluate them
-        several times per configuration)."""
-        th = qe1[col]
+    def _curv(t, th, memo):
+        """(∂²φ/∂θ², ∂³φ/∂θ³) of an angle type at the angles th (memo of the last angles, which the dynamics
+        read several times per configuration; one atomic slot: safe with concurrent callers)."""
         key = th.tobytes()
-        if memo[0] != key:
-            memo[0], memo[1] = key, t.curvatures(th)
-        return memo[1]
+        m = memo[0]
+        if m is None or m[0] != key:
+            m = memo[0] = (key, t.curvatures(th))
+        return m[1]
 
     def _extended(self, q):
         return np.concatenate((q, self.fixed_values))
@@ -288,8 +289,7 @@ class ConstraintSet:
         return self.phi_and_jacobian(q)[1]
 
     def phi_and_jacobian(self, q):
-        qe1 = self._qe1
-        qe1[:self.n] = q
+        qe1 = np.concatenate((q, self._tail1))
         T = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1)
         phi = T.dot(qe1)
         phi *= 0.5
@@ -305,17 +305,14 @@ class ConstraintSet:
 
     def hessian_vector(self, q: np.ndarray, w: np.ndarray) -> np.ndarray:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
-        we = self._we
-        we[:self.n] = w
+        we = np.concatenate((w, self._zeros_fixed))
         out = self._H_rows.dot(we).reshape(self.m, self.n_extended)
         if self._nonlinear:
-            qe1 = self._qe1
-            qe1[:self.n] = q
             if self._all_angle:
                 for t, r, col, _, _, memo in self._angle:
-                    out[r, col] = self._curv(t, col, memo, qe1)[0] * we[col]
+                    out[r, col] = self._curv(t, q[col], memo)[0] * w[col]
             else:
-                qe = qe1[:-1]
+                qe = self._extended(q)
                 for t, r, _ in self._nonlinear:
                     self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
         return out[:, :self.n]
@@ -328,16 +325,12 @@ class ConstraintSet:
         """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
         out = np.zeros((self.m, self.n_extended))
         if self._nonlinear:
-            qe1 = self._qe1
-            qe1[:self.n] = q
             if self._all_angle:
-                we = self._we
-                we[:self.n] = v
                 for t, r, col, _, _, memo in self._angle:
-                    w = we[col]
-                    out[r, col] = self._curv(t, col, memo, qe1)[1] * (w * w)
+                    w = v[col]
+                    out[r, col] = self._curv(t, q[col], memo)[1] * (w * w)
             else:
-                qe, ve = qe1[:-1], self._extended_rate(v)
+                qe, ve = self._extended(q), self._extended_rate(v)
                 for t, r, _ in self._nonlinear:
                     self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
         return out[:, :self.n]
@@ -347,17 +340,15 @@ class ConstraintSet:
         ne = self.n_extended
         out = lam.dot(self._H_flat) if self.m else np.zeros(ne * ne)
         if self._nonlinear:
-            qe1 = self._qe1
-            qe1[:self.n] = q
             if self._all_angle:
                 for t, r, col, flat, distinct, memo in self._angle:
-                    vals = self._curv(t, col, memo, qe1)[0] * lam[r]
+                    vals = self._curv(t, q[col], memo)[0] * lam[r]
                     if distinct:
                         out[flat] += vals
                     else:
                         np.add.at(out, flat, vals)
             else:
-                qe = qe1[:-1]
+                qe = self._extended(q)
                 for t, r, flat in self._nonlinear:
                     weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
                     out = out + np.bincount(flat, weights, minlength=ne * ne)
