@@ -246,6 +246,7 @@ class FixedLagEstimator:
         self._rejected: List[str] = []
         self._a_prev, self._h_prev = None, self.config.dt
         self._models: Dict[tuple, StepModel] = {}
+        self._step_models: Dict[tuple, StepModel] = {}
         self._int_cache: Dict[float, list] = {}
         self._effort_priors: Dict[tuple, F.Prior] = {}
         self.relinearizations = 0
@@ -368,6 +369,7 @@ class FixedLagEstimator:
             self._u_jerk = F.Jerk(mech, sigma=s["dynamics"], select=self.z, efforts=self.has_tau)
         self._forces_last = None        # (Q or Q_known, Q̇) of the newest step (jerk-free hermite)
         self._models.clear()
+        self._step_models.clear()
         self._int_cache.clear()
         self._effort_priors.clear()
 
@@ -510,12 +512,28 @@ class FixedLagEstimator:
     def _step_units(self, efforts, obs, h, with_observations=True) -> list:
         units = list(self._integrators(h)) if h is not None else []
         units += self._u_kin
+        units += self._dynamic_units(self._step_params(efforts, h))
+        if with_observations:
+            units += self._observation_units(obs)
+        return units
+
+    def _dynamic_units(self, prior) -> list:
+        units = [self._u_dyn]
+        if self._u_jerk is not None:
+            units.append(self._u_jerk)
+        if prior is not None:
+            units.append(prior)
+        return units
+
+    def _step_params(self, efforts, h):
+        """Set this step's per-step unit parameters (forces, effort rates, the hermite velocity integrator's
+        ends); returns the effort-prior unit (fused mode) or None."""
         prior = self._set_forces(efforts, self.config.dt if h is None else h)
         if self._hermite_lite:
             if h is not None:
                 # the velocity integrator's forces at both ends, and the previous step's linearization point
                 # (its jerk's linear model: see factors.HermiteVelocityIntegrator)
-                hv = units[1]
+                hv = self._integrators(h)[1]
                 Q0, Qd0 = self._forces_last
                 Q1, Qd1 = self._step_forces
                 zero = self._zero_rate
@@ -525,14 +543,7 @@ class FixedLagEstimator:
                 n = self.mech.n
                 hv.lin_prev = (x[:n], x[n:2 * n], x[self.layout.slices["tau"]] if self.has_tau else None)
             self._forces_last = self._step_forces
-        units.append(self._u_dyn)
-        if self._u_jerk is not None:
-            units.append(self._u_jerk)
-        if prior is not None:
-            units.append(prior)
-        if with_observations:
-            units += self._observation_units(obs)
-        return units
+        return prior
 
     def _gate(self, units, xp):
         """Innovation gate: drop readings whose whitened residual at the prediction exceeds
@@ -694,11 +705,18 @@ class FixedLagEstimator:
 
     def _advance(self, h, efforts, obs):
         k = self._k + 1
-        units = self._step_units(efforts, obs, h, with_observations=False)
+        prior = self._step_params(efforts, h)
         x_prev = self._x
         xp = self._predict(x_prev, h)
         readings = self._gate(self._observation_units(obs), xp) if obs else []
-        model = self._model(units + readings)
+        key = (h, prior, *readings)
+        model = self._step_models.get(key)
+        if model is None:
+            units = list(self._integrators(h)) + self._u_kin + self._dynamic_units(prior)
+            model = self._model(units + readings)
+            if len(self._step_models) > 64:
+                self._step_models.clear()
+            self._step_models[key] = model
         x = self._window.add_step(k, model, xp, x_prev,
                                   threshold=self.relinearize_threshold_readings if readings else None)
         self._a_prev, self._h_prev = x_prev[self._a_slice], h      # (estimates are never modified in place)

@@ -247,6 +247,10 @@ class StepModel:
             row += u.dim
         self._all_distinct = all(p[4] for p in self._plan)
         self.check_rows = np.array(check_rows, dtype=np.intp)
+        # the checked rows as a slice when contiguous (the usual case: cheaper copies)
+        cr = self.check_rows
+        self._check_slice = (slice(int(cr[0]), int(cr[-1]) + 1)
+                             if cr.size and np.array_equal(cr, np.arange(cr[0], cr[-1] + 1)) else None)
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
         self.check_units = [u for u in dynamic if not u.linear and u.check_weight > 0.0]
         self._param_units = [(u, u.params) for u in dynamic if u.params]
@@ -445,8 +449,12 @@ class FixedLagWindow:
         th_cur = theta[k]
         th_prev = theta[k - 1] if rec.x_prev is not None else None
         A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
-        rows = model.check_rows
-        if rows.size:
+        rows = model._check_slice
+        if rows is not None:
+            rec.A_cur, rec.r = A_cur[rows].copy(), r[rows].copy()
+            rec.A_prev = A_prev[rows].copy() if model.check_prev else None
+        elif model.check_rows.size:
+            rows = model.check_rows
             rec.A_cur, rec.r = A_cur[rows], r[rows]
             rec.A_prev = A_prev[rows] if model.check_prev else None
         else:
