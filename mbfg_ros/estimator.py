@@ -625,9 +625,10 @@ class FixedLagEstimator:
         for i in range(nsub):
             self._advance(h, efforts, obs if i == nsub - 1 else {})
         self._t = t
-        unknown = self._unknown_observations(obs)
-        if unknown:
-            messages.append(f"ignored unknown observations {unknown}")
+        if obs:
+            unknown = self._unknown_observations(obs)
+            if unknown:
+                messages.append(f"ignored unknown observations {unknown}")
         if self._rejected:
             messages.append(f"rejected outlier readings {self._rejected}")
             self._rejected = []
@@ -777,9 +778,8 @@ class FixedLagEstimator:
             Q[mech.actuated] += tau
         phi = self.ctx.phi_and_jacobian(q)[0]
         residual = float(_max(np.abs(phi))) if phi.size else 0.0
-        xa = np.abs(x)
-        self._x_abs_max = float(_max(xa))                      # NaN propagates: checked in _check_failure
-        self._speed = float(_max(xa[n:2 * n])) if n else 0.0
+        self._x_abs_max = float(x.dot(x))       # |x|²: NaN / inf propagate (checked in _check_failure)
+        self._speed = float(_max(np.abs(v))) if n else 0.0
         mode = mech.assembly_mode(q)
         if self._mode is not None and mode.size and mode.tolist() != self._mode.tolist():
             if self._requested_mode is not None and not np.array_equal(mode, self._requested_mode):
