@@ -57,6 +57,8 @@ class EstimatorConfig:
                                            # sigmas (0 = off) ...
     max_rejections: int = 50               # ... unless it was rejected this many consecutive steps (then the
                                            # window is re-initialized from the readings)
+    outage_steps: int = 20                 # after a sensor was silent this many steps, a reading outside the gate
+                                           # re-initializes at once (the prediction ran on the model alone)
 
     def validated(self) -> "EstimatorConfig":
         problems = []

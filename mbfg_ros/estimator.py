@@ -243,6 +243,7 @@ class FixedLagEstimator:
         self._retry = None
         self._failures = 0
         self._rejections: Dict[str, int] = {}
+        self._seen_k: Dict[str, int] = {}       # step of each sensor's last reading (accepted or not)
         self._rejected: List[str] = []
         self._a_prev, self._h_prev = None, self.config.dt
         self._models: Dict[tuple, StepModel] = {}
@@ -545,13 +546,15 @@ class FixedLagEstimator:
             self._forces_last = self._step_forces
         return prior
 
-    def _gate(self, units, xp):
+    def _gate(self, units, xp, k):
         """Innovation gate: drop readings whose whitened residual at the prediction exceeds
         ``outlier_gate`` (a sensor glitch would otherwise be traded against the constraints, which have
         comparable sigmas); after ``max_rejections`` consecutive rejections of a sensor it is believed again
         (the prediction is the likelier culprit, e.g. after an outage): then the window is re-initialized
         from the readings (the position problem with the encoder coordinates fixed) instead of adding a
-        factor whose innovation no linearization could absorb."""
+        factor whose innovation no linearization could absorb.  After an outage of a sensor longer than
+        ``outage_steps`` the prediction has run on the model alone, so a reading outside the gate
+        re-initializes at once rather than being rejected ``max_rejections`` times."""
         gate = self.config.outlier_gate
         if not gate or not units:
             return units
@@ -560,7 +563,13 @@ class FixedLagEstimator:
         for u in units:
             e = u.error(*[xp[sl[s]] for s in u.slots], ctx=self.ctx) / u.sigmas
             m = float(_max(np.abs(e)))
+            since = k - self._seen_k.get(u.name, k)
+            self._seen_k[u.name] = k
             if m > gate:
+                if since > self.config.outage_steps:
+                    self._rejections.clear()
+                    raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ after "
+                                  f"{since} steps without a reading")
                 if self._rejections.get(u.name, 0) >= self.config.max_rejections:
                     self._rejections.clear()
                     raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ for "
@@ -709,7 +718,7 @@ class FixedLagEstimator:
         prior = self._step_params(efforts, h)
         x_prev = self._x
         xp = self._predict(x_prev, h)
-        readings = self._gate(self._observation_units(obs), xp) if obs else []
+        readings = self._gate(self._observation_units(obs), xp, k) if obs else []
         key = (h, prior, *readings)
         model = self._step_models.get(key)
         if model is None:
@@ -927,6 +936,7 @@ class FixedLagEstimator:
         self._window = FixedLagWindow(L, c.window, self.ctx, self.relinearize_threshold, c.max_relinearizations,
                                       scope=self.relinearize_scope)
         self._k = 0
+        self._seen_k = {}
         self._x = self._window.add_step(0, StepModel(L, units), x0)
         self._tau_first = list(self._tau_hist[-1:])
         self._a_prev, self._h_prev = None, c.dt

@@ -462,8 +462,8 @@ def test_smoke_all_mechanisms_modes_formulations_integrators(name):
 
 def test_sensor_glitch_is_rejected_and_outage_recovers(crank, driven):
     """A 0.5-rad encoder glitch is rejected by the innovation gate; after a 500-ms outage (the unknown-torque
-    prediction drifts by 0.65 rad) the readings are rejected `max_rejections` times, then the window is
-    re-initialized from them and the observer tracks again."""
+    prediction drifts by 0.65 rad, longer than `outage_steps`) the first reading outside the gate
+    re-initializes the window from the readings at once and the observer tracks again."""
     rng = np.random.default_rng(4)
     est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="estimation"))
     err, out = [], []
@@ -480,9 +480,22 @@ def test_sensor_glitch_is_rejected_and_outage_recovers(crank, driven):
     assert "rejected" in out[600].message and out[600].status == "ok" and err[600:610].max() < 5e-3
     assert err[1299] > 0.1                                       # dead reckoning with an unknown torque
     resync = [k for k, e in enumerate(out) if "re-initialized from the readings" in e.message]
-    assert resync and 1300 < resync[0] <= 1352 and out[resync[0]].status == "recovered"
+    assert resync and resync[0] == 1300 and out[resync[0]].status == "recovered"
     assert err[resync[0]:].max() < 0.02 and err[resync[0] + 100:].max() < 3e-3   # velocity re-converges
     assert all(e.status in ("ok", "initialized") for e in out[resync[0] + 1:])
+
+
+def test_persistent_disagreement_is_believed_after_max_rejections(crank, driven):
+    """A sensor that keeps reporting (no outage) but jumps by 0.5 rad is rejected `max_rejections` times,
+    then believed: the window is re-initialized from its readings."""
+    est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="estimation", max_rejections=30))
+    out = [est.step(t, observations={"crank": driven.theta[k] + (0.5 if k >= 600 else 0.0)})
+           for k, t in enumerate(driven.t[:800])]
+    rejected = [k for k, e in enumerate(out) if "rejected" in e.message]
+    resync = [k for k, e in enumerate(out) if "re-initialized from the readings" in e.message]
+    assert rejected[0] == 600 and len(rejected) == 30
+    assert resync and resync[0] == 630 and out[resync[0]].status == "recovered"
+    assert abs(out[-1].q[4] - driven.theta[799] - 0.5) < 5e-3
 
 
 def test_observer_started_while_moving(crank, driven):
