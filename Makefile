@@ -43,8 +43,13 @@ $(STAMP): requirements.txt setup.py setup.cfg
 demo: $(STAMP)
 	$(TEST_ENV) $(VPY) -m mbfg_ros.demo $(DEMO_ARGS)
 
+# The ROS 2 integration tests (real DDS, node subprocesses) run in a pytest process of their own,
+# apart from the ROS-free core tests.
+ROS_TESTS := test/test_node.py test/test_bag_replay.py test/test_four_bar_launch.py
+
 test: $(STAMP)
-	$(TEST_ENV) $(VPY) -m pytest -q test $(PYTEST_ARGS)
+	$(TEST_ENV) $(VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
+	$(TEST_ENV) $(VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
