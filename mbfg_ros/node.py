@@ -51,12 +51,6 @@ try:  # Humble+: lets users change QoS via qos_overrides.<topic>.* parameters
 except ImportError:  # pragma: no cover
     QoSOverridingOptions = None
 
-try:
-    from rclpy.executors import ExternalShutdownException
-except ImportError:  # pragma: no cover
-    class ExternalShutdownException(Exception):
-        pass
-
 from . import fastloop
 from . import ros_conversions as rc
 from .estimator import FixedLagEstimator
@@ -1008,7 +1002,7 @@ def main(args=None):
         node.start()
         try:
             executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
+        except (KeyboardInterrupt, rc.ExternalShutdownException):
             pass
         return 0
     finally:

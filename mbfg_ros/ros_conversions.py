@@ -22,6 +22,13 @@ from std_msgs.msg import ColorRGBA
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from visualization_msgs.msg import Marker, MarkerArray
 
+# Humble's rclpy has no ExternalShutdownException; both nodes catch it on shutdown.
+try:
+    from rclpy.executors import ExternalShutdownException
+except ImportError:  # pragma: no cover
+    class ExternalShutdownException(Exception):
+        pass
+
 NS = 1_000_000_000
 
 Problem = Tuple[str, str]

@@ -37,12 +37,6 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-try:
-    from rclpy.executors import ExternalShutdownException
-except ImportError:  # pragma: no cover
-    class ExternalShutdownException(Exception):
-        pass
-
 from . import ros_conversions as rc
 from .model import load_mechanism
 from .plant import PlantSample, SimulatedPlant
@@ -202,7 +196,6 @@ def main(args=None):
     sys.setswitchinterval(5e-4)   # quick GIL hand-over to the publishing thread
     rclpy.init(args=args)
     node = None
-    code = 0
     try:
         node = SimNode()
         node.start()
@@ -210,7 +203,7 @@ def main(args=None):
         executor.add_node(node)
         while rclpy.ok() and not node.finished.is_set():
             executor.spin_once(timeout_sec=0.1)
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except (KeyboardInterrupt, rc.ExternalShutdownException):
         pass
     finally:
         if node is not None:
@@ -218,7 +211,7 @@ def main(args=None):
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
-    return code
+    return 0
 
 
 if __name__ == "__main__":
