@@ -38,20 +38,15 @@ _domain_lock = threading.Lock()
 _domain_next = [0]
 
 
+from mbfg_ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
+
+
 def fresh_domain_id() -> int:
     """A ROS_DOMAIN_ID for one test: distinct per test in this process, spread by pid across processes
     (xdist workers, concurrent test runs)."""
     with _domain_lock:
         _domain_next[0] += 1
         return 1 + (os.getpid() * 7 + _domain_next[0]) % 100   # domain ids 1..100 (≤ 101 for localhost)
-
-
-def ros_env(domain_id: int) -> Dict[str, str]:
-    env = dict(os.environ)
-    env.update(ROS_DOMAIN_ID=str(domain_id), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1",
-               PYTHONUNBUFFERED="1", RCUTILS_COLORIZED_OUTPUT="0")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def set_domain(domain_id: int):
