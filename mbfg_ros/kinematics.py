@@ -181,32 +181,27 @@ def solve_positions_on_mode(mech: Mechanism, q_guess, fixed: Sequence[int] = (),
                         f"with the given fixed coordinates")
 
 
-def solve_velocities(mech: Mechanism, q, fixed: Sequence[int] = (), fixed_values=None, v_guess=None) -> np.ndarray:
-    """q̇ with Φq q̇ = 0 and q̇[fixed] = fixed_values; the other entries closest to `v_guess`."""
-    n = mech.n
-    v = np.zeros(n) if v_guess is None else np.array(v_guess, dtype=float)
+def _solve_linear_level(J, rhs, n, fixed, fixed_values, guess) -> np.ndarray:
+    """x with J x = rhs and x[fixed] = fixed_values; the other entries closest to `guess`."""
+    x = np.zeros(n) if guess is None else np.array(guess, dtype=float)
     fixed = [int(i) for i in fixed]
     if fixed:
-        v[fixed] = np.asarray(fixed_values, dtype=float)
+        x[fixed] = np.asarray(fixed_values, dtype=float)
     free = np.setdiff1d(np.arange(n), fixed)
+    x[free] += _lstsq_step(J[:, free], rhs - J @ x)
+    return x
+
+
+def solve_velocities(mech: Mechanism, q, fixed: Sequence[int] = (), fixed_values=None, v_guess=None) -> np.ndarray:
+    """q̇ with Φq q̇ = 0 and q̇[fixed] = fixed_values; the other entries closest to `v_guess`."""
     J = mech.constraints.jacobian(q)
-    v[free] += _lstsq_step(J[:, free], -J @ v)
-    return v
+    return _solve_linear_level(J, np.zeros(J.shape[0]), mech.n, fixed, fixed_values, v_guess)
 
 
 def solve_accelerations(mech: Mechanism, q, v, fixed: Sequence[int] = (), fixed_values=None, a_guess=None) -> np.ndarray:
     """q̈ with Φq q̈ = −Φ̇q q̇ and q̈[fixed] = fixed_values."""
-    n = mech.n
-    a = np.zeros(n) if a_guess is None else np.array(a_guess, dtype=float)
-    fixed = [int(i) for i in fixed]
-    if fixed:
-        a[fixed] = np.asarray(fixed_values, dtype=float)
-    free = np.setdiff1d(np.arange(n), fixed)
     C = mech.constraints
-    J = C.jacobian(q)
-    rhs = -C.jacobian_dot(q, v) @ v - J @ a
-    a[free] += _lstsq_step(J[:, free], rhs)
-    return a
+    return _solve_linear_level(C.jacobian(q), -C.jacobian_dot(q, v) @ v, mech.n, fixed, fixed_values, a_guess)
 
 
 def constraint_residuals(mech: Mechanism, q, v=None, a=None) -> dict:
