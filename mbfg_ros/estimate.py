@@ -47,6 +47,9 @@ class EstimatorConfig:
     relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing a step;
                                            # None: 1e-3 for steps without readings, 10 for steps with readings
     max_relinearizations: int = 3          # rounds per step
+    check_interval: int = 8                # the newest step's relinearization check may be skipped when a
+                                           # quadratic bound shows it cannot trigger, at most check_interval − 1
+                                           # steps in a row (1 = check every step; see graph.FixedLagWindow)
     relinearize_scope: str = "newest"      # steps checked after each update: newest | ends (also the step about
                                            # to be marginalized) | window (all: the full nonlinear smoother)
     max_constraint_residual: float = 1e-2  # max |Φ(q)| above which a step counts as a numerical failure
@@ -64,6 +67,8 @@ class EstimatorConfig:
         problems = []
         if not (self.dt > 0 and np.isfinite(self.dt)):
             problems.append(f"dt must be a positive number of seconds (got {self.dt})")
+        if int(self.check_interval) != self.check_interval or self.check_interval < 1:
+            problems.append(f"check_interval must be an integer ≥ 1 (got {self.check_interval})")
         if int(self.window) != self.window or self.window < 1:
             problems.append(f"window must be an integer ≥ 1 (got {self.window})")
         if self.mode not in MODES:

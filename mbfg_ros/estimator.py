@@ -546,7 +546,7 @@ class FixedLagEstimator:
             self._forces_last = self._step_forces
         return prior
 
-    def _gate(self, units, xp, k):
+    def _gate(self, units, whitened, k):
         """Innovation gate: drop readings whose whitened residual at the prediction exceeds
         ``outlier_gate`` (a sensor glitch would otherwise be traded against the constraints, which have
         comparable sigmas); after ``max_rejections`` consecutive rejections of a sensor it is believed again
@@ -556,13 +556,9 @@ class FixedLagEstimator:
         ``outage_steps`` the prediction has run on the model alone, so a reading outside the gate
         re-initializes at once rather than being rejected ``max_rejections`` times."""
         gate = self.config.outlier_gate
-        if not gate or not units:
-            return units
-        sl = self.layout.slices
         kept = []
         for u in units:
-            e = u.error(*[xp[sl[s]] for s in u.slots], ctx=self.ctx) / u.sigmas
-            m = float(_max(np.abs(e)))
+            m = float(_max(np.abs(whitened(u))))
             since = k - self._seen_k.get(u.name, k)
             self._seen_k[u.name] = k
             if m > gate:
@@ -718,17 +714,18 @@ class FixedLagEstimator:
         prior = self._step_params(efforts, h)
         x_prev = self._x
         xp = self._predict(x_prev, h)
-        readings = self._gate(self._observation_units(obs), xp, k) if obs else []
-        key = (h, prior, *readings)
-        model = self._step_models.get(key)
-        if model is None:
-            units = list(self._integrators(h)) + self._u_kin + self._dynamic_units(prior)
-            model = self._model(units + readings)
-            if len(self._step_models) > 64:
-                self._step_models.clear()
-            self._step_models[key] = model
-        x = self._window.add_step(k, model, xp, x_prev,
-                                  threshold=self.relinearize_threshold_readings if readings else None)
+        readings = self._observation_units(obs) if obs else []
+        screen = None
+        if readings and self.config.outlier_gate:
+            def screen(model):
+                # the innovation gate, on the readings' rows of the linearization at the prediction
+                kept = self._gate(readings, model.whitened_rows, k)
+                if len(kept) == len(readings):
+                    return None
+                return (self._step_model(h, prior, kept),
+                        self.relinearize_threshold_readings if kept else None)
+        x = self._window.add_step(k, self._step_model(h, prior, readings), xp, x_prev,
+                                  threshold=self.relinearize_threshold_readings if readings else None, screen=screen)
         self._a_prev, self._h_prev = x_prev[self._a_slice], h      # (estimates are never modified in place)
         if self.hermite and self.config.mode != "estimation" and self.na and k <= 2:
             x = self._correct_first_effort_rates(k, h)
@@ -738,6 +735,17 @@ class FixedLagEstimator:
             raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
                               f"{rec.relinearizations} relinearizations)")
         self._k, self._x = k, x
+
+    def _step_model(self, h, prior, readings) -> StepModel:
+        key = (h, prior, *readings)
+        model = self._step_models.get(key)
+        if model is None:
+            units = list(self._integrators(h)) + self._u_kin + self._dynamic_units(prior)
+            model = self._model(units + readings)
+            if len(self._step_models) > 64:
+                self._step_models.clear()
+            self._step_models[key] = model
+        return model
 
     def _correct_first_effort_rates(self, k, h):
         """The jerk factor needs Q̇; at steps 0 and 1 the backward differences of the commanded efforts do
@@ -934,7 +942,7 @@ class FixedLagEstimator:
             priors.append(F.Prior("tau", tau0, s["initial_effort"]))
         units = priors + self._step_units(efforts, obs, None)
         self._window = FixedLagWindow(L, c.window, self.ctx, self.relinearize_threshold, c.max_relinearizations,
-                                      scope=self.relinearize_scope)
+                                      scope=self.relinearize_scope, check_interval=c.check_interval)
         self._k = 0
         self._seen_k = {}
         self._x = self._window.add_step(0, StepModel(L, units), x0)

@@ -19,7 +19,9 @@ Two ways to hand a unit to GTSAM:
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+import math
+from collections import deque
+from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 
 import gtsam
 import numpy as np
@@ -246,6 +248,7 @@ class StepModel:
                 weights.extend([float(u.check_weight)] * u.dim)
             row += u.dim
         self._all_distinct = all(p[4] for p in self._plan)
+        self._unit_rows = {id(p[0]): (p[1], p[1] + p[0].dim) for p in self._plan}
         self.check_rows = np.array(check_rows, dtype=np.intp)
         # the checked rows as a slice when contiguous (the usual case: cheaper copies)
         cr = self.check_rows
@@ -267,6 +270,12 @@ class StepModel:
         # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
+
+    def whitened_rows(self, unit) -> np.ndarray:
+        """The rows of a (non-static) `unit` in the last linearization's whitened residual (a view of the
+        internal buffer: valid until the next `linearize`)."""
+        a, b = self._unit_rows[id(unit)]
+        return self.r[a:b]
 
     def snapshot(self) -> list:
         """The units' current per-step parameters (references: the estimator assigns new objects)."""
@@ -367,14 +376,24 @@ class FixedLagWindow:
       final smoothed estimate just before it is marginalized into the prior;
     * ``"window"`` – every step in the window (the full nonlinear fixed-lag smoother, most expensive).
 
+    With ``check_interval`` > 1 (scope ``"newest"``) the check of a step may be skipped when a quadratic
+    bound says it cannot trigger: the mismatch is the second-order Taylor remainder of the step's rows, so
+    it grows like ‖δ‖² with δ = estimate − linearization point.  Each check measures the curvature
+    c = mismatch / ‖δ‖² (δ scaled per variable by the checked rows' sensitivity to it); a step is
+    skipped while ``c_max ‖δ‖² < CHECK_MARGIN × threshold`` (c_max the largest curvature of the last
+    ``CURVATURE_MEMORY`` checks) and at most ``check_interval − 1`` steps in a row.
+
     iSAM2 runs with ``findUnusedFactorSlots`` (the slots of removed and marginalized factors are reused, so
     its factor list stays as long as the window instead of growing by two entries per step).
     """
 
     SCOPES = ("newest", "ends", "window")
+    CHECK_MARGIN = 0.05          # skip only when the bound is 20× below the threshold
+    CURVATURE_MEMORY = 16        # the bound uses the largest curvature of this many recent checks
 
     def __init__(self, layout: StateLayout, lag_steps: int, ctx: EvalContext, relinearize_threshold: float = 1e-3,
-                 max_relinearizations: int = 3, factorization: str = "QR", scope: str = "newest"):
+                 max_relinearizations: int = 3, factorization: str = "QR", scope: str = "newest",
+                 check_interval: int = 1):
         if scope not in self.SCOPES:
             raise ValueError(f"scope must be one of {self.SCOPES} (got {scope!r})")
         self.layout = layout
@@ -383,6 +402,11 @@ class FixedLagWindow:
         self.threshold = float(relinearize_threshold)
         self.max_relinearizations = int(max_relinearizations)
         self.scope = scope
+        self.check_interval = max(1, int(check_interval))
+        self.skipped_checks = 0
+        self._curvatures: Deque[float] = deque(maxlen=self.CURVATURE_MEMORY)
+        self._curvature = math.inf       # largest recent mismatch / ‖δ‖² (inf: nothing measured yet)
+        self._unchecked = 0              # steps in a row whose check was skipped
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
@@ -402,21 +426,25 @@ class FixedLagWindow:
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
-                 check: bool = True, threshold: Optional[float] = None) -> np.ndarray:
+                 check: bool = True, threshold: Optional[float] = None,
+                 screen: Optional[Callable[[StepModel], Optional[Tuple[StepModel, Optional[float]]]]] = None
+                 ) -> np.ndarray:
         """Add step k (state X_k with initial value / linearization point `x_pred`; `x_prev` = the current
         estimate of X_{k−1}, needed when the model has `_prev` slots).  `threshold` overrides the window's
-        relinearization threshold for this step.  Returns the estimate of X_k."""
-        if not model.need_prev:
-            x_prev = None
-        elif x_prev is None:
-            raise ValueError("this step's units read the previous state: x_prev is required")
-        key = _X_KEY + k
-        rec = StepRecord(k, model, x_prev, x_pred, params=model.snapshot() if model._param_units else [],
-                         threshold=threshold)
+        relinearization threshold for this step.  `screen(model)`, called after the linearization at
+        `x_pred` and before the update, may look at the residual rows (`StepModel.whitened_rows`) and return
+        (another model, its threshold) to use instead (e.g. without an outlier reading), or raise to
+        abandon the step.
+        Returns the estimate of X_k."""
         theta = self._theta
         theta[k] = x_pred
         theta.pop(k - self.lag - 2, None)
-        self._linearize(rec, restore=False)
+        rec = self._prepared(k, model, x_pred, x_prev, threshold)
+        if screen is not None:
+            other = screen(model)
+            if other is not None:
+                rec = self._prepared(k, other[0], x_pred, x_prev, other[1])
+        key = _X_KEY + k
         values = self._values
         values.clear()
         values.insert(key, x_pred)
@@ -435,6 +463,17 @@ class FixedLagWindow:
         if check:
             x_est = self.safeguard(x_est)
         return x_est
+
+    def _prepared(self, k, model, x_pred, x_prev, threshold) -> StepRecord:
+        """The record of step k, linearized at `x_pred`."""
+        if not model.need_prev:
+            x_prev = None
+        elif x_prev is None:
+            raise ValueError("this step's units read the previous state: x_prev is required")
+        rec = StepRecord(k, model, x_prev, x_pred, params=model.snapshot() if model._param_units else [],
+                         threshold=threshold)
+        self._linearize(rec, restore=False)
+        return rec
 
     def _linearize(self, rec: StepRecord, restore: bool = True):
         model = rec.model
@@ -548,9 +587,26 @@ class FixedLagWindow:
         calc = self.estimate
         if x_est is not None and (self.scope == "newest" or len(self.records) == 1) and not newest.model.check_prev:
             # common case: one checked step whose checked rows read only its own state
-            newest.mismatch = self.mismatch(newest, None, x_est, restore=False)
             thr = self.threshold if newest.threshold is None else newest.threshold
-            if not newest.mismatch > thr or self.max_relinearizations < 1:
+            if self.check_interval > 1:
+                # δ scaled by the checked rows' sensitivity to each variable (column norms of A)
+                A = newest.A_cur
+                d = x_est - newest.x_cur
+                d *= np.sqrt(np.einsum("ij,ij->j", A, A))
+                dd = float(d.dot(d))
+                bound = self._curvature * dd if dd > 0.0 else 0.0
+                if self._unchecked < self.check_interval - 1 and bound < self.CHECK_MARGIN * thr:
+                    self._unchecked += 1
+                    self.skipped_checks += 1
+                    newest.mismatch = bound
+                    return x_est
+                self._unchecked = 0
+            newest.mismatch = m = self.mismatch(newest, None, x_est, restore=False)
+            if self.check_interval > 1 and dd > 0.0:
+                curv = self._curvatures
+                curv.append(m / dd)
+                self._curvature = max(curv)
+            if not m > thr or self.max_relinearizations < 1:
                 return x_est
         for round_ in range(self.max_relinearizations + 1):
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}

@@ -43,6 +43,7 @@ from .plant import PlantSample, SimulatedPlant
 
 NODE_NAME = "four_bar_sim"
 NS = rc.NS
+SPIN_S = 3e-4            # the last part of each wait is spent spinning (see SimNode._loop)
 QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
@@ -107,6 +108,9 @@ class SimNode(Node):
         self.pub_truth = self.create_publisher(JointState, "~/truth", QOS)
         self.pub_truth_state = self.create_publisher(JointTrajectory, "~/truth_state", QOS)
         self.pub_clock = self.create_publisher(ClockMsg, "/clock", QOS) if self.publish_clock else None
+        # reused every sample (only stamps and values change): building messages is a large share of a 1 kHz loop
+        self._obs_msg = rc.joint_state(rc.ns_to_stamp(0), self.sensor_names, [], [], [])
+        self._eff_msg = rc.joint_state(rc.ns_to_stamp(0), self.mech.actuator_names, [], [], [])
         self.t_start_ns = None
         self.done = False
         self._stop = threading.Event()
@@ -153,7 +157,12 @@ class SimNode(Node):
                 if not self.n_total and len(self.queue) < n_ahead and wait > 0.6 * dt_wall:
                     self._fill(1)      # integrate ahead while there is time
                     continue
-                time.sleep(wait)
+                # time.sleep overshoots by ~0.1 ms: sleep to just before the due time, then spin, so the
+                # stamp is the publish time like a driver that stamps at acquisition
+                if wait > SPIN_S:
+                    time.sleep(wait - SPIN_S)
+                while time.time_ns() < due_ns:
+                    pass
             self.lateness_ns.append(time.time_ns() - due_ns)
             self._publish_next()
         if self.done and self.exit_at_end:
@@ -176,12 +185,15 @@ class SimNode(Node):
         if self.pub_clock is not None:
             self.pub_clock.publish(ClockMsg(clock=stamp))
         vals = np.array([s.readings[n] for n in self.sensor_names])
-        pos = np.where(self.gyro, np.nan, vals)
-        obs = rc.joint_state(stamp, self.sensor_names, pos, np.where(self.gyro, vals, np.nan), [])
-        if not self.gyro.any():
-            obs.velocity = []
+        obs, eff = self._obs_msg, self._eff_msg
+        obs.header.stamp = stamp
+        obs.position = rc.float_array(np.where(self.gyro, np.nan, vals))
+        if self.gyro.any():
+            obs.velocity = rc.float_array(np.where(self.gyro, vals, np.nan))
         self.pub_obs.publish(obs)
-        self.pub_eff.publish(rc.joint_state(stamp, self.mech.actuator_names, [], [], s.efforts))
+        eff.header.stamp = stamp
+        eff.effort = rc.float_array(s.efforts)
+        self.pub_eff.publish(eff)
         if self.publish_effort_array:
             self.pub_eff_arr.publish(Float64MultiArray(data=rc.float_array(s.efforts)))
         if self.publish_truth and (self.k - 1) % self.truth_decimation == 0:

@@ -433,6 +433,8 @@ def test_config_validation(crank):
     s["bogus"] = 1.0
     with pytest.raises(ValueError):
         FixedLagEstimator(crank, EstimatorConfig(sigmas=s))
+    with pytest.raises(ValueError, match="check_interval"):
+        FixedLagEstimator(crank, EstimatorConfig(check_interval=0))
     est = FixedLagEstimator(crank, EstimatorConfig(sigmas={"dynamics": 1e-4}))   # partial dicts are merged
     assert est.sigmas["integrator"] == default_sigmas()["integrator"]
 
@@ -458,6 +460,37 @@ def test_smoke_all_mechanisms_modes_formulations_integrators(name):
                 assert e.constraint_residual < 1e-5, (mode, formulation, integrator)
                 tol = 2e-3 if integrator == "euler" else 1e-4
                 assert np.abs(e.q - truth[-1].q).max() < tol, (mode, formulation, integrator)
+
+
+@pytest.mark.parametrize("mode,efforts,sensors", [("fused", True, ("crank", "coupler_gyro")),
+                                                   ("estimation", False, ("crank",))])
+def test_skipped_relinearization_checks_change_nothing(crank, driven, mode, efforts, sensors):
+    """`check_interval` skips the newest step's check only when the quadratic bound (measured curvature ×
+    ‖A δ‖²) is far below the threshold: the estimates equal those of a check at every step."""
+    outs, ests = {}, {}
+    for ci in (1, 8):
+        ests[ci], outs[ci] = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode=mode, check_interval=ci),
+                                              efforts=efforts, sensors=sensors)
+    assert ests[1]._window.skipped_checks == 0
+    assert ests[8]._window.skipped_checks > len(driven.t) // 3
+    assert ests[8].relinearizations == ests[1].relinearizations
+    for a, b in zip(outs[1], outs[8]):
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.v, b.v) and np.array_equal(a.efforts, b.efforts)
+
+
+def test_checks_are_not_skipped_where_relinearization_is_needed(crank):
+    """Forward dynamics under the simulated plant's PD torque (wide crank swings) with the tight
+    prediction-step threshold (1e-3 σ): the steps that need re-linearizing are all found (the same ones as
+    checking every step), the others skipped."""
+    from mbfg_ros.plant import SimulatedPlant
+    traj = SimulatedPlant(crank, dt=1e-3, seed=1).simulate(1.5)
+    res = {}
+    for ci in (1, 8):
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, check_interval=ci))
+        out = [est.step(t, efforts=traj.efforts[k]) for k, t in enumerate(traj.t)]
+        res[ci] = (est.relinearizations, est._window.skipped_checks, np.array([e.q for e in out]))
+    assert res[8][0] == res[1][0] > 20 and res[8][1] > len(traj.t) // 3, (res[1][:2], res[8][:2])
+    assert np.array_equal(res[8][2], res[1][2])
 
 
 def test_sensor_glitch_is_rejected_and_outage_recovers(crank, driven):
