@@ -35,6 +35,7 @@ __all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "l
 _X_KEY = gtsam.symbol("x", 0)
 _EMPTY = np.zeros(0)
 _max = np.maximum.reduce
+_add_reduce = np.add.reduce
 
 
 def state_key(k: int) -> int:
@@ -592,7 +593,7 @@ class FixedLagWindow:
                 # δ scaled by the checked rows' sensitivity to each variable (column norms of A)
                 A = newest.A_cur
                 d = x_est - newest.x_cur
-                d *= np.sqrt(np.einsum("ij,ij->j", A, A))
+                d *= np.sqrt(_add_reduce(A * A, 0))
                 dd = float(d.dot(d))
                 bound = self._curvature * dd if dd > 0.0 else 0.0
                 if self._unchecked < self.check_interval - 1 and bound < self.CHECK_MARGIN * thr:

@@ -244,14 +244,15 @@ class InputScheduler:
                 else:
                     keep.append((ke, st, tau))
             self.pending_efforts = keep
-        eff = self.held_effort.copy()
-        stale = (self.held_effort_stamp < 0) | (t_k - self.held_effort_stamp > self.sensor_timeout_ns)
+        # a handful of actuators: plain Python is faster than numpy here (this runs at every step)
+        max_age = self.sensor_timeout_ns
         if not hold_missing and not fresh:
             s = self.streams["efforts"]
             if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
-                stale |= (t_k - self.held_effort_stamp) > self.dt_ns // 2
-        eff[stale] = np.nan
-        efforts = None if np.all(np.isnan(eff)) else eff
+                max_age = min(max_age, self.dt_ns // 2)
+        eff = [v if st >= 0 and t_k - st <= max_age else math.nan
+               for v, st in zip(self.held_effort.tolist(), self.held_effort_stamp.tolist())]
+        efforts = np.array(eff) if any(v == v for v in eff) else None
         obs = self.obs.pop(k, None)
         if self.obs and min(self.obs) < k:        # cannot happen (late inputs are refused); be safe
             for kk in [kk for kk in self.obs if kk < k]:

@@ -47,9 +47,9 @@ def ns_to_stamp(ns: int) -> TimeMsg:
 
 def float_array(x) -> array.array:
     """Fast conversion for float64[] message fields (rclpy accepts array('d') without checks)."""
-    a = array.array("d")
-    a.frombytes(np.ascontiguousarray(x, dtype=np.float64).tobytes())
-    return a
+    if type(x) is not np.ndarray or x.dtype != np.float64 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float64)
+    return array.array("d", x.tobytes())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,20 +105,21 @@ def parse_effort_joint_state(msg: JointState, actuators: Dict[str, int], n_actua
         return None, [("bad_size", f"JointState has {len(msg.name)} names but {len(msg.effort)} effort values")]
     if len(set(msg.name)) != len(msg.name):
         return None, [("bad_size", "JointState repeats a joint name")]
-    tau = np.full(n_actuators, np.nan)
-    for i, name in enumerate(msg.name):
+    tau = [math.nan] * n_actuators
+    found = False
+    for name, val in zip(msg.name, msg.effort):
         k = actuators.get(name)
         if k is None:
             problems.append(("unknown_joint", f"unknown actuator joint '{name}' (known: {', '.join(actuators)})"))
             continue
-        val = float(msg.effort[i])
         if not math.isfinite(val):
             problems.append(("non_finite", f"non-finite effort {val} for joint '{name}'"))
             continue
-        tau[k] = val
-    if np.all(np.isnan(tau)):
+        tau[k] = float(val)
+        found = True
+    if not found:
         return None, problems or [("unknown_joint", "no actuator joint in the effort message")]
-    return tau, problems
+    return np.array(tau), problems
 
 
 def parse_effort_array(data: Sequence[float], n_actuators: int) -> Tuple[Optional[np.ndarray], List[Problem]]:

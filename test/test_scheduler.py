@@ -1,0 +1,160 @@
+"""The node's ROS-free pieces without DDS: the input scheduler (grid assignment, waiting, held commands,
+late/too-old inputs, skip-ahead) and the message parsers (bad content is reported, never raised)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sensor_msgs.msg import JointState
+
+from mbfg_ros import ros_conversions as rc
+from mbfg_ros.node import InputScheduler
+
+MS = 1_000_000
+T0 = 1_000_000 * MS          # an arbitrary positive node-clock time
+
+
+def scheduler(window=5, n_actuators=1):
+    s = InputScheduler(dt=1e-3, window=window, n_actuators=n_actuators)
+    s.sensor_timeout_ns = 100 * MS
+    s.input_delay_ns = 3 * MS
+    return s
+
+
+EXPECTED = ("observations", "efforts")
+
+
+def test_steps_wait_for_both_streams_then_pop_in_order():
+    s = scheduler()
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0) is None
+    assert s.ready(T0, EXPECTED) is False                 # start-up: waits for the efforts too
+    assert s.add_efforts(T0, np.array([2.0]), now_ns=T0) is None
+    assert s.ready(T0, EXPECTED)
+    k, eff, obs = s.pop()
+    assert k == 0 and eff.tolist() == [2.0] and obs == {"crank": 0.1}
+    # stamps are rounded to the grid anchored at the first input
+    s.add_observations(T0 + MS + 200_000, {"crank": 0.2}, now_ns=T0 + 2 * MS)
+    s.add_efforts(T0 + MS - 300_000, np.array([3.0]), now_ns=T0 + 2 * MS)
+    k, eff, obs = s.pop()
+    assert k == 1 and eff.tolist() == [3.0] and obs == {"crank": 0.2}
+
+
+def test_missing_input_is_waited_for_at_most_the_input_delay():
+    s = scheduler()
+    for k in range(3):
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
+        s.pop()
+    s.add_observations(T0 + 3 * MS, {"crank": 0.0}, now_ns=T0 + 3 * MS)   # the command for step 3 is late
+    assert not s.ready(T0 + 3 * MS + 100_000, EXPECTED)
+    assert s.ready(T0 + 6 * MS, EXPECTED)                                # t_3 + input delay
+    k, eff, obs = s.pop()
+    assert k == 3 and eff.tolist() == [1.0]                              # the command is held (zero-order hold)
+
+
+def test_commands_are_held_until_the_sensor_timeout_and_unknown_after():
+    s = scheduler(n_actuators=2)
+    s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0)
+    s.add_observations(T0, {"crank": 0.0}, now_ns=T0)
+    k, eff, _ = s.pop()
+    assert eff[0] == 1.0 and math.isnan(eff[1])
+    s.skip_to(50)
+    _, eff, _ = s.pop()
+    assert eff.tolist()[0] == 1.0                                        # 50 ms old: still valid
+    s.skip_to(150)
+    _, eff, _ = s.pop()
+    assert eff is None                                                   # older than sensor_timeout: unknown
+
+
+def test_a_command_stream_that_misses_a_step_gives_unknown_without_hold():
+    s = scheduler()
+    for k in range(5):                                                   # a 1 kHz command stream...
+        s.add_efforts(T0 + k * MS, np.array([float(k)]), now_ns=T0 + k * MS)
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
+        s.pop(hold_missing=False)
+    s.add_observations(T0 + 5 * MS, {"crank": 0.0}, now_ns=T0 + 5 * MS)  # ...misses step 5
+    k, eff, _ = s.pop(hold_missing=False)
+    assert k == 5 and eff is None                                        # estimated, not the stale value
+    s.add_observations(T0 + 6 * MS, {"crank": 0.0}, now_ns=T0 + 6 * MS)
+    k, eff, _ = s.pop(hold_missing=True)
+    assert k == 6 and eff.tolist() == [4.0]                              # forward dynamics holds it
+
+
+def test_late_too_old_and_inadmissible_inputs_are_named():
+    s = scheduler(window=5)
+    for k in range(20):
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
+        s.pop()
+    now = T0 + 20 * MS
+    assert s.add_observations(T0 + 18 * MS, {"crank": 0.0}, now) == "late"
+    assert s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now) == "too_old"
+    assert s.add_observations(0, {"crank": 0.0}, now) == "bad_stamp"
+    assert s.add_observations(now + 10**9, {"crank": 0.0}, now) == "future"
+    assert s.add_observations(now - 2 * 10**9, {"crank": 0.0}, now) == "stale"
+    # a late command that is newer than the held one still applies from now on
+    assert s.add_efforts(T0 + 19 * MS, np.array([7.0]), now) is None
+    _, eff, _ = s.pop()
+    assert eff.tolist() == [7.0]
+
+
+def test_skip_to_drops_observations_and_applies_commands():
+    s = scheduler()
+    s.add_observations(T0, {"crank": 0.0}, now_ns=T0)
+    for k in range(1, 10):
+        s.add_observations(T0 + k * MS, {"crank": float(k)}, now_ns=T0 + k * MS)
+        s.add_efforts(T0 + k * MS, np.array([float(k)]), now_ns=T0 + k * MS)
+    assert s.backlog_ns(T0 + 10 * MS) == 10 * MS
+    assert s.skip_to(8) == 8
+    k, eff, obs = s.pop()
+    assert k == 8 and obs == {"crank": 8.0} and eff.tolist() == [8.0]
+    assert s.obs.keys() == {9}
+
+
+# -- parsers ------------------------------------------------------------------------------------
+SENSORS = {"crank": ("position", "crank"), "coupler_gyro": ("velocity", "coupler_gyro")}
+
+
+def js(names, position=(), velocity=(), effort=()):
+    m = JointState()
+    m.name, m.position, m.velocity, m.effort = list(names), list(position), list(velocity), list(effort)
+    return m
+
+
+def test_parse_observations_reads_the_field_each_sensor_needs():
+    vals, problems = rc.parse_observations(js(["crank", "coupler_gyro"], [0.5, math.nan], [math.nan, 2.0]), SENSORS)
+    assert vals == {"crank": 0.5, "coupler_gyro": 2.0} and problems == []
+
+
+@pytest.mark.parametrize("msg,kind", [
+    (js(["crank", "elbow"], [0.1, 0.2]), "unknown_joint"),
+    (js(["crank"], [math.inf]), "non_finite"),
+    (js(["crank", "coupler_gyro"], [0.1, 0.2], [1.0]), "bad_size"),
+    (js(["crank", "crank"], [0.1, 0.2]), "bad_size"),
+])
+def test_parse_observations_reports_bad_content(msg, kind):
+    vals, problems = rc.parse_observations(msg, SENSORS)
+    assert kind in [p[0] for p in problems]
+    assert all(math.isfinite(v) for v in vals.values())
+
+
+def test_parse_efforts():
+    tau, problems = rc.parse_effort_joint_state(js(["b", "a"], effort=[2.0, 1.0]), {"a": 0, "b": 1}, 2)
+    assert tau.tolist() == [1.0, 2.0] and problems == []
+    tau, problems = rc.parse_effort_joint_state(js(["a", "x"], effort=[1.0, 3.0]), {"a": 0, "b": 1}, 2)
+    assert tau[0] == 1.0 and math.isnan(tau[1]) and problems[0][0] == "unknown_joint"
+    for msg, kind in ((js(["a"], effort=[math.nan]), "non_finite"), (js(["a"], effort=[]), "bad_size"),
+                      (js(["x"], effort=[1.0]), "unknown_joint")):
+        tau, problems = rc.parse_effort_joint_state(msg, {"a": 0}, 1)
+        assert tau is None and problems[0][0] == kind
+    tau, problems = rc.parse_effort_array([1.0, 2.0], 2)
+    assert tau.tolist() == [1.0, 2.0] and not problems
+    assert rc.parse_effort_array([1.0], 2)[1][0][0] == "bad_size"
+    assert rc.parse_effort_array([1.0, math.inf], 2)[1][0][0] == "non_finite"
+
+
+def test_float_array_and_stamps():
+    a = rc.float_array(np.arange(3.0)[::-1])             # non-contiguous view
+    assert a.typecode == "d" and a.tolist() == [2.0, 1.0, 0.0]
+    assert rc.float_array([1, 2]).tolist() == [1.0, 2.0]
+    assert rc.stamp_to_ns(rc.ns_to_stamp(T0 + 5)) == T0 + 5
