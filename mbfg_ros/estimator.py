@@ -48,6 +48,7 @@ __all__ = ["FixedLagEstimator", "choose_independent", "limit_blas_threads"]
 
 TWO_PI = 2.0 * math.pi
 _max = np.maximum.reduce
+MAX_EXTRAPOLATION = 0.1    # [s] longest gap over which the last estimate is extrapolated (constant q̈)
 
 
 class StepFailure(RuntimeError):
@@ -606,18 +607,30 @@ class FixedLagEstimator:
             return est
         nsub = max(1, int(round(gap / dt)))
         if nsub > self.config.max_substeps:
-            last = self._last
-            return self._initialize(t, efforts, obs, q_guess=last.q, v_guess=last.v,
-                                    tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                                    status="initialized",
-                                    message=f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
+            return self._initialize_from_last(t, efforts, obs, "initialized",
+                                              f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
         try:
             return self._advance_to(t, efforts, obs, "ok", [])
         except _Resync as why:
-            last = self._last
-            return self._initialize(t, efforts, obs, q_guess=last.q, v_guess=last.v,
-                                    tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                                    status="recovered", message=f"{why}: re-initialized from the readings")
+            return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
+
+    def _initialize_from_last(self, t, efforts, obs, status, message) -> Estimate:
+        """A new window at t seeded by the last estimate extrapolated to t (q, q̇ after a gap or a disagreement
+        with the readings are guesses: with readings, the velocity gets the weak initial prior)."""
+        last = self._last
+        q, v = self._extrapolated(t)
+        return self._initialize(t, efforts, obs, q_guess=q, v_guess=v, v_uncertain=True,
+                                tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
+                                status=status, message=message)
+
+    def _extrapolated(self, t):
+        """(q, q̇) of the last estimate extrapolated to t at constant acceleration (for gaps up to
+        MAX_EXTRAPOLATION; beyond, the last q and q̇ are better guesses than a long parabola)."""
+        last = self._last
+        gap = t - last.t
+        if not 0.0 <= gap <= MAX_EXTRAPOLATION:
+            return last.q, last.v
+        return last.q + gap * last.v + 0.5 * gap * gap * last.a, last.v + gap * last.a
 
     def _advance_to(self, t, efforts, obs, status, messages) -> Estimate:
         """Integrate from the window's newest time to t (sub-steps of about dt) and make the estimate."""
@@ -872,7 +885,7 @@ class FixedLagEstimator:
         return sorted(set(fixed))
 
     def _initialize(self, t, efforts, obs, q_guess=None, v_guess=None, tau_guess=None, mode=None,
-                    status="initialized", message="") -> Estimate:
+                    status="initialized", message="", v_uncertain=False) -> Estimate:
         mech, c, L = self.mech, self.config, self.layout
         q_guess = self._initial_guess() if q_guess is None else np.array(q_guess, dtype=float)
         fixed = self._fix_readings(q_guess, obs)
@@ -936,7 +949,7 @@ class FixedLagEstimator:
         # to drift along that direction.)
         observed = c.mode != "forward_dynamics" and any(
             n in self._sensor_units or self._generic_unit(n) is not None for n in obs)
-        sigma_v0 = s["initial_velocity"] if (observed and not v_known) else s["prior_v0"]
+        sigma_v0 = s["initial_velocity"] if (observed and (v_uncertain or not v_known)) else s["prior_v0"]
         priors = [F.Prior("q", q0, s["prior_q0"]), F.Prior("v", v0, sigma_v0)]
         if self.has_tau:
             priors.append(F.Prior("tau", tau0, s["initial_effort"]))
@@ -985,14 +998,8 @@ class FixedLagEstimator:
                     return self._reseed_and_advance(
                         t, efforts, obs, "recovered",
                         f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})")
-                gap = t - last.t
-                ok = 0.0 <= gap <= 0.1
-                return self._initialize(t, efforts, obs,
-                                        q_guess=last.q + gap * last.v + 0.5 * gap * gap * last.a if ok else last.q,
-                                        v_guess=last.v + gap * last.a if ok else last.v,
-                                        tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                                        status="recovered",
-                                        message=f"numerical failure ({reason}): re-initialized at t={t:.6g}")
+                return self._initialize_from_last(t, efforts, obs, "recovered",
+                                                  f"numerical failure ({reason}): re-initialized at t={t:.6g}")
             except Exception as exc2:
                 errors.append(f"{type(exc2).__name__}: {exc2}")
         self._window = None           # retry the initialization at the next step
@@ -1000,10 +1007,7 @@ class FixedLagEstimator:
         detail = "; ".join(errors) or "no previous estimate"
         if last is not None:
             est = self._copy_estimate(last)
-            gap = t - last.t
-            if 0.0 < gap <= 0.1:      # constant-acceleration extrapolation of the last good estimate
-                est.q = last.q + gap * last.v + 0.5 * gap * gap * last.a
-                est.v = last.v + gap * last.a
+            est.q, est.v = self._extrapolated(t)
             est.t = t
             est.status = "recovered"
             est.message = (f"numerical failure ({reason}); re-initialization failed ({detail}): extrapolated "

@@ -518,6 +518,26 @@ def test_sensor_glitch_is_rejected_and_outage_recovers(crank, driven):
     assert all(e.status in ("ok", "initialized") for e in out[resync[0] + 1:])
 
 
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_gap_longer_than_max_substeps_reinitializes_on_the_extrapolation(crank, driven, mode):
+    """The node's overload skip: 95 steps are missing and max_substeps = 1, so the window is re-initialized
+    at the new time from the last estimate extrapolated over the gap, with the velocity only weakly
+    believed; the encoder then corrects it within a few steps (no reading is rejected)."""
+    rng = np.random.default_rng(5)
+    est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode=mode, max_substeps=1))
+    out, ks = [], [k for k in range(len(driven.t)) if not 600 <= k < 695]
+    for k in ks:
+        obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
+        out.append((k, est.step(driven.t[k], efforts=[driven.tau[k]] if mode == "fused" else None,
+                                observations=obs)))
+    after = [(k, e) for k, e in out if k >= 695]
+    assert "gap of" in after[0][1].message and after[0][1].status == "initialized"
+    assert not any("rejected" in e.message or e.status == "recovered" for _, e in after)
+    err_theta = max(abs(e.q[4] - driven.theta[k]) for k, e in after)
+    err_omega = max(abs(e.v[4] - driven.omega[k]) for k, e in after[50:])
+    assert err_theta < 5e-3 and err_omega < 0.3, (err_theta, err_omega)
+
+
 def test_persistent_disagreement_is_believed_after_max_rejections(crank, driven):
     """A sensor that keeps reporting (no outage) but jumps by 0.5 rad is rejected `max_rejections` times,
     then believed: the window is re-initialized from its readings."""
