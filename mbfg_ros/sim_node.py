@@ -20,6 +20,7 @@ keeps to the grid even though one RK4 step costs a sizeable part of a millisecon
 from __future__ import annotations
 
 import collections
+import gc
 import sys
 import threading
 import time
@@ -210,6 +211,8 @@ def main(args=None):
     node = None
     try:
         node = SimNode()
+        gc.collect()
+        gc.freeze()        # long-lived objects out of the full collections (their pauses would delay samples)
         node.start()
         executor = rclpy.executors.SingleThreadedExecutor()
         executor.add_node(node)

@@ -6,6 +6,7 @@ Every test that starts ROS nodes uses its own ROS_DOMAIN_ID and keeps discovery 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import signal
 import subprocess
@@ -304,6 +305,18 @@ class Feeder:
         self.thread.join(timeout)
 
     def _run(self):
+        # A full collection of the test process's garbage collector (tens of thousands of objects left by
+        # earlier tests) stalls every thread for tens of ms: the inputs would reach the node late and be
+        # (rightly) counted as late.  A real sensor driver is not paused by the test process's GC.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._feed()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _feed(self):
         from rosgraph_msgs.msg import Clock
         from builtin_interfaces.msg import Time
         sensors = list(self.traj.readings)
