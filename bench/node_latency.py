@@ -37,6 +37,7 @@ def node_overhead(steps: int = 400) -> float:
     """µs per step spent in the node itself (estimator replaced by a no-op), no DDS involved."""
     import numpy as np
     import rclpy
+    from rclpy.serialization import serialize_message
     from sensor_msgs.msg import JointState
     import mbfg_ros.node as N
     from mbfg_ros.estimate import Estimate
@@ -73,8 +74,10 @@ def node_overhead(steps: int = 400) -> float:
             m.header.stamp.sec, m.header.stamp.nanosec = st // 1_000_000_000, st % 1_000_000_000
             m.name, m.position, m.velocity, m.effort = list(names), list(pos), list(vel), list(eff)
             return m
-        obs = [js(k, ["crank", "coupler_gyro"], [0.1, float("nan")], [float("nan"), 0.2]) for k in range(steps)]
-        eff = [js(k, ["crank"], eff=[1.0]) for k in range(steps)]
+        # the node takes its JointState inputs serialized
+        obs = [serialize_message(js(k, ["crank", "coupler_gyro"], [0.1, float("nan")], [float("nan"), 0.2]))
+               for k in range(steps)]
+        eff = [serialize_message(js(k, ["crank"], eff=[1.0])) for k in range(steps)]
         t = time.perf_counter()
         for k in range(steps):
             node._on_observations(obs[k])

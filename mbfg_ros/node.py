@@ -71,6 +71,7 @@ OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, histor
 
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
+    "bad_message": "serialized message that does not decode as a JointState",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
     "unknown_joint": "joint name matches no sensor / actuator of the mechanism",
     "non_finite": "NaN or Inf value",
@@ -496,9 +497,9 @@ class EstimatorNode(Node):
         hot = fastloop.DetachedCallbackGroup() if self._fast else MutuallyExclusiveCallbackGroup()
         subs = [
             (self.create_subscription(JointState, "joint_observations", self._on_observations, INPUT_QOS,
-                                      callback_group=hot, **qo), self._on_observations),
+                                      callback_group=hot, raw=True, **qo), self._on_observations),
             (self.create_subscription(JointState, "commanded_effort", self._on_effort_js, INPUT_QOS,
-                                      callback_group=hot, **qo), self._on_effort_js),
+                                      callback_group=hot, raw=True, **qo), self._on_effort_js),
             (self.create_subscription(Float64MultiArray, "commanded_effort_array", self._on_effort_array,
                                       INPUT_QOS, callback_group=hot, **qo), self._on_effort_array),
         ]
@@ -569,14 +570,23 @@ class EstimatorNode(Node):
             return h.get_now().nanoseconds
         return self.get_clock().now().nanoseconds
 
-    def _on_observations(self, msg: JointState):
+    def _decoded(self, raw: bytes, topic: str) -> Optional[rc.RawJointState]:
+        """JointState inputs are taken serialized (see `ros_conversions.decode_joint_state`)."""
+        try:
+            return rc.decode_joint_state(raw)
+        except ValueError as e:
+            self._reject("bad_message", f"{topic}: {e}")
+            return None
+
+    def _on_observations(self, raw: bytes):
         now = self._now_ns()
         self._check_time(now)          # a clock jump resets before inputs of the new time are judged
-        values, problems = rc.parse_observations(msg, self.sensor_map)
+        msg = self._decoded(raw, "joint_observations")
+        values, problems = rc.parse_observations(msg, self.sensor_map) if msg is not None else ({}, ())
         for kind, detail in problems:
             self._reject(kind, detail)
         if values:
-            stamp = rc.stamp_to_ns(msg.header.stamp)
+            stamp = msg.stamp_ns
             self.period_stats["input_delay"].append(now - stamp)
             bad = self.sched.add_observations(stamp, values, now)
             if bad:
@@ -584,14 +594,16 @@ class EstimatorNode(Node):
         if not self._fast:
             self._pump(now, max_steps=1000)
 
-    def _on_effort_js(self, msg: JointState):
+    def _on_effort_js(self, raw: bytes):
         now = self._now_ns()
         self._check_time(now)
-        tau, problems = rc.parse_effort_joint_state(msg, self.actuator_map, len(self.mech.actuated))
+        msg = self._decoded(raw, "commanded_effort")
+        tau, problems = (rc.parse_effort_joint_state(msg, self.actuator_map, len(self.mech.actuated))
+                         if msg is not None else (None, ()))
         for kind, detail in problems:
             self._reject(kind, detail)
         if tau is not None:
-            stamp = rc.stamp_to_ns(msg.header.stamp)
+            stamp = msg.stamp_ns
             bad = self.sched.add_efforts(stamp, tau, now)
             if bad:
                 self._reject(bad, self._stamp_detail(stamp, now))

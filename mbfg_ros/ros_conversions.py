@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import math
+import struct
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,6 +55,68 @@ def float_array(x) -> array.array:
 
 # ---------------------------------------------------------------------------------------------
 # inputs
+class RawJointState:
+    """The fields of a `sensor_msgs/JointState` decoded straight from its serialized (CDR) form.
+
+    The node takes its inputs serialized: building rclpy's message objects (JointState, Header, Time and
+    their checked setters) costs more than the estimator's whole bookkeeping for a step."""
+
+    __slots__ = ("stamp_ns", "frame_id", "name", "position", "velocity", "effort")
+
+    def __init__(self, stamp_ns: int, frame_id: str, name, position, velocity, effort):
+        self.stamp_ns, self.frame_id = stamp_ns, frame_id
+        self.name, self.position, self.velocity, self.effort = name, position, velocity, effort
+
+
+_LE, _BE = struct.Struct("<I"), struct.Struct(">I")
+_STAMP = {"<": struct.Struct("<iI"), ">": struct.Struct(">iI")}
+
+
+def decode_joint_state(buf: bytes) -> RawJointState:
+    """Decode a serialized JointState (XCDR1 / plain CDR as rmw implementations write it: a 4-byte
+    encapsulation header, then the fields aligned to their size relative to the end of that header).
+    Raises ValueError on a truncated or malformed buffer."""
+    n = len(buf)
+    if n < 16 or buf[0] != 0 or buf[1] not in (0, 1):
+        raise ValueError("not a CDR-encapsulated JointState")
+    e = "<" if buf[1] == 1 else ">"
+    u32 = (_LE if e == "<" else _BE).unpack_from
+    try:
+        sec, nanosec = _STAMP[e].unpack_from(buf, 4)
+        # offsets below are absolute; alignment is relative to 4 (the end of the encapsulation header)
+        (length,) = u32(buf, 12)
+        p = 16 + length
+        frame_id = buf[16:p - 1].decode("utf-8", "replace")
+        p += -p % 4
+        (count,) = u32(buf, p)
+        p += 4
+        if count > n:
+            raise ValueError("bad name count")
+        names = []
+        for _ in range(count):
+            (length,) = u32(buf, p)
+            q = p + 4 + length
+            if length == 0 or q > n:
+                raise ValueError("bad string length")
+            names.append(buf[p + 4:q - 1].decode("utf-8", "replace"))
+            p = q + (-q % 4)
+        arrays = []
+        for _ in range(3):
+            (count,) = u32(buf, p)
+            p += 4
+            if count:
+                p += -(p - 4) % 8
+                q = p + 8 * count
+                if q > n:
+                    raise ValueError("truncated float64 sequence")
+                arrays.append(struct.unpack_from(f"{e}{count}d", buf, p))
+                p = q + (-q % 4)
+            else:
+                arrays.append(())
+    except struct.error as exc:
+        raise ValueError(f"truncated JointState ({exc})") from None
+    return RawJointState(sec * NS + nanosec, frame_id, names, *arrays)
+
 def _field(msg_field, i: int):
     return msg_field[i] if i < len(msg_field) else None
 
@@ -67,9 +130,9 @@ def _check_lengths(msg: JointState, needed: Sequence[str]) -> Optional[Problem]:
     return None
 
 
-def parse_observations(msg: JointState, sensors: Dict[str, Tuple[str, int]]
+def parse_observations(msg, sensors: Dict[str, Tuple[str, int]]
                        ) -> Tuple[Dict[str, float], List[Problem]]:
-    """Sensor readings from a JointState.
+    """Sensor readings from a JointState (a message object or a `RawJointState`).
 
     `sensors` maps a joint name to (field, sensor name): field 'position' for encoders, 'velocity'
     for gyroscopes.  Only the fields a known joint needs are read, so NaN in unused fields (a common
@@ -97,7 +160,7 @@ def parse_observations(msg: JointState, sensors: Dict[str, Tuple[str, int]]
     return out, problems
 
 
-def parse_effort_joint_state(msg: JointState, actuators: Dict[str, int], n_actuators: int
+def parse_effort_joint_state(msg, actuators: Dict[str, int], n_actuators: int
                              ) -> Tuple[Optional[np.ndarray], List[Problem]]:
     """Efforts (actuator order, NaN where the message does not say) from a JointState's `effort`."""
     problems: List[Problem] = []

@@ -158,3 +158,39 @@ def test_float_array_and_stamps():
     assert a.typecode == "d" and a.tolist() == [2.0, 1.0, 0.0]
     assert rc.float_array([1, 2]).tolist() == [1.0, 2.0]
     assert rc.stamp_to_ns(rc.ns_to_stamp(T0 + 5)) == T0 + 5
+
+
+# -- serialized JointState inputs ---------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(40))
+def test_decode_joint_state_matches_rclpy(seed):
+    """Random JointStates (names of every length mod 4, empty and partial arrays, negative stamps)
+    serialized by rclpy decode to the same fields."""
+    from rclpy.serialization import serialize_message
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 5))
+    names = ["j" * int(rng.integers(1, 9)) + str(i) for i in range(n)]
+    m = js(names, *[rng.standard_normal(n * int(rng.integers(0, 2))).tolist() for _ in range(3)])
+    m.header.stamp.sec = int(rng.integers(-5, 2**31 - 1))
+    m.header.stamp.nanosec = int(rng.integers(0, 10**9))
+    m.header.frame_id = "f" * int(rng.integers(0, 7))
+    r = rc.decode_joint_state(serialize_message(m))
+    assert r.stamp_ns == m.header.stamp.sec * 10**9 + m.header.stamp.nanosec
+    assert r.frame_id == m.header.frame_id and r.name == list(m.name)
+    for f in ("position", "velocity", "effort"):
+        assert list(getattr(r, f)) == list(getattr(m, f))
+
+
+def test_decode_joint_state_big_endian_and_bad_buffers():
+    import struct
+    be = (b"\x00\x00\x00\x00" + struct.pack(">iI", 3, 4) + struct.pack(">I", 1) + b"\x00\x00\x00\x00"
+          + struct.pack(">I", 1) + struct.pack(">I", 2) + b"a\x00\x00\x00"
+          + struct.pack(">I", 1) + struct.pack(">d", 1.5) + struct.pack(">I", 0) + struct.pack(">I", 0))
+    r = rc.decode_joint_state(be)
+    assert r.stamp_ns == 3 * 10**9 + 4 and r.name == ["a"] and r.position == (1.5,) and r.velocity == ()
+    from rclpy.serialization import serialize_message
+    good = serialize_message(js(["crank"], [0.5]))
+    for bad in (b"", b"\x01\x01\x00\x00" + good[4:], good[:-9], good[:20], good[:4] + b"\xff" * (len(good) - 4)):
+        with pytest.raises(ValueError):
+            rc.decode_joint_state(bad)
+    vals, _ = rc.parse_observations(rc.decode_joint_state(good), SENSORS)
+    assert vals == {"crank": 0.5}
