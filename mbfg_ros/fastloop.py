@@ -18,6 +18,7 @@ callers fall back to the stock executor when it is missing.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import ExitStack
 from typing import Callable, List, Optional, Tuple
 
@@ -63,13 +64,18 @@ class FastLoop:
     then calls `after_batch()` once (e.g. to run the estimator on everything that arrived together),
     then the ready timers' handlers.  When `after_batch` or a timer handler returns True ("more work
     is ready"), the loop only polls for new messages and calls `after_batch` again, so work split into
-    short slices is finished without waiting for the next event.  Exceptions in handlers are passed to
-    `on_error` and never stop the loop."""
+    short slices is finished without waiting for the next event.  `poll_window()`, if given, is asked
+    after each batch for how long (ns) an input is expected imminently (e.g. the second half of a step's
+    inputs): the loop then polls without blocking for that long, since a blocking wait's sleep and
+    wake-up cost more than a short poll.  Exceptions in handlers are passed to `on_error` and never stop
+    the loop."""
 
     def __init__(self, node, subscriptions: List[Tuple[object, Callable]], timers: List[Tuple[object, Callable]],
                  after_batch: Optional[Callable[[], None]] = None, lock=None,
-                 on_error: Optional[Callable[[BaseException], None]] = None, name: str = "mbfg_fastloop"):
+                 on_error: Optional[Callable[[BaseException], None]] = None, name: str = "mbfg_fastloop",
+                 poll_window: Optional[Callable[[], int]] = None):
         self.node = node
+        self.poll_window = poll_window
         self.subs = list(subscriptions)
         self.timers = list(timers)
         self.after_batch = after_batch
@@ -113,6 +119,8 @@ class FastLoop:
                 timers = [(t.handle, h) for t, h in self.timers]
                 call = self._call_timer
                 more = False
+                poll_until = 0
+                poll_window = self.poll_window
                 while not self._stop.is_set() and ctx.ok():
                     ws.clear_entities()
                     for sh, _, _, _ in subs:
@@ -120,7 +128,8 @@ class FastLoop:
                     for th, _ in timers:
                         ws.add_timer(th)
                     ws.add_guard_condition(self._wake.handle)
-                    ws.wait(0 if more else 200_000_000)   # 0.2 s: re-check the stop flag now and then
+                    poll = more or (poll_until and time.monotonic_ns() < poll_until)
+                    ws.wait(0 if poll else 200_000_000)   # 0.2 s: re-check the stop flag now and then
                     if self._stop.is_set():
                         break
                     ready_subs = ws.get_ready_entities("subscription")
@@ -145,6 +154,13 @@ class FastLoop:
                                 more = bool(self.after_batch())
                             except Exception as e:  # noqa: BLE001
                                 self.on_error(e)
+                        if took and poll_window is not None:
+                            try:
+                                w = poll_window()
+                            except Exception as e:  # noqa: BLE001
+                                w = 0
+                                self.on_error(e)
+                            poll_until = time.monotonic_ns() + w if w > 0 else 0
                         for th, handler in timers:
                             if th.pointer in ready_timers and th.is_timer_ready():
                                 getattr(th, call)()

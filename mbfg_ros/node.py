@@ -69,6 +69,8 @@ INPUT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, his
 OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
                         durability=DurabilityPolicy.VOLATILE)
 
+POLL_NS = 300_000      # longest poll for the second half of a step's inputs (see FastLoop.poll_window)
+
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
     "bad_message": "serialized message that does not decode as a JointState",
@@ -514,7 +516,7 @@ class EstimatorNode(Node):
         if self._fast:
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self._on_timer)],
                                            after_batch=self._after_batch, lock=self._lock,
-                                           on_error=self._on_loop_error)
+                                           on_error=self._on_loop_error, poll_window=self._poll_window)
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
@@ -625,6 +627,15 @@ class EstimatorNode(Node):
 
     def _after_batch(self) -> bool:
         return self._pump(self._now_ns())
+
+    def _poll_window(self) -> int:
+        """ns to poll for the rest of the next step's inputs when part of them has arrived (they are
+        published together, so the rest follows within microseconds)."""
+        sched = self.sched
+        k = sched.k_next
+        if not sched.anchored or not any(s.last_k is not None and s.last_k >= k for s in sched.streams.values()):
+            return 0
+        return POLL_NS
 
     def _stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
         s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"

@@ -44,7 +44,7 @@ from .plant import PlantSample, SimulatedPlant
 
 NODE_NAME = "four_bar_sim"
 NS = rc.NS
-SPIN_S = 3e-4            # the last part of each wait is spent spinning (see SimNode._loop)
+SPIN_S = 1.5e-4          # the last part of each wait is spent spinning (see SimNode._loop)
 QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
