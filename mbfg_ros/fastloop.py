@@ -121,24 +121,30 @@ class FastLoop:
                 more = False
                 poll_until = 0
                 poll_window = self.poll_window
-                while not self._stop.is_set() and ctx.ok():
-                    ws.clear_entities()
-                    for sh, _, _, _ in subs:
-                        ws.add_subscription(sh)
-                    for th, _ in timers:
-                        ws.add_timer(th)
-                    ws.add_guard_condition(self._wake.handle)
-                    poll = more or (poll_until and time.monotonic_ns() < poll_until)
-                    ws.wait(0 if poll else 200_000_000)   # 0.2 s: re-check the stop flag now and then
-                    if self._stop.is_set():
-                        break
-                    ready_subs = ws.get_ready_entities("subscription")
-                    ready_timers = ws.get_ready_entities("timer")
+                wake = self._wake.handle
+                stop = self._stop
+                while not stop.is_set() and ctx.ok():
+                    if more or (poll_until and time.monotonic_ns() < poll_until):
+                        # polling: try every subscription and timer directly (no wait set to rebuild)
+                        ready_subs = ready_timers = None
+                    else:
+                        ws.clear_entities()
+                        for sh, _, _, _ in subs:
+                            ws.add_subscription(sh)
+                        for th, _ in timers:
+                            ws.add_timer(th)
+                        ws.add_guard_condition(wake)
+                        ws.wait(200_000_000)   # 0.2 s: re-check the stop flag now and then
+                        if stop.is_set():
+                            break
+                        ready_subs = ws.get_ready_entities("subscription")
+                        ready_timers = ws.get_ready_entities("timer")
+                        poll_until = 0
                     took = more
                     more = False
                     with self.lock:
                         for sh, mtype, raw, handler in subs:
-                            if sh.pointer not in ready_subs:
+                            if ready_subs is not None and sh.pointer not in ready_subs:
                                 continue
                             while True:
                                 got = sh.take_message(mtype, raw)
@@ -162,7 +168,7 @@ class FastLoop:
                                 self.on_error(e)
                             poll_until = time.monotonic_ns() + w if w > 0 else 0
                         for th, handler in timers:
-                            if th.pointer in ready_timers and th.is_timer_ready():
+                            if (ready_timers is None or th.pointer in ready_timers) and th.is_timer_ready():
                                 getattr(th, call)()
                                 try:
                                     more = bool(handler()) or more
