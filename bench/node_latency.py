@@ -5,8 +5,9 @@
 
 For each case it runs `mbfg_ros.demo.run_demo` (estimator + simulated plant as subprocesses, an
 in-process probe) and reports: achieved output rate, missing outputs, input-to-output latency
-(receive time of the estimate minus the stamp of its inputs, same machine clock: median / p99 / max),
-late steps (latency > dt), the node's mean solve time, the estimation error against the simulated
+(publish time of the estimate — its DDS source timestamp — minus the stamp of its inputs, same
+machine clock: median / p99 / max; and the same up to the probe's receipt), late steps (published
+more than dt after the input stamp), the node's mean solve time, the estimation error against the simulated
 truth, and the CPU share of each process.  `--overhead` also measures the node's own per-step cost
 (message parsing, scheduling, publishing) with the estimator replaced by a no-op, without DDS.
 
@@ -109,14 +110,17 @@ def main(argv=None) -> int:
         plot = str(Path(a.plots) / f"node_latency_{name}.png") if a.plots else None
         r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot)
         rows.append((name, r))
-    lines = ["| case | mode | dt | output rate | missing | latency median / p99 / max | late steps | "
+    lines = ["| case | mode | dt | output rate | missing | latency to publish median / p99 / max | "
+             "to a subscriber median / p99 | late steps | "
              "solve (node) | q error rms / max | effort error rms | CPU est / plant / probe |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows:
         L, e, d, cpu = r["latency_ms"], r.get("errors", {}), r.get("node_diagnostics", {}), r["cpu_share"]
+        R = r["delivery_latency_ms"]
         lines.append(
             f"| {name} | {d.get('mode', '?')} | {r['dt'] * 1e3:g} ms | {r['output_rate_hz']:.0f} Hz | "
             f"{r['missing_percent']:.1f} % | {L['median']:.2f} / {L['p99']:.2f} / {L['max']:.1f} ms | "
+            f"{R['median']:.2f} / {R['p99']:.2f} ms | "
             f"{r['late_percent']:.1f} % | {float(d.get('solve_ms_mean', 'nan')):.2f} ms | "
             f"{e.get('q_rms', float('nan')):.1e} / {e.get('q_max', float('nan')):.1e} | "
             f"{e.get('effort_rms', float('nan')):.1e} | "

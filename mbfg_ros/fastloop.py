@@ -59,6 +59,8 @@ def available() -> bool:
 
 class FastLoop:
     """Serve `subscriptions` [(Subscription, handler(msg))] and `timers` [(Timer, handler())] in a thread.
+    A subscription given as (Subscription, handler, True) has its handler called as handler(msg, info)
+    with the rmw message info (`source_timestamp`: when the publisher wrote it, `received_timestamp`).
 
     Each wake-up drains every ready subscription (all queued messages, in arrival order per topic),
     then calls `after_batch()` once (e.g. to run the estimator on everything that arrived together),
@@ -109,13 +111,13 @@ class FastLoop:
         try:
             with ExitStack() as stack:
                 stack.enter_context(ctx.handle)
-                for s, _ in self.subs:
-                    stack.enter_context(s.handle)
+                for e in self.subs:
+                    stack.enter_context(e[0].handle)
                 for t, _ in self.timers:
                     stack.enter_context(t.handle)
                 stack.enter_context(self._wake.handle)
                 ws = _rclpy.WaitSet(len(self.subs), 1, len(self.timers), 0, 0, 0, ctx.handle)
-                subs = [(s.handle, s.msg_type, s.raw, h) for s, h in self.subs]
+                subs = [(e[0].handle, e[0].msg_type, e[0].raw, e[1], len(e) > 2 and bool(e[2])) for e in self.subs]
                 timers = [(t.handle, h) for t, h in self.timers]
                 call = self._call_timer
                 more = False
@@ -129,7 +131,7 @@ class FastLoop:
                         ready_subs = ready_timers = None
                     else:
                         ws.clear_entities()
-                        for sh, _, _, _ in subs:
+                        for sh, _, _, _, _ in subs:
                             ws.add_subscription(sh)
                         for th, _ in timers:
                             ws.add_timer(th)
@@ -143,7 +145,7 @@ class FastLoop:
                     took = more
                     more = False
                     with self.lock:
-                        for sh, mtype, raw, handler in subs:
+                        for sh, mtype, raw, handler, with_info in subs:
                             if ready_subs is not None and sh.pointer not in ready_subs:
                                 continue
                             while True:
@@ -152,7 +154,10 @@ class FastLoop:
                                     break
                                 took = True
                                 try:
-                                    handler(got[0])
+                                    if with_info:
+                                        handler(got[0], got[1])
+                                    else:
+                                        handler(got[0])
                                 except Exception as e:  # noqa: BLE001 - never let a handler kill the loop
                                     self.on_error(e)
                         if took and self.after_batch is not None:
