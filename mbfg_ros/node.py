@@ -530,6 +530,7 @@ class EstimatorNode(Node):
         self._js_msg = rc.joint_state(rc.ns_to_stamp(0), self.js_names, [], [], [])
         self._state_msg = rc.trajectory_state(rc.ns_to_stamp(0), self.p_frame_id, self.mech.coordinate_names,
                                               [], [], [], [])
+        self._make_templates()
 
     def _locked(self, fn):
         def wrapper(*args):
@@ -751,8 +752,24 @@ class EstimatorNode(Node):
             ps["late"] += 1
             self.events["late_steps"] += 1
 
+    def _make_templates(self):
+        """Serialized templates of the three outputs (see `ros_conversions.SerializedTemplate`); None where
+        this rclpy cannot serialize (the outputs are then published as message objects)."""
+        mech, n, nj, frame = self.mech, self.mech.n, len(self.js_coords), self.p_frame_id
+        names, coords = self.js_names, mech.coordinate_names
+        try:
+            self._templates = (
+                rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
+                                      3 * nj),
+                rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
+                                                                        x[2 * n:3 * n], x[3 * n:]), 4 * n),
+                rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
+                                      2 * len(mech.spec.points)))
+        except Exception as e:  # pragma: no cover - an rclpy without serialize_message
+            self.get_logger().warning(f"outputs published as message objects (no serialized templates: {e})")
+            self._templates = None
+
     def _publish(self, est: Estimate, t_k: int):
-        stamp = rc.ns_to_stamp(t_k)
         q, v = est.q, est.v
         eff = np.zeros(len(self.js_coords))
         idx = self.js_effort_index
@@ -760,6 +777,18 @@ class EstimatorNode(Node):
         if np.any(has):
             e = np.asarray(est.efforts, dtype=float)
             eff[has] = e[idx[has]]
+        markers = self.p_publish_markers and t_k - self._last_marker_ns >= self.p_marker_period * NS
+        if markers:
+            self._last_marker_ns = t_k
+        T = self._templates
+        if T is not None:
+            c = self.js_coords
+            self.pub_state.publish(T[1].fill(t_k, np.concatenate((q, v, est.a, est.Q))))
+            self.pub_js.publish(T[0].fill(t_k, np.concatenate((q[c], v[c], eff))))
+            if markers:
+                self.pub_markers.publish(T[2].fill(t_k, self.mech.point_positions(q).ravel()))
+            return
+        stamp = rc.ns_to_stamp(t_k)
         js = self._js_msg
         js.header.stamp = stamp
         js.position = rc.float_array(q[self.js_coords])
@@ -775,8 +804,7 @@ class EstimatorNode(Node):
         pt.accelerations = rc.float_array(est.a)
         pt.effort = rc.float_array(est.Q)
         self.pub_state.publish(st)
-        if self.p_publish_markers and t_k - self._last_marker_ns >= self.p_marker_period * NS:
-            self._last_marker_ns = t_k
+        if markers:
             self.pub_markers.publish(rc.mechanism_markers(self.mech, q, stamp, self.p_frame_id))
 
     # ----------------------------------------------------------------------------- resets
@@ -924,6 +952,7 @@ class EstimatorNode(Node):
                 self.p_publish_markers = bool(value)
             elif name == "frame_id":
                 self.p_frame_id = str(value)
+                self._make_templates()
             elif name == "reset_on_time_jump":
                 self.p_reset_on_time_jump = bool(value)
         self._apply_scheduler_params()

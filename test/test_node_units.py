@@ -1,5 +1,6 @@
 """The node's ROS-free pieces without DDS: the input scheduler (grid assignment, waiting, held commands,
-late/too-old inputs, skip-ahead) and the message parsers (bad content is reported, never raised)."""
+late/too-old inputs, skip-ahead), the message parsers (bad content is reported, never raised), the
+serialized input decoder and the serialized output templates (both against rclpy's own serialization)."""
 
 import math
 
@@ -194,3 +195,44 @@ def test_decode_joint_state_big_endian_and_bad_buffers():
             rc.decode_joint_state(bad)
     vals, _ = rc.parse_observations(rc.decode_joint_state(good), SENSORS)
     assert vals == {"crank": 0.5}
+
+
+# -- serialized output templates ------------------------------------------------------------------
+@pytest.mark.parametrize("mech_name", ["four_bar_crank", "pick_and_place_robot"])
+def test_serialized_templates_equal_rclpy_serialization(mech_name):
+    """The node's outputs patched into serialized templates decode to the same messages as rclpy's
+    serialization of them (stamps, joint states, the full state, the markers).  (Not compared byte by
+    byte: CDR padding bytes are not initialized by the serializer.)"""
+    from rclpy.serialization import deserialize_message, serialize_message
+    from trajectory_msgs.msg import JointTrajectory
+    from visualization_msgs.msg import MarkerArray
+    from mbfg_ros.model import load_mechanism
+    mech = load_mechanism(mech_name)
+    n, names = mech.n, list(mech.coordinate_names)
+    rng = np.random.default_rng(1)
+    from sensor_msgs.msg import JointState
+    types = {"js": JointState, "state": JointTrajectory, "markers": MarkerArray}
+    builders = {
+        "js": (lambda st, x: rc.joint_state(st, names[:2], x[:2], x[2:4], x[4:]), 6),
+        "state": (lambda st, x: rc.trajectory_state(st, "world", names, x[:n], x[n:2 * n], x[2 * n:3 * n], x[3 * n:]),
+                  4 * n),
+        "markers": (lambda st, x: rc.mechanism_markers(mech, None, st, "map", xy=x.reshape(-1, 2)),
+                    2 * len(mech.spec.points)),
+    }
+    for name, (build, size) in builders.items():
+        tpl = rc.SerializedTemplate(build, size)
+        for _ in range(3):
+            x = rng.standard_normal(size)
+            x[0] = 0.0 if name == "js" else x[0]
+            stamp = int(rng.integers(1, (2**31 - 1) * 10**9))
+            ref = serialize_message(build(rc.ns_to_stamp(stamp), x))
+            out = tpl.fill(stamp, x)
+            assert len(out) == len(ref) and deserialize_message(out, types[name]) == deserialize_message(ref, types[name])
+    q = np.array(mech.q0, dtype=float)
+    tpl = rc.SerializedTemplate(*builders["markers"])
+    m = deserialize_message(tpl.fill(T0, mech.point_positions(q).ravel()), MarkerArray)
+    ref = rc.mechanism_markers(mech, q, rc.ns_to_stamp(T0), "map")
+    assert [[(p.x, p.y) for p in mk.points] for mk in m.markers] == [[(p.x, p.y) for p in mk.points] for mk in ref.markers]
+    assert all(rc.stamp_to_ns(mk.header.stamp) == T0 for mk in m.markers)
+    st = deserialize_message(rc.SerializedTemplate(*builders["state"]).fill(T0 + 1, np.arange(4.0 * n)), JointTrajectory)
+    assert list(st.points[0].accelerations) == list(np.arange(2.0 * n, 3.0 * n)) and st.joint_names == names
