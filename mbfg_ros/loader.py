@@ -496,20 +496,25 @@ class _Builder:
             self.fail(path, f"point {i} is fixed; a slider needs a moving point")
         return i
 
+    def typed_entries(self, doc: Dict[str, Any], key: str, what: str, types: Sequence[str], keys: Sequence[str]):
+        """(index, path, type, entry) for each entry of the optional list `key`: a mapping whose 'type' is one of
+        `types` (`keys`: the allowed keys named when an entry is not a mapping)."""
+        for k, entry in enumerate(self.optional_list(doc, key, key)):
+            path = f"{key}[{k}]"
+            if not isinstance(entry, dict):
+                self.map_(entry, path, keys)
+            kind = entry.get("type")
+            if kind not in types:
+                if "type" not in entry:
+                    self.fail(path, f"missing required key 'type' ({' or '.join(types)})")
+                self.fail(f"{path}.type", f"unsupported {what} type {_show(kind)} (allowed: {', '.join(types)})")
+            yield k, path, kind, entry
+
     def sliders(self, doc: Dict[str, Any]) -> Tuple[List[FixedSliderSpec], List[MobileSliderSpec]]:
-        raw = self.optional_list(doc, "sliders", "sliders")
         fixed_out: List[FixedSliderSpec] = []
         mobile_out: List[MobileSliderSpec] = []
         names: Dict[str, str] = {}
-        for k, entry in enumerate(raw):
-            path = f"sliders[{k}]"
-            if not isinstance(entry, dict):
-                self.map_(entry, path, _FIXED_SLIDER_KEYS)
-            kind = entry.get("type")
-            if kind not in _SLIDER_TYPES:
-                if "type" not in entry:
-                    self.fail(path, f"missing required key 'type' ({' or '.join(_SLIDER_TYPES)})")
-                self.fail(f"{path}.type", f"unsupported slider type {_show(kind)} (allowed: {', '.join(_SLIDER_TYPES)})")
+        for k, path, kind, entry in self.typed_entries(doc, "sliders", "slider", _SLIDER_TYPES, _FIXED_SLIDER_KEYS):
             if kind == "fixed":
                 entry = self.map_(entry, path, _FIXED_SLIDER_KEYS, required=("type", "point", "line"))
                 p = self.moving_point(entry["point"], f"{path}.point")
@@ -578,19 +583,10 @@ class _Builder:
 
     def sensors(self, doc: Dict[str, Any], coords: List[str], nbodies: int
                 ) -> Tuple[List[EncoderSpec], List[GyroscopeSpec]]:
-        raw = self.optional_list(doc, "sensors", "sensors")
         encoders: List[EncoderSpec] = []
         gyros: List[GyroscopeSpec] = []
         names: Dict[str, str] = {}
-        for k, entry in enumerate(raw):
-            path = f"sensors[{k}]"
-            if not isinstance(entry, dict):
-                self.map_(entry, path, _ENCODER_KEYS)
-            kind = entry.get("type")
-            if kind not in _SENSOR_TYPES:
-                if "type" not in entry:
-                    self.fail(path, f"missing required key 'type' ({' or '.join(_SENSOR_TYPES)})")
-                self.fail(f"{path}.type", f"unsupported sensor type {_show(kind)} (allowed: {', '.join(_SENSOR_TYPES)})")
+        for _, path, kind, entry in self.typed_entries(doc, "sensors", "sensor", _SENSOR_TYPES, _ENCODER_KEYS):
             if kind == "encoder":
                 entry = self.map_(entry, path, _ENCODER_KEYS, required=("type", "coordinate", "sigma"))
                 coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)

@@ -1,0 +1,58 @@
+"""The launch description shared by launch/four_bar.launch.py and launch/pick_and_place.launch.py.
+
+Arguments: use_sim_time (false), config (a parameter file; default share/mbfg_ros/config/<config_file>),
+mechanism (a path, or a name in share/mbfg_ros/mechanisms; default <mechanism_file>), mode ('' = as in
+the config file: forward_dynamics | estimation | fused), sim (true: also start the simulated plant,
+executable four_bar_sim, which owns /clock when use_sim_time is set).
+
+Imports `launch` and `launch_ros` (a ROS 2 installation), so only launch files import this module.
+"""
+
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def _truthy(text) -> bool:
+    return str(text).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _nodes(context, *args, **kwargs):
+    cfg = LaunchConfiguration("config").perform(context)
+    mech = LaunchConfiguration("mechanism").perform(context)
+    mode = LaunchConfiguration("mode").perform(context).strip()
+    sim_time = _truthy(LaunchConfiguration("use_sim_time").perform(context))
+    overrides = {"mechanism": mech, "use_sim_time": sim_time}
+    if mode:
+        overrides["mode"] = mode
+    nodes = [Node(package="mbfg_ros", executable="estimator", name="mbfg_estimator", output="screen",
+                  emulate_tty=True, parameters=[cfg, overrides])]
+    if _truthy(LaunchConfiguration("sim").perform(context)):
+        # The plant is the clock source when use_sim_time is set; it never runs on sim time itself.
+        nodes.append(Node(package="mbfg_ros", executable="four_bar_sim", name="four_bar_sim", output="screen",
+                          emulate_tty=True,
+                          parameters=[cfg, {"mechanism": mech, "publish_clock": sim_time, "use_sim_time": False}]))
+    return nodes
+
+
+def estimator_launch_description(config_file: str, mechanism_file: str) -> LaunchDescription:
+    """Estimator (+ simulated plant unless sim:=false) with the package's `config_file` and `mechanism_file`
+    as defaults of the `config` and `mechanism` arguments."""
+    share = get_package_share_directory("mbfg_ros")
+    return LaunchDescription([
+        DeclareLaunchArgument("use_sim_time", default_value="false",
+                              description="Use /clock (from four_bar_sim, or `ros2 bag play --clock`)"),
+        DeclareLaunchArgument("config", default_value=os.path.join(share, "config", config_file),
+                              description="Parameter file of the estimator (and of four_bar_sim)"),
+        DeclareLaunchArgument("mechanism", default_value=os.path.join(share, "mechanisms", mechanism_file),
+                              description="Mechanism YAML (a path, or a name in share/mbfg_ros/mechanisms)"),
+        DeclareLaunchArgument("mode", default_value="",
+                              description="forward_dynamics | estimation | fused ('' = as in the config)"),
+        DeclareLaunchArgument("sim", default_value="true",
+                              description="Also start the simulated plant four_bar_sim"),
+        OpaqueFunction(function=_nodes),
+    ])
