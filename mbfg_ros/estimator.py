@@ -30,6 +30,7 @@ Factors per step k (see `mbfg_ros.factors`):
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import math
 import time
@@ -40,7 +41,7 @@ import numpy as np
 from . import factors as F
 from .dynamics import ConstrainedSolver
 from .estimate import Estimate, EstimatorConfig, default_sigmas
-from .graph import FixedLagWindow, StateLayout, StepModel
+from .graph import FixedLagWindow, StateLayout, StepModel, linearize_step
 from .kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
 from .model import Mechanism
 
@@ -234,6 +235,7 @@ class FixedLagEstimator:
         self._x = None
         self._k = -1
         self._t = None
+        self._step_times: Dict[int, float] = {}
         self._last: Optional[Estimate] = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.na, np.nan)
@@ -295,6 +297,49 @@ class FixedLagEstimator:
                                tau_guess=last.efforts if self.has_tau else None, mode=mode,
                                status="initialized", message="re-initialized on request")
         return tuple(int(m) for m in est.assembly_mode), float(self.init_residual)
+
+    def add_late_observations(self, t: float, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
+        """Readings stamped at an earlier step t that is still in the window (they arrived after it was
+        estimated): each becomes a factor on that step's state and the window is updated, so the next
+        estimates use them.  Returns (fused, refused) reading names; refused: unknown, NaN, outside the
+        innovation gate, or t no longer (or never) in the window."""
+        obs = self._observations_in(observations)
+        names = list(obs)
+        window = self._window
+        if window is None or not obs:
+            return [], names
+        j = min(self._step_times, key=lambda k: abs(self._step_times[k] - float(t)), default=None)
+        if j is None or abs(self._step_times[j] - float(t)) > 0.5 * self.config.dt or j not in window.records:
+            return [], names
+        if self.config.mode == "forward_dynamics":
+            return [], names
+        fused, refused, units = [], [], []
+        for name, val in obs.items():
+            u = self._sensor_units.get(name) or self._generic_unit(name)
+            if u is None:
+                refused.append(name)
+                continue
+            late = copy.copy(u)                 # the shared unit's value belongs to the newest step
+            late.value = val
+            units.append((name, late))
+        if not units:
+            return [], names
+        x_j = window.estimate(j)
+        _, A, r = linearize_step([u for _, u in units], self.layout, None, x_j, self.ctx)
+        gate, rows, row = self.config.outlier_gate, [], 0
+        for name, u in units:
+            block = r[row:row + u.dim]
+            if gate and float(_max(np.abs(block))) > gate:
+                refused.append(name)
+            else:
+                rows.extend(range(row, row + u.dim))
+                fused.append(name)
+            row += u.dim
+        if rows:
+            if not window.add_factor(j, A[rows], r[rows], x_j):
+                return [], names
+            self._x = window.estimate(self._k)
+        return fused, refused
 
     # -- inputs ---------------------------------------------------------------------------------
     @staticmethod
@@ -640,8 +685,14 @@ class FixedLagEstimator:
         h = dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub
         if nsub > 1:
             messages.append(f"{nsub - 1} missed step(s) integrated")
+        t0, times = self._t, self._step_times
         for i in range(nsub):
             self._advance(h, efforts, obs if i == nsub - 1 else {})
+            times[self._k] = t if i == nsub - 1 else t0 + (i + 1) * h
+        times.pop(self._k - self.config.window - 2, None)
+        if len(times) > self.config.window + 2:       # after multi-step gaps
+            for k in [k for k in times if k < self._k - self.config.window - 1]:
+                del times[k]
         self._t = t
         if obs:
             unknown = self._unknown_observations(obs)
@@ -957,6 +1008,7 @@ class FixedLagEstimator:
         self._window = FixedLagWindow(L, c.window, self.ctx, self.relinearize_threshold, c.max_relinearizations,
                                       scope=self.relinearize_scope, check_interval=c.check_interval)
         self._k = 0
+        self._step_times = {0: t}               # step index -> time, for the steps in the window
         self._seen_k = {}
         self._x = self._window.add_step(0, StepModel(L, units), x0)
         self._tau_first = list(self._tau_hist[-1:])

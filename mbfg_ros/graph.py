@@ -643,6 +643,21 @@ class FixedLagWindow:
             x_est = None
         return calc(newest.k)
 
+    def add_factor(self, k: int, A: np.ndarray, r: np.ndarray, x_lin: np.ndarray) -> bool:
+        """An extra whitened linear factor on X_k already in the window (e.g. a reading that arrived after
+        step k was estimated): e_w ≈ r + A (X_k − x_lin).  False if X_k has left the window."""
+        theta = self._theta.get(k)
+        if theta is None or k not in self.records:
+            return False
+        if self._index_pending is not None:      # read before this update replaces iSAM2's result
+            self._index_of(self._index_pending)
+        b = -(r + A.dot(theta - x_lin))           # the factor in δ = X_k − θ_k (see `_linearize`)
+        g = self._graph
+        g.resize(0)
+        g.push_back(gtsam.LinearContainerFactor(gtsam.JacobianFactor(_X_KEY + k, A, b, _unit_noise(r.size))))
+        self.smoother.update(g, self._empty_values, self._empty_stamps, self._no_removals)
+        return True
+
     def reparametrize(self, k: int, unit, **values) -> bool:
         """Change per-step parameters of `unit` in step k's factor (e.g. a rate known only later) and
         re-linearize that factor at the current estimate.  False if step k is no longer in the window."""

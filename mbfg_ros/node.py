@@ -82,7 +82,8 @@ REJECT_KINDS = {
     "future": "stamp later than node clock + future_tolerance",
     "stale": "stamp older than node clock - max_input_age (clock mismatch? play bags with --clock)",
     "before_reset": "stamp before the last reset",
-    "late": "stamp of a step already estimated (inside the window)",
+    "late": "input of a step already estimated that could not be used: a reading outside the innovation "
+            "gate (or whose step left the window meanwhile), or a command older than the one applied",
     "too_old": "stamp older than the estimator window",
 }
 
@@ -171,6 +172,10 @@ class InputScheduler:
             self.t0_ns = stamp_ns
             self.k_next = 0
         return int(math.floor((stamp_ns - self.t0_ns) / self.dt_ns + 0.5))
+
+    def step_of(self, stamp_ns: int) -> int:
+        """The grid step of a stamp (the scheduler must be anchored)."""
+        return self._k_of(stamp_ns)
 
     def _late_kind(self, k: int) -> str:
         return "late" if self.k_next - k <= self.window else "too_old"
@@ -465,6 +470,7 @@ class EstimatorNode(Node):
         self.counters = {k: 0 for k in REJECT_KINDS}
         self.events = {"resets": 0, "time_jumps": 0, "reinitializations": 0, "solver_recoveries": 0,
                        "solver_failures": 0, "overruns": 0, "skipped_steps": 0, "predicted_steps": 0, "steps": 0,
+                       "late_readings_fused": 0,
                        "late_steps": 0}
         self.period_stats = {"steps": 0, "solve": [], "latency": [], "late": 0, "input_delay": []}
         self.last_error = ""
@@ -592,10 +598,24 @@ class EstimatorNode(Node):
             stamp = msg.stamp_ns
             self.period_stats["input_delay"].append(now - stamp)
             bad = self.sched.add_observations(stamp, values, now)
+            if bad == "late":
+                bad = self._fuse_late(stamp, values)
             if bad:
                 self._reject(bad, self._stamp_detail(stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
+
+    def _fuse_late(self, stamp_ns: int, values) -> Optional[str]:
+        """Readings of a step already estimated but still in the window become factors on that step
+        (the smoother revises the window, the newest estimate included); None if all were fused."""
+        k = self.sched.step_of(stamp_ns)
+        try:
+            fused, refused = self.estimator.add_late_observations(k * self.config.dt, values)
+        except Exception as e:  # never let a late reading break the node
+            self.get_logger().debug(f"late reading not fused: {e!r}")
+            fused, refused = [], list(values)
+        self.events["late_readings_fused"] += len(fused)
+        return "late" if refused else None
 
     def _on_effort_js(self, raw: bytes):
         now = self._now_ns()

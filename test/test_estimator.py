@@ -538,6 +538,35 @@ def test_gap_longer_than_max_substeps_reinitializes_on_the_extrapolation(crank, 
     assert err_theta < 5e-3 and err_omega < 0.3, (err_theta, err_omega)
 
 
+def test_late_readings_inside_the_window_are_fused(crank, driven):
+    """Encoder readings that arrive 5 steps after their step was estimated become factors on that step:
+    the observer tracks nearly as well as with readings on time (without them it would only predict, the
+    torque being unknown).  Readings older than the window, outside the gate or unknown are refused."""
+    rng = np.random.default_rng(3)
+    noise = 1e-3 * rng.standard_normal(len(driven.t))
+    res = {}
+    for delay in (0, 5):
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="estimation"))
+        out = []
+        for k, t in enumerate(driven.t):
+            out.append(est.step(t, observations={"crank": driven.theta[k] + noise[k]} if delay == 0 else {}))
+            if delay and k >= delay:
+                fused, refused = est.add_late_observations(driven.t[k - delay],
+                                                           {"crank": driven.theta[k - delay] + noise[k - delay]})
+                assert fused == ["crank"] and refused == []
+        res[delay] = _errors(out, driven)
+    assert res[5]["theta"][0] < 1.5 * res[0]["theta"][0] and res[5]["omega"][0] < 2.0 * res[0]["omega"][0], res
+    assert res[5]["theta"][0] < 1e-3 and res[5]["omega"][0] < 0.08
+    t = driven.t[-1]
+    assert est.add_late_observations(t - 0.02, {"crank": 0.0}) == ([], ["crank"])            # left the window
+    assert est.add_late_observations(t - 0.002, {"crank": driven.theta[-3] + 1.0})[1] == ["crank"]   # gate
+    assert est.add_late_observations(t - 0.002, {"elbow": 0.0}) == ([], ["elbow"])
+    fd = FixedLagEstimator(crank, EstimatorConfig(window=10))
+    for k in range(5):
+        fd.step(driven.t[k], efforts=[driven.tau[k]])
+    assert fd.add_late_observations(driven.t[2], {"crank": driven.theta[2]}) == ([], ["crank"])
+
+
 def test_persistent_disagreement_is_believed_after_max_rejections(crank, driven):
     """A sensor that keeps reporting (no outage) but jumps by 0.5 rad is rejected `max_rejections` times,
     then believed: the window is re-initialized from its readings."""

@@ -298,20 +298,29 @@ def test_bad_inputs_are_rejected_counted_and_harmless(shared, mech, traj):
     assert est.alive()
 
 
-def test_late_and_out_of_order_inputs_are_dropped(shared, mech, traj):
+def test_late_readings_are_fused_inside_the_window_and_dropped_outside(shared, mech, traj):
+    """A reading of a step already estimated but still in the window becomes a factor on that step; one
+    older than the window, or one the innovation gate refuses, is counted and dropped."""
     est, probe = shared
     _reset(probe)
-    f = Feeder(probe, traj, DT, mech).start()
+    f = Feeder(probe, traj, DT, mech, observations=False).start()     # commands only: readings come late
     try:
         assert wait_until(lambda: len(probe.snapshot("state")) > 50, 5.0)
         dt_ns = int(round(DT * NS))
+        c = int(mech.actuated[0])
+
+        def reading(stamp, offset=0.0):
+            k = f.stamps.index(stamp) if stamp in f.stamps else None
+            return joint_state(stamp, ["crank"], [(traj.q[k, c] if k is not None else 0.0) + offset])
 
         def counted():
             newest = stamp_ns(probe.snapshot("state")[-1][1].header.stamp)
-            probe.pub_obs.publish(joint_state(newest - 30 * dt_ns, ["crank"], [0.0]))   # older than the window
-            probe.pub_obs.publish(joint_state(newest - 2 * dt_ns, ["crank"], [0.0]))    # a step already estimated
+            probe.pub_obs.publish(reading(newest - 30 * dt_ns))          # older than the window
+            probe.pub_obs.publish(reading(newest - 2 * dt_ns))           # a step already estimated: fused
+            probe.pub_obs.publish(reading(newest - 3 * dt_ns, 1.0))      # ... but 1000 σ off: refused
             d = probe.latest_diag()
-            return int(d["rejected.too_old"]) >= 1 and int(d["rejected.late"]) >= 1
+            return (int(d["rejected.too_old"]) >= 1 and int(d["late_readings_fused"]) >= 1
+                    and int(d["rejected.late"]) >= 1)
         assert wait_until(counted, 10.0, 0.15)
     finally:
         f.stop()
