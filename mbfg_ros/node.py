@@ -750,7 +750,8 @@ class EstimatorNode(Node):
         solve = time.perf_counter() - t_start
         if est.status == "recovered":
             self.events["solver_recoveries"] += 1
-            self._warn_kind("solver_recoveries", f"the core recovered from a numerical failure at "
+            self._warn_kind("solver_recoveries", f"the core re-initialized (numerical failure, or readings that "
+                                                 f"contradict the prediction) at "
                                                  f"t={t_k / NS:.6f}: {est.message}")
         if est.status == "waiting":
             return
