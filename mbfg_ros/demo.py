@@ -229,8 +229,14 @@ def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
     pub = np.array([s[5] for s in S], dtype=np.int64)
     if not pub.all():         # an rmw without source timestamps: fall back to the receive time
         pub = recv
-    lat = (pub - stamp) / 1e6
-    lat_rx = (recv - stamp) / 1e6
+    # Latency is that of the estimates answering the plant's inputs: the steps the node predicts after
+    # the plant has stopped (no input, estimated max_input_delay late by design) are left out.
+    answered = np.ones(len(S), dtype=bool)
+    if rec.truth:
+        first_input = min(t[0] for t in rec.truth)
+        answered = (stamp >= first_input) & (stamp <= first_input + int(round(duration * NS)))
+    lat = (pub - stamp)[answered] / 1e6
+    lat_rx = (recv - stamp)[answered] / 1e6
     span = (stamp[-1] - stamp[0]) / NS
     expected = int(round(span / dt)) + 1
     uniq = len(np.unique(stamp))
