@@ -70,6 +70,7 @@ OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, histor
                         durability=DurabilityPolicy.VOLATILE)
 
 POLL_NS = 300_000      # longest poll for the second half of a step's inputs (see FastLoop.poll_window)
+LISTENER_CHECK_NS = 50_000_000   # how often the outputs' subscriber counts are refreshed (node clock)
 
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
@@ -478,6 +479,8 @@ class EstimatorNode(Node):
         self._jump_pending: Optional[str] = None
         self._last_now_ns = 0
         self._last_marker_ns = -10 ** 19
+        self._listeners_checked_ns = -10 ** 19
+        self._listened = (True, True)          # (~/state, ~/joint_states) have subscribers
         self._failures_reported = 0
 
     def _apply_scheduler_params(self):
@@ -801,11 +804,20 @@ class EstimatorNode(Node):
         markers = self.p_publish_markers and t_k - self._last_marker_ns >= self.p_marker_period * NS
         if markers:
             self._last_marker_ns = t_k
+        if t_k - self._listeners_checked_ns >= LISTENER_CHECK_NS or t_k < self._listeners_checked_ns:
+            # a topic nobody subscribes to is not built and written at every step (a new subscriber is
+            # served within LISTENER_CHECK_NS)
+            self._listeners_checked_ns = t_k
+            self._listened = (self.pub_state.get_subscription_count() > 0,
+                              self.pub_js.get_subscription_count() > 0)
+        to_state, to_js = self._listened
         T = self._templates
         if T is not None:
             c = self.js_coords
-            self.pub_state.publish(T[1].fill(t_k, np.concatenate((q, v, est.a, est.Q))))
-            self.pub_js.publish(T[0].fill(t_k, np.concatenate((q[c], v[c], eff))))
+            if to_state:
+                self.pub_state.publish(T[1].fill(t_k, np.concatenate((q, v, est.a, est.Q))))
+            if to_js:
+                self.pub_js.publish(T[0].fill(t_k, np.concatenate((q[c], v[c], eff))))
             if markers:
                 self.pub_markers.publish(T[2].fill(t_k, self.mech.point_positions(q).ravel()))
             return
