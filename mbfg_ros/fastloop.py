@@ -125,11 +125,13 @@ class FastLoop:
                 poll_window = self.poll_window
                 wake = self._wake.handle
                 stop = self._stop
-                while not stop.is_set() and ctx.ok():
+                while not stop.is_set():
                     if more or (poll_until and time.monotonic_ns() < poll_until):
                         # polling: try every subscription and timer directly (no wait set to rebuild)
                         ready_subs = ready_timers = None
                     else:
+                        if not ctx.ok():     # (checked before blocking only: it takes a lock)
+                            break
                         ws.clear_entities()
                         for sh, _, _, _, _ in subs:
                             ws.add_subscription(sh)
