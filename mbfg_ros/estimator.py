@@ -329,11 +329,16 @@ class FixedLagEstimator:
         gate, rows, row = self.config.outlier_gate, [], 0
         for name, u in units:
             block = r[row:row + u.dim]
+            # the gate's bookkeeping as for on-time readings: a sensor read late is not silent, and
+            # refusals count towards max_rejections (persistent disagreement re-initializes)
             if gate and float(_max(np.abs(block))) > gate:
                 refused.append(name)
+                self._rejections[u.name] = self._rejections.get(u.name, 0) + 1
             else:
                 rows.extend(range(row, row + u.dim))
                 fused.append(name)
+                self._rejections.pop(u.name, None)
+                self._seen_k[u.name] = max(self._seen_k.get(u.name, j), j)
             row += u.dim
         if rows:
             if not window.add_factor(j, A[rows], r[rows], x_j):
