@@ -277,7 +277,8 @@ def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
     if rec.diag:
         d = rec.diag[-2] if len(rec.diag) > 1 else rec.diag[-1]
         keep = ("mode", "solve_ms_mean", "solve_ms_max", "latency_ms_median", "latency_ms_p99",
-                "late_steps_percent", "input_delay_ms_median", "late_readings_fused", "rejected.late", "rejected.too_old",
+                "late_steps_percent", "input_delay_ms_median", "late_readings_fused", "rejected.late",
+                "rejected.too_old",
                 "predicted_steps", "solver_recoveries", "resets")
         res["node_diagnostics"] = {k: d.get(k) for k in keep if k in d}
     return res
