@@ -874,6 +874,7 @@ class EstimatorNode(Node):
             response.success = False
             response.message = "no estimate yet (waiting for the first input): nothing to re-initialize"
             return response
+        t0 = time.perf_counter()
         try:
             mode, residual = self._reinitialize(self.assembly_mode)
         except Exception as e:
@@ -882,7 +883,8 @@ class EstimatorNode(Node):
             self.get_logger().warning(response.message)
             return response
         response.success = True
-        response.message = f"re-initialized on branch {self._branch_text(mode)}; |Phi| = {residual:.3g}"
+        response.message = (f"re-initialized on branch {self._branch_text(mode)}; |Phi| = {residual:.3g} "
+                            f"(in {(time.perf_counter() - t0) * 1e3:.1f} ms)")
         self.get_logger().info(response.message)
         return response
 
