@@ -134,12 +134,15 @@ class InputScheduler:
         self.max_input_age_ns = NS
         self.sensor_timeout_ns = NS // 10
         self.input_delay_ns = 2 * self.dt_ns
+        self.startup_wait_ns = NS
         self.reset_stamp_ns = 0
         self.clear()
 
     def clear(self, reset_stamp_ns: int = 0):
         self.t0_ns: Optional[int] = None
         self.k_next = 0
+        self.started = False                     # a step has been handed out since the (re)start
+        self.first_rx_ns: Optional[int] = None   # receipt of the first accepted input
         self.obs: Dict[int, Dict[str, float]] = {}
         self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
         self.held_effort = np.full(self.n_actuators, np.nan)
@@ -185,6 +188,8 @@ class InputScheduler:
         bad = self._admit(stamp_ns, now_ns)
         if bad:
             return bad
+        if self.first_rx_ns is None:
+            self.first_rx_ns = now_ns
         k = self._k_of(stamp_ns)
         if k < self.k_next:
             return self._late_kind(k)
@@ -196,6 +201,8 @@ class InputScheduler:
         bad = self._admit(stamp_ns, now_ns)
         if bad:
             return bad
+        if self.first_rx_ns is None:
+            self.first_rx_ns = now_ns
         k = self._k_of(stamp_ns)
         if k < self.k_next:
             # a command is valid until replaced: a newer one that arrives a little late still applies now
@@ -214,8 +221,8 @@ class InputScheduler:
         out = []
         for name, s in self.streams.items():
             if s.last_rx_ns is None:
-                if name in expected and self.k_next == 0:
-                    out.append(s)      # at start-up: wait (≤ max_input_delay) for what the mode needs
+                if name in expected and not self.started:
+                    out.append(s)      # at start-up: wait (≤ startup_wait) for every input the mode uses
                 continue
             if now_ns - s.last_rx_ns > self.sensor_timeout_ns:
                 continue               # gone quiet: do not wait for it
@@ -231,6 +238,10 @@ class InputScheduler:
         waited = self.waited_streams(now_ns, expected)
         if waited and all(s.last_k is not None and s.last_k >= k for s in waited):
             return True
+        if not self.started and any(s.last_rx_ns is None for s in waited):
+            # an input the mode uses has not been heard from yet (e.g. its topic is still being
+            # discovered): initializing without it would start from a guess
+            return now_ns >= self.first_rx_ns + self.startup_wait_ns
         return now_ns >= self.t_of(k) + self.input_delay_ns
 
     def pop(self, hold_missing: bool = True):
@@ -263,6 +274,7 @@ class InputScheduler:
         eff = [v if st >= 0 and t_k - st <= max_age else math.nan
                for v, st in zip(self.held_effort.tolist(), self.held_effort_stamp.tolist())]
         efforts = np.array(eff) if any(v == v for v in eff) else None
+        self.started = True
         obs = self.obs.pop(k, None)
         if self.obs and min(self.obs) < k:        # cannot happen (late inputs are refused); be safe
             for kk in [kk for kk in self.obs if kk < k]:
@@ -377,6 +389,10 @@ class EstimatorNode(Node):
         self.p_max_input_delay = d("max_input_delay", 0.003, PD(
             description="Longest wait for late inputs before a step is estimated without them [s]",
             floating_point_range=_float_range(0.0, 10.0))).value
+        self.p_startup_wait = d("startup_wait", 1.0, PD(
+            description="After a (re)start, longest wait for every input the mode uses (its topic may still be "
+                        "being discovered) before estimating without the missing ones [s]",
+            floating_point_range=_float_range(0.0, 3600.0))).value
         self.p_max_input_age = d("max_input_age", 1.0, PD(
             description="Inputs stamped more than this before the node clock are rejected [s]",
             floating_point_range=_float_range(0.0, 1e6))).value
@@ -489,6 +505,7 @@ class EstimatorNode(Node):
         s.max_input_age_ns = int(self.p_max_input_age * NS)
         s.sensor_timeout_ns = int(self.p_sensor_timeout * NS)
         s.input_delay_ns = int(self.p_max_input_delay * NS)
+        s.startup_wait_ns = int(self.p_startup_wait * NS)
 
     def _expected_streams(self):
         return {"forward_dynamics": ("efforts",), "estimation": ("observations",),
@@ -722,6 +739,9 @@ class EstimatorNode(Node):
         target = int(min(max(newest), k_clock) if newest else k_clock)
         if target <= sched.k_next:
             return
+        if not sched.started:         # still waiting for the inputs at start-up: keep only recent ones
+            sched.skip_to(target)
+            return
         behind = sched.backlog_ns(now_ns) / NS
         skipped = sched.skip_to(target)
         self.events["overruns"] += 1
@@ -922,7 +942,7 @@ class EstimatorNode(Node):
         # validate everything first, then apply (all or nothing)
         for name, value in new.items():
             if name in ("sensor_timeout", "max_input_delay", "max_input_age", "future_tolerance", "marker_period",
-                        "max_backlog"):
+                        "max_backlog", "startup_wait"):
                 if value is None or not math.isfinite(float(value)) or float(value) < 0:
                     return SetParametersResult(successful=False, reason=f"parameter '{name}' must be >= 0 seconds")
             elif name == "mode":
@@ -975,6 +995,8 @@ class EstimatorNode(Node):
                 self.p_sensor_timeout = float(value)
             elif name == "max_input_delay":
                 self.p_max_input_delay = float(value)
+            elif name == "startup_wait":
+                self.p_startup_wait = float(value)
             elif name == "max_input_age":
                 self.p_max_input_age = float(value)
             elif name == "future_tolerance":

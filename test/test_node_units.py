@@ -236,3 +236,27 @@ def test_serialized_templates_equal_rclpy_serialization(mech_name):
     assert all(rc.stamp_to_ns(mk.header.stamp) == T0 for mk in m.markers)
     st = deserialize_message(rc.SerializedTemplate(*builders["state"]).fill(T0 + 1, np.arange(4.0 * n)), JointTrajectory)
     assert list(st.points[0].accelerations) == list(np.arange(2.0 * n, 3.0 * n)) and st.joint_names == names
+
+
+def test_start_up_waits_for_every_input_the_mode_uses():
+    """Commands arrive but the readings' topic is still being discovered: no step is estimated from a
+    guess until the readings come (or startup_wait passes); then steps start at once."""
+    s = scheduler()
+    s.startup_wait_ns = 1000 * MS
+    for k in range(50):
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
+        assert not s.ready(T0 + k * MS + 4 * MS, EXPECTED)        # beyond max_input_delay, still waiting
+    s.add_observations(T0 + 50 * MS, {"crank": 0.1}, now_ns=T0 + 50 * MS)
+    s.add_efforts(T0 + 50 * MS, np.array([2.0]), now_ns=T0 + 50 * MS)
+    assert s.ready(T0 + 50 * MS, EXPECTED)
+    assert s.skip_to(50) == 50                                      # (the node skips to the newest inputs)
+    k, eff, obs = s.pop()
+    assert k == 50 and obs == {"crank": 0.1} and eff.tolist() == [2.0]
+    # a sensor that never comes: estimation starts after startup_wait without it
+    s = scheduler()
+    s.startup_wait_ns = 200 * MS
+    s.add_efforts(T0, np.array([1.0]), now_ns=T0)
+    assert not s.ready(T0 + 199 * MS, EXPECTED) and s.ready(T0 + 200 * MS, EXPECTED)
+    # after the first step, a missing input is waited for only max_input_delay
+    s.pop()
+    assert s.ready(T0 + 201 * MS, EXPECTED)
