@@ -282,7 +282,13 @@ class ConstraintSet:
         out[r[:, None], t.index] = block
 
     def phi(self, q: np.ndarray) -> np.ndarray:
-        return self.phi_and_jacobian(q)[0]
+        """Φ(q) alone (no Jacobian to assemble: the residual reported at every step)."""
+        qe1 = np.concatenate((q, self._tail1))
+        phi = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1).dot(qe1)
+        phi *= 0.5
+        for t, r, _ in self._nonlinear:
+            phi[r] = t.phi(qe1[t.index])
+        return phi
 
     def jacobian(self, q: np.ndarray) -> np.ndarray:
         """Φq, shape (m, n)."""

@@ -862,7 +862,7 @@ class FixedLagEstimator:
         Q = self._Qg.copy()
         if tau.size:
             Q[mech.actuated] += tau
-        phi = self.ctx.phi_and_jacobian(q)[0]
+        phi = self.ctx.phi(q)
         residual = float(_max(np.abs(phi))) if phi.size else 0.0
         self._x_abs_max = float(x.dot(x))       # |x|²: NaN / inf propagate (checked in _check_failure)
         self._speed = float(_max(np.abs(v))) if n else 0.0

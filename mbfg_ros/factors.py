@@ -111,6 +111,12 @@ class EvalContext:
             self._pj_key = key
         return self._pj
 
+    def phi(self, q):
+        """Φ(q) (from the linearization at the same q when there is one)."""
+        if self._pj_key is not None and self._pj_key == q.tobytes():
+            return self._pj[0]
+        return self.mech.constraints.phi(q)
+
     def jacobian_dot(self, q, v):
         """Φ̇q at (q, q̇) (taken from the dynamics linearization when that is at the same point)."""
         key = q.tobytes() + v.tobytes()
@@ -820,6 +826,7 @@ class Gyroscope(Factor):
         b = mech.spec.bodies[self.body]
         i, j = b.points[0], b.points[1]
         self.cols_i, self.cols_j = mech.point_columns[i], mech.point_columns[j]
+        self._ci, self._cj = tuple(int(c) for c in self.cols_i), tuple(int(c) for c in self.cols_j)
         self.fixed_i = mech.spec.points[i] if self.cols_i[0] < 0 else None
         self.fixed_j = mech.spec.points[j] if self.cols_j[0] < 0 else None
         self.value = float(value)
@@ -835,20 +842,29 @@ class Gyroscope(Factor):
         return x[cols[0]], x[cols[1]]
 
     def evaluate(self, q, v, ctx=None):
-        xi, yi = self._point(q, self.cols_i, self.fixed_i, False)
-        xj, yj = self._point(q, self.cols_j, self.fixed_j, False)
-        vxi, vyi = self._point(v, self.cols_i, self.fixed_i, True)
-        vxj, vyj = self._point(v, self.cols_j, self.fixed_j, True)
+        xi, yi = self._point(q, self._ci, self.fixed_i, False)
+        xj, yj = self._point(q, self._cj, self.fixed_j, False)
+        vxi, vyi = self._point(v, self._ci, self.fixed_i, True)
+        vxj, vyj = self._point(v, self._cj, self.fixed_j, True)
         dx, dy, ddx, ddy = xj - xi, yj - yi, vxj - vxi, vyj - vyi
         r = dx * dx + dy * dy
         w = (dx * ddy - dy * ddx) / r
-        gq = ((ddy - 2.0 * w * dx) / r, (-ddx - 2.0 * w * dy) / r)     # ∂ω/∂Δ
-        gv = (-dy / r, dx / r)                                          # ∂ω/∂Δ̇
+        gqx, gqy = (ddy - 2.0 * w * dx) / r, (-ddx - 2.0 * w * dy) / r     # ∂ω/∂Δ
+        gvx, gvy = -dy / r, dx / r                                          # ∂ω/∂Δ̇
+        # new arrays at every call (the step model keeps the ones it has written by identity);
+        # plain scalar stores: this runs at every step of a 1 kHz loop
         Jq, Jv = np.zeros((1, self.n)), np.zeros((1, self.n))
+        jq, jv = Jq[0], Jv[0]
         if self.fixed_j is None:
-            Jq[0, self.cols_j] += gq
-            Jv[0, self.cols_j] += gv
+            cx, cy = self._cj
+            jq[cx] += gqx
+            jq[cy] += gqy
+            jv[cx] += gvx
+            jv[cy] += gvy
         if self.fixed_i is None:
-            Jq[0, self.cols_i] -= gq
-            Jv[0, self.cols_i] -= gv
+            cx, cy = self._ci
+            jq[cx] -= gqx
+            jq[cy] -= gqy
+            jv[cx] -= gvx
+            jv[cy] -= gvy
         return np.array([w - self.value]), [Jq, Jv]

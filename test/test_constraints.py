@@ -83,6 +83,7 @@ def test_assembled_derivatives_match_finite_differences(name):
         lam = rng.normal(size=mech.m)
         J = C.jacobian(q)
         np.testing.assert_allclose(J, fd_jacobian(C.phi, q), atol=1e-6)
+        np.testing.assert_allclose(C.phi(q), C.phi_and_jacobian(q)[0], rtol=1e-14, atol=1e-15)   # Φ-only path
         # Φ̇q = d(Φq)/dt along v
         np.testing.assert_allclose(C.jacobian_dot(q, v), (C.jacobian(q + 1e-6 * v) - C.jacobian(q - 1e-6 * v)) / 2e-6,
                                    atol=1e-6)
