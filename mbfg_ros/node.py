@@ -552,10 +552,6 @@ class EstimatorNode(Node):
             self._clock_handle = h
         except Exception:  # pragma: no cover
             self._clock_handle = None
-        # output messages are built once and refilled in place (names do not change)
-        self._js_msg = rc.joint_state(rc.ns_to_stamp(0), self.js_names, [], [], [])
-        self._state_msg = rc.trajectory_state(rc.ns_to_stamp(0), self.p_frame_id, self.mech.coordinate_names,
-                                              [], [], [], [])
         self._make_templates()
 
     def _locked(self, fn):
@@ -797,30 +793,20 @@ class EstimatorNode(Node):
             self.events["late_steps"] += 1
 
     def _make_templates(self):
-        """Serialized templates of the three outputs (see `ros_conversions.SerializedTemplate`); None where
-        this rclpy cannot serialize (the outputs are then published as message objects)."""
+        """Serialized templates of the three outputs (see `ros_conversions.SerializedTemplate`): ~/joint_states,
+        ~/state, ~/markers (rebuilt when frame_id changes)."""
         mech, n, nj, frame = self.mech, self.mech.n, len(self.js_coords), self.p_frame_id
         names, coords = self.js_names, mech.coordinate_names
-        try:
-            self._templates = (
-                rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
-                                      3 * nj),
-                rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
-                                                                        x[2 * n:3 * n], x[3 * n:]), 4 * n),
-                rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
-                                      2 * len(mech.spec.points)))
-        except Exception as e:  # pragma: no cover - an rclpy without serialize_message
-            self.get_logger().warning(f"outputs published as message objects (no serialized templates: {e})")
-            self._templates = None
+        self._templates = (
+            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
+                                  3 * nj),
+            rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
+                                                                    x[2 * n:3 * n], x[3 * n:]), 4 * n),
+            rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
+                                  2 * len(mech.spec.points)))
 
     def _publish(self, est: Estimate, t_k: int):
         q, v = est.q, est.v
-        eff = np.zeros(len(self.js_coords))
-        idx = self.js_effort_index
-        has = idx >= 0
-        if np.any(has):
-            e = np.asarray(est.efforts, dtype=float)
-            eff[has] = e[idx[has]]
         markers = self.p_publish_markers and t_k - self._last_marker_ns >= self.p_marker_period * NS
         if markers:
             self._last_marker_ns = t_k
@@ -831,34 +817,18 @@ class EstimatorNode(Node):
             self._listened = (self.pub_state.get_subscription_count() > 0,
                               self.pub_js.get_subscription_count() > 0)
         to_state, to_js = self._listened
-        T = self._templates
-        if T is not None:
-            c = self.js_coords
-            if to_state:
-                self.pub_state.publish(T[1].fill(t_k, np.concatenate((q, v, est.a, est.Q))))
-            if to_js:
-                self.pub_js.publish(T[0].fill(t_k, np.concatenate((q[c], v[c], eff))))
-            if markers:
-                self.pub_markers.publish(T[2].fill(t_k, self.mech.point_positions(q).ravel()))
-            return
-        stamp = rc.ns_to_stamp(t_k)
-        js = self._js_msg
-        js.header.stamp = stamp
-        js.position = rc.float_array(q[self.js_coords])
-        js.velocity = rc.float_array(v[self.js_coords])
-        js.effort = rc.float_array(eff)
-        self.pub_js.publish(js)
-        st = self._state_msg
-        st.header.stamp = stamp
-        st.header.frame_id = self.p_frame_id
-        pt = st.points[0]
-        pt.positions = rc.float_array(q)
-        pt.velocities = rc.float_array(v)
-        pt.accelerations = rc.float_array(est.a)
-        pt.effort = rc.float_array(est.Q)
-        self.pub_state.publish(st)
+        js_tpl, state_tpl, markers_tpl = self._templates
+        if to_state:
+            self.pub_state.publish(state_tpl.fill(t_k, np.concatenate((q, v, est.a, est.Q))))
+        if to_js:
+            c, idx = self.js_coords, self.js_effort_index
+            eff = np.zeros(len(c))
+            has = idx >= 0
+            if np.any(has):
+                eff[has] = np.asarray(est.efforts, dtype=float)[idx[has]]
+            self.pub_js.publish(js_tpl.fill(t_k, np.concatenate((q[c], v[c], eff))))
         if markers:
-            self.pub_markers.publish(rc.mechanism_markers(self.mech, q, stamp, self.p_frame_id))
+            self.pub_markers.publish(markers_tpl.fill(t_k, self.mech.point_positions(q).ravel()))
 
     # ----------------------------------------------------------------------------- resets
     def _do_reset(self, reason: str, reset_stamp_ns: int = 0):
