@@ -72,6 +72,12 @@ OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, histor
 POLL_NS = 300_000      # longest poll for the second half of a step's inputs (see FastLoop.poll_window)
 LISTENER_CHECK_NS = 50_000_000   # how often the outputs' subscriber counts are refreshed (node clock)
 
+# Dynamic parameters held as `p_<name>` and applied as they are set (float ones are durations in seconds,
+# checked >= 0); the others (mode, sigmas, assembly_mode) have their own handling.
+DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_wait": float, "max_input_age": float,
+                    "future_tolerance": float, "marker_period": float, "max_backlog": float,
+                    "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool}
+
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
     "bad_message": "serialized message that does not decode as a JointState",
@@ -911,8 +917,7 @@ class EstimatorNode(Node):
         rebuild = {}
         # validate everything first, then apply (all or nothing)
         for name, value in new.items():
-            if name in ("sensor_timeout", "max_input_delay", "max_input_age", "future_tolerance", "marker_period",
-                        "max_backlog", "startup_wait"):
+            if DYNAMIC_SETTINGS.get(name) is float:
                 if value is None or not math.isfinite(float(value)) or float(value) < 0:
                     return SetParametersResult(successful=False, reason=f"parameter '{name}' must be >= 0 seconds")
             elif name == "mode":
@@ -961,27 +966,11 @@ class EstimatorNode(Node):
             config = replace(config, assembly_mode=am)
         # apply
         for name, value in new.items():
-            if name == "sensor_timeout":
-                self.p_sensor_timeout = float(value)
-            elif name == "max_input_delay":
-                self.p_max_input_delay = float(value)
-            elif name == "startup_wait":
-                self.p_startup_wait = float(value)
-            elif name == "max_input_age":
-                self.p_max_input_age = float(value)
-            elif name == "future_tolerance":
-                self.p_future_tolerance = float(value)
-            elif name == "marker_period":
-                self.p_marker_period = float(value)
-            elif name == "max_backlog":
-                self.p_max_backlog = float(value)
-            elif name == "publish_markers":
-                self.p_publish_markers = bool(value)
-            elif name == "frame_id":
-                self.p_frame_id = str(value)
-                self._make_templates()
-            elif name == "reset_on_time_jump":
-                self.p_reset_on_time_jump = bool(value)
+            kind = DYNAMIC_SETTINGS.get(name)
+            if kind is not None:
+                setattr(self, f"p_{name}", kind(value))
+        if "frame_id" in new:
+            self._make_templates()
         self._apply_scheduler_params()
         self.config = config
         if rebuild:

@@ -235,6 +235,11 @@ def test_services(shared, mech, traj):
         assert r.successful
         r = probe.set_params({"assembly_mode": [-1]})[0]
         assert r.successful
+        # frame_id is dynamic: the outputs after the change carry the new frame
+        assert probe.set_params({"frame_id": "map"})[0].successful
+        t_set = time.time_ns()
+        assert wait_until(lambda: any(r > t_set and m.header.frame_id == "map" for r, m in probe.snapshot("state")), 3.0)
+        assert probe.set_params({"frame_id": "world"})[0].successful
     finally:
         f.stop()
     # reset: everything cleared, waiting for the next input (inputs stamped before the reset are dropped)
