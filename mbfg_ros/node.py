@@ -19,7 +19,6 @@ solver failures, clock jumps) is counted, logged once per kind (throttled) and s
 
 from __future__ import annotations
 
-import gc
 import math
 import sys
 import threading
@@ -1073,22 +1072,14 @@ def main(args=None):
             return 2
         executor = rclpy.executors.SingleThreadedExecutor()
         executor.add_node(node)
-        # Everything built so far lives as long as the node: keep it out of the garbage collector's full
-        # collections, whose pauses would otherwise grow with it (the hot path makes little cyclic garbage).
-        gc.collect()
-        gc.freeze()
-        node.start()
+        rc.start_node(node)
         try:
             executor.spin()
         except (KeyboardInterrupt, rc.ExternalShutdownException):
             pass
         return 0
     finally:
-        if node is not None:
-            node.stop()
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+        rc.close_node(node)
 
 
 if __name__ == "__main__":

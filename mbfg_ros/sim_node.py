@@ -20,7 +20,6 @@ keeps to the grid even though one RK4 step costs a sizeable part of a millisecon
 from __future__ import annotations
 
 import collections
-import gc
 import sys
 import threading
 import time
@@ -211,9 +210,7 @@ def main(args=None):
     node = None
     try:
         node = SimNode()
-        gc.collect()
-        gc.freeze()        # long-lived objects out of the full collections (their pauses would delay samples)
-        node.start()
+        rc.start_node(node)
         executor = rclpy.executors.SingleThreadedExecutor()
         executor.add_node(node)
         while rclpy.ok() and not node.finished.is_set():
@@ -221,11 +218,7 @@ def main(args=None):
     except (KeyboardInterrupt, rc.ExternalShutdownException):
         pass
     finally:
-        if node is not None:
-            node.stop()
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
+        rc.close_node(node)
     return 0
 
 
