@@ -189,13 +189,19 @@ class InputScheduler:
     def _late_kind(self, k: int) -> str:
         return "late" if self.k_next - k <= self.window else "too_old"
 
-    def add_observations(self, stamp_ns: int, values: Dict[str, float], now_ns: int) -> Optional[str]:
+    def _step_of_input(self, stamp_ns: int, now_ns: int) -> Tuple[Optional[str], int]:
+        """(why it is refused, or None; its grid step) for an input stamped stamp_ns received at now_ns."""
         bad = self._admit(stamp_ns, now_ns)
         if bad:
-            return bad
+            return bad, -1
         if self.first_rx_ns is None:
             self.first_rx_ns = now_ns
-        k = self._k_of(stamp_ns)
+        return None, self._k_of(stamp_ns)
+
+    def add_observations(self, stamp_ns: int, values: Dict[str, float], now_ns: int) -> Optional[str]:
+        bad, k = self._step_of_input(stamp_ns, now_ns)
+        if bad:
+            return bad
         if k < self.k_next:
             return self._late_kind(k)
         self.obs.setdefault(k, {}).update(values)
@@ -203,12 +209,9 @@ class InputScheduler:
         return None
 
     def add_efforts(self, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
-        bad = self._admit(stamp_ns, now_ns)
+        bad, k = self._step_of_input(stamp_ns, now_ns)
         if bad:
             return bad
-        if self.first_rx_ns is None:
-            self.first_rx_ns = now_ns
-        k = self._k_of(stamp_ns)
         if k < self.k_next:
             # a command is valid until replaced: a newer one that arrives a little late still applies now
             known = ~np.isnan(tau)
