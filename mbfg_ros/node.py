@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
