@@ -306,12 +306,10 @@ class FixedLagEstimator:
         obs = self._observations_in(observations)
         names = list(obs)
         window = self._window
-        if window is None or not obs:
+        if window is None or not obs or self.config.mode == "forward_dynamics":   # (no readings in that mode)
             return [], names
         j = min(self._step_times, key=lambda k: abs(self._step_times[k] - float(t)), default=None)
         if j is None or abs(self._step_times[j] - float(t)) > 0.5 * self.config.dt or j not in window.records:
-            return [], names
-        if self.config.mode == "forward_dynamics":
             return [], names
         fused, refused, units = [], [], []
         for name, val in obs.items():
