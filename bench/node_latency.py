@@ -50,6 +50,9 @@ def node_overhead(steps: int = 400) -> float:
         def reset(self):
             pass
 
+        def prepare_next_step(self):
+            return False
+
         def reinitialize(self, assembly_mode=None):
             return (-1,), 0.0
 
@@ -101,14 +104,19 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="also write the table (markdown) to this file")
     ap.add_argument("--plots", default="out", help="folder for one plot per case ('' = none)")
     ap.add_argument("--overhead", action="store_true", help="also measure the node's own per-step cost")
+    ap.add_argument("--services", type=int, default=0, metavar="N",
+                    help="also call ~/reinitialize and ~/set_assembly_mode N times during each run and report "
+                         "their response times (those runs' latencies include the re-initializations)")
     a = ap.parse_args(argv)
+    import numpy as np
     from mbfg_ros.demo import run_demo
     rows = []
     for name in a.cases.split(","):
         c = CASES[name.strip()]
         print(f"=== {name}")
         plot = str(Path(a.plots) / f"node_latency_{name}.png") if a.plots else None
-        r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot)
+        r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
+                     service_calls=a.services)
         rows.append((name, r))
     lines = ["| case | mode | dt | output rate | missing | latency to publish median / p99 / max | "
              "to a subscriber median / p99 | late steps | "
@@ -126,6 +134,18 @@ def main(argv=None) -> int:
             f"{e.get('effort_rms', float('nan')):.1e} | "
             f"{cpu['estimator'] * 100:.0f} / {cpu['plant'] * 100:.0f} / {cpu['probe'] * 100:.0f} % |")
     table = "\n".join(lines)
+    if a.services:
+        table += ("\n\n| case | service | calls | round trip median / max (client) | handling median / max "
+                  "(node) |\n|---|---|---|---|---|")
+        for name, r in rows:
+            sv = r.get("services") or {}
+            h = sv.get("handling_ms") or [float("nan")]
+            for srv, rts in (sv.get("round_trip_ms") or {}).items():
+                if rts:
+                    table += (f"\n| {name} | ~/{srv} | {len(rts)} | {np.median(rts):.2f} / {max(rts):.2f} ms | "
+                              f"{np.median(h):.2f} / {max(h):.2f} ms |")
+            if sv.get("failures"):
+                table += f"\n\n{name}: service failures: {sv['failures']}"
     if a.overhead:
         table += f"\n\nNode overhead per step (no estimator, no DDS): {node_overhead():.0f} µs"
     load = os.getloadavg()

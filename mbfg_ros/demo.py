@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -121,6 +122,38 @@ class _Recorder:
         self.executor = SingleThreadedExecutor(context=self.ctx)
         self.executor.add_node(self.node)
 
+    def call_services(self, calls: int, span: float) -> Dict[str, object]:
+        """Call ~/reinitialize and ~/set_assembly_mode (data=False: the four-bar's elbow branch −1, the one
+        it runs on) alternately, `calls` times spread over `span` s.  Returns the round trips at this
+        client (request sent -> response handled, ms) and the node's own handling times (from the replies)."""
+        from std_srvs.srv import SetBool, Trigger
+        clients = [(self.node.create_client(Trigger, "/mbfg_estimator/reinitialize"), Trigger.Request()),
+                   (self.node.create_client(SetBool, "/mbfg_estimator/set_assembly_mode"), SetBool.Request(data=False))]
+        for c, _ in clients:
+            c.wait_for_service(timeout_sec=5.0)
+        round_trips: Dict[str, list] = {"reinitialize": [], "set_assembly_mode": []}
+        handling, failures = [], []
+        t_next = time.monotonic()
+        for i in range(calls):
+            time.sleep(max(0.0, t_next - time.monotonic()))
+            t_next += span / calls
+            (client, request), name = clients[i % 2], ("reinitialize", "set_assembly_mode")[i % 2]
+            t0 = time.perf_counter()
+            future = client.call_async(request)
+            self.executor.spin_until_future_complete(future, timeout_sec=2.0)
+            rt = (time.perf_counter() - t0) * 1e3
+            reply = future.result()
+            if reply is None or not reply.success:
+                failures.append(f"{name}: {'no reply' if reply is None else reply.message}")
+                continue
+            round_trips[name].append(rt)
+            m = re.search(r"\(in ([0-9.]+) ms\)", reply.message)
+            if m:
+                handling.append(float(m.group(1)))
+        for c, _ in clients:
+            self.node.destroy_client(c)
+        return {"round_trip_ms": round_trips, "handling_ms": handling, "failures": failures}
+
     def estimator_ready(self) -> bool:
         return self.node.count_publishers("/mbfg_estimator/state") > 0
 
@@ -150,9 +183,11 @@ def _stop(p: subprocess.Popen, timeout=10.0) -> Optional[int]:
 def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: Optional[str] = None,
              mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
              plot: Optional[str] = "out/demo.png", domain_id: Optional[int] = None, log_dir: Optional[str] = None,
-             settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None
-             ) -> Dict[str, object]:
-    """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc)."""
+             settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
+             service_calls: int = 0) -> Dict[str, object]:
+    """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc).
+    With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating, on
+    the current branch) are spread over the run and their response times reported."""
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
                                                    else "pick_and_place.yaml")
     domain_id = domain_id if domain_id is not None else random.randint(1, 100)
@@ -192,7 +227,9 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         pids = {"estimator": est.pid, "plant": sim.pid, "probe": os.getpid()}
         cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
         w0 = time.monotonic()
-        time.sleep(max(0.2, 0.6 * duration))
+        window = max(0.2, 0.6 * duration)
+        services = rec.call_services(service_calls, window) if service_calls else None
+        time.sleep(max(0.0, w0 + window - time.monotonic()))
         cpu1 = {k: _cpu_seconds(p) for k, p in pids.items()}
         w1 = time.monotonic()
         cpu = {k: (cpu1[k] - cpu0[k]) / max(w1 - w0, 1e-9) for k in pids}
@@ -205,6 +242,8 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         rec.close()
     res = _analyse(rec, mechanism, cfg, dt, duration)
     res["cpu_share"] = cpu
+    if services is not None:
+        res["services"] = services
     res["exit_codes"] = codes
     res["domain_id"] = domain_id
     res["logs"] = str(logs)
@@ -279,7 +318,7 @@ def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
         res["_series"] = E
     if rec.diag:
         d = rec.diag[-2] if len(rec.diag) > 1 else rec.diag[-1]
-        keep = ("mode", "solve_ms_mean", "solve_ms_max", "latency_ms_median", "latency_ms_p99",
+        keep = ("mode", "solve_ms_mean", "solve_cpu_ms_mean", "solve_ms_max", "latency_ms_median", "latency_ms_p99",
                 "late_steps_percent", "input_delay_ms_median", "late_readings_fused", "rejected.late",
                 "rejected.too_old",
                 "predicted_steps", "solver_recoveries", "resets")
@@ -308,6 +347,17 @@ def _print(res):
         print(f"  node diagnostics : {res['node_diagnostics']}")
     print(f"  CPU share        : " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in res["cpu_share"].items())
           + f" (of one core; {os.cpu_count()} cores)")
+    if "services" in res:
+        sv = res["services"]
+        for name, rts in sv["round_trip_ms"].items():
+            if rts:
+                print(f"  ~/{name:<18}: {len(rts)} calls, round trip median {np.median(rts):.2f} ms, "
+                      f"max {max(rts):.2f} ms (at this client)")
+        if sv["handling_ms"]:
+            h = sv["handling_ms"]
+            print(f"  service handling : median {np.median(h):.2f} ms, max {max(h):.2f} ms (in the node, from the replies)")
+        if sv["failures"]:
+            print(f"  service failures : {sv['failures']}")
     print(f"  exit codes       : {res['exit_codes']}")
 
 

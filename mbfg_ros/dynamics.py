@@ -19,6 +19,16 @@ from .model import Mechanism
 RANK_TOL = 1e-9
 
 
+def null_space_basis(Phi_q: np.ndarray, rank_tol: float = RANK_TOL) -> np.ndarray:
+    """Orthonormal basis (columns) of the null space of Φq: the admissible motions (redundant rows allowed)."""
+    n = Phi_q.shape[1]
+    if Phi_q.shape[0] == 0:
+        return np.eye(n)
+    _, s, Vt = np.linalg.svd(Phi_q)
+    r = int(np.sum(s > rank_tol * max(1.0, s[0])))
+    return Vt[r:].T
+
+
 class ConstrainedSolver:
     """Solves M x + Φqᵀ μ = r1, Φq x = r2 for x (and μ of minimum norm) at one configuration."""
 

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import factors as F
-from .dynamics import ConstrainedSolver
+from .dynamics import null_space_basis
 from .estimate import Estimate, EstimatorConfig, default_sigmas
 from .graph import FixedLagWindow, StateLayout, StepModel, linearize_step
 from .kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
@@ -98,10 +98,7 @@ def choose_independent(mech: Mechanism, q: np.ndarray, prefer: Sequence[int] = (
     Relative angles (then `prefer`) are tried first: the first subset whose selector B gives a
     well-conditioned B N (N = orthonormal null space of Φq) wins; otherwise the remaining coordinates are
     added greedily by the smallest singular value of N[z].  With `return_basis`, returns (z, N)."""
-    J = mech.constraints.jacobian(q)
-    rows = mech.independent_rows
-    solver = ConstrainedSolver(mech.mass_matrix, J[rows] if len(rows) < mech.m else J)
-    N = solver.N
+    N = null_space_basis(mech.constraints.jacobian(q))
     d = N.shape[1]
     chosen: List[int] = []
     if d:
@@ -276,6 +273,22 @@ class FixedLagEstimator:
             est = self._recover(t, efforts, obs, exc)
         est.solve_time = time.perf_counter() - t_start
         return est
+
+    def prepare_next_step(self) -> bool:
+        """Do now the part of the next step (one dt after the newest) that does not depend on its inputs:
+        the prediction and the dynamics linearization at it, which the step then finds in the evaluation
+        context.  A real-time caller runs this while it waits for the next inputs, which takes about a
+        fifth of a step off the input-to-output path; the estimates are identical either way.  Only where
+        the prediction is input-free: estimated efforts (estimation, fused) with the trapezoidal or Euler
+        integrator (the forces of forward dynamics and the jerk of hermite come with the inputs).
+        Returns whether anything was done; never raises."""
+        if self._window is None or self._x is None or not self.has_tau or self.hermite:
+            return False
+        try:
+            self._predict(self._x, self.config.dt)
+        except Exception:      # the step itself meets (and handles) whatever failed here
+            return False
+        return True
 
     def reinitialize(self, assembly_mode=None):
         """Re-solve the position problem from the latest estimate and readings on the requested (or the

@@ -60,6 +60,10 @@ def sigma_or_default(sigma, key: str) -> float:
 
 
 def _sigmas(sigma, dim: int) -> np.ndarray:
+    if isinstance(sigma, float):            # the common case, without numpy's broadcasting machinery
+        if not (0.0 < sigma < math.inf):
+            raise ValueError(f"sigmas must be positive and finite (got {sigma})")
+        return np.full(dim, sigma)
     s = np.broadcast_to(np.asarray(sigma, dtype=float), (dim,)).copy()
     if dim and not (np.all(s > 0) and np.all(np.isfinite(s))):
         raise ValueError(f"sigmas must be positive and finite (got {sigma})")

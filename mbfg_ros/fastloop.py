@@ -5,13 +5,15 @@ Task and walk several generators on every wake-up: measured here (rclpy 9, Pytho
 0.2–0.3 ms of CPU per callback, which alone would eat the 1 ms budget of a 1 kHz estimator that wakes
 for two inputs and a timer per step.  `FastLoop` waits on a fixed, small set of subscriptions and
 timers with one reusable rcl wait set in its own thread (the GIL is released while waiting) and calls
-plain Python handlers: about 10× less overhead.  Everything else of the node (services, parameters,
-/clock for use_sim_time, diagnostics) stays on a normal rclpy executor in the main thread; handlers
-of both sides share a lock.
+plain Python handlers: about 10× less overhead.  Services may be served by the loop too: a request is
+then handled between two steps, without waiting for a lock held by the hot path or for the GIL held
+by another thread, which is what keeps a service's answer within a timestep.  Everything else of the
+node (parameters, /clock for use_sim_time, diagnostics) stays on a normal rclpy executor in the main
+thread; handlers of both sides share a lock.
 
 The entities must be created in `DETACHED` callback groups (`detached_group()`) so the normal
 executor never waits on them.  The loop relies on rclpy's pybind11 layer (`WaitSet`,
-`take_message`, `call_timer`), identical in Humble, Jazzy and Kilted; `available()` checks it and
+`take_message`, `service_take_request`, `call_timer`), identical in Humble, Jazzy and Kilted; `available()` checks it and
 callers fall back to the stock executor when it is missing.
 """
 
@@ -49,6 +51,7 @@ def available() -> bool:
     need = {"WaitSet": ("wait", "add_subscription", "add_timer", "add_guard_condition", "get_ready_entities",
                         "clear_entities"),
             "Subscription": ("take_message",),
+            "Service": ("service_take_request",),
             "Timer": ("is_timer_ready",)}
     for cls, attrs in need.items():
         c = getattr(_rclpy, cls, None)
@@ -58,13 +61,15 @@ def available() -> bool:
 
 
 class FastLoop:
-    """Serve `subscriptions` [(Subscription, handler(msg))] and `timers` [(Timer, handler())] in a thread.
+    """Serve `subscriptions` [(Subscription, handler(msg))], `timers` [(Timer, handler())] and `services`
+    [(Service, handler(request, response) -> response)] in a thread.
     A subscription given as (Subscription, handler, True) has its handler called as handler(msg, info)
     with the rmw message info (`source_timestamp`: when the publisher wrote it, `received_timestamp`).
 
     Each wake-up drains every ready subscription (all queued messages, in arrival order per topic),
     then calls `after_batch()` once (e.g. to run the estimator on everything that arrived together),
-    then the ready timers' handlers.  When `after_batch` or a timer handler returns True ("more work
+    then the ready services' handlers (requests are looked for at each blocking wait, not while
+    polling), then the ready timers' handlers.  When `after_batch` or a timer handler returns True ("more work
     is ready"), the loop only polls for new messages and calls `after_batch` again, so work split into
     short slices is finished without waiting for the next event.  `poll_window()`, if given, is asked
     after each batch for how long (ns) an input is expected imminently (e.g. the second half of a step's
@@ -75,11 +80,13 @@ class FastLoop:
     def __init__(self, node, subscriptions: List[Tuple[object, Callable]], timers: List[Tuple[object, Callable]],
                  after_batch: Optional[Callable[[], None]] = None, lock=None,
                  on_error: Optional[Callable[[BaseException], None]] = None, name: str = "mbfg_fastloop",
-                 poll_window: Optional[Callable[[], int]] = None):
+                 poll_window: Optional[Callable[[], int]] = None,
+                 services: Optional[List[Tuple[object, Callable]]] = None):
         self.node = node
         self.poll_window = poll_window
         self.subs = list(subscriptions)
         self.timers = list(timers)
+        self.services = list(services or ())
         self.after_batch = after_batch
         self.lock = lock or threading.RLock()
         user_on_error = on_error or (lambda e: node.get_logger().error(f"fast loop handler: {e!r}"))
@@ -106,6 +113,19 @@ class FastLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def _serve(self, sh, srv, handler):
+        """Answer every queued request of one service."""
+        while True:
+            got = sh.service_take_request(srv.srv_type.Request)
+            if got is None or got[1] is None:
+                return
+            request, header = got
+            try:
+                response = handler(request, srv.srv_type.Response())
+                srv.send_response(response, header)
+            except Exception as e:  # noqa: BLE001 - the client times out; the loop goes on
+                self.on_error(e)
+
     def _run(self):
         ctx = self.node.context
         try:
@@ -115,10 +135,13 @@ class FastLoop:
                     stack.enter_context(e[0].handle)
                 for t, _ in self.timers:
                     stack.enter_context(t.handle)
+                for srv, _ in self.services:
+                    stack.enter_context(srv.handle)
                 stack.enter_context(self._wake.handle)
-                ws = _rclpy.WaitSet(len(self.subs), 1, len(self.timers), 0, 0, 0, ctx.handle)
+                ws = _rclpy.WaitSet(len(self.subs), 1, len(self.timers), 0, len(self.services), 0, ctx.handle)
                 subs = [(e[0].handle, e[0].msg_type, e[0].raw, e[1], len(e) > 2 and bool(e[2])) for e in self.subs]
                 timers = [(t.handle, h) for t, h in self.timers]
+                services = [(srv.handle, srv, h) for srv, h in self.services]
                 call = self._call_timer
                 more = False
                 poll_until = 0
@@ -129,6 +152,7 @@ class FastLoop:
                     if more or (poll_until and time.monotonic_ns() < poll_until):
                         # polling: try every subscription and timer directly (no wait set to rebuild)
                         ready_subs = ready_timers = None
+                        ready_services = ()
                     else:
                         if not ctx.ok():     # (checked before blocking only: it takes a lock)
                             break
@@ -137,12 +161,15 @@ class FastLoop:
                             ws.add_subscription(sh)
                         for th, _ in timers:
                             ws.add_timer(th)
+                        for sh, _, _ in services:
+                            ws.add_service(sh)
                         ws.add_guard_condition(wake)
                         ws.wait(200_000_000)   # 0.2 s: re-check the stop flag now and then
                         if stop.is_set():
                             break
                         ready_subs = ws.get_ready_entities("subscription")
                         ready_timers = ws.get_ready_entities("timer")
+                        ready_services = ws.get_ready_entities("service") if services else ()
                         poll_until = 0
                     took = more
                     more = False
@@ -174,6 +201,9 @@ class FastLoop:
                                 w = 0
                                 self.on_error(e)
                             poll_until = time.monotonic_ns() + w if w > 0 else 0
+                        for sh, srv, handler in services:
+                            if sh.pointer in ready_services:
+                                self._serve(sh, srv, handler)
                         for th, handler in timers:
                             if (ready_timers is None or th.pointer in ready_timers) and th.is_timer_ready():
                                 getattr(th, call)()

@@ -497,7 +497,7 @@ class EstimatorNode(Node):
                        "solver_failures": 0, "overruns": 0, "skipped_steps": 0, "predicted_steps": 0, "steps": 0,
                        "late_readings_fused": 0,
                        "late_steps": 0}
-        self.period_stats = {"steps": 0, "solve": [], "latency": [], "late": 0, "input_delay": []}
+        self.period_stats = {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
         self.last_error = ""
         self.last_message = ""
         self._jump_pending: Optional[str] = None
@@ -540,17 +540,23 @@ class EstimatorNode(Node):
                                       INPUT_QOS, callback_group=hot, **qo), self._on_effort_array),
         ]
         self.step_timer = self.create_timer(self.config.dt, self._on_timer, callback_group=hot)
-        # Services, parameters and diagnostics: the executor in the main thread.
+        # Services: in the fast loop too (answered between two steps), else on the executor under the lock.
+        # Parameters and diagnostics: the executor in the main thread.
         ctl = MutuallyExclusiveCallbackGroup()
-        self.create_service(Trigger, "~/reinitialize", self._locked(self._srv_reinitialize), callback_group=ctl)
-        self.create_service(Trigger, "~/reset", self._locked(self._srv_reset), callback_group=ctl)
-        self.create_service(SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode, callback_group=ctl)
+        srv_group = hot if self._fast else ctl
+        services = [(self.create_service(Trigger, "~/reinitialize", self._locked(self._srv_reinitialize),
+                                          callback_group=srv_group), self._srv_reinitialize),
+                    (self.create_service(Trigger, "~/reset", self._locked(self._srv_reset),
+                                         callback_group=srv_group), self._srv_reset),
+                    (self.create_service(SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode,
+                                         callback_group=srv_group), self._srv_set_assembly_mode)]
         self.diag_timer = self.create_timer(self.p_diag_period, self._locked(self._publish_diagnostics),
                                             callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
         if self._fast:
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self._on_timer)],
                                            after_batch=self._after_batch, lock=self._lock,
-                                           on_error=self._on_loop_error, poll_window=self._poll_window)
+                                           on_error=self._on_loop_error, poll_window=self._poll_window,
+                                           services=services)
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
@@ -728,10 +734,13 @@ class EstimatorNode(Node):
             k, efforts, obs = sched.pop(hold_missing=self.config.mode == "forward_dynamics")
             self._step(k, efforts, obs)
             n += 1
-        if n and self._fast:
-            # the step timer only has to catch steps whose inputs are missing: while inputs keep the steps
-            # going it is pushed back, which saves a wake-up of the loop per step
-            self.step_timer.reset()
+        if n:
+            if self._fast:
+                # the step timer only has to catch steps whose inputs are missing: while inputs keep the
+                # steps going it is pushed back, which saves a wake-up of the loop per step
+                self.step_timer.reset()
+            # caught up: the input-free part of the next step is done now, while its inputs are on their way
+            self.estimator.prepare_next_step()
         return False
 
     def _skip_ahead(self, now_ns: int):
@@ -759,6 +768,7 @@ class EstimatorNode(Node):
         t_rel = k * self.config.dt
         t_k = self.sched.t_of(k)
         t_start = time.perf_counter()
+        c_start = time.thread_time()
         try:
             est = self.estimator.step(t_rel, efforts=efforts, observations=observations)
         except Exception as e:  # numerical failure inside the core: never let it kill the node
@@ -775,6 +785,7 @@ class EstimatorNode(Node):
                                reset_stamp_ns=t_k + 1)
             return
         solve = time.perf_counter() - t_start
+        solve_cpu = time.thread_time() - c_start
         if est.status == "recovered":
             self.events["solver_recoveries"] += 1
             self._warn_kind("solver_recoveries", f"the core re-initialized (numerical failure, or readings that "
@@ -794,6 +805,7 @@ class EstimatorNode(Node):
         ps = self.period_stats
         ps["steps"] += 1
         ps["solve"].append(solve)
+        ps["solve_cpu"].append(solve_cpu)
         ps["latency"].append(lat)
         self.events["steps"] += 1
         if lat > self.sched.dt_ns:
@@ -951,6 +963,7 @@ class EstimatorNode(Node):
         if "assembly_mode" in new:
             am = tuple(int(x) for x in (new["assembly_mode"] or ())) or None
             if self.state == "running" and am is not None:
+                t0 = time.perf_counter()
                 try:
                     mode, residual = self._reinitialize(am)
                 except Exception as e:
@@ -959,7 +972,7 @@ class EstimatorNode(Node):
                     self._warn_kind("bad_assembly_mode", reason)
                     return SetParametersResult(successful=False, reason=reason)
                 self._last_branch_message = (f"re-initialized on branch {self._branch_text(mode)}; "
-                                             f"|Phi| = {residual:.3g}")
+                                             f"|Phi| = {residual:.3g} (in {(time.perf_counter() - t0) * 1e3:.1f} ms)")
             else:
                 self._last_branch_message = (f"branch {self._branch_text(am or ())} will be used at the next "
                                              "initialization")
@@ -986,7 +999,7 @@ class EstimatorNode(Node):
     def _publish_diagnostics(self):
         now = self._now_ns()
         ps = self.period_stats
-        self.period_stats = {"steps": 0, "solve": [], "latency": [], "late": 0, "input_delay": []}
+        self.period_stats = {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
         dt = self.config.dt
         level, msgs = DiagnosticStatus.OK, []
         st = self.state
@@ -1009,6 +1022,8 @@ class EstimatorNode(Node):
         if ps["solve"]:
             s = np.array(ps["solve"]) * 1e3
             kv["solve_ms_mean"], kv["solve_ms_max"] = float(s.mean()), float(s.max())
+            # CPU time of the solves: well below the wall time = the thread was waiting for a core
+            kv["solve_cpu_ms_mean"] = 1e3 * float(np.mean(ps["solve_cpu"]))
             lat = np.array(ps["latency"]) / 1e6
             kv["latency_ms_median"], kv["latency_ms_p99"] = float(np.median(lat)), float(np.percentile(lat, 99))
             kv["late_steps_percent"] = 100.0 * ps["late"] / ps["steps"]

@@ -20,6 +20,7 @@ keeps to the grid even though one RK4 step costs a sizeable part of a millisecon
 from __future__ import annotations
 
 import collections
+import math
 import sys
 import threading
 import time
@@ -94,6 +95,7 @@ class SimNode(Node):
                                     sensors=list(sensors) if sensors else None)
         self.sensor_names = [s.name for s in self.plant.sensors]
         self.gyro = np.array([s.kind == "gyroscope" for s in self.plant.sensors])
+        self._gyro = self.gyro.tolist()
         self.n_total = int(round(self.duration / self.dt)) + 1 if self.duration > 0 else None
         n_ahead = self.n_total if self.n_total else max(1, int(round(self.lookahead / self.dt)))
         self.queue: Deque[PlantSample] = collections.deque()
@@ -108,9 +110,12 @@ class SimNode(Node):
         self.pub_truth = self.create_publisher(JointState, "~/truth", QOS)
         self.pub_truth_state = self.create_publisher(JointTrajectory, "~/truth_state", QOS)
         self.pub_clock = self.create_publisher(ClockMsg, "/clock", QOS) if self.publish_clock else None
-        # reused every sample (only stamps and values change): building messages is a large share of a 1 kHz loop
-        self._obs_msg = rc.joint_state(rc.ns_to_stamp(0), self.sensor_names, [], [], [])
-        self._eff_msg = rc.joint_state(rc.ns_to_stamp(0), self.mech.actuator_names, [], [], [])
+        # the inputs go out serialized from templates (only stamps and values change): converting message
+        # objects is a large share of a 1 kHz loop and would delay the second input behind the first
+        ns, names = len(self.sensor_names), list(self.sensor_names)
+        self._obs_tpl = rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:ns], x[ns:], []), 2 * ns)
+        act = list(self.mech.actuator_names)
+        self._eff_tpl = rc.SerializedTemplate(lambda st, x: rc.joint_state(st, act, [], [], x), len(act))
         self.t_start_ns = None
         self.done = False
         self._stop = threading.Event()
@@ -184,16 +189,12 @@ class SimNode(Node):
         stamp = rc.ns_to_stamp(t_ns)
         if self.pub_clock is not None:
             self.pub_clock.publish(ClockMsg(clock=stamp))
-        vals = np.array([s.readings[n] for n in self.sensor_names])
-        obs, eff = self._obs_msg, self._eff_msg
-        obs.header.stamp = stamp
-        obs.position = rc.float_array(np.where(self.gyro, np.nan, vals))
-        if self.gyro.any():
-            obs.velocity = rc.float_array(np.where(self.gyro, vals, np.nan))
-        self.pub_obs.publish(obs)
-        eff.header.stamp = stamp
-        eff.effort = rc.float_array(s.efforts)
-        self.pub_eff.publish(eff)
+        vals = [s.readings[n] for n in self.sensor_names]
+        nan = math.nan
+        obs = [nan if g else v for g, v in zip(self._gyro, vals)] + [v if g else nan for g, v in zip(self._gyro, vals)]
+        obs_bytes, eff_bytes = self._obs_tpl.fill(t_ns, obs), self._eff_tpl.fill(t_ns, s.efforts)
+        self.pub_obs.publish(obs_bytes)
+        self.pub_eff.publish(eff_bytes)
         if self.publish_effort_array:
             self.pub_eff_arr.publish(Float64MultiArray(data=rc.float_array(s.efforts)))
         if self.publish_truth and (self.k - 1) % self.truth_decimation == 0:

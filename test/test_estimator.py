@@ -593,3 +593,49 @@ def test_observer_started_while_moving(crank, driven):
     err = np.abs(np.array(err))
     assert abs(driven.omega[1000]) > 2.0
     assert err[100:, 0].max() < 0.15 and np.sqrt(np.mean(err[100:, 1] ** 2)) < 4.0, err[100:].max(axis=0)
+
+
+@pytest.mark.parametrize("mode,efforts", [("fused", True), ("estimation", False)])
+def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out(crank, driven, monkeypatch, mode,
+                                                                                   efforts):
+    """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
+    bit for bit, and the step itself no longer linearizes the dynamics at the prediction."""
+    from mbfg_ros.factors import EvalContext
+    calls = {"in_step": 0}
+    lean = EvalContext._lean
+    inside = {"on": False}
+
+    def counting(self, *a):
+        if inside["on"]:
+            calls["in_step"] += 1
+        return lean(self, *a)
+
+    monkeypatch.setattr(EvalContext, "_lean", counting)
+    res = {}
+    for prepare in (False, True):
+        rng = np.random.default_rng(0)
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode=mode))
+        calls["in_step"] = 0
+        out, prepared = [], 0
+        for k, t in enumerate(driven.t[:600]):
+            obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
+            inside["on"] = True
+            out.append(est.step(t, efforts=[driven.tau[k]] if efforts else None, observations=obs))
+            inside["on"] = False
+            if prepare:
+                prepared += est.prepare_next_step()
+        res[prepare] = (out, calls["in_step"], prepared)
+    (plain, n_plain, _), (prep, n_prep, prepared) = res[False], res[True]
+    for a, b in zip(plain, prep):
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.v, b.v) and np.array_equal(a.a, b.a)
+        assert np.array_equal(a.efforts, b.efforts)
+    assert prepared == len(plain)
+    assert n_prep <= n_plain - len(plain) + 10, (n_plain, n_prep)
+
+
+def test_prepare_next_step_declines_where_the_prediction_needs_the_inputs(crank, driven):
+    for config in (EstimatorConfig(mode="forward_dynamics"), EstimatorConfig(mode="fused", integrator="hermite")):
+        est = FixedLagEstimator(crank, config)
+        assert est.prepare_next_step() is False          # nothing to prepare before the first step
+        est.step(0.0, efforts=[driven.tau[0]], observations={"crank": driven.theta[0]})
+        assert est.prepare_next_step() is False
