@@ -155,7 +155,8 @@ class FixedLagEstimator:
     re-seeded at the last good estimate and integrated forward (``status='recovered'``, ``message``).
 
     ``reinitialize(assembly_mode=None) -> (mode, max |Φ|)`` re-solves the position problem on the
-    requested (or current) assembly mode from the latest estimate and readings and re-seeds the window;
+    requested (or current) assembly mode from the latest estimate and readings; the next step re-seeds
+    the window from that solution (at its own time, with its own readings) instead of advancing it;
     ``reset()`` forgets everything.  Attributes: ``layout`` (the stacked state), ``independent_coordinates``,
     ``relinearizations``, ``recoveries``, ``last`` (latest Estimate), ``relinearize_threshold``.
     """
@@ -239,6 +240,7 @@ class FixedLagEstimator:
         self._tau_hist: List[np.ndarray] = []
         self._mode = None if self._requested_mode is None else self._requested_mode.copy()
         self._pending_q = None
+        self._reseed_q = None      # requested re-initialization: the solved position the next step re-seeds from
         self._switch_next = False
         self._retry = None
         self._failures = 0
@@ -292,24 +294,30 @@ class FixedLagEstimator:
 
     def reinitialize(self, assembly_mode=None):
         """Re-solve the position problem from the latest estimate and readings on the requested (or the
-        current) assembly mode, clear the window and re-seed it.  Returns (mode, max |Φ|)."""
-        if assembly_mode is not None:
-            self._requested_mode = self._check_mode(assembly_mode)
-            self._mode = self._requested_mode.copy()
-        mode = self._mode
-        if self._last is None:
-            q_guess = self._initial_guess()
-            fixed = self._fix_readings(q_guess, self._last_obs)
-            sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
-            self._pending_q = sol.q
-            self._mode = np.array(sol.assembly_mode, dtype=int)
-            self.init_residual = float(sol.residual)
-            return tuple(int(m) for m in sol.assembly_mode), float(sol.residual)
+        current) assembly mode; the next step clears the window and re-seeds it from this solution (with
+        the latest velocity and efforts) instead of advancing it.  Returns (mode, max |Φ|) of the solution;
+        raises AssemblyError (nothing changed) when there is no assembly on that mode.
+
+        The window is re-seeded by the next step rather than here because that step would otherwise
+        redo the work (a new window, then one step): a caller answering a request (a ROS service) replies
+        after the position problem alone, and the next estimate comes no later than usual."""
+        mode = self._mode if assembly_mode is None else self._check_mode(assembly_mode)
         last = self._last
-        est = self._initialize(last.t, self._last_efforts, self._last_obs, q_guess=last.q, v_guess=last.v,
-                               tau_guess=last.efforts if self.has_tau else None, mode=mode,
-                               status="initialized", message="re-initialized on request")
-        return tuple(int(m) for m in est.assembly_mode), float(self.init_residual)
+        if last is None:
+            q_guess = self._initial_guess()
+        else:
+            q_guess = (last.q if self._reseed_q is None else self._reseed_q).copy()
+        fixed = self._fix_readings(q_guess, self._last_obs)
+        sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
+        if assembly_mode is not None:
+            self._requested_mode = np.array(mode, dtype=int)
+        self._mode = np.array(sol.assembly_mode, dtype=int)
+        self.init_residual = float(sol.residual)
+        if last is None:
+            self._pending_q = sol.q
+        else:
+            self._reseed_q = sol.q
+        return tuple(int(m) for m in sol.assembly_mode), float(sol.residual)
 
     def add_late_observations(self, t: float, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
         """Readings stamped at an earlier step t that is still in the window (they arrived after it was
@@ -642,6 +650,12 @@ class FixedLagEstimator:
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:
         self._last_obs.update(obs)
+        if self._reseed_q is not None and self._last is not None:
+            q, self._reseed_q = self._reseed_q, None
+            last = self._last
+            return self._initialize(t, efforts, obs, q_guess=q, v_guess=last.v,
+                                    tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
+                                    status="initialized", message="re-initialized on request")
         if self._window is None:
             retry, self._retry = self._retry, None
             if retry is not None and self._last is not None:

@@ -893,8 +893,8 @@ class EstimatorNode(Node):
             self.get_logger().warning(response.message)
             return response
         response.success = True
-        response.message = (f"re-initialized on branch {self._branch_text(mode)}; |Phi| = {residual:.3g} "
-                            f"(in {(time.perf_counter() - t0) * 1e3:.1f} ms)")
+        response.message = (f"re-initialized on branch {self._branch_text(mode)}; |Phi| = {residual:.3g}; the window "
+                            f"is re-seeded at the next step (in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
         self.get_logger().info(response.message)
         return response
 
@@ -972,7 +972,8 @@ class EstimatorNode(Node):
                     self._warn_kind("bad_assembly_mode", reason)
                     return SetParametersResult(successful=False, reason=reason)
                 self._last_branch_message = (f"re-initialized on branch {self._branch_text(mode)}; "
-                                             f"|Phi| = {residual:.3g} (in {(time.perf_counter() - t0) * 1e3:.1f} ms)")
+                                             f"|Phi| = {residual:.3g}; the window is re-seeded at the next step "
+                                             f"(in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
             else:
                 self._last_branch_message = (f"branch {self._branch_text(am or ())} will be used at the next "
                                              "initialization")
