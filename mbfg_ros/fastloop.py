@@ -19,6 +19,7 @@ callers fall back to the stock executor when it is missing.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from contextlib import ExitStack
@@ -96,6 +97,7 @@ class FastLoop:
                 user_on_error(e)
         self.on_error = report
         self._stop = threading.Event()
+        self._calls: collections.deque = collections.deque()
         self._wake = node.create_guard_condition(lambda: None, callback_group=DetachedCallbackGroup())
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         t = _rclpy.Timer
@@ -103,6 +105,16 @@ class FastLoop:
 
     def start(self):
         self._thread.start()
+
+    def call_soon(self, fn: Callable[[], None]):
+        """Run `fn()` in the loop's thread (under the lock) after its current work, e.g. a periodic report
+        that would otherwise compete with the hot path for the GIL from another thread for milliseconds
+        (Python hands the GIL over only every switch interval).  Thread-safe; wakes the loop."""
+        self._calls.append(fn)
+        try:
+            self._wake.trigger()
+        except Exception:  # noqa: BLE001 - shutting down
+            pass
 
     def stop(self, timeout: float = 2.0):
         self._stop.set()
@@ -211,6 +223,12 @@ class FastLoop:
                                     more = bool(handler()) or more
                                 except Exception as e:  # noqa: BLE001
                                     self.on_error(e)
+                        calls = self._calls
+                        while calls:
+                            try:
+                                calls.popleft()()
+                            except Exception as e:  # noqa: BLE001
+                                self.on_error(e)
         except Exception as e:  # context shut down under us, handle destroyed...
             if not self._stop.is_set() and ctx.ok():
                 self.on_error(e)

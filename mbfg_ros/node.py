@@ -550,7 +550,7 @@ class EstimatorNode(Node):
                                          callback_group=srv_group), self._srv_reset),
                     (self.create_service(SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode,
                                          callback_group=srv_group), self._srv_set_assembly_mode)]
-        self.diag_timer = self.create_timer(self.p_diag_period, self._locked(self._publish_diagnostics),
+        self.diag_timer = self.create_timer(self.p_diag_period, self._on_diagnostics_timer,
                                             callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
         if self._fast:
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self._on_timer)],
@@ -997,7 +997,39 @@ class EstimatorNode(Node):
     _last_branch_message = ""
 
     # --------------------------------------------------------------------------- diagnostics
+    def _on_diagnostics_timer(self):
+        # published by the fast loop between two steps: built here, it would share the GIL with the hot
+        # path for a few ms at every period (a burst of late steps)
+        if self._loop is not None and self._fast:
+            self._loop.call_soon(self._publish_diagnostics)
+        else:
+            self._publish_diagnostics()
+
     def _publish_diagnostics(self):
+        with self._lock:
+            now, ps, kv, level, msgs = self._diagnostics_snapshot()
+        dt = self.config.dt
+        if ps["solve"]:
+            s = np.array(ps["solve"]) * 1e3
+            kv["solve_ms_mean"], kv["solve_ms_max"] = float(s.mean()), float(s.max())
+            # CPU time of the solves: well below the wall time = the thread was waiting for a core
+            kv["solve_cpu_ms_mean"] = 1e3 * float(np.mean(ps["solve_cpu"]))
+            lat = np.array(ps["latency"]) / 1e6
+            kv["latency_ms_median"], kv["latency_ms_p99"] = float(np.median(lat)), float(np.percentile(lat, 99))
+            kv["late_steps_percent"] = 100.0 * ps["late"] / ps["steps"]
+            if s.mean() > dt * 1e3:
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.append(f"mean solve {s.mean():.2f} ms over the {dt * 1e3:.2f} ms budget")
+        if ps["input_delay"]:
+            d = np.array(ps["input_delay"]) / 1e6
+            kv["input_delay_ms_median"], kv["input_delay_ms_max"] = float(np.median(d)), float(d.max())
+        status = (int.from_bytes(level, "little") if isinstance(level, bytes) else int(level),
+                  f"{self.get_fully_qualified_name()}: estimator", "; ".join(msgs) or kv["state"],
+                  self.mech.name, kv)
+        self.pub_diag.publish(rc.encode_diagnostic_array(max(now, 0), [status]))
+
+    def _diagnostics_snapshot(self):
+        """(now, period statistics, key/values, level, messages) of the diagnostics (under the lock)."""
         now = self._now_ns()
         ps = self.period_stats
         self.period_stats = {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
@@ -1020,20 +1052,6 @@ class EstimatorNode(Node):
         period = self.p_diag_period
         kv["output_rate_hz"] = ps["steps"] / period
         kv["target_rate_hz"] = 1.0 / dt
-        if ps["solve"]:
-            s = np.array(ps["solve"]) * 1e3
-            kv["solve_ms_mean"], kv["solve_ms_max"] = float(s.mean()), float(s.max())
-            # CPU time of the solves: well below the wall time = the thread was waiting for a core
-            kv["solve_cpu_ms_mean"] = 1e3 * float(np.mean(ps["solve_cpu"]))
-            lat = np.array(ps["latency"]) / 1e6
-            kv["latency_ms_median"], kv["latency_ms_p99"] = float(np.median(lat)), float(np.percentile(lat, 99))
-            kv["late_steps_percent"] = 100.0 * ps["late"] / ps["steps"]
-            if s.mean() > dt * 1e3:
-                level = max(level, DiagnosticStatus.WARN)
-                msgs.append(f"mean solve {s.mean():.2f} ms over the {dt * 1e3:.2f} ms budget")
-        if ps["input_delay"]:
-            d = np.array(ps["input_delay"]) / 1e6
-            kv["input_delay_ms_median"], kv["input_delay_ms_max"] = float(np.median(d)), float(d.max())
         kv["budget_ms"] = dt * 1e3
         for k, v in self.events.items():
             kv[k] = v
@@ -1066,15 +1084,7 @@ class EstimatorNode(Node):
             msgs.insert(0, f"solver failed {self.events['solver_failures'] - self._failures_reported} time(s) "
                            f"since the last report (auto re-initialized): {self.last_error}")
             self._failures_reported = self.events["solver_failures"]
-        status = DiagnosticStatus(level=level,
-                                  name=f"{self.get_fully_qualified_name()}: estimator",
-                                  hardware_id=self.mech.name,
-                                  message="; ".join(msgs) or ("running" if self.state == "running" else st),
-                                  values=rc.key_values(kv))
-        arr = DiagnosticArray()
-        arr.header.stamp = rc.ns_to_stamp(max(now, 0))
-        arr.status = [status]
-        self.pub_diag.publish(arr)
+        return now, ps, kv, level, msgs
 
 
 # ---------------------------------------------------------------------------------------------

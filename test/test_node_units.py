@@ -260,3 +260,31 @@ def test_start_up_waits_for_every_input_the_mode_uses():
     # after the first step, a missing input is waited for only max_input_delay
     s.pop()
     assert s.ready(T0 + 201 * MS, EXPECTED)
+
+
+@pytest.mark.parametrize("frame_id", ["", "map"])
+def test_diagnostic_array_encoder_equals_rclpy_serialization(frame_id):
+    """The node's hand-written DiagnosticArray serializer: byte-identical to rclpy's for mixed values
+    (floats, ints, bools, strings of every length mod 4, unicode, empty), several statuses, any level."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rclpy.serialization import deserialize_message, serialize_message
+    statuses = [(0, "/ns/mbfg_estimator: estimator", "running", "four_bar_crank",
+                 {"state": "running", "dt": 0.001, "window": 10, "late_steps_percent": 33.3333333,
+                  "flag": True, "": "", "a": "b", "ab": "cd", "abc": "def", "abcd": "efgh", "θ̇ rate": "1 rad/s"}),
+                (2, "x", "", "", {}),
+                (1, "yy", "no crank for 0.2 s; waiting", "hw", {"k": float("inf"), "n": float("nan")})]
+    stamp = T0 + 123_456_789
+    got = rc.encode_diagnostic_array(stamp, statuses, frame_id=frame_id)
+    arr = DiagnosticArray()
+    arr.header.stamp.sec, arr.header.stamp.nanosec = divmod(stamp, 1_000_000_000)
+    arr.header.frame_id = frame_id
+    arr.status = [DiagnosticStatus(level=bytes([lv]), name=n, message=m, hardware_id=h, values=rc.key_values(kv))
+                  for lv, n, m, h, kv in statuses]
+    ref = bytes(serialize_message(arr))
+    # the same bytes except for the alignment padding, which rclpy leaves uninitialized
+    assert len(got) == len(ref) and got[:4] == ref[:4]
+    back = deserialize_message(got, DiagnosticArray)
+    assert back == arr
+    assert sum(a != b for a, b in zip(got, ref)) <= 3 * (1 + sum(len(st[4]) * 2 + 3 for st in statuses))
+    assert back.status[0].values[3].key == "late_steps_percent" and back.status[0].values[3].value == "33.3333"
+    assert back.status[2].level == b"\x01" and back.status[0].values[-1].key == "θ̇ rate"
