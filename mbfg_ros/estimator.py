@@ -156,7 +156,7 @@ class FixedLagEstimator:
 
     ``reinitialize(assembly_mode=None) -> (mode, max |Φ|)`` re-solves the position problem on the
     requested (or current) assembly mode from the latest estimate and readings; the next step re-seeds
-    the window from that solution (at its own time, with its own readings) instead of advancing it;
+    the window from that solution at the latest estimate's time and advances it;
     ``reset()`` forgets everything.  Attributes: ``layout`` (the stacked state), ``independent_coordinates``,
     ``relinearizations``, ``recoveries``, ``last`` (latest Estimate), ``relinearize_threshold``.
     """
@@ -240,7 +240,7 @@ class FixedLagEstimator:
         self._tau_hist: List[np.ndarray] = []
         self._mode = None if self._requested_mode is None else self._requested_mode.copy()
         self._pending_q = None
-        self._reseed_q = None      # requested re-initialization: the solved position the next step re-seeds from
+        self._reseed = None        # requested re-initialization: (solved q, readings, efforts) at the last estimate
         self._switch_next = False
         self._retry = None
         self._failures = 0
@@ -294,19 +294,19 @@ class FixedLagEstimator:
 
     def reinitialize(self, assembly_mode=None):
         """Re-solve the position problem from the latest estimate and readings on the requested (or the
-        current) assembly mode; the next step clears the window and re-seeds it from this solution (with
-        the latest velocity and efforts) instead of advancing it.  Returns (mode, max |Φ|) of the solution;
+        current) assembly mode; the next step clears the window, re-seeds it from this solution (with the
+        latest velocity, readings and efforts) at the latest estimate's time and advances it.  Returns (mode, max |Φ|) of the solution;
         raises AssemblyError (nothing changed) when there is no assembly on that mode.
 
-        The window is re-seeded by the next step rather than here because that step would otherwise
-        redo the work (a new window, then one step): a caller answering a request (a ROS service) replies
-        after the position problem alone, and the next estimate comes no later than usual."""
+        The window is re-seeded (at the last estimate's time, then advanced) by the next step rather than
+        here so that a caller answering a request (a ROS service) can reply after the position problem
+        alone; the estimates are the same as re-seeding at once."""
         mode = self._mode if assembly_mode is None else self._check_mode(assembly_mode)
         last = self._last
         if last is None:
             q_guess = self._initial_guess()
         else:
-            q_guess = (last.q if self._reseed_q is None else self._reseed_q).copy()
+            q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
         fixed = self._fix_readings(q_guess, self._last_obs)
         sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
         if assembly_mode is not None:
@@ -316,7 +316,7 @@ class FixedLagEstimator:
         if last is None:
             self._pending_q = sol.q
         else:
-            self._reseed_q = sol.q
+            self._reseed = (sol.q, dict(self._last_obs), self._last_efforts)
         return tuple(int(m) for m in sol.assembly_mode), float(sol.residual)
 
     def add_late_observations(self, t: float, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
@@ -650,12 +650,8 @@ class FixedLagEstimator:
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:
         self._last_obs.update(obs)
-        if self._reseed_q is not None and self._last is not None:
-            q, self._reseed_q = self._reseed_q, None
-            last = self._last
-            return self._initialize(t, efforts, obs, q_guess=q, v_guess=last.v,
-                                    tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                                    status="initialized", message="re-initialized on request")
+        if self._reseed is not None and self._last is not None:
+            return self._reseed_on_request(t, efforts, obs)
         if self._window is None:
             retry, self._retry = self._retry, None
             if retry is not None and self._last is not None:
@@ -686,6 +682,23 @@ class FixedLagEstimator:
                                               f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
         try:
             return self._advance_to(t, efforts, obs, "ok", [])
+        except _Resync as why:
+            return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
+
+    def _reseed_on_request(self, t, efforts, obs) -> Estimate:
+        """The window re-seeded, as `reinitialize` asked, at the last estimate's time from the position solved
+        there (with that time's readings and efforts, the last velocity and efforts), then advanced to t as
+        usual: the same estimates as re-seeding at the request."""
+        (q, obs_then, efforts_then), self._reseed = self._reseed, None
+        last = self._last
+        message = "re-initialized on request"
+        self._initialize(last.t, efforts_then, obs_then, q_guess=q, v_guess=last.v,
+                         tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
+                         status="initialized", message=message)
+        if t - self._t <= 1e-9 * self.config.dt:
+            return self._last
+        try:
+            return self._advance_to(t, efforts, obs, "initialized", [message])
         except _Resync as why:
             return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
 

@@ -311,7 +311,7 @@ def test_reinitialize_switches_assembly_mode(crank):
     # the next step re-seeds the window from the solution (instead of advancing the old one)
     e = est.step(20e-3, observations={"crank": 0.0})
     assert e.status == "initialized" and "re-initialized on request" in e.message
-    assert tuple(e.assembly_mode) == (1,) and e.constraint_residual < 1e-9
+    assert tuple(e.assembly_mode) == (1,) and e.constraint_residual < 1e-4
     for k in range(21, 60):
         e = est.step(k * 1e-3, observations={"crank": 0.0})
         assert e.status == "ok" and tuple(e.assembly_mode) == (1,)
@@ -643,3 +643,31 @@ def test_prepare_next_step_declines_where_the_prediction_needs_the_inputs(crank,
         assert est.prepare_next_step() is False          # nothing to prepare before the first step
         est.step(0.0, efforts=[driven.tau[0]], observations={"crank": driven.theta[0]})
         assert est.prepare_next_step() is False
+
+
+def test_reinitialize_on_the_same_branch_does_not_disturb_the_estimates(crank, driven):
+    """A requested re-initialization on the current branch (the node's ~/reinitialize) re-seeds the window
+    at the last estimate and advances it: the estimates after it stay within the noise of those of an
+    undisturbed run, and the ones before are untouched."""
+    runs = {}
+    for request in (None, 300):
+        rng = np.random.default_rng(0)
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="fused"))
+        out = []
+        for k, t in enumerate(driven.t[:600]):
+            obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
+            out.append(est.step(t, efforts=[driven.tau[k]], observations=obs))
+            if k == request:
+                mode, residual = est.reinitialize()
+                assert mode == (-1,) and residual < 1e-9
+        runs[request] = out
+    plain, reseeded = runs[None], runs[300]
+    assert reseeded[301].status == "initialized" and "re-initialized on request" in reseeded[301].message
+    assert all(e.status == "ok" for e in reseeded[302:])
+    for a, b in zip(plain[:301], reseeded[:301]):
+        assert np.array_equal(a.q, b.q)
+    dq = max(np.abs(a.q - b.q).max() for a, b in zip(plain[301:], reseeded[301:]))
+    dv = max(np.abs(a.v - b.v).max() for a, b in zip(plain[301:], reseeded[301:]))
+    assert dq < 2e-3 and dv < 0.03, (dq, dv)
+    theta_err = max(abs(e.q[4] - th) for e, th in zip(reseeded[301:], driven.theta[301:600]))
+    assert theta_err < 5e-3
