@@ -122,10 +122,11 @@ class _Recorder:
         self.executor = SingleThreadedExecutor(context=self.ctx)
         self.executor.add_node(self.node)
 
-    def call_services(self, calls: int, span: float) -> Dict[str, object]:
-        """Call ~/reinitialize and ~/set_assembly_mode (data=False: the four-bar's elbow branch −1, the one
-        it runs on) alternately, `calls` times spread over `span` s.  Returns the round trips at this
-        client (request sent -> response handled, ms) and the node's own handling times (from the replies)."""
+    def call_services(self, calls: int, span: float, set_mode: bool = True) -> Dict[str, object]:
+        """Call ~/reinitialize and (`set_mode`: mechanisms with one assembly-mode indicator) ~/set_assembly_mode
+        (data=False: the four-bar's elbow branch −1, the one it runs on) alternately, `calls` times spread
+        over `span` s.  Returns the round trips at this client (request sent -> response handled, ms) and the
+        node's own handling times (from the replies)."""
         from std_srvs.srv import SetBool, Trigger
         clients = [(self.node.create_client(Trigger, "/mbfg_estimator/reinitialize"), Trigger.Request()),
                    (self.node.create_client(SetBool, "/mbfg_estimator/set_assembly_mode"), SetBool.Request(data=False))]
@@ -137,7 +138,8 @@ class _Recorder:
         for i in range(calls):
             time.sleep(max(0.0, t_next - time.monotonic()))
             t_next += span / calls
-            (client, request), name = clients[i % 2], ("reinitialize", "set_assembly_mode")[i % 2]
+            j = i % 2 if set_mode else 0
+            (client, request), name = clients[j], ("reinitialize", "set_assembly_mode")[j]
             t0 = time.perf_counter()
             future = client.call_async(request)
             self.executor.spin_until_future_complete(future, timeout_sec=2.0)
@@ -228,7 +230,11 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
         w0 = time.monotonic()
         window = max(0.2, 0.6 * duration)
-        services = rec.call_services(service_calls, window) if service_calls else None
+        services = None
+        if service_calls:
+            from .model import load_mechanism
+            one_indicator = len(load_mechanism(mechanism).assembly_mode_names) == 1
+            services = rec.call_services(service_calls, window, set_mode=one_indicator)
         time.sleep(max(0.0, w0 + window - time.monotonic()))
         cpu1 = {k: _cpu_seconds(p) for k, p in pids.items()}
         w1 = time.monotonic()
