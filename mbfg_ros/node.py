@@ -239,6 +239,17 @@ class InputScheduler:
             out.append(s)
         return out
 
+    def start_step(self, now_ns: int, expected) -> Optional[int]:
+        """At start-up, once every waited input has been heard from: the newest step all of them have
+        reached.  The steps before it hold only part of the inputs (one topic was still being discovered)
+        and are already old: estimating them first would start with a backlog."""
+        if self.started:
+            return None
+        waited = self.waited_streams(now_ns, expected)
+        if not waited or any(s.last_k is None for s in waited):
+            return None
+        return min(s.last_k for s in waited)
+
     def ready(self, now_ns: int, expected) -> bool:
         if self.t0_ns is None:
             return False
@@ -727,6 +738,10 @@ class EstimatorNode(Node):
         if sched.anchored and self.p_max_backlog > 0 and sched.backlog_ns(now_ns) > self.p_max_backlog * NS:
             self._skip_ahead(now_ns)
         expected = self._expected_streams()
+        if not sched.started:
+            k0 = sched.start_step(now_ns, expected)
+            if k0 is not None and k0 > sched.k_next:
+                sched.skip_to(k0)
         n = 0
         while sched.ready(now_ns, expected):
             if n == max_steps:

@@ -246,12 +246,21 @@ def test_start_up_waits_for_every_input_the_mode_uses():
     for k in range(50):
         s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
         assert not s.ready(T0 + k * MS + 4 * MS, EXPECTED)        # beyond max_input_delay, still waiting
+    assert s.start_step(T0 + 50 * MS, EXPECTED) is None             # not every input heard from yet
     s.add_observations(T0 + 50 * MS, {"crank": 0.1}, now_ns=T0 + 50 * MS)
     s.add_efforts(T0 + 50 * MS, np.array([2.0]), now_ns=T0 + 50 * MS)
     assert s.ready(T0 + 50 * MS, EXPECTED)
-    assert s.skip_to(50) == 50                                      # (the node skips to the newest inputs)
+    # the node starts at the first step with every input (the 50 older ones hold commands only)
+    assert s.start_step(T0 + 50 * MS, EXPECTED) == 50
+    assert s.skip_to(50) == 50
     k, eff, obs = s.pop()
     assert k == 50 and obs == {"crank": 0.1} and eff.tolist() == [2.0]
+    assert s.start_step(T0 + 51 * MS, EXPECTED) is None             # started: no more start-up skipping
+    # inputs that come together from the start: nothing to skip
+    s = scheduler()
+    s.add_observations(T0, {"crank": 0.1}, now_ns=T0)
+    s.add_efforts(T0, np.array([2.0]), now_ns=T0)
+    assert s.start_step(T0, EXPECTED) == 0
     # a sensor that never comes: estimation starts after startup_wait without it
     s = scheduler()
     s.startup_wait_ns = 200 * MS
