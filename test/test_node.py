@@ -520,3 +520,32 @@ def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
     finally:
         probe.close()
         assert est.stop() == 0
+
+
+def test_idle_node_sleeps_until_an_input_comes():
+    """No input since the start (or the last reset): no step can be due, so the 1-kHz step timer cancels
+    itself at its first tick (idle CPU 11 % -> < 1 % of a core) and the first input re-arms it (steps,
+    and predictions when inputs stop, go on as before: test_outputs_continue_without_inputs_and_warn)."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.serialization import serialize_message
+    from mbfg_ros import node as N
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false"], context=ctx,
+               domain_id=fresh_domain_id())
+    node = N.EstimatorNode(context=ctx)
+    try:
+        assert not node.step_timer.is_canceled()
+        node._on_timer()                                   # a tick with nothing received yet
+        assert node.step_timer.is_canceled()
+        node._on_observations(serialize_message(joint_state(node._now_ns(), ["crank"], [0.1])))
+        node._after_batch()
+        assert not node.step_timer.is_canceled()
+        node._on_timer()                                   # anchored: the timer keeps running
+        assert not node.step_timer.is_canceled()
+        node._do_reset("test")
+        node._on_timer()
+        assert node.step_timer.is_canceled()
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
