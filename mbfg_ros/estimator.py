@@ -241,6 +241,7 @@ class FixedLagEstimator:
         self._mode = None if self._requested_mode is None else self._requested_mode.copy()
         self._pending_q = None
         self._reseed = None        # requested re-initialization: (solved q, readings, efforts) at the last estimate
+        self._prediction = None    # (x, h, q̈ before, prediction) made by `prepare_next_step`
         self._switch_next = False
         self._retry = None
         self._failures = 0
@@ -287,9 +288,11 @@ class FixedLagEstimator:
         if self._window is None or self._x is None or not self.has_tau or self.hermite:
             return False
         try:
-            self._predict(self._x, self.config.dt)
+            x, dt = self._x, self.config.dt
+            xp = self._predict(x, dt)
         except Exception:      # the step itself meets (and handles) whatever failed here
             return False
+        self._prediction = (x, dt, self._a_prev, xp)
         return True
 
     def reinitialize(self, assembly_mode=None):
@@ -769,6 +772,11 @@ class FixedLagEstimator:
         """Continuity predictor: Taylor expansion of q, q̇ (through q̈ and, hermite, the jerk) from the
         previous estimate, then q̈ (and j) from the dynamics at the predicted (q, q̇) — the same dynamics
         linearization the step's factors use (shared through the context), so it costs nothing extra."""
+        p = self._prediction
+        if p is not None:
+            self._prediction = None
+            if p[0] is x and p[1] == h and p[2] is self._a_prev:    # prepared by `prepare_next_step`
+                return p[3]
         sl = self.layout.slices
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
