@@ -214,7 +214,8 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
     logs.mkdir(parents=True, exist_ok=True)
     est_args = ["--params-file", str(cfg), "-p", f"mechanism:={mechanism}", "-p", "diagnostics_period:=0.5"]
     sim_args = ["--params-file", str(cfg), "-p", f"mechanism:={mechanism}", "-p", f"duration:={duration}",
-                "-p", "wait_for_subscribers:=1", "-p", f"truth_decimation:={TRUTH_DECIMATION}"]
+                "-p", "wait_for_subscribers:=1", "-p", "wait_for_truth_subscribers:=1",
+                "-p", f"truth_decimation:={TRUTH_DECIMATION}"]
     if mode:
         est_args += ["-p", f"mode:={mode}"]
     if dt:

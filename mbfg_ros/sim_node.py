@@ -79,6 +79,9 @@ class SimNode(Node):
                                                   read_only=True, floating_point_range=fr(1e-3, 100.0))).value
         self.wait_for_subscribers = d("wait_for_subscribers", 0, PD(
             description="Start only when joint_observations has this many subscribers", read_only=True)).value
+        self.wait_for_truth_subscribers = d("wait_for_truth_subscribers", 0, PD(
+            description="Start only when ~/truth_state has this many subscribers (a recorder of the truth)",
+            read_only=True)).value
         self.publish_effort_array = d("publish_effort_array", False, PD(
             description="Also publish commanded_effort_array (Float64MultiArray)")).value
         self.publish_truth = d("publish_truth", True, PD(description="Publish ~/truth and ~/truth_state")).value
@@ -146,8 +149,9 @@ class SimNode(Node):
                 self.get_logger().error(f"simulation thread: {type(e).__name__}: {e}")
 
     def _loop(self):
-        while self.wait_for_subscribers and not self._stop.is_set() and \
-                self.count_subscribers("joint_observations") < self.wait_for_subscribers:
+        while not self._stop.is_set() and (
+                self.count_subscribers("joint_observations") < self.wait_for_subscribers
+                or self.pub_truth_state.get_subscription_count() < self.wait_for_truth_subscribers):
             time.sleep(0.01)
         # Sample k is due at wall time wall_start + k·dt/rtf; it is stamped with the node clock at
         # that instant (t_start + k·dt), or with the simulated time when this node owns /clock.
