@@ -671,3 +671,26 @@ def test_reinitialize_on_the_same_branch_does_not_disturb_the_estimates(crank, d
     assert dq < 2e-3 and dv < 0.03, (dq, dv)
     theta_err = max(abs(e.q[4] - th) for e, th in zip(reseeded[301:], driven.theta[301:600]))
     assert theta_err < 5e-3
+
+
+def test_repeated_reinitialization_keeps_the_accuracy():
+    """Re-initializing the robot every 48 steps (0.24 s) on its branch: the re-seed holds the observed
+    coordinates at their estimates (not at the raw readings) under the estimate's marginal sigmas, so the
+    error stays near that of an undisturbed run (measured 6.4 vs 3.9 mm max; 14 mm when the raw readings
+    were re-fixed under the tight prior_q0)."""
+    from mbfg_ros.plant import SimulatedPlant
+    robot = load_mechanism("pick_and_place_robot")
+    plant = SimulatedPlant(robot, dt=5e-3, seed=1)
+    samples = [plant.step() for _ in range(600)]
+    worst = {}
+    for every in (0, 48):
+        est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused",
+                                                       sensor_sigmas={"motor1": 1e-3, "motor2": 1e-3}))
+        err = []
+        for k, s in enumerate(samples):
+            e = est.step(s.t, s.efforts, s.readings)
+            err.append(np.abs(e.q - s.q).max())
+            if every and k % every == every - 1:
+                est.reinitialize()
+        worst[every] = max(err[40:])
+    assert worst[48] < 2.0 * worst[0], worst
