@@ -242,6 +242,7 @@ class FixedLagEstimator:
         self._pending_q = None
         self._reseed = None        # requested re-initialization: (solved q, readings, efforts) at the last estimate
         self._prediction = None    # (x, h, q̈ before, prediction) made by `prepare_next_step`
+        self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._switch_next = False
         self._retry = None
         self._failures = 0
@@ -294,6 +295,8 @@ class FixedLagEstimator:
             return False
         self._prediction = (x, dt, self._a_prev, xp)
         return True
+
+    REINITIALIZED = "re-initialized on request"
 
     def reinitialize(self, assembly_mode=None):
         """Re-solve the position problem from the latest estimate on the requested (or the current) assembly
@@ -664,6 +667,8 @@ class FixedLagEstimator:
         self._last_obs.update(obs)
         if self._reseed is not None and self._last is not None:
             return self._reseed_on_request(t, efforts, obs)
+        if self._reseeded and self._window is not None:
+            return self._advance_after_reseed(t, efforts, obs)
         if self._window is None:
             retry, self._retry = self._retry, None
             if retry is not None and self._last is not None:
@@ -698,22 +703,44 @@ class FixedLagEstimator:
             return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
 
     def _reseed_on_request(self, t, efforts, obs) -> Estimate:
-        """The window re-seeded, as `reinitialize` asked, at the last estimate's time from the position solved
-        there (with that time's readings and efforts, the last velocity and efforts), then advanced to t as
-        usual: the same estimates as re-seeding at the request."""
+        """The window re-seeded as `reinitialize` asked (`_reseed_at_last`), then advanced to t as usual."""
+        self._reseed_at_last()
+        return self._advance_after_reseed(t, efforts, obs)
+
+    def _reseed_at_last(self):
+        """The new window at the last estimate's time from the position `reinitialize` solved there (with
+        that time's readings and efforts, the last velocity and efforts)."""
         (q, obs_then, efforts_then), self._reseed = self._reseed, None
         last = self._last
-        message = "re-initialized on request"
         self._initialize(last.t, efforts_then, obs_then, q_guess=q, v_guess=last.v,
                          tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                         status="initialized", message=message, prior_sigmas=self._marginal_sigmas(),
+                         status="initialized", message=self.REINITIALIZED, prior_sigmas=self._marginal_sigmas(),
                          fix_readings=False)
+        self._reseeded = True
+
+    def _advance_after_reseed(self, t, efforts, obs) -> Estimate:
+        self._reseeded = False
+        message = self.REINITIALIZED
         if t - self._t <= 1e-9 * self.config.dt:
             return self._last
         try:
             return self._advance_to(t, efforts, obs, "initialized", [message])
         except _Resync as why:
             return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
+
+    def apply_reinitialization(self) -> bool:
+        """Re-seed the window now if `reinitialize` asked for it, instead of at the next step: a caller that
+        has answered the request runs this in its idle time, so that the next step costs no more than
+        usual.  The same estimates either way; returns whether anything was done; never raises (a
+        failure re-seeds at the last estimate at the next step)."""
+        if self._reseed is None or self._last is None:
+            return False
+        try:
+            self._reseed_at_last()
+        except Exception as exc:
+            self._window = None
+            self._retry = f"{type(exc).__name__}: {exc}"
+        return True
 
     def _marginal_sigmas(self):
         """(σ_q, σ_q̇) per coordinate of the newest state in the current window (its marginal), or None.  A

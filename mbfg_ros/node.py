@@ -892,9 +892,12 @@ class EstimatorNode(Node):
         self.get_logger().info(f"reset: {reason}")
 
     def _reinitialize(self, assembly_mode):
-        """Re-solve the position problem from the latest inputs on `assembly_mode`; (mode, residual)."""
+        """Re-solve the position problem from the latest estimate on `assembly_mode`; (mode, residual).  The
+        window is re-seeded by the fast loop right after the reply goes out (else by the next step)."""
         mode, residual = self.estimator.reinitialize(assembly_mode=assembly_mode)
         self.events["reinitializations"] += 1
+        if self._loop is not None and self._fast:
+            self._loop.call_soon(self.estimator.apply_reinitialization)
         return mode, residual
 
     def _branch_text(self, mode) -> str:
@@ -919,7 +922,7 @@ class EstimatorNode(Node):
             return response
         response.success = True
         response.message = (f"re-initialized on branch {self._branch_text(mode)}; |Phi| = {residual:.3g}; the window "
-                            f"is re-seeded at the next step (in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
+                            f"is re-seeded before the next estimate (in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
         self.get_logger().info(response.message)
         return response
 
@@ -997,8 +1000,8 @@ class EstimatorNode(Node):
                     self._warn_kind("bad_assembly_mode", reason)
                     return SetParametersResult(successful=False, reason=reason)
                 self._last_branch_message = (f"re-initialized on branch {self._branch_text(mode)}; "
-                                             f"|Phi| = {residual:.3g}; the window is re-seeded at the next step "
-                                             f"(in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
+                                             f"|Phi| = {residual:.3g}; the window is re-seeded before the next "
+                                             f"estimate (in {(time.perf_counter() - t0) * 1e3:.2f} ms)")
             else:
                 self._last_branch_message = (f"branch {self._branch_text(am or ())} will be used at the next "
                                              "initialization")

@@ -694,3 +694,28 @@ def test_repeated_reinitialization_keeps_the_accuracy():
                 est.reinitialize()
         worst[every] = max(err[40:])
     assert worst[48] < 2.0 * worst[0], worst
+
+
+def test_reinitialization_applied_before_the_next_step_gives_the_same_estimates(crank, driven):
+    """`apply_reinitialization` (the node runs it right after answering the request) re-seeds the window
+    at once; the next step then only advances it: the same estimates as leaving it all to that step."""
+    outs = {}
+    for apply_now in (False, True):
+        rng = np.random.default_rng(0)
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="fused"))
+        out = []
+        for k, t in enumerate(driven.t[:400]):
+            obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
+            out.append(est.step(t, efforts=[driven.tau[k]], observations=obs))
+            if k in (150, 300):
+                est.reinitialize(assembly_mode=(1,) if k == 150 else (-1,))
+                if apply_now:
+                    assert est.apply_reinitialization() is True
+                    assert est.apply_reinitialization() is False     # done: nothing pending
+        outs[apply_now] = out
+    for a, b in zip(outs[False], outs[True]):
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.v, b.v) and a.status == b.status
+    assert outs[True][151].status == "initialized" and "re-initialized on request" in outs[True][151].message
+    assert tuple(outs[True][200].assembly_mode) == (1,) and tuple(outs[True][350].assembly_mode) == (-1,)
+    est = FixedLagEstimator(crank, EstimatorConfig())
+    assert est.apply_reinitialization() is False             # nothing requested
