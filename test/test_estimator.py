@@ -227,11 +227,14 @@ def driven():
     return R.simulate(2.0, 1e-3, 9.81, torque)
 
 
-def _estimate_driven(crank, driven, config, every=1, seed=0, efforts=False, sensors=("crank",)):
+def _estimate_driven(crank, driven, config, every=1, seed=0, efforts=False, sensors=("crank",), steps=None,
+                     after_step=None):
+    """The driven crank four-bar estimated from noisy readings (every `every`-th step); `after_step(est, k)`
+    is called after each step (e.g. to request a re-initialization)."""
     rng = np.random.default_rng(seed)
     est = FixedLagEstimator(crank, config)
     out = []
-    for k, t in enumerate(driven.t):
+    for k, t in enumerate(driven.t[:steps]):
         obs = {}
         if k % every == 0:
             if "crank" in sensors:
@@ -240,6 +243,8 @@ def _estimate_driven(crank, driven, config, every=1, seed=0, efforts=False, sens
                 w = crank.body_angular_rate(1, driven.q_crank()[k], driven.v_crank()[k])
                 obs["coupler_gyro"] = w + 1e-2 * rng.standard_normal()
         out.append(est.step(t, efforts=[driven.tau[k]] if efforts else None, observations=obs))
+        if after_step is not None:
+            after_step(est, k)
     return est, out
 
 
@@ -649,18 +654,15 @@ def test_reinitialize_on_the_same_branch_does_not_disturb_the_estimates(crank, d
     """A requested re-initialization on the current branch (the node's ~/reinitialize) re-seeds the window
     at the last estimate and advances it: the estimates after it stay within the noise of those of an
     undisturbed run, and the ones before are untouched."""
+    def request_at_300(est, k):
+        if k == 300:
+            mode, residual = est.reinitialize()
+            assert mode == (-1,) and residual < 1e-9
+
     runs = {}
-    for request in (None, 300):
-        rng = np.random.default_rng(0)
-        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="fused"))
-        out = []
-        for k, t in enumerate(driven.t[:600]):
-            obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
-            out.append(est.step(t, efforts=[driven.tau[k]], observations=obs))
-            if k == request:
-                mode, residual = est.reinitialize()
-                assert mode == (-1,) and residual < 1e-9
-        runs[request] = out
+    for request, hook in ((None, None), (300, request_at_300)):
+        runs[request] = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode="fused"), efforts=True,
+                                         steps=600, after_step=hook)[1]
     plain, reseeded = runs[None], runs[300]
     assert reseeded[301].status == "initialized" and "re-initialized on request" in reseeded[301].message
     assert all(e.status == "ok" for e in reseeded[302:])
@@ -701,18 +703,14 @@ def test_reinitialization_applied_before_the_next_step_gives_the_same_estimates(
     at once; the next step then only advances it: the same estimates as leaving it all to that step."""
     outs = {}
     for apply_now in (False, True):
-        rng = np.random.default_rng(0)
-        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode="fused"))
-        out = []
-        for k, t in enumerate(driven.t[:400]):
-            obs = {"crank": driven.theta[k] + 1e-3 * rng.standard_normal()}
-            out.append(est.step(t, efforts=[driven.tau[k]], observations=obs))
+        def switch_branches(est, k):
             if k in (150, 300):
                 est.reinitialize(assembly_mode=(1,) if k == 150 else (-1,))
                 if apply_now:
                     assert est.apply_reinitialization() is True
                     assert est.apply_reinitialization() is False     # done: nothing pending
-        outs[apply_now] = out
+        outs[apply_now] = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode="fused"), efforts=True,
+                                           steps=400, after_step=switch_branches)[1]
     for a, b in zip(outs[False], outs[True]):
         assert np.array_equal(a.q, b.q) and np.array_equal(a.v, b.v) and a.status == b.status
     assert outs[True][151].status == "initialized" and "re-initialized on request" in outs[True][151].message
