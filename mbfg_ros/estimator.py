@@ -315,11 +315,9 @@ class FixedLagEstimator:
         last = self._last
         if last is None:
             q_guess = self._initial_guess()
-        else:
-            q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
-        if last is None:
             fixed = self._fix_readings(q_guess, self._last_obs)
         else:
+            q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
             # the observed coordinates held at their estimates: they already fuse the readings, whose raw
             # values would put the reading noise into the re-seeded window
             fixed = self._fix_readings(q_guess.copy(), self._last_obs)
@@ -666,7 +664,7 @@ class FixedLagEstimator:
     def _step(self, t, efforts, obs) -> Estimate:
         self._last_obs.update(obs)
         if self._reseed is not None and self._last is not None:
-            return self._reseed_on_request(t, efforts, obs)
+            self._reseed_at_last()
         if self._reseeded and self._window is not None:
             return self._advance_after_reseed(t, efforts, obs)
         if self._window is None:
@@ -697,15 +695,13 @@ class FixedLagEstimator:
         if nsub > self.config.max_substeps:
             return self._initialize_from_last(t, efforts, obs, "initialized",
                                               f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
+        return self._advance_or_resync(t, efforts, obs, "ok", [])
+
+    def _advance_or_resync(self, t, efforts, obs, status, messages) -> Estimate:
         try:
-            return self._advance_to(t, efforts, obs, "ok", [])
+            return self._advance_to(t, efforts, obs, status, messages)
         except _Resync as why:
             return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
-
-    def _reseed_on_request(self, t, efforts, obs) -> Estimate:
-        """The window re-seeded as `reinitialize` asked (`_reseed_at_last`), then advanced to t as usual."""
-        self._reseed_at_last()
-        return self._advance_after_reseed(t, efforts, obs)
 
     def _reseed_at_last(self):
         """The new window at the last estimate's time from the position `reinitialize` solved there (with
@@ -720,13 +716,9 @@ class FixedLagEstimator:
 
     def _advance_after_reseed(self, t, efforts, obs) -> Estimate:
         self._reseeded = False
-        message = self.REINITIALIZED
         if t - self._t <= 1e-9 * self.config.dt:
             return self._last
-        try:
-            return self._advance_to(t, efforts, obs, "initialized", [message])
-        except _Resync as why:
-            return self._initialize_from_last(t, efforts, obs, "recovered", f"{why}: re-initialized from the readings")
+        return self._advance_or_resync(t, efforts, obs, "initialized", [self.REINITIALIZED])
 
     def apply_reinitialization(self) -> bool:
         """Re-seed the window now if `reinitialize` asked for it, instead of at the next step: a caller that
@@ -754,8 +746,7 @@ class FixedLagEstimator:
             return None
         sl = self.layout.slices
         d = np.sqrt(np.clip(np.diagonal(P), 0.0, None))
-        floor = np.array([self.sigmas["prior_q0"], self.sigmas["prior_v0"]])
-        sq, sv = np.maximum(d[sl["q"]], floor[0]), np.maximum(d[sl["v"]], floor[1])
+        sq, sv = np.maximum(d[sl["q"]], self.sigmas["prior_q0"]), np.maximum(d[sl["v"]], self.sigmas["prior_v0"])
         if not (np.isfinite(sq).all() and np.isfinite(sv).all()):
             return None
         return sq, sv
