@@ -271,14 +271,12 @@ class StepModel:
         # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
-        # distinct layout: per unit its slots, its residual rows, its weights and the views of the blocks it
-        # writes, made once (slicing at every linearization was a visible share of a 1-kHz step)
-        self._views = None
-        if self._all_distinct:
-            self._views = [(u, slots, self.r[row:row + u.dim], w, w[:, None],
-                            [(self.A_cur if which else self.A_prev)[row:row + u.dim, cols] for which, cols in slots],
-                            last)
-                           for (u, row, w, slots, _), last in zip(self._plan, self._last_J)]
+        # per unit: its slots, its residual rows, its weights, the views of the blocks it writes (made once:
+        # slicing at every linearization was a visible share of a 1-kHz step), whether those are distinct
+        self._views = [(u, slots, self.r[row:row + u.dim], w, w[:, None],
+                        [(self.A_cur if which else self.A_prev)[row:row + u.dim, cols] for which, cols in slots],
+                        last, distinct)
+                       for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J)]
 
     def whitened_rows(self, unit) -> np.ndarray:
         """The rows of a (non-static) `unit` in the last linearization's whitened residual (a view of the
@@ -313,31 +311,19 @@ class StepModel:
             for last in self._last_J:
                 last[:] = [None] * len(last)
         mul = np.multiply
-        views = self._views
-        if views is not None:        # every block of these rows is overwritten; the others stay zero
-            for u, slots, r_rows, w, wc, outs, last in views:
-                e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
-                mul(e, w, out=r_rows)
+        for u, slots, r_rows, w, wc, outs, last, distinct in self._views:
+            e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
+            mul(e, w, out=r_rows)
+            if distinct:         # every block of these rows is overwritten; the others stay zero
                 i = 0
                 for J in Js:
                     if J is not last[i]:
                         mul(J, wc, out=outs[i])
                         last[i] = J
                     i += 1
-            return A_prev, A_cur, r
-        for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J):
-            d = u.dim
-            e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
-            mul(e, w, out=r[row:row + d])
-            wc = w[:, None]
-            if distinct:         # every block of these rows is overwritten; the others stay zero
-                for i, ((which, cols), J) in enumerate(zip(slots, Js)):
-                    if J is not last[i]:
-                        mul(J, wc, out=(A_cur if which else A_prev)[row:row + d, cols])
-                        last[i] = J
-            else:
-                for (which, cols), J in zip(slots, Js):
-                    (A_cur if which else A_prev)[row:row + d, cols] += J * wc
+            else:                # (blocks shared by several slots: the sum of their terms)
+                for out, J in zip(outs, Js):
+                    out += J * wc
         return A_prev, A_cur, r
 
     def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
