@@ -444,8 +444,9 @@ class _Builder:
             local["I0"] = inertia
             cog_raw = self.list_(entry["cog"], f"{path}.cog", "coordinates [x, y]", exact=2)
             cog = (self.expr(cog_raw[0], f"{path}.cog[0]", local), self.expr(cog_raw[1], f"{path}.cog[1]", local))
-            parallel = mass * (cog[0] ** 2 + cog[1] ** 2)
-            if inertia < parallel - 1e-9 * (1.0 + parallel):
+            # (products, not **: a huge cog must overflow to inf, which the check below reports, not raise)
+            parallel = mass * (cog[0] * cog[0] + cog[1] * cog[1])
+            if not math.isfinite(parallel) or inertia < parallel - 1e-9 * (1.0 + parallel):
                 self.fail(f"{path}.I0", f"I0 = {_fmt(inertia)} (about points[0]) is less than "
                                         f"mass*|cog|^2 = {_fmt(parallel)}, which the parallel-axis theorem forbids")
             bname = f"body{b}"

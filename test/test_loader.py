@@ -711,3 +711,13 @@ def test_messages_are_single_line_for_multiline_values():
     doc["planar_bodies"][0]["mass"] = "1 +\n\n 2 +"
     msg = error(doc)
     assert re.match(r"m\.yaml: planar_bodies\[0\]\.mass: bad syntax", msg)
+
+
+def test_huge_center_of_mass_is_a_clear_error():
+    """A cog far beyond floating-point squares (found by the fuzzer: cog x = 1.34e154) is reported by
+    the parallel-axis check, not as an internal OverflowError."""
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "mechanisms" / "pendulum.yaml").read_text())
+    doc["planar_bodies"][0]["cog"][0] = 1.3407807929942597e+154
+    with pytest.raises(MechanismError) as exc:
+        load_spec_from_string(yaml.safe_dump(doc), "huge.yaml")
+    assert "internal error" not in str(exc.value) and "parallel-axis" in str(exc.value)
