@@ -19,13 +19,17 @@ from .model import Mechanism
 RANK_TOL = 1e-9
 
 
+def _rank_split(Phi_q: np.ndarray, rank_tol: float):
+    """SVD of Φq (m ≥ 1 rows) and its numerical rank r: (U, s, Vt, r); Vt[r:] spans the null space."""
+    U, s, Vt = np.linalg.svd(Phi_q)
+    return U, s, Vt, int(np.sum(s > rank_tol * max(1.0, s[0])))
+
+
 def null_space_basis(Phi_q: np.ndarray, rank_tol: float = RANK_TOL) -> np.ndarray:
     """Orthonormal basis (columns) of the null space of Φq: the admissible motions (redundant rows allowed)."""
-    n = Phi_q.shape[1]
     if Phi_q.shape[0] == 0:
-        return np.eye(n)
-    _, s, Vt = np.linalg.svd(Phi_q)
-    r = int(np.sum(s > rank_tol * max(1.0, s[0])))
+        return np.eye(Phi_q.shape[1])
+    _, _, Vt, r = _rank_split(Phi_q, rank_tol)
     return Vt[r:].T
 
 
@@ -41,8 +45,7 @@ class ConstrainedSolver:
             self.V_r = np.zeros((n, 0))
             self.N = np.eye(n)
         else:
-            U, s, Vt = np.linalg.svd(Phi_q)
-            r = int(np.sum(s > rank_tol * max(1.0, s[0])))
+            U, s, Vt, r = _rank_split(Phi_q, rank_tol)
             self.rank = r
             self.U_r, self.s_r, self.V_r = U[:, :r], s[:r], Vt[:r].T
             self.N = Vt[r:].T
