@@ -77,6 +77,11 @@ DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_
                     "future_tolerance": float, "marker_period": float, "max_backlog": float,
                     "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool}
 
+def _new_period_stats() -> dict:
+    """What the hot path accumulates between two diagnostics reports."""
+    return {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
+
+
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
     "bad_message": "serialized message that does not decode as a JointState",
@@ -335,7 +340,6 @@ class EstimatorNode(Node):
         super().__init__(NODE_NAME, **kwargs)
         self._log_times: Dict[str, float] = {}
         self._lock = threading.RLock()
-        self._timer_idle = False         # the step timer is canceled until an input comes
         self._loop: Optional[fastloop.FastLoop] = None
         self._declare_and_load()
         self._setup_state()
@@ -509,7 +513,7 @@ class EstimatorNode(Node):
                        "solver_failures": 0, "overruns": 0, "skipped_steps": 0, "predicted_steps": 0, "steps": 0,
                        "late_readings_fused": 0,
                        "late_steps": 0}
-        self.period_stats = {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
+        self.period_stats = _new_period_stats()
         self.last_error = ""
         self.last_message = ""
         self._jump_pending: Optional[str] = None
@@ -730,7 +734,6 @@ class EstimatorNode(Node):
             # nothing received since the start or the last reset: no step can be due.  The timer sleeps
             # until an input comes (an idle node at 1 kHz cost 11 % of a core in empty wake-ups)
             self.step_timer.cancel()
-            self._timer_idle = True
             return False
         if self._fast:
             return self._pump(self._now_ns())
@@ -742,9 +745,8 @@ class EstimatorNode(Node):
         True if more are ready (the fast loop then comes back at once)."""
         self._check_time(now_ns)
         sched = self.sched
-        if self._timer_idle and sched.anchored:
+        if sched.anchored and self.step_timer.is_canceled():
             self.step_timer.reset()         # inputs again: steps (and predictions without inputs) are due
-            self._timer_idle = False
         if sched.anchored and self.p_max_backlog > 0 and sched.backlog_ns(now_ns) > self.p_max_backlog * NS:
             self._skip_ahead(now_ns)
         expected = self._expected_streams()
@@ -896,7 +898,7 @@ class EstimatorNode(Node):
         window is re-seeded by the fast loop right after the reply goes out (else by the next step)."""
         mode, residual = self.estimator.reinitialize(assembly_mode=assembly_mode)
         self.events["reinitializations"] += 1
-        if self._loop is not None and self._fast:
+        if self._loop is not None:
             self._loop.call_soon(self.estimator.apply_reinitialization)
         return mode, residual
 
@@ -1028,7 +1030,7 @@ class EstimatorNode(Node):
     def _on_diagnostics_timer(self):
         # published by the fast loop between two steps: built here, it would share the GIL with the hot
         # path for a few ms at every period (a burst of late steps)
-        if self._loop is not None and self._fast:
+        if self._loop is not None:
             self._loop.call_soon(self._publish_diagnostics)
         else:
             self._publish_diagnostics()
@@ -1051,8 +1053,7 @@ class EstimatorNode(Node):
         if ps["input_delay"]:
             d = np.array(ps["input_delay"]) / 1e6
             kv["input_delay_ms_median"], kv["input_delay_ms_max"] = float(np.median(d)), float(d.max())
-        status = (int.from_bytes(level, "little") if isinstance(level, bytes) else int(level),
-                  f"{self.get_fully_qualified_name()}: estimator", "; ".join(msgs) or kv["state"],
+        status = (level, f"{self.get_fully_qualified_name()}: estimator", "; ".join(msgs) or kv["state"],
                   self.mech.name, kv)
         self.pub_diag.publish(rc.encode_diagnostic_array(max(now, 0), [status]))
 
@@ -1060,7 +1061,7 @@ class EstimatorNode(Node):
         """(now, period statistics, key/values, level, messages) of the diagnostics (under the lock)."""
         now = self._now_ns()
         ps = self.period_stats
-        self.period_stats = {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
+        self.period_stats = _new_period_stats()
         dt = self.config.dt
         level, msgs = DiagnosticStatus.OK, []
         st = self.state

@@ -358,13 +358,14 @@ def _value_text(v) -> str:
 def encode_diagnostic_array(stamp_ns: int, statuses: Sequence[Tuple[int, str, str, str, Dict[str, object]]],
                             frame_id: str = "") -> bytes:
     """A `diagnostic_msgs/DiagnosticArray` serialized (CDR, little endian) straight from Python values:
-    statuses = [(level, name, message, hardware_id, {key: value})] (floats as %.6g, the rest str()).
+    statuses = [(level, name, message, hardware_id, {key: value})] (level an int or, as rclpy's
+    `DiagnosticStatus.OK` etc., one byte; floats as %.6g, the rest str()).
     rclpy's conversion of the message objects costs ~1–3 ms of Python for the node's ~60 key/values,
     which the hot path felt through the GIL at every diagnostics period; this takes ~0.1 ms.  The
     tests check it against rclpy's own serialization (equal but for the padding bytes, which rclpy
     leaves uninitialized and this writes as zeros)."""
     out = bytearray(b"\x00\x01\x00\x00")          # encapsulation: CDR little endian
-    u32 = struct.Struct("<I")
+    u32 = _LE
 
     def align4():
         pad = -(len(out) - 4) % 4                    # offsets count from after the encapsulation header
@@ -379,12 +380,12 @@ def encode_diagnostic_array(stamp_ns: int, statuses: Sequence[Tuple[int, str, st
         out.append(0)
 
     sec, nsec = divmod(int(stamp_ns), NS)
-    out.extend(struct.pack("<iI", sec, nsec))
+    out.extend(_STAMP["<"].pack(sec, nsec))
     string(frame_id)
     align4()
     out.extend(u32.pack(len(statuses)))
     for level, name, message, hardware_id, values in statuses:
-        out.append(int(level) & 0xFF)
+        out.append(level[0] if isinstance(level, bytes) else int(level) & 0xFF)
         string(name)
         string(message)
         string(hardware_id)

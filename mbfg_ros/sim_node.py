@@ -97,8 +97,7 @@ class SimNode(Node):
         self.plant = SimulatedPlant(self.mech, dt=self.dt, substeps=substeps, seed=seed, noise=noise,
                                     sensors=list(sensors) if sensors else None)
         self.sensor_names = [s.name for s in self.plant.sensors]
-        self.gyro = np.array([s.kind == "gyroscope" for s in self.plant.sensors])
-        self._gyro = self.gyro.tolist()
+        self._gyro = [s.kind == "gyroscope" for s in self.plant.sensors]
         self.n_total = int(round(self.duration / self.dt)) + 1 if self.duration > 0 else None
         n_ahead = self.n_total if self.n_total else max(1, int(round(self.lookahead / self.dt)))
         self.queue: Deque[PlantSample] = collections.deque()
