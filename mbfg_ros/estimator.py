@@ -637,7 +637,9 @@ class FixedLagEstimator:
         from the readings (the position problem with the encoder coordinates fixed) instead of adding a
         factor whose innovation no linearization could absorb.  After an outage of a sensor longer than
         ``outage_steps`` the prediction has run on the model alone, so a reading outside the gate
-        re-initializes at once rather than being rejected ``max_rejections`` times."""
+        re-initializes at once rather than being rejected ``max_rejections`` times; the same for the first
+        reading of a sensor that the window's seed had no reading of, when that seed was a guess (see
+        `_initialize`)."""
         gate = self.config.outlier_gate
         kept = []
         for u in units:
@@ -711,7 +713,7 @@ class FixedLagEstimator:
         self._initialize(last.t, efforts_then, obs_then, q_guess=q, v_guess=last.v,
                          tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
                          status="initialized", message=self.REINITIALIZED, prior_sigmas=self._marginal_sigmas(),
-                         fix_readings=False)
+                         fix_readings=False, from_estimate=True)
         self._reseeded = True
 
     def _advance_after_reseed(self, t, efforts, obs) -> Estimate:
@@ -806,7 +808,7 @@ class FixedLagEstimator:
         last = self._last
         self._initialize(last.t, self._last_efforts, {}, q_guess=last.q, v_guess=last.v,
                          tau_guess=last.efforts if self.has_tau else None, mode=self._mode,
-                         status=status, message="")
+                         status=status, message="", from_estimate=True)
         if t - self._t > 1e-9 * self.config.dt:
             est = self._advance_to(t, efforts, obs, status, [message])
         else:
@@ -1034,7 +1036,7 @@ class FixedLagEstimator:
 
     def _initialize(self, t, efforts, obs, q_guess=None, v_guess=None, tau_guess=None, mode=None,
                     status="initialized", message="", v_uncertain=False, prior_sigmas=None,
-                    fix_readings=True) -> Estimate:
+                    fix_readings=True, from_estimate=False) -> Estimate:
         mech, c, L = self.mech, self.config, self.layout
         q_guess = self._initial_guess() if q_guess is None else np.array(q_guess, dtype=float)
         fixed = self._fix_readings(q_guess if fix_readings else q_guess.copy(), obs)
@@ -1110,7 +1112,12 @@ class FixedLagEstimator:
                                       scope=self.relinearize_scope, check_interval=c.check_interval)
         self._k = 0
         self._step_times = {0: t}               # step index -> time, for the steps in the window
-        self._seen_k = {}
+        # A seed that is a guess (start-up, re-initialization after a gap or a disagreement) has not been
+        # confirmed by the sensors it had no reading of: the first reading of such a sensor that falls
+        # outside the gate re-initializes from the readings at once, as after an outage, instead of being
+        # refused max_rejections times while the guess drifts.  (A re-seed at an estimate keeps the gate.)
+        self._seen_k = {} if from_estimate or c.mode == "forward_dynamics" else {
+            u.name: -(c.outage_steps + 1) for name, u in self._sensor_units.items() if name not in obs}
         self._x = self._window.add_step(0, StepModel(L, units), x0)
         self._tau_first = list(self._tau_hist[-1:])
         self._a_prev, self._h_prev = None, c.dt

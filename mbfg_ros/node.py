@@ -7,8 +7,10 @@ each estimate; see docs/ros2_interfaces.md for the parameters, topics and servic
 Time grid.  The first accepted input after a (re)start anchors the grid t_k = t_0 + k·dt; every
 input is assigned to the nearest grid step.  Step k is estimated as soon as every input stream that
 is currently delivering at the timestep rate has delivered data for step k (so latency is one solve,
-not up to one timer period), or, at the latest, when the node clock reaches t_k + max_input_delay
-(a timer at dt on the node clock: outputs keep coming when inputs stop, as forward predictions).
+not up to one timer period), or, at the latest, when the node clock reaches t_k + the input wait
+(a timer at dt on the node clock: outputs keep coming when inputs stop, as forward predictions).  The
+wait is max_input_delay, longer while the inputs are seen arriving later (`adaptive_input_delay`):
+inputs that are only delayed are waited for rather than predicted over and then dropped as too old.
 Outputs are stamped t_k.  Inputs for steps already estimated are counted and dropped; inputs stamped
 before the last reset, in the future, or far from the node clock are rejected.
 
@@ -75,7 +77,10 @@ LISTENER_CHECK_NS = 50_000_000   # how often the outputs' subscriber counts are 
 # checked >= 0); the others (mode, sigmas, assembly_mode) have their own handling.
 DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_wait": float, "max_input_age": float,
                     "future_tolerance": float, "marker_period": float, "max_backlog": float,
-                    "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool}
+                    "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool,
+                    "adaptive_input_delay": bool}
+DELAY_MEMORY_NS = NS           # time constant of the inputs' recent largest delay (adaptive input wait)
+DELAY_FACTOR = 1.5             # the adaptive wait: this × the recent largest delay
 
 def _new_period_stats() -> dict:
     """What the hot path accumulates between two diagnostics reports."""
@@ -117,6 +122,19 @@ class Stream:
         self.last_stamp_ns: Optional[int] = None
         self.last_rx_ns: Optional[int] = None
         self.period_ns: Optional[float] = None
+        self.delay_hi_ns = 0.0       # largest recent delay (receipt − stamp), decaying (DELAY_MEMORY_NS)
+        self.delay_at_ns = 0
+
+    def note_delay(self, delay_ns: int, rx_ns: int):
+        """Every admitted input, on time or late: the late ones are what the adaptive wait learns from."""
+        self.delay_hi_ns = max(float(delay_ns), self.recent_delay_ns(rx_ns))
+        self.delay_at_ns = rx_ns
+
+    def recent_delay_ns(self, now_ns: int) -> float:
+        hi = self.delay_hi_ns
+        if hi <= 0.0:
+            return 0.0
+        return hi * math.exp(-max(0, now_ns - self.delay_at_ns) / DELAY_MEMORY_NS)
 
     def note(self, k: int, stamp_ns: int, rx_ns: int):
         if self.last_stamp_ns is not None and stamp_ns > self.last_stamp_ns:
@@ -144,6 +162,7 @@ class InputScheduler:
         self.max_input_age_ns = NS
         self.sensor_timeout_ns = NS // 10
         self.input_delay_ns = 2 * self.dt_ns
+        self.adaptive_input_delay = True
         self.startup_wait_ns = NS
         self.reset_stamp_ns = 0
         self.clear()
@@ -194,17 +213,18 @@ class InputScheduler:
     def _late_kind(self, k: int) -> str:
         return "late" if self.k_next - k <= self.window else "too_old"
 
-    def _step_of_input(self, stamp_ns: int, now_ns: int) -> Tuple[Optional[str], int]:
+    def _step_of_input(self, stamp_ns: int, now_ns: int, stream: Stream) -> Tuple[Optional[str], int]:
         """(why it is refused, or None; its grid step) for an input stamped stamp_ns received at now_ns."""
         bad = self._admit(stamp_ns, now_ns)
         if bad:
             return bad, -1
+        stream.note_delay(now_ns - stamp_ns, now_ns)
         if self.first_rx_ns is None:
             self.first_rx_ns = now_ns
         return None, self._k_of(stamp_ns)
 
     def add_observations(self, stamp_ns: int, values: Dict[str, float], now_ns: int) -> Optional[str]:
-        bad, k = self._step_of_input(stamp_ns, now_ns)
+        bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["observations"])
         if bad:
             return bad
         if k < self.k_next:
@@ -214,7 +234,7 @@ class InputScheduler:
         return None
 
     def add_efforts(self, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
-        bad, k = self._step_of_input(stamp_ns, now_ns)
+        bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["efforts"])
         if bad:
             return bad
         if k < self.k_next:
@@ -266,7 +286,18 @@ class InputScheduler:
             # an input the mode uses has not been heard from yet (e.g. its topic is still being
             # discovered): initializing without it would start from a guess
             return now_ns >= self.first_rx_ns + self.startup_wait_ns
-        return now_ns >= self.t_of(k) + self.input_delay_ns
+        return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
+
+    def wait_ns(self, now_ns: int, waited: Optional[List[Stream]] = None) -> int:
+        """How long after a step's time its missing inputs are waited for: `input_delay_ns`, or (adaptive)
+        DELAY_FACTOR × the largest recent delay of the waited inputs if longer, at most sensor_timeout (a
+        stream silent that long is not waited for at all)."""
+        base = self.input_delay_ns
+        if not self.adaptive_input_delay:
+            return base
+        streams = self.streams.values() if waited is None else waited
+        hi = max((s.recent_delay_ns(now_ns) for s in streams), default=0.0)
+        return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
 
     def pop(self, hold_missing: bool = True):
         """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
@@ -411,8 +442,13 @@ class EstimatorNode(Node):
             description="An input silent for longer raises a WARN; efforts older than this count as unknown [s]",
             floating_point_range=_float_range(0.0, 3600.0))).value
         self.p_max_input_delay = d("max_input_delay", 0.003, PD(
-            description="Longest wait for late inputs before a step is estimated without them [s]",
+            description="Wait for late inputs before a step is estimated without them (longer with "
+                        "adaptive_input_delay while the inputs arrive later) [s]",
             floating_point_range=_float_range(0.0, 10.0))).value
+        self.p_adaptive_input_delay = d("adaptive_input_delay", True, PD(
+            description="While inputs arrive later than max_input_delay (a loaded machine, a slow link), wait "
+                        f"{DELAY_FACTOR:g} x their largest recent delay (memory ~{DELAY_MEMORY_NS / NS:g} s, at most "
+                        "sensor_timeout) instead of predicting the step and dropping them as too old")).value
         self.p_startup_wait = d("startup_wait", 1.0, PD(
             description="After a (re)start, longest wait for every input the mode uses (its topic may still be "
                         "being discovered) before estimating without the missing ones [s]",
@@ -529,6 +565,7 @@ class EstimatorNode(Node):
         s.max_input_age_ns = int(self.p_max_input_age * NS)
         s.sensor_timeout_ns = int(self.p_sensor_timeout * NS)
         s.input_delay_ns = int(self.p_max_input_delay * NS)
+        s.adaptive_input_delay = bool(self.p_adaptive_input_delay)
         s.startup_wait_ns = int(self.p_startup_wait * NS)
 
     def _expected_streams(self):
@@ -774,7 +811,7 @@ class EstimatorNode(Node):
         """Estimation fell more than max_backlog behind the clock (solves slower than dt): jump to the newest
         data instead of queueing; the core re-seeds from its last estimate at the new time."""
         sched = self.sched
-        k_clock = (now_ns - sched.input_delay_ns - sched.t0_ns) // sched.dt_ns
+        k_clock = (now_ns - sched.wait_ns(now_ns) - sched.t0_ns) // sched.dt_ns
         newest = [s.last_k for s in sched.streams.values() if s.last_k is not None and s.last_k >= sched.k_next]
         target = int(min(max(newest), k_clock) if newest else k_clock)
         if target <= sched.k_next:
@@ -1088,6 +1125,7 @@ class EstimatorNode(Node):
             kv[f"rejected.{k}"] = v
         if self.sched.anchored:
             kv["next_step_time"] = self.sched.t_of(self.sched.k_next) / NS
+        kv["input_wait_ms"] = self.sched.wait_ns(now) / 1e6     # how long a missing input is waited for now
         kv["clock"] = now / NS
         for name, s in self.sched.streams.items():
             kv[f"input.{name}.received"] = s.total

@@ -547,6 +547,31 @@ def test_gap_longer_than_max_substeps_reinitializes_on_the_extrapolation(crank, 
     assert err_theta < 5e-3 and err_omega < 0.3, (err_theta, err_omega)
 
 
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_reading_after_a_seed_without_readings_reinitializes_at_once(crank, driven, mode):
+    """The overload skip lands on a step without readings (they were dropped with the skipped steps), so the
+    re-seed is the extrapolated guess; after 30 more steps without readings (the torque unknown in
+    estimation mode, held at its last value in fused mode) the first reading outside the gate re-initializes
+    from the readings at once (that sensor had not confirmed the guess) instead of being rejected
+    max_rejections times while the guess drifts on."""
+    est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode=mode, max_substeps=1))
+    out = {}
+    for k in [k for k in range(900) if not 400 <= k < 600]:
+        obs = {} if 600 <= k < 630 else {"crank": driven.theta[k]}
+        efforts = [driven.tau[min(k, 400)]] if mode == "fused" else None     # held during the outage
+        out[k] = est.step(driven.t[k], efforts=efforts, observations=obs)
+    assert "gap of" in out[600].message
+    disagreed = [k for k in range(630, 900) if "disagreed" in out[k].message]
+    assert disagreed == [630] and "without a reading" in out[630].message and out[630].status == "recovered"
+    assert not any("rejected" in out[k].message for k in range(600, 900))
+    assert max(abs(out[k].q[4] - driven.theta[k]) for k in range(630, 900)) < 5e-3
+    # a re-seed at an estimate keeps the gate: a glitch right after it is rejected, not believed
+    est.reinitialize()
+    e = est.step(driven.t[900], efforts=[driven.tau[900]] if mode == "fused" else None,
+                 observations={"crank": driven.theta[900] + 0.5})
+    assert "rejected" in e.message and e.status != "recovered"
+
+
 def test_late_readings_inside_the_window_are_fused(crank, driven):
     """Encoder readings that arrive 5 steps after their step was estimated become factors on that step:
     the observer tracks nearly as well as with readings on time (without them it would only predict, the

@@ -54,6 +54,43 @@ def test_missing_input_is_waited_for_at_most_the_input_delay():
     assert k == 3 and eff.tolist() == [1.0]                              # the command is held (zero-order hold)
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
+    """Inputs arriving 8 ms after their stamps (a loaded machine, a slow link; the estimator window is
+    5 steps): with the adaptive wait a step whose readings are missing is held 1.5 × 8 = 12 ms instead of
+    the 3 ms max_input_delay, so the readings still make it; without it the step is predicted at 3 ms and
+    the readings are dropped as too old.  Once the delays are over, the wait decays back (~1 s memory), and it
+    never exceeds sensor_timeout."""
+    s = scheduler()
+    s.adaptive_input_delay = adaptive
+    assert s.wait_ns(T0) == 3 * MS
+    late = 8 * MS
+    for k in range(20):
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS + late)
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS + late)
+        assert s.ready(T0 + k * MS + late, EXPECTED)
+        s.pop()
+    # step 20: the command comes on time, the readings are 8 ms late as before
+    t20 = T0 + 20 * MS
+    s.add_efforts(t20, np.array([1.0]), now_ns=t20 + 100_000)
+    assert not s.ready(t20 + 3 * MS, EXPECTED) if adaptive else s.ready(t20 + 3 * MS, EXPECTED)
+    if adaptive:
+        assert 11.9 * MS < s.wait_ns(t20 + 3 * MS) <= 12 * MS
+        assert s.add_observations(t20, {"crank": 0.0}, now_ns=t20 + late) is None
+        k, _, obs = s.pop()
+        assert k == 20 and obs == {"crank": 0.0}
+    else:
+        for _ in range(7):               # predicted one after the other; their readings come too late
+            s.pop()
+        assert s.add_observations(t20, {"crank": 0.0}, now_ns=t20 + late) == "too_old"
+    # the delays end: the wait decays back to max_input_delay within a few seconds
+    t = t20 + 3_000 * MS
+    assert s.wait_ns(t) == 3 * MS
+    # a huge delay is waited for at most sensor_timeout
+    s.add_observations(t - 500 * MS, {"crank": 0.0}, now_ns=t)
+    assert s.wait_ns(t) == (100 * MS if adaptive else 3 * MS)
+
+
 def test_commands_are_held_until_the_sensor_timeout_and_unknown_after():
     s = scheduler(n_actuators=2)
     s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0)
