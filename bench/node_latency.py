@@ -11,7 +11,12 @@ more than dt after the input stamp), the node's mean solve time, the estimation 
 truth, and the CPU share of each process.  `--overhead` also measures the node's own per-step cost
 (message parsing, scheduling, publishing) with the estimator replaced by a no-op, without DDS.
 
-Numbers depend heavily on the machine and its load: run it on an otherwise idle machine.
+Numbers depend heavily on the machine and its load: run it on an otherwise idle machine.  To measure
+a loaded one on purpose, `--busy N` runs N busy-looping processes during each case (and `--param
+NAME=VALUE` passes estimator parameters), e.g. the adaptive input wait against the fixed one:
+
+    python bench/node_latency.py --cases four_bar_1ms --duration 8 --busy 2
+    python bench/node_latency.py --cases four_bar_1ms --duration 8 --busy 2 --param adaptive_input_delay=false
 """
 
 from __future__ import annotations
@@ -107,16 +112,30 @@ def main(argv=None) -> int:
     ap.add_argument("--services", type=int, default=0, metavar="N",
                     help="also call ~/reinitialize and ~/set_assembly_mode N times during each run and report "
                          "their response times (those runs' latencies include the re-initializations)")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="another estimator parameter, as for -p NAME:=VALUE (repeatable), e.g. "
+                         "adaptive_input_delay=false")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="run N busy-looping processes during each case (a loaded machine: the inputs arrive "
+                         "late and the node competes for the cores)")
     a = ap.parse_args(argv)
+    import subprocess
     import numpy as np
-    from mbfg_ros.demo import run_demo
+    from mbfg_ros.demo import parse_params, run_demo
+    params = parse_params(a.param, ap.error)
     rows = []
     for name in a.cases.split(","):
         c = CASES[name.strip()]
         print(f"=== {name}")
         plot = str(Path(a.plots) / f"node_latency_{name}.png") if a.plots else None
-        r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
-                     service_calls=a.services)
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+        try:
+            r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
+                         service_calls=a.services, params=params)
+        finally:
+            for b in busy:
+                b.kill()
+                b.wait()
         rows.append((name, r))
     lines = ["| case | mode | dt | output rate | missing | latency to publish median / p99 / max | "
              "to a subscriber median / p99 | late steps | "
@@ -150,6 +169,10 @@ def main(argv=None) -> int:
         table += f"\n\nNode overhead per step (no estimator, no DDS): {node_overhead():.0f} µs"
     load = os.getloadavg()
     table += f"\n\n{os.cpu_count()} CPUs, load average before/after: {load[0]:.2f} (1 min)"
+    if a.busy:
+        table += f"; {a.busy} busy-looping process(es) competing during each case"
+    if params:
+        table += f"; estimator parameters {params}"
     print(table)
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)

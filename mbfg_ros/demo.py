@@ -278,6 +278,18 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
     return res
 
 
+def parse_params(items, error) -> Dict[str, str]:
+    """`--param NAME=VALUE` arguments as {NAME: VALUE} (the node parses the value as -p NAME:=VALUE);
+    `error(message)` for a malformed one."""
+    params = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            error(f"--param expects NAME=VALUE (got {item!r})")
+        params[name.strip()] = value
+    return params
+
+
 def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
     import yaml
     from .model import load_mechanism
@@ -438,12 +450,7 @@ def main(argv=None) -> int:
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                     help="another estimator parameter, as for -p NAME:=VALUE (repeatable)")
     a = ap.parse_args(argv)
-    params = {}
-    for item in a.param:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            ap.error(f"--param expects NAME=VALUE (got {item!r})")
-        params[name.strip()] = value
+    params = parse_params(a.param, ap.error)
     try:
         import rclpy  # noqa: F401
     except ImportError:

@@ -331,6 +331,41 @@ def test_late_readings_are_fused_inside_the_window_and_dropped_outside(shared, m
         f.stop()
 
 
+def test_inputs_that_arrive_late_are_waited_for(shared, mech, traj):
+    """Every input arrives 80 ms after its stamp (a slow link, a loaded sender): longer than the window
+    (10 steps of 4 ms) plus max_input_delay (30 ms).  With adaptive_input_delay (default) the node waits
+    min(1.5 × 80 ms, sensor_timeout = 100 ms) for them and estimates from them; without it, each step is
+    predicted after 30 ms and its inputs are then dropped as too old."""
+    est, probe = shared
+    delay_ns = 80_000_000
+    runs = {}
+    try:
+        for adaptive in (True, False):
+            assert probe.set_params({"adaptive_input_delay": adaptive})[0].successful
+            _reset(probe)
+            before = probe.wait_diag(lambda d: "predicted_steps" in d, 3.0)
+            f = Feeder(probe, traj.head(250), DT, mech, t_start_ns=time.time_ns() - delay_ns).start()
+            f.join()
+            time.sleep(0.2)
+            after = probe.wait_diag(lambda d: True, 3.0)
+            st, q, v, a, Q, recv = _state_arrays(probe)
+            inside = (st >= f.stamps[0]) & (st <= f.stamps[-1])
+            E = _errors(f, traj, mech, st[inside], q[inside], v[inside], Q[inside], skip_s=0.2)
+            runs[adaptive] = dict(
+                predicted=int(after["predicted_steps"]) - int(before["predicted_steps"]),   # (+ after the feed)
+                dropped=sum(int(after[k]) - int(before[k]) for k in ("rejected.too_old", "rejected.late")),
+                crank=float(np.percentile(E[:, 0], 95)) if len(E) else math.inf,
+                wait=float(after["input_wait_ms"]))
+    finally:
+        probe.set_params({"adaptive_input_delay": True})
+    on, off = runs[True], runs[False]
+    print(f"\n  adaptive: {on}\n  fixed:    {off}")
+    assert 90.0 < on["wait"] <= 100.0 and off["wait"] == pytest.approx(30.0)
+    assert on["dropped"] < 10 and on["crank"] < 5e-3
+    assert off["predicted"] > 150 and off["dropped"] > 150 and off["crank"] > 0.05
+    assert est.alive()
+
+
 def test_effort_array_input_and_mode_change(shared, mech, traj):
     """Commands as a Float64MultiArray (forward_command_controller); `mode` is dynamic (restarts)."""
     from std_msgs.msg import Float64MultiArray
