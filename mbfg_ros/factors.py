@@ -297,6 +297,44 @@ class Prior(Factor):
         return e, [self._J]
 
 
+class CorrelatedPrior(Factor):
+    """A Gaussian prior on several blocks jointly: e = R (x − mean), x = the blocks stacked in slot order and
+    R a square root of the information (Rᵀ R = P⁻¹), so e is whitened already (unit sigmas).  Jacobians:
+    R's column blocks."""
+
+    linear = True
+
+    params = ('mean',)
+
+    def __init__(self, blocks: Sequence[str], sizes: Sequence[int], mean, sqrt_information):
+        self.mean = np.array(mean, dtype=float).reshape(-1)
+        R = np.array(sqrt_information, dtype=float)
+        sizes = [int(z) for z in sizes]
+        if len(sizes) != len(blocks) or sum(sizes) != self.mean.size or R.shape != (self.mean.size,) * 2:
+            raise ValueError(f"CorrelatedPrior: blocks {list(blocks)} of sizes {sizes}, a mean of "
+                             f"{self.mean.size} and a {R.shape} square root of the information do not match")
+        if not np.isfinite(R).all():
+            raise ValueError("CorrelatedPrior: non-finite square root of the information")
+        self.slots = tuple(blocks)
+        self.dim = self.mean.size
+        self.sigmas = np.ones(self.dim)
+        self._R = R
+        ends = np.cumsum(sizes)
+        self._J = [R[:, b - z:b].copy() for z, b in zip(sizes, ends)]
+        self.name = f"prior({', '.join(blocks)})"
+
+    @classmethod
+    def from_covariance(cls, blocks: Sequence[str], sizes: Sequence[int], mean, P, floor: float) -> "CorrelatedPrior":
+        """The prior of covariance P, its eigenvalues raised to at least floor² (never tighter than that: a
+        marginal of a constrained state is nearly singular across the constraints)."""
+        lam, V = np.linalg.eigh(0.5 * (P + P.T))
+        lam = np.maximum(lam, floor * floor)
+        return cls(blocks, sizes, mean, (V / np.sqrt(lam)).T)
+
+    def evaluate(self, *blocks, ctx=None):
+        return self._R.dot(np.concatenate(blocks) - self.mean), self._J
+
+
 class _TwoStep(Factor):
     linear = True
     static = True       # affine, zero offset, parameters fixed at construction

@@ -701,16 +701,18 @@ def test_reinitialize_on_the_same_branch_does_not_disturb_the_estimates(crank, d
 
 
 def test_repeated_reinitialization_keeps_the_accuracy():
-    """Re-initializing the robot every 48 steps (0.24 s) on its branch: the re-seed holds the observed
-    coordinates at their estimates (not at the raw readings) under the estimate's marginal sigmas, so the
-    error stays near that of an undisturbed run (measured 6.4 vs 3.9 mm max; 14 mm when the raw readings
-    were re-fixed under the tight prior_q0)."""
+    """Re-initializing the robot every 20 steps (0.1 s) on its branch costs no accuracy: the estimate is
+    projected onto the constraints and the re-seed keeps the (q, q̇) correlations of its marginal
+    (measured: max error 3.7 vs 3.9 mm undisturbed, RMS 1.6 vs 1.9 mm).  Before: the observed coordinates
+    were held at their estimates under per-coordinate sigmas, and near a singular pose the platform jumped
+    15 mm at a re-initialization and stayed there (max 15.6 mm, RMS 5.4 mm); with the raw readings re-fixed
+    under the tight prior_q0, worse still."""
     from mbfg_ros.plant import SimulatedPlant
     robot = load_mechanism("pick_and_place_robot")
     plant = SimulatedPlant(robot, dt=5e-3, seed=1)
     samples = [plant.step() for _ in range(600)]
-    worst = {}
-    for every in (0, 48):
+    worst, rms = {}, {}
+    for every in (0, 20):
         est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused",
                                                        sensor_sigmas={"motor1": 1e-3, "motor2": 1e-3}))
         err = []
@@ -718,9 +720,9 @@ def test_repeated_reinitialization_keeps_the_accuracy():
             e = est.step(s.t, s.efforts, s.readings)
             err.append(np.abs(e.q - s.q).max())
             if every and k % every == every - 1:
-                est.reinitialize()
-        worst[every] = max(err[40:])
-    assert worst[48] < 2.0 * worst[0], worst
+                assert est.reinitialize()[1] < 1e-9
+        worst[every], rms[every] = max(err[40:]), float(np.sqrt(np.mean(np.square(err[40:]))))
+    assert worst[20] < 1.2 * worst[0] and rms[20] < 1.2 * rms[0], (worst, rms)
 
 
 def test_reinitialization_applied_before_the_next_step_gives_the_same_estimates(crank, driven):

@@ -74,6 +74,7 @@ def all_units(mech, s, rng):
         F.SoftEquality("q", n), F.SoftEquality("q", n, offset=rng.standard_normal(n)),
         F.ObservedCoordinate(mech, 0, 0, 0.3), F.ObservedCoordinate(mech, 1, 1, 0.3),
         F.ObservedCoordinate(mech, n - 1, 2, 0.3),
+        F.CorrelatedPrior(("q", "v"), (n, n), rng.standard_normal(2 * n), rng.standard_normal((2 * n, 2 * n))),
     ]
     units += [F.Gyroscope(mech, b, 0.7) for b in range(len(mech.spec.bodies))]
     units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in mech.sensors if sensor.kind == "encoder"]
@@ -94,6 +95,28 @@ def test_jacobians_match_finite_differences(mech):
                 Jn = fd_jacobian(unit, blocks, i)
                 scale = max(1.0, np.abs(Jn).max(initial=0.0))
                 assert np.abs(J - Jn).max(initial=0.0) <= 1e-6 * scale, (mech.name, unit.name, unit.slots[i])
+
+
+def test_correlated_prior_is_whitened_by_its_covariance():
+    """CorrelatedPrior.from_covariance: e = R (x − mean) has unit covariance when x ~ N(mean, P) (R P Rᵀ = I),
+    so its cost is the Mahalanobis distance; eigenvalues below floor² are raised to it (a nearly singular
+    marginal never makes an infinitely tight prior); inconsistent shapes are refused."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((5, 5))
+    P = A @ A.T + 0.1 * np.eye(5)
+    mean = rng.standard_normal(5)
+    u = F.CorrelatedPrior.from_covariance(("q", "v"), (3, 2), mean, P, floor=1e-6)
+    R = np.hstack(u._J)
+    np.testing.assert_allclose(R @ P @ R.T, np.eye(5), atol=1e-9)
+    x = rng.standard_normal(5)
+    e, _ = u.evaluate(x[:3], x[3:])
+    assert e @ e == pytest.approx((x - mean) @ np.linalg.solve(P, x - mean), rel=1e-9)
+    assert np.array_equal(u.sigmas, np.ones(5)) and u.linear and u.slots == ("q", "v")
+    v = np.array([1.0, 1.0, 0.0]) / np.sqrt(2.0)              # a rank-2 covariance: singular along v
+    w = F.CorrelatedPrior.from_covariance(("q",), (3,), np.zeros(3), np.eye(3) - np.outer(v, v), floor=1e-3)
+    assert np.linalg.norm(w.evaluate(v)[0]) == pytest.approx(1e3, rel=1e-9)
+    with pytest.raises(ValueError, match="do not match"):
+        F.CorrelatedPrior(("q", "v"), (3, 3), np.zeros(5), np.eye(5))
 
 
 def test_jerk_factor_exact_blocks_and_documented_approximation(mech):
