@@ -206,6 +206,8 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
     """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc).
     With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating, on
     the current branch) are spread over the run and their response times reported."""
+    from .model import load_mechanism
+    mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
                                                    else "pick_and_place.yaml")
     domain_id = domain_id if domain_id is not None else random.randint(1, 100)
@@ -249,9 +251,7 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         window = max(0.2, 0.6 * duration)
         services = None
         if service_calls:
-            from .model import load_mechanism
-            one_indicator = len(load_mechanism(mechanism).assembly_mode_names) == 1
-            services = rec.call_services(service_calls, window, set_mode=one_indicator)
+            services = rec.call_services(service_calls, window, set_mode=len(mech.assembly_mode_names) == 1)
         time.sleep(max(0.0, w0 + window - time.monotonic()))
         cpu1 = {k: _cpu_seconds(p) for k, p in pids.items()}
         w1 = time.monotonic()
@@ -263,7 +263,7 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
         if sim is not None:
             codes["plant"] = _stop(sim)
         rec.close()
-    res = _analyse(rec, mechanism, cfg, dt, duration)
+    res = _analyse(rec, mech, cfg, dt, duration)
     res["cpu_share"] = cpu
     if services is not None:
         res["services"] = services
@@ -290,10 +290,15 @@ def parse_params(items, error) -> Dict[str, str]:
     return params
 
 
-def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
+def _publish_times(S) -> np.ndarray:
+    """Publish time of each recorded estimate: its DDS source timestamp, or its receive time where the
+    rmw gives none."""
+    return np.array([s[5] or s[0] for s in S], dtype=np.int64)
+
+
+def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
     import yaml
-    from .model import load_mechanism
-    mech = load_mechanism(mechanism)
+    mechanism = mech.name
     if dt is None:
         with open(cfg) as f:
             y = yaml.safe_load(f)
@@ -304,9 +309,7 @@ def _analyse(rec, mechanism, cfg, dt, duration) -> Dict[str, object]:
         raise RuntimeError("no estimate received")
     recv = np.array([s[0] for s in S], dtype=np.int64)
     stamp = np.array([s[1] for s in S], dtype=np.int64)
-    pub = np.array([s[5] for s in S], dtype=np.int64)
-    if not pub.all():         # an rmw without source timestamps: fall back to the receive time
-        pub = recv
+    pub = _publish_times(S)
     # Latency is that of the estimates answering the plant's inputs: the steps the node predicts after
     # the plant has stopped (no input, estimated max_input_delay late by design) are left out.
     answered = np.ones(len(S), dtype=bool)
@@ -403,7 +406,7 @@ def _plot(rec, res, path):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     S = rec.state
     stamp = np.array([s[1] for s in S], dtype=np.int64)
-    pub = np.array([s[5] or s[0] for s in S], dtype=np.int64)
+    pub = _publish_times(S)
     t = (stamp - stamp[0]) / NS
     lat = (pub - stamp) / 1e6
     fig, ax = plt.subplots(2, 2, figsize=(12, 7))
