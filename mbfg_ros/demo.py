@@ -303,7 +303,6 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
         with open(cfg) as f:
             y = yaml.safe_load(f)
         dt = float(next(v["ros__parameters"]["dt"] for k, v in y.items() if k.endswith("mbfg_estimator")))
-    dt_ns = int(round(dt * NS))
     S = rec.state
     if not S:
         raise RuntimeError("no estimate received")
@@ -311,10 +310,10 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
     stamp = np.array([s[1] for s in S], dtype=np.int64)
     pub = _publish_times(S)
     # Latency is that of the estimates answering the plant's inputs: the steps the node predicts after
-    # the plant has stopped (no input, estimated max_input_delay late by design) are left out.
+    # the plant has stopped (no input, estimated one input wait late by design) are left out.
     answered = np.ones(len(S), dtype=bool)
-    if rec.truth:      # the truth comes every TRUTH_DECIMATION-th input, until the last one
-        answered = stamp <= max(t[0] for t in rec.truth) + TRUTH_DECIMATION * dt_ns
+    if rec.truth:      # the truth comes with every TRUTH_DECIMATION-th input and with the last one
+        answered = stamp <= max(t[0] for t in rec.truth)
     lat = (pub - stamp)[answered] / 1e6
     lat_rx = (recv - stamp)[answered] / 1e6
     span = (stamp[-1] - stamp[0]) / NS

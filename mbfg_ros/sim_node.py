@@ -200,7 +200,8 @@ class SimNode(Node):
         self.pub_eff.publish(eff_bytes)
         if self.publish_effort_array:
             self.pub_eff_arr.publish(Float64MultiArray(data=rc.float_array(s.efforts)))
-        if self.publish_truth and (self.k - 1) % self.truth_decimation == 0:
+        # (the last sample's truth always: it marks the end of the inputs for whoever compares)
+        if self.publish_truth and ((self.k - 1) % self.truth_decimation == 0 or (self.n_total and not self.queue)):
             eff = np.zeros(self.mech.n)
             eff[self.mech.actuated] = s.efforts
             self.pub_truth.publish(rc.joint_state(stamp, self.mech.coordinate_names, s.q, s.v, eff))
