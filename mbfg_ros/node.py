@@ -1125,7 +1125,14 @@ class EstimatorNode(Node):
             kv[f"rejected.{k}"] = v
         if self.sched.anchored:
             kv["next_step_time"] = self.sched.t_of(self.sched.k_next) / NS
-        kv["input_wait_ms"] = self.sched.wait_ns(now) / 1e6     # how long a missing input is waited for now
+        wait = self.sched.wait_ns(now, self.sched.waited_streams(now, self._expected_streams()))
+        kv["input_wait_ms"] = wait / 1e6     # how long a missing input is waited for now
+        if wait > self.sched.input_delay_ns and self.state == "running":
+            # the adaptive wait is up: inputs arrive later than max_input_delay (and so do the outputs);
+            # said, not warned: a loaded machine delays a few inputs by some ms now and then
+            msgs.append(f"inputs arrive up to {wait / DELAY_FACTOR / 1e6:.3g} ms after their stamps "
+                        f"(max_input_delay {self.p_max_input_delay * 1e3:g} ms): missing inputs are waited for "
+                        f"{wait / 1e6:.3g} ms")
         kv["clock"] = now / NS
         for name, s in self.sched.streams.items():
             kv[f"input.{name}.received"] = s.total
