@@ -289,14 +289,20 @@ class InputScheduler:
         return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
 
     def wait_ns(self, now_ns: int, waited: Optional[List[Stream]] = None) -> int:
-        """How long after a step's time its missing inputs are waited for: `input_delay_ns`, or (adaptive)
-        DELAY_FACTOR × the largest recent delay of the waited inputs if longer, at most sensor_timeout (a
-        stream silent that long is not waited for at all)."""
+        """How long after a step's time its missing inputs are waited for: `input_delay_ns`; adaptive, once
+        the largest recent delay of the waited inputs is more than the window can absorb: DELAY_FACTOR ×
+        that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
+
+        Delays up to input_delay + (window − 2)·dt cost nothing to wait out in accuracy: the step is
+        predicted, its readings are fused into the window when they come (a late command is replaced by the
+        held one for that step), and the latency stays low.  Longer ones would be dropped as too old."""
         base = self.input_delay_ns
         if not self.adaptive_input_delay:
             return base
         streams = self.streams.values() if waited is None else waited
         hi = max((s.recent_delay_ns(now_ns) for s in streams), default=0.0)
+        if hi <= base + max(0, self.window - 2) * self.dt_ns:
+            return base
         return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
 
     def pop(self, hold_missing: bool = True):
@@ -446,9 +452,10 @@ class EstimatorNode(Node):
                         "adaptive_input_delay while the inputs arrive later) [s]",
             floating_point_range=_float_range(0.0, 10.0))).value
         self.p_adaptive_input_delay = d("adaptive_input_delay", True, PD(
-            description="While inputs arrive later than max_input_delay (a loaded machine, a slow link), wait "
+            description="While inputs arrive later than the window can absorb (max_input_delay + (window - 2) "
+                        "steps; a loaded machine, a slow link), wait "
                         f"{DELAY_FACTOR:g} x their largest recent delay (memory ~{DELAY_MEMORY_NS / NS:g} s, at most "
-                        "sensor_timeout) instead of predicting the step and dropping them as too old")).value
+                        "sensor_timeout) instead of predicting the steps and dropping the inputs as too old")).value
         self.p_startup_wait = d("startup_wait", 1.0, PD(
             description="After a (re)start, longest wait for every input the mode uses (its topic may still be "
                         "being discovered) before estimating without the missing ones [s]",

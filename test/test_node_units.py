@@ -57,13 +57,19 @@ def test_missing_input_is_waited_for_at_most_the_input_delay():
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
     """Inputs arriving 8 ms after their stamps (a loaded machine, a slow link; the estimator window is
-    5 steps): with the adaptive wait a step whose readings are missing is held 1.5 × 8 = 12 ms instead of
+    5 steps, so they would be too old for it): with the adaptive wait a step whose readings are missing
+    is held 1.5 × 8 = 12 ms instead of
     the 3 ms max_input_delay, so the readings still make it; without it the step is predicted at 3 ms and
     the readings are dropped as too old.  Once the delays are over, the wait decays back (~1 s memory), and it
     never exceeds sensor_timeout."""
     s = scheduler()
     s.adaptive_input_delay = adaptive
     assert s.wait_ns(T0) == 3 * MS
+    # delays the window absorbs (up to max_input_delay + (window − 2) steps = 6 ms) change nothing: the
+    # step is predicted at 3 ms and a late reading is fused into the window
+    s.add_observations(T0 - 100 * MS, {"crank": 0.0}, now_ns=T0 - 100 * MS + 5 * MS)
+    assert s.wait_ns(T0 - 95 * MS) == 3 * MS
+    s.clear()
     late = 8 * MS
     for k in range(20):
         s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS + late)
