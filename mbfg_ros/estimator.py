@@ -50,6 +50,7 @@ __all__ = ["FixedLagEstimator", "choose_independent", "limit_blas_threads"]
 TWO_PI = 2.0 * math.pi
 _max = np.maximum.reduce
 MAX_EXTRAPOLATION = 0.1    # [s] longest gap over which the last estimate is extrapolated (constant q̈)
+UNCONFIRMED_REJECTIONS = 2  # readings of a sensor not yet confirmed after a guessed seed: believed at the third
 
 
 class StepFailure(RuntimeError):
@@ -248,6 +249,7 @@ class FixedLagEstimator:
         self._failures = 0
         self._rejections: Dict[str, int] = {}
         self._seen_k: Dict[str, int] = {}       # step of each sensor's last reading (accepted or not)
+        self._unconfirmed: set = set()          # sensors the seed (a guess) had no reading of, none accepted yet
         self._rejected: List[str] = []
         self._a_prev, self._h_prev = None, self.config.dt
         self._models: Dict[tuple, StepModel] = {}
@@ -641,9 +643,10 @@ class FixedLagEstimator:
         from the readings (the position problem with the encoder coordinates fixed) instead of adding a
         factor whose innovation no linearization could absorb.  After an outage of a sensor longer than
         ``outage_steps`` the prediction has run on the model alone, so a reading outside the gate
-        re-initializes at once rather than being rejected ``max_rejections`` times; the same for the first
-        reading of a sensor that the window's seed had no reading of, when that seed was a guess (see
-        `_initialize`)."""
+        re-initializes at once rather than being rejected ``max_rejections`` times.  A sensor that the
+        window's seed had no reading of, when that seed was a guess (start-up, a skip or a disagreement:
+        see `_initialize`), is believed after UNCONFIRMED_REJECTIONS rejections until one of its readings
+        is accepted: the guess is then the likelier culprit, and one glitch is still not believed."""
         gate = self.config.outlier_gate
         kept = []
         for u in units:
@@ -655,14 +658,18 @@ class FixedLagEstimator:
                     self._rejections.clear()
                     raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ after "
                                   f"{since} steps without a reading")
-                if self._rejections.get(u.name, 0) >= self.config.max_rejections:
+                limit = self.config.max_rejections
+                if u.name in self._unconfirmed:
+                    limit = min(limit, UNCONFIRMED_REJECTIONS)
+                if self._rejections.get(u.name, 0) >= limit:
                     self._rejections.clear()
-                    raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ for "
-                                  f"{self.config.max_rejections + 1} steps")
+                    raise _Resync(f"{u.name} disagreed with the prediction by {m:.3g} σ for {limit + 1} steps"
+                                  + (" (the start was a guess)" if u.name in self._unconfirmed else ""))
                 self._rejections[u.name] = self._rejections.get(u.name, 0) + 1
                 self._rejected.append(f"{u.name} ({m:.3g} σ)")
                 continue
             self._rejections.pop(u.name, None)
+            self._unconfirmed.discard(u.name)
             kept.append(u)
         return kept
 
@@ -1141,11 +1148,12 @@ class FixedLagEstimator:
         self._k = 0
         self._step_times = {0: t}               # step index -> time, for the steps in the window
         # A seed that is a guess (start-up, re-initialization after a gap or a disagreement) has not been
-        # confirmed by the sensors it had no reading of: the first reading of such a sensor that falls
-        # outside the gate re-initializes from the readings at once, as after an outage, instead of being
-        # refused max_rejections times while the guess drifts.  (A re-seed at an estimate keeps the gate.)
-        self._seen_k = {} if from_estimate or c.mode == "forward_dynamics" else {
-            u.name: -(c.outage_steps + 1) for name, u in self._sensor_units.items() if name not in obs}
+        # confirmed by the sensors it had no reading of: their readings outside the gate re-initialize from
+        # the readings after UNCONFIRMED_REJECTIONS rejections, not max_rejections, while the guess drifts.
+        # (A re-seed at an estimate keeps the gate.)
+        self._seen_k = {}
+        self._unconfirmed = set() if from_estimate or c.mode == "forward_dynamics" else {
+            u.name for name, u in self._sensor_units.items() if name not in obs}
         self._x = self._window.add_step(0, StepModel(L, units), x0)
         self._tau_first = list(self._tau_hist[-1:])
         self._a_prev, self._h_prev = None, c.dt

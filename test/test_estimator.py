@@ -548,28 +548,41 @@ def test_gap_longer_than_max_substeps_reinitializes_on_the_extrapolation(crank, 
 
 
 @pytest.mark.parametrize("mode", ["estimation", "fused"])
-def test_reading_after_a_seed_without_readings_reinitializes_at_once(crank, driven, mode):
+def test_readings_after_a_seed_without_them_are_believed_soon(crank, driven, mode):
     """The overload skip lands on a step without readings (they were dropped with the skipped steps), so the
     re-seed is the extrapolated guess; after 30 more steps without readings (the torque unknown in
-    estimation mode, held at its last value in fused mode) the first reading outside the gate re-initializes
-    from the readings at once (that sensor had not confirmed the guess) instead of being rejected
-    max_rejections times while the guess drifts on."""
-    est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode=mode, max_substeps=1))
-    out = {}
-    for k in [k for k in range(900) if not 400 <= k < 600]:
-        obs = {} if 600 <= k < 630 else {"crank": driven.theta[k]}
-        efforts = [driven.tau[min(k, 400)]] if mode == "fused" else None     # held during the outage
-        out[k] = est.step(driven.t[k], efforts=efforts, observations=obs)
+    estimation mode, held at its last value in fused mode) the readings fall outside the gate and are
+    believed at the third (that sensor had not confirmed the guess) instead of being rejected
+    max_rejections times while the guess drifts on.  A glitch as that sensor's first reading after such a
+    seed is not what the window is re-initialized from (the third reading is), and a re-seed at an estimate
+    keeps the usual gate."""
+    def run(glitch_at=None):
+        est = FixedLagEstimator(crank, EstimatorConfig(window=10, mode=mode, max_substeps=1))
+        out = {}
+        for k in [k for k in range(900) if not 400 <= k < 600]:
+            obs = {} if 600 <= k < (630 if glitch_at is None else 601) else {"crank": driven.theta[k]}
+            if k == glitch_at:
+                obs["crank"] += 0.5
+            efforts = [driven.tau[min(k, 400)]] if mode == "fused" else None     # held during the outage
+            out[k] = est.step(driven.t[k], efforts=efforts, observations=obs)
+        return est, out
+    est, out = run()
     assert "gap of" in out[600].message
     disagreed = [k for k in range(630, 900) if "disagreed" in out[k].message]
-    assert disagreed == [630] and "without a reading" in out[630].message and out[630].status == "recovered"
-    assert not any("rejected" in out[k].message for k in range(600, 900))
-    assert max(abs(out[k].q[4] - driven.theta[k]) for k in range(630, 900)) < 5e-3
+    assert disagreed == [632] and "for 3 steps (the start was a guess)" in out[632].message
+    assert out[632].status == "recovered"
+    assert [k for k in range(600, 900) if "rejected" in out[k].message] == [630, 631]
+    assert max(abs(out[k].q[4] - driven.theta[k]) for k in range(632, 900)) < 5e-3
     # a re-seed at an estimate keeps the gate: a glitch right after it is rejected, not believed
     est.reinitialize()
     e = est.step(driven.t[900], efforts=[driven.tau[900]] if mode == "fused" else None,
                  observations={"crank": driven.theta[900] + 0.5})
     assert "rejected" in e.message and e.status != "recovered"
+    # readings right after the skip (the guess is far off: the gap is longer than MAX_EXTRAPOLATION), the
+    # first a 0.5-rad glitch: rejected, and so is the next; the third re-initializes the window
+    _, out = run(glitch_at=601)
+    assert "rejected" in out[601].message and "rejected" in out[602].message and out[603].status == "recovered"
+    assert max(abs(out[k].q[4] - driven.theta[k]) for k in range(603, 900)) < 5e-3
 
 
 def test_late_readings_inside_the_window_are_fused(crank, driven):
