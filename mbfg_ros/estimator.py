@@ -241,7 +241,8 @@ class FixedLagEstimator:
         self._tau_hist: List[np.ndarray] = []
         self._mode = None if self._requested_mode is None else self._requested_mode.copy()
         self._pending_q = None
-        self._reseed = None        # requested re-initialization: (solved q, readings, efforts) at the last estimate
+        self._reseed = None        # requested re-initialization at the last estimate: (solved q, readings, efforts,
+        #                            whether on the estimate's branch)
         self._prediction = None    # (x, h, q̈ before, prediction) made by `prepare_next_step`
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._switch_next = False
@@ -320,7 +321,7 @@ class FixedLagEstimator:
         service) can reply after the position problem alone."""
         mode = self._mode if assembly_mode is None else self._check_mode(assembly_mode)
         last = self._last
-        same_branch = last is not None and (self._mode is None or mode is None or np.array_equal(mode, self._mode))
+        same_branch = last is not None and (self._mode is None or np.array_equal(mode, self._mode))
         if last is None:
             q_guess = self._initial_guess()
             fixed = self._fix_readings(q_guess, self._last_obs)

@@ -288,7 +288,12 @@ class InputScheduler:
             return now_ns >= self.first_rx_ns + self.startup_wait_ns
         return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
 
-    def wait_ns(self, now_ns: int, waited: Optional[List[Stream]] = None) -> int:
+    @staticmethod
+    def recent_delay_ns(now_ns: int, waited: List[Stream]) -> float:
+        """The largest recent delay (receipt − stamp) of the waited inputs."""
+        return max((s.recent_delay_ns(now_ns) for s in waited), default=0.0)
+
+    def wait_ns(self, now_ns: int, waited: List[Stream]) -> int:
         """How long after a step's time its missing inputs are waited for: `input_delay_ns`; adaptive, once
         the largest recent delay of the waited inputs is more than the window can absorb: DELAY_FACTOR ×
         that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
@@ -299,8 +304,7 @@ class InputScheduler:
         base = self.input_delay_ns
         if not self.adaptive_input_delay:
             return base
-        streams = self.streams.values() if waited is None else waited
-        hi = max((s.recent_delay_ns(now_ns) for s in streams), default=0.0)
+        hi = self.recent_delay_ns(now_ns, waited)
         if hi <= base + max(0, self.window - 2) * self.dt_ns:
             return base
         return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
@@ -818,7 +822,8 @@ class EstimatorNode(Node):
         """Estimation fell more than max_backlog behind the clock (solves slower than dt): jump to the newest
         data instead of queueing; the core re-seeds from its last estimate at the new time."""
         sched = self.sched
-        k_clock = (now_ns - sched.wait_ns(now_ns) - sched.t0_ns) // sched.dt_ns
+        k_clock = (now_ns - sched.wait_ns(now_ns, sched.waited_streams(now_ns, self._expected_streams()))
+                   - sched.t0_ns) // sched.dt_ns
         newest = [s.last_k for s in sched.streams.values() if s.last_k is not None and s.last_k >= sched.k_next]
         target = int(min(max(newest), k_clock) if newest else k_clock)
         if target <= sched.k_next:
@@ -1132,12 +1137,14 @@ class EstimatorNode(Node):
             kv[f"rejected.{k}"] = v
         if self.sched.anchored:
             kv["next_step_time"] = self.sched.t_of(self.sched.k_next) / NS
-        wait = self.sched.wait_ns(now, self.sched.waited_streams(now, self._expected_streams()))
+        waited = self.sched.waited_streams(now, self._expected_streams())
+        wait = self.sched.wait_ns(now, waited)
         kv["input_wait_ms"] = wait / 1e6     # how long a missing input is waited for now
         if wait > self.sched.input_delay_ns and self.state == "running":
             # the adaptive wait is up: inputs arrive later than max_input_delay (and so do the outputs);
             # said, not warned: a loaded machine delays a few inputs by some ms now and then
-            msgs.append(f"inputs arrive up to {wait / DELAY_FACTOR / 1e6:.3g} ms after their stamps "
+            delay = self.sched.recent_delay_ns(now, waited)
+            msgs.append(f"inputs arrive up to {delay / 1e6:.3g} ms after their stamps "
                         f"(max_input_delay {self.p_max_input_delay * 1e3:g} ms): missing inputs are waited for "
                         f"{wait / 1e6:.3g} ms")
         kv["clock"] = now / NS

@@ -64,11 +64,11 @@ def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
     never exceeds sensor_timeout."""
     s = scheduler()
     s.adaptive_input_delay = adaptive
-    assert s.wait_ns(T0) == 3 * MS
+    assert s.wait_ns(T0, list(s.streams.values())) == 3 * MS
     # delays the window absorbs (up to max_input_delay + (window − 2) steps = 6 ms) change nothing: the
     # step is predicted at 3 ms and a late reading is fused into the window
     s.add_observations(T0 - 100 * MS, {"crank": 0.0}, now_ns=T0 - 100 * MS + 5 * MS)
-    assert s.wait_ns(T0 - 95 * MS) == 3 * MS
+    assert s.wait_ns(T0 - 95 * MS, list(s.streams.values())) == 3 * MS
     s.clear()
     late = 8 * MS
     for k in range(20):
@@ -81,7 +81,7 @@ def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
     s.add_efforts(t20, np.array([1.0]), now_ns=t20 + 100_000)
     assert not s.ready(t20 + 3 * MS, EXPECTED) if adaptive else s.ready(t20 + 3 * MS, EXPECTED)
     if adaptive:
-        assert 11.9 * MS < s.wait_ns(t20 + 3 * MS) <= 12 * MS
+        assert 11.9 * MS < s.wait_ns(t20 + 3 * MS, list(s.streams.values())) <= 12 * MS
         assert s.add_observations(t20, {"crank": 0.0}, now_ns=t20 + late) is None
         k, _, obs = s.pop()
         assert k == 20 and obs == {"crank": 0.0}
@@ -91,10 +91,10 @@ def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
         assert s.add_observations(t20, {"crank": 0.0}, now_ns=t20 + late) == "too_old"
     # the delays end: the wait decays back to max_input_delay within a few seconds
     t = t20 + 3_000 * MS
-    assert s.wait_ns(t) == 3 * MS
+    assert s.wait_ns(t, list(s.streams.values())) == 3 * MS
     # a huge delay is waited for at most sensor_timeout
     s.add_observations(t - 500 * MS, {"crank": 0.0}, now_ns=t)
-    assert s.wait_ns(t) == (100 * MS if adaptive else 3 * MS)
+    assert s.wait_ns(t, list(s.streams.values())) == (100 * MS if adaptive else 3 * MS)
 
 
 def test_commands_are_held_until_the_sensor_timeout_and_unknown_after():
