@@ -17,6 +17,14 @@ NAME=VALUE` passes estimator parameters), e.g. the adaptive input wait against t
 
     python bench/node_latency.py --cases four_bar_1ms --duration 8 --busy 2
     python bench/node_latency.py --cases four_bar_1ms --duration 8 --busy 2 --param adaptive_input_delay=false
+
+`--core-cost STEP_US[:PREPARE_US],...` runs each case once per listed cost with the estimator's core
+replaced by a stand-in that only burns that much CPU per step (`bench/stub_core_node.py`: STEP_US
+between the inputs and the output, PREPARE_US after publishing, 0 if not given), the rest of the node
+and the machine as in a real run: the latency the node would have with a core that fast (the errors
+columns then mean nothing).  E.g. the machine's floor and the real core's cost:
+
+    python bench/node_latency.py --cases four_bar_1ms --core-cost 0,400:110
 """
 
 from __future__ import annotations
@@ -46,32 +54,16 @@ def node_overhead(steps: int = 400) -> float:
     from rclpy.serialization import serialize_message
     from sensor_msgs.msg import JointState
     import mbfg_ros.node as N
-    from mbfg_ros.estimate import Estimate
-
-    class NoOp:
-        def __init__(self, mech, config):
-            self.mech = mech
-
-        def reset(self):
-            pass
-
-        def prepare_next_step(self):
-            return False
-
-        def reinitialize(self, assembly_mode=None):
-            return (-1,), 0.0
-
-        def step(self, t, efforts=None, observations=None):
-            m = self.mech
-            z = np.zeros(m.n)
-            return Estimate(t, np.array(m.q0), z, z, z, np.zeros(len(m.actuated)), np.array([-1]), 0.0, 0.0)
+    from bench.stub_core_node import StubCore
 
     os.environ.setdefault("ROS_DOMAIN_ID", "99")
     ctx_args = ["--ros-args", "--params-file", str(REPO / "config" / "four_bar.yaml"), "-p", "publish_markers:=false",
                 "-p", "future_tolerance:=100.0"]
     rclpy.init(args=ctx_args)
     real = N.FixedLagEstimator
-    N.FixedLagEstimator = NoOp
+    for var in ("MBFG_STUB_STEP_US", "MBFG_STUB_PREPARE_US"):
+        os.environ.pop(var, None)          # (set by --core-cost) the stand-in costs nothing here
+    N.FixedLagEstimator = StubCore
     try:
         node = N.EstimatorNode()
         node._fast = True
@@ -101,6 +93,23 @@ def node_overhead(steps: int = 400) -> float:
         rclpy.shutdown()
 
 
+def _parse_costs(text: str, error) -> list:
+    """`--core-cost` as [(step_us, prepare_us), ...]; [None] (the real core) when empty."""
+    if not text.strip():
+        return [None]
+    costs = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            values = [float(x) for x in parts]
+        except ValueError:
+            values = []
+        if len(values) not in (1, 2) or any(not (0 <= x <= 1e6) for x in values):
+            error(f"--core-cost expects STEP_US[:PREPARE_US] items of 0..1e6 µs (got {item!r})")
+        costs.append((values[0], values[1] if len(values) == 2 else 0.0))
+    return costs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=5.0)
@@ -118,25 +127,38 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", type=int, default=0, metavar="N",
                     help="run N busy-looping processes during each case (a loaded machine: the inputs arrive "
                          "late and the node competes for the cores)")
+    ap.add_argument("--core-cost", default="", metavar="STEP_US[:PREPARE_US],...",
+                    help="run each case with the core replaced by a stand-in burning this much CPU per step "
+                         "(see the module doc), once per listed cost")
     a = ap.parse_args(argv)
+    costs = _parse_costs(a.core_cost, ap.error)
     import subprocess
     import numpy as np
     from mbfg_ros.demo import parse_params, run_demo
     params = parse_params(a.param, ap.error)
     rows = []
-    for name in a.cases.split(","):
-        c = CASES[name.strip()]
-        print(f"=== {name}")
-        plot = str(Path(a.plots) / f"node_latency_{name}.png") if a.plots else None
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
-        try:
-            r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
-                         service_calls=a.services, params=params)
-        finally:
-            for b in busy:
-                b.kill()
-                b.wait()
-        rows.append((name, r))
+    for case in a.cases.split(","):
+        c = CASES[case.strip()]
+        for cost in costs:
+            name = case if cost is None else f"{case}, stub core {cost[0]:g}+{cost[1]:g} µs"
+            print(f"=== {name}")
+            plot = str(Path(a.plots) / f"node_latency_{case}.png") if a.plots and cost is None else None
+            module = "mbfg_ros.node"
+            if cost is not None:
+                module = "bench.stub_core_node"
+                os.environ["MBFG_STUB_STEP_US"], os.environ["MBFG_STUB_PREPARE_US"] = str(cost[0]), str(cost[1])
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+            try:
+                r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
+                             service_calls=a.services, params=params, estimator_module=module,
+                             verbose=cost is None)
+            finally:
+                for b in busy:
+                    b.kill()
+                    b.wait()
+            if cost is not None:
+                r["errors"] = {}          # a constant pose: its errors mean nothing
+            rows.append((name, r))
     lines = ["| case | mode | dt | output rate | missing | latency to publish median / p99 / max | "
              "to a subscriber median / p99 | late steps | "
              "solve (node) | q error rms / max | effort error rms | CPU est / plant / probe |",

@@ -202,10 +202,11 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
              mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
              plot: Optional[str] = "out/demo.png", domain_id: Optional[int] = None, log_dir: Optional[str] = None,
              settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
-             service_calls: int = 0) -> Dict[str, object]:
+             service_calls: int = 0, estimator_module: str = "mbfg_ros.node") -> Dict[str, object]:
     """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc).
     With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating, on
-    the current branch) are spread over the run and their response times reported."""
+    the current branch) are spread over the run and their response times reported.  `estimator_module`
+    is the module run as the estimator node (`python -m`, from the repository root)."""
     from .model import load_mechanism
     mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
@@ -230,7 +231,7 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
     say = print if verbose else (lambda *a, **k: None)
     say(f"[demo] ROS_DOMAIN_ID={domain_id}; logs in {logs}")
     rec = _Recorder(domain_id)
-    est = _start("mbfg_ros.node", est_args, env, logs / "estimator.log")
+    est = _start(estimator_module, est_args, env, logs / "estimator.log")
     sim = None
     try:
         t_end = time.monotonic() + 30
