@@ -20,11 +20,12 @@ NAME=VALUE` passes estimator parameters), e.g. the adaptive input wait against t
 
 `--core-cost STEP_US[:PREPARE_US],...` runs each case once per listed cost with the estimator's core
 replaced by a stand-in that only burns that much CPU per step (`bench/stub_core_node.py`: STEP_US
-between the inputs and the output, PREPARE_US after publishing, 0 if not given), the rest of the node
-and the machine as in a real run: the latency the node would have with a core that fast (the errors
-columns then mean nothing).  E.g. the machine's floor and the real core's cost:
+between the inputs and the output, PREPARE_US after publishing, 0 if not given; `real`: the real
+core), the rest of the node and the machine as in a real run: the latency the node would have with a
+core that fast (the error columns then mean nothing).  E.g. the machine's floor, a sweep, and the
+real core interleaved with them:
 
-    python bench/node_latency.py --cases four_bar_1ms --core-cost 0,400:110
+    python bench/node_latency.py --cases four_bar_1ms --core-cost 0,100:30,200:55,300:80,400:110,real
 """
 
 from __future__ import annotations
@@ -94,11 +95,15 @@ def node_overhead(steps: int = 400) -> float:
 
 
 def _parse_costs(text: str, error) -> list:
-    """`--core-cost` as [(step_us, prepare_us), ...]; [None] (the real core) when empty."""
+    """`--core-cost` as [(step_us, prepare_us) or None (the real core: item `real`), ...]; [None] when
+    empty."""
     if not text.strip():
         return [None]
     costs = []
     for item in text.split(","):
+        if item.strip() == "real":
+            costs.append(None)
+            continue
         parts = item.strip().split(":")
         try:
             values = [float(x) for x in parts]
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
                          "late and the node competes for the cores)")
     ap.add_argument("--core-cost", default="", metavar="STEP_US[:PREPARE_US],...",
                     help="run each case with the core replaced by a stand-in burning this much CPU per step "
-                         "(see the module doc), once per listed cost")
+                         "(see the module doc), once per listed cost ('real': the real core)")
     a = ap.parse_args(argv)
     costs = _parse_costs(a.core_cost, ap.error)
     import subprocess

@@ -338,15 +338,13 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
     idx = {s[1]: i for i, s in enumerate(S)}
     t0 = stamp[0]
     rows = []
-    angles = np.asarray(mech.relative_angle_columns, dtype=int)
     for ts, (_, q, v, Q) in sorted(truth.items()):
         i = idx.get(ts)
         if i is None or ts - t0 < 0.2 * NS:
             continue
         _, _, qe, ve, Qe, _ = S[i]
         a = mech.actuated
-        dq = qe - q
-        dq[angles] = np.remainder(dq[angles] + np.pi, 2.0 * np.pi) - np.pi   # a turn more is the same pose
+        dq = mech.position_difference(qe, q)
         rows.append((ts, np.abs(dq).max(), np.abs(ve - v).max(), np.abs(Qe[a] - Q[a]).max(),
                      qe[a[0]] if len(a) else qe[-1], q[a[0]] if len(a) else q[-1], Qe[a[0]] if len(a) else 0.0,
                      Q[a[0]] if len(a) else 0.0))

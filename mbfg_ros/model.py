@@ -124,6 +124,14 @@ class Mechanism:
         qe = np.concatenate((q, self.fixed_values))
         return qe[self._extended_point_index]
 
+    def position_difference(self, q_a: np.ndarray, q_b: np.ndarray) -> np.ndarray:
+        """q_a − q_b with the relative angles' differences in [−π, π): a turn more is the same pose (for
+        errors against a reference: an estimate that went once around is not 2π off)."""
+        d = np.asarray(q_a, dtype=float) - np.asarray(q_b, dtype=float)
+        ang = self.relative_angle_columns
+        d[..., ang] = np.remainder(d[..., ang] + np.pi, 2.0 * np.pi) - np.pi
+        return d
+
     def point_velocities(self, v: np.ndarray) -> np.ndarray:
         ve = np.concatenate((v, np.zeros(self.fixed_values.size)))
         return ve[self._extended_point_index]

@@ -30,6 +30,25 @@ def test_position_problem_with_a_fixed_crank_angle(crank):
     assert list(sol.assembly_mode) == [-1]   # continuity from the drawn (elbow −1) pose
 
 
+def test_position_difference_takes_relative_angles_modulo_a_turn(crank):
+    col = crank.coordinate_index("crank")
+    assert col in crank.relative_angle_columns and 0 not in crank.relative_angle_columns
+    q = np.array(crank.q0, dtype=float)
+    other = q.copy()
+    other[col] += 2 * np.pi + 0.25     # a turn and a quarter radian further: 0.25 rad off
+    other[0] += 7.0                    # a point coordinate: never wrapped
+    d = crank.position_difference(other, q)
+    np.testing.assert_allclose(d[col], 0.25, atol=1e-12)
+    assert d[0] == pytest.approx(7.0)
+    mask = np.ones(crank.n, dtype=bool)
+    mask[[0, col]] = False
+    assert np.all(d[mask] == 0.0)
+    # rows of a trajectory at once, and the sign
+    both = crank.position_difference(np.stack([q, q]), np.stack([other, q]))
+    np.testing.assert_allclose(both[0, col], -0.25, atol=1e-12)
+    assert np.all(both[1] == 0.0)
+
+
 def test_requested_assembly_mode_is_reached_and_both_branches_are_solutions(crank):
     col = crank.coordinate_index("crank")
     q = np.array(crank.q0)

@@ -76,23 +76,17 @@ def _state_arrays(probe, after_ns=0):
     return st, q, v, a, Q, recv
 
 
-def _wrap(d):
-    return (d + np.pi) % (2 * np.pi) - np.pi
-
-
 def _errors(feeder, traj, mech, st, q, v, Q, skip_s=0.3):
     """Per matched step: |crank error|, max |q error|, max |q̇ error|, |effort error| (angles modulo 2π:
     a crank angle that went once around is the same pose)."""
     index = {s: k for k, s in enumerate(feeder.stamps)}
     rows = []
     c = int(mech.actuated[0])
-    ang = np.asarray(mech.relative_angle_columns, dtype=int)
     for i, s in enumerate(st):
         k = index.get(int(s))
         if k is None or k * DT < skip_s:
             continue
-        dq = q[i] - traj.q[k]
-        dq[ang] = _wrap(dq[ang])
+        dq = mech.position_difference(q[i], traj.q[k])
         rows.append((abs(dq[c]), np.abs(dq).max(), np.abs(v[i] - traj.v[k]).max(),
                      abs(Q[i, c] - traj.efforts[k, 0])))
     return np.array(rows)
