@@ -68,7 +68,8 @@ def node_overhead(steps: int = 400) -> float:
     try:
         node = N.EstimatorNode()
         node._fast = True
-        t0 = node._now_ns()
+        t0 = node._now_ns() + 1_000_000_000   # ahead of the clock (future_tolerance 100 s): building the
+        #                                      messages takes a while, and stamps behind it would be skipped
 
         def js(k, names, pos=(), vel=(), eff=()):
             m = JointState()
