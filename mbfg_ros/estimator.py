@@ -327,7 +327,7 @@ class FixedLagEstimator:
             fixed = self._fix_readings(q_guess, self._last_obs)
         else:
             q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
-            fixed = [] if same_branch else self._fix_readings(q_guess.copy(), self._last_obs)
+            fixed = [] if same_branch else self._read_coordinate_indices(self._last_obs)
         sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
         if assembly_mode is not None:
             self._requested_mode = np.array(mode, dtype=int)
@@ -1045,30 +1045,37 @@ class FixedLagEstimator:
             return self._pending_q.copy()
         return np.array(self._q0_arg if self._q0_arg is not None else self.mech.q0, dtype=float)
 
-    def _fix_readings(self, q_guess, obs) -> List[int]:
-        """Put encoder / 'q:' readings into q_guess; return the coordinates they fix."""
-        mech, fixed = self.mech, []
+    def _read_coordinates(self, obs) -> List[Tuple[int, float]]:
+        """(coordinate, value) of the encoder / 'q:' readings in obs."""
+        out = []
         for name, val in obs.items():
             u = self._sensor_units.get(name)
             if isinstance(u, F.Encoder):
-                c = u.coordinate
+                out.append((u.coordinate, val))
             elif name.startswith("q:"):
                 g = self._generic_unit(name)
-                if g is None:
-                    continue
-                c = g.coordinate
-            else:
-                continue
-            q_guess[c] = _wrap_near(val, q_guess[c]) if c >= mech.n_point_coordinates else val
-            fixed.append(c)
-        return sorted(set(fixed))
+                if g is not None:
+                    out.append((g.coordinate, val))
+        return out
+
+    def _read_coordinate_indices(self, obs) -> List[int]:
+        """The coordinates the encoder / 'q:' readings in obs observe (sorted, once each)."""
+        return sorted({c for c, _ in self._read_coordinates(obs)})
+
+    def _fix_readings(self, q_guess, obs) -> List[int]:
+        """Put encoder / 'q:' readings into q_guess; return the coordinates they fix."""
+        first = self.mech.n_point_coordinates
+        readings = self._read_coordinates(obs)
+        for c, val in readings:
+            q_guess[c] = _wrap_near(val, q_guess[c]) if c >= first else val
+        return sorted({c for c, _ in readings})
 
     def _initialize(self, t, efforts, obs, q_guess=None, v_guess=None, tau_guess=None, mode=None,
                     status="initialized", message="", v_uncertain=False, prior=None,
                     fix_readings=True, from_estimate=False) -> Estimate:
         mech, c, L = self.mech, self.config, self.layout
         q_guess = self._initial_guess() if q_guess is None else np.array(q_guess, dtype=float)
-        fixed = self._fix_readings(q_guess if fix_readings else q_guess.copy(), obs)
+        fixed = self._fix_readings(q_guess, obs) if fix_readings else self._read_coordinate_indices(obs)
         target = mode if mode is not None else self._mode
         try:
             sol = solve_positions_on_mode(mech, q_guess, fixed, target)
