@@ -43,13 +43,13 @@ class _TimedSmoother:
 
 def run(steps: int):
     import numpy as np
-    import yaml
+    from mbfg_ros.demo import estimator_parameters
     from mbfg_ros.estimate import EstimatorConfig
     from mbfg_ros.estimator import FixedLagEstimator, limit_blas_threads
     from mbfg_ros.model import load_mechanism
     from mbfg_ros.plant import SimulatedPlant
     limit_blas_threads(1)
-    p = yaml.safe_load((REPO / "config" / "four_bar.yaml").read_text())["/**/mbfg_estimator"]["ros__parameters"]
+    p = estimator_parameters(REPO / "config" / "four_bar.yaml")
     mech = load_mechanism(p["mechanism"])
     dt = float(p["dt"])
     cfg = EstimatorConfig(dt=dt, window=int(p["window"]), mode=p["mode"], formulation=p["formulation"],

@@ -297,13 +297,18 @@ def _publish_times(S) -> np.ndarray:
     return np.array([s[5] or s[0] for s in S], dtype=np.int64)
 
 
-def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
+def estimator_parameters(cfg) -> Dict[str, object]:
+    """The estimator node's `ros__parameters` in a parameter file (e.g. config/four_bar.yaml)."""
     import yaml
+    with open(cfg) as f:
+        y = yaml.safe_load(f)
+    return next(v["ros__parameters"] for k, v in y.items() if k.endswith("mbfg_estimator"))
+
+
+def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
     mechanism = mech.name
     if dt is None:
-        with open(cfg) as f:
-            y = yaml.safe_load(f)
-        dt = float(next(v["ros__parameters"]["dt"] for k, v in y.items() if k.endswith("mbfg_estimator")))
+        dt = float(estimator_parameters(cfg)["dt"])
     S = rec.state
     if not S:
         raise RuntimeError("no estimate received")
