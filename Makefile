@@ -41,7 +41,7 @@ $(STAMP): requirements.txt setup.py setup.cfg
 # The live demo: the estimator and a simulated four-bar as real ROS 2 nodes over DDS (loopback only)
 # for a few seconds; prints output rate, latency and error against the simulated truth, writes out/demo.png.
 demo: $(STAMP)
-	$(TEST_ENV) $(VPY) -m mbfg_ros.demo $(DEMO_ARGS)
+	$(TEST_ENV) $(VPY) -m mbfg_ros.ros.demo $(DEMO_ARGS)
 
 # The ROS 2 integration tests (real DDS, node subprocesses) run in a pytest process of their own,
 # apart from the ROS-free core tests.

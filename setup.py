@@ -26,10 +26,10 @@ setup(
     python_requires='>=3.10',
     entry_points={
         'console_scripts': [
-            'mbfg = mbfg_ros.cli:main',
-            'estimator = mbfg_ros.node:main',
-            'four_bar_sim = mbfg_ros.sim_node:main',
-            'mbfg_demo = mbfg_ros.demo:main',
+            'mbfg = mbfg_ros.cli.commands:main',
+            'estimator = mbfg_ros.ros.node:main',
+            'four_bar_sim = mbfg_ros.ros.sim_node:main',
+            'mbfg_demo = mbfg_ros.ros.demo:main',
         ],
     },
 )

@@ -43,11 +43,12 @@ class _TimedSmoother:
 
 def run(steps: int):
     import numpy as np
-    from mbfg_ros.demo import estimator_parameters
-    from mbfg_ros.estimate import EstimatorConfig
-    from mbfg_ros.estimator import FixedLagEstimator, limit_blas_threads
-    from mbfg_ros.model import load_mechanism
-    from mbfg_ros.plant import SimulatedPlant
+    from mbfg_ros.ros.demo import estimator_parameters
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.blas import limit_blas_threads
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.sim.plant import SimulatedPlant
     limit_blas_threads(1)
     p = estimator_parameters(REPO / "config" / "four_bar.yaml")
     mech = load_mechanism(p["mechanism"])

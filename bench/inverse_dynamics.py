@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mbfg_ros import batch  # noqa: E402
-from mbfg_ros.model import load_mechanism  # noqa: E402
+from mbfg_ros.batch import solver as batch  # noqa: E402
+from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
 
 PAPER_SECONDS = {"four-bar": 5.3, "robot": 15.9}
 

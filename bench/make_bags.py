@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mbfg_ros.model import load_mechanism  # noqa: E402
-from mbfg_ros.plant import SimulatedPlant, Trajectory  # noqa: E402
+from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
+from mbfg_ros.sim.plant import SimulatedPlant, Trajectory  # noqa: E402
 
 NS = 1_000_000_000
 DEFAULT_DT = {"four_bar_crank": 1e-3, "pick_and_place_robot": 5e-3}

@@ -3,7 +3,7 @@
 
     python bench/node_latency.py [--duration 5] [--cases four_bar_1ms,four_bar_2ms,robot_5ms] [--md out/node_latency.md]
 
-For each case it runs `mbfg_ros.demo.run_demo` (estimator + simulated plant as subprocesses, an
+For each case it runs `mbfg_ros.ros.demo.run_demo` (estimator + simulated plant as subprocesses, an
 in-process probe) and reports: achieved output rate, missing outputs, input-to-output latency
 (publish time of the estimate — its DDS source timestamp — minus the stamp of its inputs, same
 machine clock: median / p99 / max; and the same up to the probe's receipt), late steps (published
@@ -54,7 +54,7 @@ def node_overhead(steps: int = 400) -> float:
     import rclpy
     from rclpy.serialization import serialize_message
     from sensor_msgs.msg import JointState
-    import mbfg_ros.node as N
+    import mbfg_ros.ros.node as N
     from bench.stub_core_node import StubCore
 
     os.environ.setdefault("ROS_DOMAIN_ID", "99")
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     costs = _parse_costs(a.core_cost, ap.error)
     import subprocess
     import numpy as np
-    from mbfg_ros.demo import parse_params, run_demo
+    from mbfg_ros.ros.demo import parse_params, run_demo
     params = parse_params(a.param, ap.error)
     rows = []
     for case in a.cases.split(","):
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
             name = case if cost is None else f"{case}, stub core {cost[0]:g}+{cost[1]:g} µs"
             print(f"=== {name}")
             plot = str(Path(a.plots) / f"node_latency_{case}.png") if a.plots and cost is None else None
-            module = "mbfg_ros.node"
+            module = "mbfg_ros.ros.node"
             if cost is not None:
                 module = "bench.stub_core_node"
                 os.environ["MBFG_STUB_STEP_US"], os.environ["MBFG_STUB_PREPARE_US"] = str(cost[0]), str(cost[1])

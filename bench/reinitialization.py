@@ -24,9 +24,9 @@ def run(seed: int, steps: int, every: int):
     """(max, RMS) in mm of max |q − q_true| per step after the first 40, and the largest |Φ| a
     re-initialization reported (test/test_estimator.py checks these too)."""
     import numpy as np
-    from mbfg_ros.estimator import EstimatorConfig, FixedLagEstimator
-    from mbfg_ros.model import load_mechanism
-    from mbfg_ros.plant import SimulatedPlant
+    from mbfg_ros.estimation.estimator import EstimatorConfig, FixedLagEstimator
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.sim.plant import SimulatedPlant
     robot = load_mechanism("pick_and_place_robot")
     plant = SimulatedPlant(robot, dt=5e-3, seed=seed)
     est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused",

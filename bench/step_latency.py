@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "test"))
 
 import reference_four_bar as R                            # noqa: E402
-from mbfg_ros.dynamics import forward_dynamics            # noqa: E402
-from mbfg_ros.estimate import EstimatorConfig             # noqa: E402
-from mbfg_ros.estimator import FixedLagEstimator          # noqa: E402
-from mbfg_ros.model import Mechanism, load_mechanism      # noqa: E402
+from mbfg_ros.dynamics.constrained import forward_dynamics            # noqa: E402
+from mbfg_ros.estimation.config import EstimatorConfig             # noqa: E402
+from mbfg_ros.estimation.estimator import FixedLagEstimator          # noqa: E402
+from mbfg_ros.model.mechanism import Mechanism, load_mechanism      # noqa: E402
 
 
 def timed_run(est, times, efforts=None, observations=None):

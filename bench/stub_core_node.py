@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import mbfg_ros.node as node_module          # noqa: E402
-from mbfg_ros.estimate import Estimate        # noqa: E402
+import mbfg_ros.ros.node as node_module          # noqa: E402
+from mbfg_ros.estimation.config import Estimate        # noqa: E402
 
 
 def _burn(seconds: float):

@@ -11,7 +11,7 @@ Arguments (see mbfg_ros/launch_description.py): use_sim_time (false), config
 mode ('' = as in the config file), sim (true: also start four_bar_sim).
 """
 
-from mbfg_ros.launch_description import estimator_launch_description
+from mbfg_ros.ros.launch_description import estimator_launch_description
 
 
 def generate_launch_description():

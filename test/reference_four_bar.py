@@ -44,7 +44,7 @@ def gravity_forces(g: float) -> np.ndarray:
 def four_bar_spec(g: float = 9.8, crank: bool = False):
     """The same mechanism as a `MechanismSpec` (optionally with the crank angle coordinate, actuator and
     encoder as in four_bar_crank.yaml), gravity (0, −g)."""
-    from mbfg_ros.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, GyroscopeSpec,
+    from mbfg_ros.model.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, GyroscopeSpec,
                                MechanismSpec, PointSpec, RelativeAngleSpec)
     pts = (PointSpec(0.0, 0.0, fixed=True), PointSpec(1.0, 0.0), PointSpec(1.0, 2.0), PointSpec(4.0, 0.0, fixed=True))
 

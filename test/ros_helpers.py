@@ -39,7 +39,7 @@ _domain_lock = threading.Lock()
 _domain_next = [0]
 
 
-from mbfg_ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
+from mbfg_ros.ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
 
 
 def fresh_domain_id() -> int:
@@ -97,7 +97,7 @@ def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str,
         args += ["-p", f"{k}:={_param_text(v)}"]
     for a, b in (remaps or {}).items():
         args += ["-r", f"{a}:={b}"]
-    return RosProcess("mbfg_ros.node", args, domain_id, log_path, extra_env)
+    return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env)
 
 
 def _param_text(v) -> str:
@@ -147,7 +147,7 @@ class Probe:
         self.state: List = []
         self.markers: List = []
         self.diag: List = []
-        from mbfg_ros import fastloop
+        from mbfg_ros.ros import fastloop
         grp = fastloop.DetachedCallbackGroup()
         subs = []
         for typ, topic, lst in ((JointState, f"{ns}/joint_states", self.js), (JointTrajectory, f"{ns}/state", self.state),

@@ -6,8 +6,10 @@ import sys
 import numpy as np
 import pytest
 
-from mbfg_ros import batch, dynamics, factors as F
-from mbfg_ros.model import Mechanism, load_mechanism
+from mbfg_ros.batch import solver as batch
+from mbfg_ros.dynamics import constrained as dynamics
+import mbfg_ros.factors as F
+from mbfg_ros.model.mechanism import Mechanism, load_mechanism
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference_four_bar as R  # noqa: E402
@@ -198,7 +200,7 @@ def test_vectorized_units_match_the_per_step_units(name):
     q̇, q̈, τ), where both forms of the relative-angle rows occur.  (Far from the constraint manifold
     the augmented system gets ill-conditioned and the two solution orders differ by ~cond·ε: 4e-12
     for the robot at 0.3 rad/m off.)"""
-    from mbfg_ros import batched
+    from mbfg_ros.batch import vectorized as batched
     mech = load_mechanism(name)
     rng = np.random.default_rng(1)
     N = 40
@@ -262,7 +264,7 @@ def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar, monkey
 def test_vectorized_kinematics_and_efforts_match_per_step(robot):
     """Position continuation on a coarse grid + batched Newton = per-step continuation; the batched
     closed-form efforts and assembly modes = the per-step ones (also for inconsistent q̈)."""
-    from mbfg_ros import batched
+    from mbfg_ros.batch import vectorized as batched
     N = 201
     t = np.arange(N) * DT
     q0 = np.array(robot.q0)[list(robot.actuated)]
@@ -281,7 +283,7 @@ def test_vectorized_kinematics_and_efforts_match_per_step(robot):
 def test_position_continuation_fast_crank_matches_step_by_step(four_bar):
     """A fast crank (40 rad/s, 0.2 rad per step): the coarse grid shrinks, and batched Newton solutions
     mirrored across the crank direction (which satisfy the single relative-angle row) are rejected."""
-    from mbfg_ros import batched
+    from mbfg_ros.batch import vectorized as batched
     N = 400
     values = 40.0 * np.arange(N)[:, None] * DT
     q_seq = batch._position_continuation(four_bar, values, stride=1)

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mbfg_ros import cli, dynamics
-from mbfg_ros.model import load_mechanism
+from mbfg_ros.cli import commands as cli
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.model.mechanism import load_mechanism
 
 ROOT = Path(__file__).resolve().parents[1]
 

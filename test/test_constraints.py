@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from mbfg_ros.constraints import (DistanceConstraints, FixedSliderConstraints, MobileSliderConstraints,
+from mbfg_ros.model.constraints import (DistanceConstraints, FixedSliderConstraints, MobileSliderConstraints,
                                   RelativeAngleConstraints)
-from mbfg_ros.kinematics import solve_positions
-from mbfg_ros.model import load_mechanism
-from mbfg_ros.spec import BodySpec, MechanismSpec, MobileSliderSpec, PointSpec, RelativeAngleSpec
+from mbfg_ros.dynamics.kinematics import solve_positions
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.model.spec import BodySpec, MechanismSpec, MobileSliderSpec, PointSpec, RelativeAngleSpec
 
 MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "pendulum", "pendulum_nary"]
 
@@ -124,7 +124,7 @@ def test_mobile_slider_acceleration_terms_are_not_zero():
               BodySpec((2, 3), 8.0, 3, 64.0, (4.0, 0)))
     spec = MechanismSpec("follower", pts, bodies, mobile_sliders=(MobileSliderSpec("s", 4, (2, 3)),),
                          relative_angles=(RelativeAngleSpec("a", (2, 3)),))
-    from mbfg_ros.model import Mechanism
+    from mbfg_ros.model.mechanism import Mechanism
     mech = Mechanism(spec)
     rng = np.random.default_rng(0)
     q = np.array(mech.q0) + 0.1 * rng.normal(size=mech.n)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from mbfg_ros import dynamics as D
-from mbfg_ros import kinematics as K
-from mbfg_ros.model import load_mechanism
+from mbfg_ros.dynamics import constrained as D
+from mbfg_ros.dynamics import kinematics as K
+from mbfg_ros.model.mechanism import load_mechanism
 
 from test_constraints import MECHANISMS, fd_jacobian
 

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 import reference_four_bar as R
-from mbfg_ros import graph as G
-from mbfg_ros.estimate import EstimatorConfig, default_sigmas
-from mbfg_ros.estimator import FixedLagEstimator, choose_independent
-from mbfg_ros.graph import custom_factor
-from mbfg_ros.model import Mechanism, load_mechanism
+from mbfg_ros.graph import window as G
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.dynamics.coordinates import choose_independent
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.graph.window import custom_factor
+from mbfg_ros.model.mechanism import Mechanism, load_mechanism
 
 
 @pytest.fixture(scope="module")
@@ -492,7 +494,7 @@ def test_checks_are_not_skipped_where_relinearization_is_needed(crank):
     """Forward dynamics under the simulated plant's PD torque (wide crank swings) with the tight
     prediction-step threshold (1e-3 σ): the steps that need re-linearizing are all found (the same ones as
     checking every step), the others skipped."""
-    from mbfg_ros.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import SimulatedPlant
     traj = SimulatedPlant(crank, dt=1e-3, seed=1).simulate(1.5)
     res = {}
     for ci in (1, 8):
@@ -648,7 +650,7 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
                                                                                    efforts):
     """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
     bit for bit, and the step itself no longer linearizes the dynamics at the prediction."""
-    from mbfg_ros.factors import EvalContext
+    from mbfg_ros.dynamics.cache import EvalContext
     calls = {"in_step": 0}
     lean = EvalContext._lean
     inside = {"on": False}

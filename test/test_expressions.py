@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mbfg_ros.expressions import ExpressionError, evaluate
+from mbfg_ros.model.expressions import ExpressionError, evaluate
 
 
 @pytest.mark.parametrize("text, expected", [

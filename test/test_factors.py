@@ -8,12 +8,13 @@ import gtsam
 import numpy as np
 import pytest
 
-from mbfg_ros import dynamics as D
-from mbfg_ros import factors as F
-from mbfg_ros import kinematics as K
-from mbfg_ros.estimate import default_sigmas
-from mbfg_ros.graph import StateLayout, StepModel, custom_factor, linear_factor, linearize_step, residual_step
-from mbfg_ros.model import load_mechanism
+from mbfg_ros.dynamics import constrained as D
+import mbfg_ros.factors as F
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.dynamics import kinematics as K
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.graph.window import StateLayout, StepModel, custom_factor, linear_factor, linearize_step, residual_step
+from mbfg_ros.model.mechanism import load_mechanism
 
 MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot"]
 SWITCH = 1.0 / math.sqrt(2.0)
@@ -207,13 +208,13 @@ def test_lean_dynamics_equals_core(mech):
         s = random_state(mech, rng)
         Q = mech.gravity_forces + rng.standard_normal(mech.n)
         ref = D.forward_dynamics_jacobians(mech, s["q"], s["v"], Q)
-        ctx = F.EvalContext(mech)
+        ctx = EvalContext(mech)
         lin = ctx.dynamics(s["q"], s["v"], Q)
         for name in ("a", "da_dq", "da_dv", "da_dQ", "Phi_q", "Phi_q_dot"):
             A, B = getattr(lin, name), getattr(ref, name)
             assert np.abs(A - B).max() <= 1e-9 * max(1.0, np.abs(B).max()), name
-        assert np.abs(F.EvalContext(mech).acceleration(s["q"], s["v"], Q) - ref.a).max() <= 1e-9 * max(1, np.abs(ref.a).max())
-        slow = F.EvalContext(mech, fast=False).dynamics(s["q"], s["v"], Q)
+        assert np.abs(EvalContext(mech).acceleration(s["q"], s["v"], Q) - ref.a).max() <= 1e-9 * max(1, np.abs(ref.a).max())
+        slow = EvalContext(mech, fast=False).dynamics(s["q"], s["v"], Q)
         assert np.abs(slow.da_dq - ref.da_dq).max() == 0.0
 
 
@@ -221,7 +222,7 @@ def test_context_sharing_gives_the_same_numbers():
     mech = load_mechanism("mechanisms/four_bar_crank.yaml")
     rng = np.random.default_rng(5)
     s = random_state(mech, rng)
-    ctx = F.EvalContext(mech)
+    ctx = EvalContext(mech)
     for unit in (F.PositionConstraints(mech), F.VelocityConstraints(mech), F.ForwardDynamics(mech), F.Jerk(mech)):
         blocks = blocks_for(unit, s)
         e1, J1 = unit.evaluate(*blocks, ctx=ctx)

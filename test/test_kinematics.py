@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from mbfg_ros import dynamics as D
-from mbfg_ros import kinematics as K
-from mbfg_ros.model import load_mechanism
+from mbfg_ros.dynamics import constrained as D
+from mbfg_ros.dynamics import kinematics as K
+from mbfg_ros.model.mechanism import load_mechanism
 
 from test_constraints import MECHANISMS
 
@@ -127,7 +127,7 @@ def test_free_fall_conserves_energy_and_constraints(name, duration):
 def test_four_bar_free_fall_passes_the_dead_point():
     """The crank-angle-free four-bar released from rest reaches the rocker dead point near t = 1.515 s
     (g = 9.8): the rocker tip P2 momentarily stops while the system keeps moving."""
-    from mbfg_ros.model import Mechanism
+    from mbfg_ros.model.mechanism import Mechanism
     import dataclasses
     base = load_mechanism("mechanisms/four_bar.yaml")
     mech = Mechanism(dataclasses.replace(base.spec, gravity=(0.0, -9.8)))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mbfg_ros.loader import coordinate_names, load_spec, load_spec_from_string
-from mbfg_ros.spec import MechanismError, MechanismSpec
+from mbfg_ros.model.loader import coordinate_names, load_spec, load_spec_from_string
+from mbfg_ros.model.spec import MechanismError, MechanismSpec
 
 MECHANISMS = Path(__file__).resolve().parent.parent / "mechanisms"
 SHIPPED = sorted(MECHANISMS.glob("*.yaml"))

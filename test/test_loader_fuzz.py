@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mbfg_ros.loader import coordinate_names, load_spec_from_string
-from mbfg_ros.spec import MechanismError, MechanismSpec
+from mbfg_ros.model.loader import coordinate_names, load_spec_from_string
+from mbfg_ros.model.spec import MechanismError, MechanismSpec
 
 MECHANISMS = Path(__file__).resolve().parent.parent / "mechanisms"
 SHIPPED_TEXT = {p.name: p.read_text() for p in sorted(MECHANISMS.glob("*.yaml"))}

@@ -1,6 +1,6 @@
 """Integration tests of the `estimator` node over real DDS (rclpy from the PyPI wheels is enough).
 
-The node runs as a subprocess exactly as the launch file starts it (`python -m mbfg_ros.node --ros-args
+The node runs as a subprocess exactly as the launch file starts it (`python -m mbfg_ros.ros.node --ros-args
 --params-file config/four_bar.yaml ...`), with test-only overrides: a 4 ms step (these tests check the
 node's behaviour, not its speed, on a machine that may be busy: `bench/node_latency.py` and `make
 demo` measure the 1 kHz performance) and 5 Hz diagnostics.  A probe node in this process publishes
@@ -33,13 +33,13 @@ TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "ma
 
 @pytest.fixture(scope="module")
 def mech():
-    from mbfg_ros.model import load_mechanism
+    from mbfg_ros.model.mechanism import load_mechanism
     return load_mechanism("four_bar_crank")
 
 
 @pytest.fixture(scope="module")
 def traj(mech):
-    from mbfg_ros.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import SimulatedPlant
     return SimulatedPlant(mech, dt=DT, seed=7).simulate(2.0)
 
 
@@ -397,7 +397,7 @@ def test_numerical_trouble_never_kills_the_node(shared, mech, traj):
     jumped = {k: (v.copy() if k != "crank" else v.copy()) for k, v in t.readings.items()}
     jumped["crank"][150:170] += math.pi
     jumped["coupler_gyro"][150:170] += 50.0
-    from mbfg_ros.plant import Trajectory
+    from mbfg_ros.sim.plant import Trajectory
     bad = Trajectory(t.t, t.q, t.v, t.a, t.efforts, t.Q, jumped)
     f = Feeder(probe, bad, DT, mech).start()
     f.join()
@@ -526,7 +526,7 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
     """A step far below the solve time (0.2 ms): the node cannot keep up, so it skips to the newest
     inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
-    from mbfg_ros.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import SimulatedPlant
     dt = 0.0002
     fast_traj = SimulatedPlant(mech, dt=dt, seed=2).simulate(1.0)
     dom = fresh_domain_id()
@@ -560,7 +560,7 @@ def test_idle_node_sleeps_until_an_input_comes():
     import rclpy
     from rclpy.context import Context
     from rclpy.serialization import serialize_message
-    from mbfg_ros import node as N
+    from mbfg_ros.ros import node as N
     ctx = Context()
     rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false"], context=ctx,
                domain_id=fresh_domain_id())
@@ -583,10 +583,10 @@ def test_idle_node_sleeps_until_an_input_comes():
 
 
 def test_demo_runs_end_to_end(tmp_path):
-    """The README's main command (`make demo` = `python -m mbfg_ros.demo`), shortened and at a 4-ms step:
+    """The README's main command (`make demo` = `python -m mbfg_ros.ros.demo`), shortened and at a 4-ms step:
     both nodes start and exit cleanly, every step is answered, the estimate follows the simulated truth,
     the services answer during the run and the plot is written."""
-    from mbfg_ros.demo import run_demo
+    from mbfg_ros.ros.demo import run_demo
     plot = tmp_path / "demo.png"
     r = run_demo(1.5, "four_bar_crank", dt=DT, plot=str(plot), domain_id=fresh_domain_id(), verbose=False,
                  log_dir=str(tmp_path / "logs"), service_calls=4)

@@ -9,8 +9,8 @@ import pytest
 
 from sensor_msgs.msg import JointState
 
-from mbfg_ros import ros_conversions as rc
-from mbfg_ros.node import InputScheduler
+from mbfg_ros.ros import conversions as rc
+from mbfg_ros.ros.node import InputScheduler
 
 MS = 1_000_000
 T0 = 1_000_000 * MS          # an arbitrary positive node-clock time
@@ -249,7 +249,7 @@ def test_serialized_templates_equal_rclpy_serialization(mech_name):
     from rclpy.serialization import deserialize_message, serialize_message
     from trajectory_msgs.msg import JointTrajectory
     from visualization_msgs.msg import MarkerArray
-    from mbfg_ros.model import load_mechanism
+    from mbfg_ros.model.mechanism import load_mechanism
     mech = load_mechanism(mech_name)
     n, names = mech.n, list(mech.coordinate_names)
     rng = np.random.default_rng(1)

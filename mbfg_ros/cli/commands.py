@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import csvio
-from .csvio import CsvError
-from .kinematics import AssemblyError
-from .spec import MechanismError
+from mbfg_ros.cli import csvio
+from mbfg_ros.cli.csvio import CsvError
+from mbfg_ros.dynamics.kinematics import AssemblyError
+from mbfg_ros.model.spec import MechanismError
 
 PROG = "mbfg"
 
@@ -73,8 +73,8 @@ class Progress:
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
-    from .model import Mechanism, resolve_mechanism_path
-    from .loader import load_spec
+    from mbfg_ros.model.mechanism import Mechanism, resolve_mechanism_path
+    from mbfg_ros.model.loader import load_spec
     spec = load_spec(resolve_mechanism_path(path))
     if gravity is not None:
         g = [float(x) for x in gravity]
@@ -209,8 +209,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .estimate import EstimatorConfig
-    from .estimator import FixedLagEstimator
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
     mech = _load(args.mechanism, args.gravity)
     steps = int(round(args.duration / args.dt))
     if steps < 1:
@@ -261,7 +261,7 @@ def trajectory_from_csv(mech, path):
 
 
 def cmd_inverse_dynamics(args) -> int:
-    from . import batch
+    from mbfg_ros.batch import solver as batch
     mech = _load(args.mechanism, args.gravity)
     t, dt, traj = trajectory_from_csv(mech, args.trajectory)
     bar = Progress(4, "inverse dynamics")
@@ -279,8 +279,8 @@ def cmd_inverse_dynamics(args) -> int:
 
 
 def cmd_estimate(args) -> int:
-    from .estimate import EstimatorConfig
-    from .estimator import FixedLagEstimator
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
     mech = _load(args.mechanism, args.gravity)
     table = csvio.read_table(args.observations, allow_empty=True)
     names = [s.name for s in mech.sensors]

@@ -8,7 +8,7 @@ keys.  Two Levenberg–Marquardt engines solve the same `Problem`:
   kind (`Problem.add_factors` adds a whole series in bulk); the Jacobians of exactly linear units
   (integrators, priors, soft equalities) are built once per stage (one whitened Jacobian when the
   group shares it); the nonlinear units are evaluated once per iteration, vectorized over all the
-  steps of a group (`mbfg_ros.batched`: Φ, Φq, Φ̇q for all steps from the constraint set's quadratic
+  steps of a group (`mbfg_ros.batch.vectorized`: Φ, Φq, Φ̇q for all steps from the constraint set's quadratic
   form, the dynamics by batched solves of the augmented systems) or, for other unit kinds, step by
   step with a shared `factors.EvalContext` (one evaluation gives errors and Jacobians).  The graphs
   are chains in time, so the damped normal equations are accumulated directly in LAPACK band storage
@@ -18,7 +18,7 @@ keys.  Two Levenberg–Marquardt engines solve the same `Problem`:
   directions).  Convergence is judged on the Gauss–Newton model (predicted decrease ≤ 1e-10 × cost),
   tested with the previous factorization, so a converged stage costs no extra evaluation or
   factorization.
-* ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.custom_factor`)
+* ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.window.custom_factor`)
   and `gtsam.LevenbergMarquardtOptimizer` with multifrontal QR and tolerances that converge.  The
   paper's structure literally; two orders of magnitude slower (a Python callback per factor and
   linearization, and 4–7 LM iterations per stage).
@@ -50,8 +50,10 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from . import batched, dynamics, kinematics
-from .model import Mechanism
+from mbfg_ros.batch import vectorized as batched
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.dynamics import kinematics
+from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["Problem", "LMSettings", "LMReport", "solve", "InverseDynamicsResult", "StageReport",
            "staged_inverse_dynamics", "closed_form_motion", "closed_form_efforts", "quintic_move",
@@ -62,7 +64,7 @@ _DEBUG = False
 _REFINE = 2                 # at most this many refinement steps of a banded solve
 _REFINE_TOLERANCE = 1e-10   # ... stopping once the relative residual of the normal equations is below this
 _COARSE_MOTION = 0.25  # position continuation: largest move of an actuated coordinate per coarse interval
-_VECTORIZE = True     # evaluate supported nonlinear units over all steps at once (`mbfg_ros.batched`)
+_VECTORIZE = True     # evaluate supported nonlinear units over all steps at once (`mbfg_ros.batch.vectorized`)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ class _Group:
     def _linear_bulk(self, units, dims, keys0) -> bool:
         """J and b of a linear group without a per-factor loop: one shared unit, or priors that differ
         only in their means.  False when neither applies."""
-        from . import factors as F
+        import mbfg_ros.factors as F
         unit0 = units[0]
         if self.shared_unit:
             e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0])
@@ -671,7 +673,7 @@ def _eval_context(prob: Problem):
     mech = getattr(prob, "mech", None)
     if mech is None:
         return None
-    from .factors import EvalContext
+    from mbfg_ros.dynamics.cache import EvalContext
     return EvalContext(mech)
 
 
@@ -753,7 +755,7 @@ def _gtsam_key(key: Key) -> int:
 
 def _solve_gtsam(prob: Problem, settings: LMSettings) -> LMReport:
     import gtsam
-    from .graph import custom_factor
+    from mbfg_ros.graph.window import custom_factor
     t0 = time.perf_counter()
     graph = gtsam.NonlinearFactorGraph()
     for unit, keys in prob.factors:
@@ -1036,7 +1038,7 @@ class _LibraryUnits:
     object per kind; the trajectory priors differ per step)."""
 
     def __init__(self, mech: Mechanism, dt: float, sigmas: InverseDynamicsSigmas):
-        from . import factors as F
+        import mbfg_ros.factors as F
         self.F, self.mech, self.dt, self.s = F, mech, dt, sigmas
         n = mech.n
         self._position = F.PositionConstraints(mech, sigmas.position_constraints)
@@ -1227,8 +1229,8 @@ def batch_forward_dynamics(mech: Mechanism, dt: float, steps: int, efforts=None,
     f_pc^i, f_vc^i, f_ac^i, f_dyn^i, trapezoidal on z, soft equality on q (paper Fig. 3).
     The initial guess is a semi-implicit Euler pass with the closed-form q̈.
     """
-    from . import factors as F
-    from .estimate import default_sigmas
+    import mbfg_ros.factors as F
+    from mbfg_ros.factors.noise import default_sigmas
     sig = default_sigmas()
     sig.update(sigmas or {})
     settings = settings or LMSettings()

@@ -26,7 +26,8 @@ from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 import gtsam
 import numpy as np
 
-from .factors import EvalContext, Factor
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.factors.base import Factor
 
 __all__ = ["custom_factor", "StateLayout", "linearize_step", "residual_step", "linear_factor", "StepModel",
            "FixedLagWindow", "StepRecord", "state_key"]

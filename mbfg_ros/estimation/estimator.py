@@ -31,21 +31,23 @@ Factors per step k (see `mbfg_ros.factors`):
 from __future__ import annotations
 
 import copy
-import ctypes
 import math
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import factors as F
-from .dynamics import null_space_basis
-from .estimate import Estimate, EstimatorConfig, default_sigmas
-from .graph import FixedLagWindow, StateLayout, StepModel, linearize_step
-from .kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
-from .model import Mechanism
+import mbfg_ros.factors as F
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.blas import limit_blas_threads
+from mbfg_ros.dynamics.coordinates import choose_independent, degrees_of_freedom
+from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.graph.window import FixedLagWindow, StateLayout, StepModel, linearize_step
+from mbfg_ros.dynamics.kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
+from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["FixedLagEstimator", "choose_independent", "limit_blas_threads"]
+__all__ = ["FixedLagEstimator"]
 
 TWO_PI = 2.0 * math.pi
 _max = np.maximum.reduce
@@ -62,66 +64,8 @@ class _Resync(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-def limit_blas_threads(n: int = 1) -> int:
-    """Set the thread count of every OpenBLAS loaded in this process (numpy's and scipy's).
-
-    The estimator's linear algebra is on matrices of a few dozen rows, where waking BLAS worker
-    threads costs far more than the arithmetic (measured: 0.6 ms instead of 4 µs for one triangular
-    solve on a busy 2-core machine).  Returns how many libraries were set (0 where unsupported)."""
-    done = 0
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and line.rstrip().endswith(".so")
-                    or ("openblas" in line.lower() and ".so" in line)}
-    except OSError:
-        return 0
-    for path in sorted(libs):
-        if not path.startswith("/"):
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for sym in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
-                    "scipy_openblas_set_num_threads", "openblas_set_num_threads64_"):
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_int]
-                fn(int(n))
-                done += 1
-                break
-    return done
 
 
-def choose_independent(mech: Mechanism, q: np.ndarray, prefer: Sequence[int] = (), return_basis: bool = False):
-    """Independent coordinates z (d = degrees of freedom) that parametrize the motion well at q.
-
-    Relative angles (then `prefer`) are tried first: the first subset whose selector B gives a
-    well-conditioned B N (N = orthonormal null space of Φq) wins; otherwise the remaining coordinates are
-    added greedily by the smallest singular value of N[z].  With `return_basis`, returns (z, N)."""
-    N = null_space_basis(mech.constraints.jacobian(q))
-    d = N.shape[1]
-    chosen: List[int] = []
-    if d:
-        candidates = list(dict.fromkeys([int(i) for i in mech.relative_angle_columns] + [int(i) for i in prefer]))
-        for c in candidates:
-            trial = chosen + [c]
-            s = np.linalg.svd(N[trial], compute_uv=False)
-            if s[-1] > 0.2 * s[0] and s[-1] > 1e-3:
-                chosen = trial
-                if len(chosen) == d:
-                    break
-        while len(chosen) < d:
-            best, best_s = None, -1.0
-            for c in range(mech.n):
-                if c in chosen:
-                    continue
-                s = np.linalg.svd(N[chosen + [c]], compute_uv=False)[-1]
-                if s > best_s:
-                    best, best_s = c, s
-            chosen.append(best)
-    z = np.array(chosen, dtype=np.intp)
-    return (z, N) if return_basis else z
 
 
 def _wrap_near(value: float, reference: float) -> float:
@@ -194,7 +138,7 @@ class FixedLagEstimator:
         self.hermite = c.integrator == "hermite"
         self.independent = c.formulation == "independent"
         self._hermite_lite = self.hermite and not self.independent    # jerk-free velocity integrator
-        self.dof = self._degrees_of_freedom()
+        self.dof = degrees_of_freedom(mech)
         self._z_user = None
         if c.independent:
             z = [mech.coordinate_index(name, "independent coordinates") for name in c.independent]
@@ -204,7 +148,7 @@ class FixedLagEstimator:
             self._z_user = np.array(z, dtype=np.intp)
         if c.assembly_mode is not None:
             self._check_mode(c.assembly_mode)
-        self.ctx = F.EvalContext(mech)
+        self.ctx = EvalContext(mech)
         self._zero_rate = np.zeros(mech.n)
         self._zero_rate.flags.writeable = False
         self.layout = self._make_layout()
@@ -420,13 +364,6 @@ class FixedLagEstimator:
             raise ValueError(f"assembly_mode must be {k} values of +1/-1 (indicators: "
                              f"{', '.join(self.mech.assembly_mode_names) or 'none'}), got {list(mode)}")
         return m
-
-    def _degrees_of_freedom(self) -> int:
-        J = self.mech.constraints.jacobian(np.array(self.mech.q0))
-        if J.shape[0] == 0:
-            return self.mech.n
-        s = np.linalg.svd(J, compute_uv=False)
-        return self.mech.n - int(np.sum(s > 1e-9 * max(1.0, s[0])))
 
     # -- graph structure ----------------------------------------------------------------------
     def _make_layout(self) -> StateLayout:

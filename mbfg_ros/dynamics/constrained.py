@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .model import Mechanism
+from mbfg_ros.model.mechanism import Mechanism
 
 RANK_TOL = 1e-9
 

@@ -1,4 +1,4 @@
-"""`estimator`: the rclpy node around `mbfg_ros.estimator.FixedLagEstimator` (node name `mbfg_estimator`).
+"""`estimator`: the rclpy node around `mbfg_ros.estimation.estimator.FixedLagEstimator` (node name `mbfg_estimator`).
 
 A thin shell: all estimation happens in the ROS-free core.  This module turns stamped ROS inputs
 into calls `FixedLagEstimator.step(t, efforts, observations)` on a fixed time grid and publishes
@@ -32,10 +32,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 import rclpy
-from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType,
-                                SetParametersResult)
+from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult)
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType, JumpThreshold
 from rclpy.duration import Duration
@@ -53,11 +51,12 @@ try:  # Humble+: lets users change QoS via qos_overrides.<topic>.* parameters
 except ImportError:  # pragma: no cover
     QoSOverridingOptions = None
 
-from . import fastloop
-from . import ros_conversions as rc
-from .estimator import FixedLagEstimator
-from .estimate import FORMULATIONS, INTEGRATORS, MODES, Estimate, EstimatorConfig, default_sigmas
-from .model import load_mechanism, resolve_mechanism_path
+from mbfg_ros.ros import fastloop
+from mbfg_ros.ros import conversions as rc
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, Estimate, EstimatorConfig
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.model.mechanism import load_mechanism, resolve_mechanism_path
 
 NODE_NAME = "mbfg_estimator"
 NS = rc.NS

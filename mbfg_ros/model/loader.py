@@ -1,4 +1,4 @@
-"""Load a mechanism YAML file into a validated `mbfg_ros.spec.MechanismSpec`.
+"""Load a mechanism YAML file into a validated `mbfg_ros.model.spec.MechanismSpec`.
 
 The format is the one of the reference implementation (mbse, Blanco-Claraco et al. 2021): it loads
 the paper's Listing 1 unchanged.  It adds optional sections: ``name``, ``gravity``, ``sliders``,
@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 import yaml
 
-from .expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
-from .spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
+from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
+from mbfg_ros.model.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
                    GyroscopeSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
                    RelativeAngleSpec)
 

@@ -1,6 +1,6 @@
 """Plain, validated description of a mechanism as written in YAML.
 
-The loader (`mbfg_ros.loader`) turns a YAML file into a `MechanismSpec`; `mbfg_ros.model.Mechanism`
+The loader (`mbfg_ros.model.loader`) turns a YAML file into a `MechanismSpec`; `mbfg_ros.model.mechanism.Mechanism`
 turns a spec into the immutable numerical model.  Everything here is already numbers: expressions
 are evaluated, indices checked, names resolved.  Point indices are 0-based, as in the YAML file.
 """

@@ -1,9 +1,9 @@
-"""`make demo` / `python -m mbfg_ros.demo`: the estimator node and the simulated plant as real ROS 2 nodes.
+"""`make demo` / `python -m mbfg_ros.ros.demo`: the estimator node and the simulated plant as real ROS 2 nodes.
 
 Starts, as subprocesses of this Python (no ROS installation needed, rclpy from PyPI works):
 
-* the estimator: ``python -m mbfg_ros.node --ros-args --params-file config/four_bar.yaml -p mechanism:=...``
-* the simulated plant: ``python -m mbfg_ros.sim_node`` (noisy encoders + commanded efforts at 1/dt),
+* the estimator: ``python -m mbfg_ros.ros.node --ros-args --params-file config/four_bar.yaml -p mechanism:=...``
+* the simulated plant: ``python -m mbfg_ros.ros.sim_node`` (noisy encoders + commanded efforts at 1/dt),
 
 talks to them over DDS for a few seconds from an in-process probe node, then prints
 
@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -37,7 +36,7 @@ import numpy as np
 
 NS = 1_000_000_000
 TRUTH_DECIMATION = 10     # the plant publishes its truth with every 10th sample (enough to score the estimates)
-PKG_ROOT = Path(__file__).resolve().parents[1]
+PKG_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config_path(name: str) -> Path:
@@ -83,7 +82,7 @@ class _Recorder:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from diagnostic_msgs.msg import DiagnosticArray
         from trajectory_msgs.msg import JointTrajectory
-        from . import fastloop
+        from mbfg_ros.ros import fastloop
 
         self.rclpy = rclpy
         self.ctx = Context()
@@ -202,12 +201,12 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
              mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
              plot: Optional[str] = "out/demo.png", domain_id: Optional[int] = None, log_dir: Optional[str] = None,
              settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
-             service_calls: int = 0, estimator_module: str = "mbfg_ros.node") -> Dict[str, object]:
+             service_calls: int = 0, estimator_module: str = "mbfg_ros.ros.node") -> Dict[str, object]:
     """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc).
     With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating, on
     the current branch) are spread over the run and their response times reported.  `estimator_module`
     is the module run as the estimator node (`python -m`, from the repository root)."""
-    from .model import load_mechanism
+    from mbfg_ros.model.mechanism import load_mechanism
     mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
                                                    else "pick_and_place.yaml")
@@ -239,7 +238,7 @@ def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: O
             time.sleep(0.02)
         if est.poll() is not None or not rec.estimator_ready():
             raise RuntimeError(f"estimator did not start:\n{(logs / 'estimator.log').read_text()[-3000:]}")
-        sim = _start("mbfg_ros.sim_node", sim_args, env, logs / "sim.log")
+        sim = _start("mbfg_ros.ros.sim_node", sim_args, env, logs / "sim.log")
         say(f"[demo] {mechanism}: estimator up; simulating {duration} s (the plant integrates it first)...")
         # wait for the data to flow, then sample CPU over the run
         t_end = time.monotonic() + 120
@@ -389,7 +388,7 @@ def _print(res):
               f"over {e['samples']} truth samples")
     if "node_diagnostics" in res:
         print(f"  node diagnostics : {res['node_diagnostics']}")
-    print(f"  CPU share        : " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in res["cpu_share"].items())
+    print("  CPU share        : " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in res["cpu_share"].items())
           + f" (of one core; {os.cpu_count()} cores)")
     if "services" in res:
         sv = res["services"]

@@ -22,8 +22,9 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from . import dynamics, kinematics
-from .model import Mechanism
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.dynamics import kinematics
+from mbfg_ros.model.mechanism import Mechanism
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`four_bar_sim`: a simulated plant as a ROS 2 node (node name `four_bar_sim`).
 
-Runs `mbfg_ros.plant.SimulatedPlant` (any mechanism; the four-bar crank by default) and publishes,
+Runs `mbfg_ros.sim.plant.SimulatedPlant` (any mechanism; the four-bar crank by default) and publishes,
 every dt:
 
 * `joint_observations` (sensor_msgs/JointState): noisy sensor readings by sensor name, encoders in
@@ -38,9 +38,9 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-from . import ros_conversions as rc
-from .model import load_mechanism
-from .plant import PlantSample, SimulatedPlant
+from mbfg_ros.ros import conversions as rc
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.sim.plant import PlantSample, SimulatedPlant
 
 NODE_NAME = "four_bar_sim"
 NS = rc.NS

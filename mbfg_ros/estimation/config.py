@@ -7,28 +7,13 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from mbfg_ros.factors.noise import default_sigmas
+
 MODES = ("forward_dynamics", "estimation", "fused")
 FORMULATIONS = ("dependent", "independent")
 INTEGRATORS = ("trapezoidal", "hermite", "euler")
 
 
-def default_sigmas() -> Dict[str, float]:
-    """Noise sigmas; defaults from the paper's Table 2 (only relative weights matter)."""
-    return {
-        "prior_q0": 1e-5,            # f_prior on q0 (covariance 1e-10)
-        "prior_v0": 1e-5,
-        "integrator": 1e-3,          # f_ti (q–q̇ and q̇–q̈)
-        "dynamics": 1e-3,            # f_dyn / f_idyn
-        "position_constraints": 1e-3,
-        "velocity_constraints": 1e-3,
-        "acceleration_constraints": 1e-3,
-        "soft_equality": 10.0,       # f_eq (covariance 1e2)
-        "commanded_effort": 1e-3,    # how well the commanded efforts are applied (fused mode)
-        "effort_random_walk": 50.0,  # N·m/s/√s: how fast unknown efforts may change
-        "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
-        "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
-        "observed_coordinate": 1e-3, # generic observations 'q:<name>', 'v:<name>', 'a:<name>' (unless in sensor_sigmas)
-    }
 
 
 @dataclass(frozen=True)
@@ -43,7 +28,7 @@ class EstimatorConfig:
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     compute_covariance: bool = False
-    # fixed-lag estimator internals (mbfg_ros.estimator.FixedLagEstimator)
+    # fixed-lag estimator internals (mbfg_ros.estimation.estimator.FixedLagEstimator)
     relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing a step;
                                            # None: 1e-3 for steps without readings, 10 for steps with readings
     max_relinearizations: int = 3          # rounds per step

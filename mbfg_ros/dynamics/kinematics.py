@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .model import Mechanism
+from mbfg_ros.model.mechanism import Mechanism
 
 
 class AssemblyError(RuntimeError):

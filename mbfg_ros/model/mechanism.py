@@ -15,9 +15,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from .constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
+from mbfg_ros.model.constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
                           MobileSliderConstraints, RelativeAngleConstraints)
-from .spec import MechanismError, MechanismSpec
+from mbfg_ros.model.spec import MechanismError, MechanismSpec
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Mechanism:
     # ------------------------------------------------------------------------------------------
     @classmethod
     def from_yaml(cls, path) -> "Mechanism":
-        from .loader import load_spec
+        from mbfg_ros.model.loader import load_spec
         return cls(load_spec(path))
 
     def coordinate_index(self, name: str, where: str = "coordinate") -> int:
@@ -333,7 +333,7 @@ def resolve_mechanism_path(path) -> Path:
 
 def _mechanism_folders():
     here = Path(__file__).resolve().parent
-    folders = [here.parent / "mechanisms"]
+    folders = [here.parents[1] / "mechanisms"]
     try:  # installed by colcon / pip data_files
         from ament_index_python.packages import get_package_share_directory
         folders.append(Path(get_package_share_directory("mbfg_ros")) / "mechanisms")

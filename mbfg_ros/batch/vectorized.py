@@ -1,6 +1,6 @@
 """Factor units evaluated over many time steps at once (numpy arrays of shape (N, ...)).
 
-The batch solvers (`mbfg_ros.batch`) evaluate the same nonlinear unit at every step of a trajectory.
+The batch solvers (`mbfg_ros.batch.solver`) evaluate the same nonlinear unit at every step of a trajectory.
 Doing that one step at a time costs ~100 µs of Python per step and unit; this module evaluates a
 whole group in a few vectorized numpy calls and gives the same numbers as the units of
 `mbfg_ros.factors` (the tests compare both to 1e-12):
@@ -26,10 +26,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import factors as F
-from .constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConstraints
-from .dynamics import forward_dynamics_jacobians
-from .model import Mechanism
+import mbfg_ros.factors as F
+from mbfg_ros.model.constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConstraints
+from mbfg_ros.dynamics.constrained import forward_dynamics_jacobians
+from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported", "assembly_modes",
            "angles_consistent", "newton_positions", "inverse_dynamics_many"]

@@ -1,0 +1,47 @@
+"""Degrees of freedom and the choice of independent coordinates of a mechanism at a configuration."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mbfg_ros.dynamics.constrained import null_space_basis
+from mbfg_ros.model.mechanism import Mechanism
+
+
+def degrees_of_freedom(mech: Mechanism, q: Optional[np.ndarray] = None) -> int:
+    """n minus the rank of Φq at q (default: the drawn pose q0)."""
+    J = mech.constraints.jacobian(np.array(mech.q0 if q is None else q, dtype=float))
+    return int(null_space_basis(J).shape[1])
+
+
+def choose_independent(mech: Mechanism, q: np.ndarray, prefer: Sequence[int] = (), return_basis: bool = False):
+    """Independent coordinates z (d = degrees of freedom) that parametrize the motion well at q.
+
+    Relative angles (then `prefer`) are tried first: the first subset whose selector B gives a
+    well-conditioned B N (N = orthonormal null space of Φq) wins; otherwise the remaining coordinates are
+    added greedily by the smallest singular value of N[z].  With `return_basis`, returns (z, N)."""
+    N = null_space_basis(mech.constraints.jacobian(q))
+    d = N.shape[1]
+    chosen: List[int] = []
+    if d:
+        candidates = list(dict.fromkeys([int(i) for i in mech.relative_angle_columns] + [int(i) for i in prefer]))
+        for c in candidates:
+            trial = chosen + [c]
+            s = np.linalg.svd(N[trial], compute_uv=False)
+            if s[-1] > 0.2 * s[0] and s[-1] > 1e-3:
+                chosen = trial
+                if len(chosen) == d:
+                    break
+        while len(chosen) < d:
+            best, best_s = None, -1.0
+            for c in range(mech.n):
+                if c in chosen:
+                    continue
+                s = np.linalg.svd(N[chosen + [c]], compute_uv=False)[-1]
+                if s > best_s:
+                    best, best_s = c, s
+            chosen.append(best)
+    z = np.array(chosen, dtype=np.intp)
+    return (z, N) if return_basis else z

@@ -1,0 +1,103 @@
+"""Factor units of the multibody factor graphs, with closed-form Jacobians (ROS-free, gtsam-free).
+
+A unit is one small object with
+
+* ``slots``  – names of the variable blocks it reads, in argument order.  A bare name (``"q"``,
+  ``"v"``, ``"a"``, ``"j"``, ``"tau"``, ``"z"``, ``"zd"``, ``"zdd"``, ``"zj"``) is the block of the step
+  the unit belongs to; the suffix ``_prev`` names the same block one step earlier (integrators,
+  soft equality, random walks).
+* ``dim``    – number of error rows,
+* ``sigmas`` – (dim,) standard deviations of the rows (the noise model is diagonal),
+* ``evaluate(*blocks, ctx=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
+  ``error(*blocks, ctx=None)`` – error only (cheaper for the dynamics units),
+  ``whitened(*blocks, ctx=None)`` – both divided by the sigmas.
+
+Fixed parameters (measured values, known forces, Δt) are attributes set at construction; the
+estimator may update them in place (``unit.value = ...``, ``unit.Q = ...``) before evaluating, the gtsam
+adapters take a copy.  Nothing is read from outside the blocks: every quantity an error depends on is
+either a slot or a parameter of the unit.
+
+``ctx`` is an optional `EvalContext`: a memo of the expensive per-configuration quantities (Φ, Φq,
+q̈ and its Jacobians) keyed by the *values* of the blocks, so several units evaluated at the same
+(q, q̇, Q) share one dynamics linearization.  Passing no context gives the same numbers.
+
+Notation: n coordinates, m constraint rows, d degrees of freedom (independent coordinates z),
+na actuators (efforts τ on the actuated coordinates, E the n×na selector, Q = Q_known + E τ).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Optional
+
+import numpy as np
+
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.factors.noise import default_sigmas
+
+
+def prev(name: str) -> str:
+    """Slot name of block `name` one step earlier."""
+    return name + "_prev"
+
+
+def sigma_or_default(sigma, key: str) -> float:
+    return default_sigmas()[key] if sigma is None else sigma
+
+
+def sigma_array(sigma, dim: int) -> np.ndarray:
+    if isinstance(sigma, float):            # the common case, without numpy's broadcasting machinery
+        if not (0.0 < sigma < math.inf):
+            raise ValueError(f"sigmas must be positive and finite (got {sigma})")
+        return np.full(dim, sigma)
+    s = np.broadcast_to(np.asarray(sigma, dtype=float), (dim,)).copy()
+    if dim and not (np.all(s > 0) and np.all(np.isfinite(s))):
+        raise ValueError(f"sigmas must be positive and finite (got {sigma})")
+    return s
+
+
+def context_or_new(ctx, mech):
+    return EvalContext(mech) if ctx is None else ctx
+
+
+# ----------------------------------------------------------------------------------------------
+class Factor:
+    """Base of all units (see the module docstring)."""
+
+    slots: tuple = ()
+    dim: int = 0
+    sigmas: np.ndarray = np.zeros(0)
+    name: str = "factor"
+    #: error is affine in the blocks with constant Jacobians (a pre-linearized factor is exact)
+    linear: bool = False
+    #: affine with zero offset and parameters fixed at construction: its whitened Jacobian blocks can be
+    #: stacked once (`graph.StepModel`)
+    static: bool = False
+    #: weight of this unit's rows in the relinearization check of the fast path (see `Jerk`)
+    check_weight: float = 1.0
+    #: names of the per-step parameters (measured values, known forces) an estimator may update in place;
+    #: `graph.StepModel` snapshots them so an older step can be re-linearized with its own values
+    params: tuple = ()
+
+    def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):
+        raise NotImplementedError
+
+    def error(self, *blocks, ctx: Optional[EvalContext] = None) -> np.ndarray:
+        return self.evaluate(*blocks, ctx=ctx)[0]
+
+    def whitened(self, *blocks, ctx: Optional[EvalContext] = None):
+        e, J = self.evaluate(*blocks, ctx=ctx)
+        w = 1.0 / self.sigmas
+        return e * w, [Ji * w[:, None] for Ji in J]
+
+    def copy(self) -> "Factor":
+        """Shallow copy with its own parameter arrays (the mechanism is shared: it is immutable)."""
+        c = copy.copy(self)
+        for k, val in vars(self).items():
+            if isinstance(val, np.ndarray):
+                setattr(c, k, val.copy())
+        return c
+
+    def __repr__(self):
+        return f"{type(self).__name__}(slots={self.slots}, dim={self.dim})"

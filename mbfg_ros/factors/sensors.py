@@ -1,0 +1,131 @@
+"""Sensor factors: encoders, gyroscopes, generic observations of one coordinate."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+from mbfg_ros.factors.base import Factor, sigma_array
+from mbfg_ros.model.mechanism import Mechanism
+
+TWO_PI = 2.0 * math.pi
+
+
+class Encoder(Factor):
+    """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
+    (−π, π], so a reading in any 2π range matches a continuous angle."""
+
+    params = ('value',)
+
+    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
+        self.coordinate = _coordinate(mech, coordinate)
+        self.angle = self.coordinate >= mech.n_point_coordinates
+        self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
+        self.value = float(value)
+        self.slots = ("q",)
+        self.dim = 1
+        self.sigmas = sigma_array(sigma, 1)
+        self._J = np.zeros((1, mech.n))
+        self._J[0, self.coordinate] = 1.0
+        self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
+
+    def evaluate(self, q, ctx=None):
+        d = q[self.coordinate] - self.value
+        if self.angle:
+            d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
+        return np.array([d]), [self._J]
+
+
+def _coordinate(mech: Mechanism, coordinate) -> int:
+    """Coordinate index from an index or a name (`Mechanism.coordinate_names`)."""
+    if isinstance(coordinate, str):
+        return mech.coordinate_index(coordinate)
+    c = int(coordinate)
+    if not 0 <= c < mech.n:
+        raise ValueError(f"coordinate index {c} out of range 0..{mech.n - 1}")
+    return c
+
+
+class ObservedCoordinate(Factor):
+    """Generic observation of one named coordinate's position (order 0), velocity (1) or acceleration (2):
+    e = x[c] − reading with x = q, q̇ or q̈.  `coordinate` is an index or a name."""
+
+    linear = True
+    BLOCKS = ("q", "v", "a")
+
+    params = ('value',)
+
+    def __init__(self, mech: Mechanism, coordinate, order=0, value: float = 0.0, sigma: float = 1e-3):
+        self.coordinate = _coordinate(mech, coordinate)
+        self.order = {"q": 0, "position": 0, "v": 1, "velocity": 1, "a": 2, "acceleration": 2}.get(order, order)
+        if self.order not in (0, 1, 2):
+            raise ValueError(f"order must be 0/'position', 1/'velocity' or 2/'acceleration' (got {order!r})")
+        self.value = float(value)
+        self.slots = (self.BLOCKS[self.order],)
+        self.dim = 1
+        self.sigmas = sigma_array(sigma, 1)
+        self._J = np.zeros((1, mech.n))
+        self._J[0, self.coordinate] = 1.0
+        self.name = f"observed_{self.slots[0]}({mech.coordinate_names[self.coordinate]})"
+
+    def evaluate(self, x, ctx=None):
+        return np.array([x[self.coordinate] - self.value]), [self._J]
+
+
+class Gyroscope(Factor):
+    """Gyroscope on a body: e = ω(q, q̇) − reading with ω = (Δ × Δ̇)/|Δ|², Δ = p₁ − p₀ of the body's first
+    two points (`Mechanism.body_angular_rate`).  With r = |Δ|²:
+    ∂ω/∂Δ̇ = (−Δy, Δx)/r,  ∂ω/∂Δ = (Δ̇y, −Δ̇x)/r − 2ω Δ/r, scattered with ±1 onto the point columns."""
+
+    params = ('value',)
+
+    def __init__(self, mech: Mechanism, body: int, value: float = 0.0, sigma: float = 1e-2):
+        self.mech = mech
+        self.body = int(body)
+        b = mech.spec.bodies[self.body]
+        i, j = b.points[0], b.points[1]
+        self.cols_i, self.cols_j = mech.point_columns[i], mech.point_columns[j]
+        self._ci, self._cj = tuple(int(c) for c in self.cols_i), tuple(int(c) for c in self.cols_j)
+        self.fixed_i = mech.spec.points[i] if self.cols_i[0] < 0 else None
+        self.fixed_j = mech.spec.points[j] if self.cols_j[0] < 0 else None
+        self.value = float(value)
+        self.slots = ("q", "v")
+        self.dim = 1
+        self.sigmas = sigma_array(sigma, 1)
+        self.n = mech.n
+        self.name = f"gyroscope(body {self.body})"
+
+    def _point(self, x, cols, fixed, rate):
+        if fixed is not None:
+            return (0.0, 0.0) if rate else (fixed.x, fixed.y)
+        return x[cols[0]], x[cols[1]]
+
+    def evaluate(self, q, v, ctx=None):
+        xi, yi = self._point(q, self._ci, self.fixed_i, False)
+        xj, yj = self._point(q, self._cj, self.fixed_j, False)
+        vxi, vyi = self._point(v, self._ci, self.fixed_i, True)
+        vxj, vyj = self._point(v, self._cj, self.fixed_j, True)
+        dx, dy, ddx, ddy = xj - xi, yj - yi, vxj - vxi, vyj - vyi
+        r = dx * dx + dy * dy
+        w = (dx * ddy - dy * ddx) / r
+        gqx, gqy = (ddy - 2.0 * w * dx) / r, (-ddx - 2.0 * w * dy) / r     # ∂ω/∂Δ
+        gvx, gvy = -dy / r, dx / r                                          # ∂ω/∂Δ̇
+        # new arrays at every call (the step model keeps the ones it has written by identity);
+        # plain scalar stores: this runs at every step of a 1 kHz loop
+        Jq, Jv = np.zeros((1, self.n)), np.zeros((1, self.n))
+        jq, jv = Jq[0], Jv[0]
+        if self.fixed_j is None:
+            cx, cy = self._cj
+            jq[cx] += gqx
+            jq[cy] += gqy
+            jv[cx] += gvx
+            jv[cy] += gvy
+        if self.fixed_i is None:
+            cx, cy = self._ci
+            jq[cx] -= gqx
+            jq[cy] -= gqy
+            jv[cx] -= gvx
+            jv[cy] -= gvy
+        return np.array([w - self.value]), [Jq, Jv]
