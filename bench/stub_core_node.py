@@ -60,7 +60,7 @@ class StubCore:
     def apply_reinitialization(self) -> bool:
         return False
 
-    def add_late_observations(self, t, observations):
+    def add_late_observations(self, step, observations):
         return list(observations), []
 
     def step(self, t, efforts=None, observations=None) -> Estimate:

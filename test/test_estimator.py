@@ -601,20 +601,25 @@ def test_late_readings_inside_the_window_are_fused(crank, driven):
         for k, t in enumerate(driven.t):
             out.append(est.step(t, observations={"crank": driven.theta[k] + noise[k]} if delay == 0 else {}))
             if delay and k >= delay:
-                fused, refused = est.add_late_observations(driven.t[k - delay],
+                fused, refused = est.add_late_observations(out[k - delay].step,
                                                            {"crank": driven.theta[k - delay] + noise[k - delay]})
                 assert fused == ["crank"] and refused == []
         res[delay] = _errors(out, driven)
     assert res[5]["theta"][0] < 1.5 * res[0]["theta"][0] and res[5]["omega"][0] < 2.0 * res[0]["omega"][0], res
     assert res[5]["theta"][0] < 1e-3 and res[5]["omega"][0] < 0.08
-    t = driven.t[-1]
-    assert est.add_late_observations(t - 0.02, {"crank": 0.0}) == ([], ["crank"])            # left the window
-    assert est.add_late_observations(t - 0.002, {"crank": driven.theta[-3] + 1.0})[1] == ["crank"]   # gate
-    assert est.add_late_observations(t - 0.002, {"elbow": 0.0}) == ([], ["elbow"])
+    assert [e.step for e in out] == list(range(len(out)))
+    last = out[-1].step
+    assert est.add_late_observations(last - 20, {"crank": 0.0}) == ([], ["crank"])            # left the window
+    assert est.add_late_observations(last + 1, {"crank": 0.0}) == ([], ["crank"])             # not yet estimated
+    assert est.add_late_observations(last - 2, {"crank": driven.theta[-3] + 1.0})[1] == ["crank"]   # gate
+    assert est.add_late_observations(last - 2, {"elbow": 0.0}) == ([], ["elbow"])
+    est.reset()
+    again = est.step(driven.t[0], observations={"crank": driven.theta[0]})
+    assert again.step == last + 1                  # ids are not reused after a reset
+    assert est.add_late_observations(last - 2, {"crank": driven.theta[-3]}) == ([], ["crank"])
     fd = FixedLagEstimator(crank, EstimatorConfig(window=10))
-    for k in range(5):
-        fd.step(driven.t[k], efforts=[driven.tau[k]])
-    assert fd.add_late_observations(driven.t[2], {"crank": driven.theta[2]}) == ([], ["crank"])
+    steps = [fd.step(driven.t[k], efforts=[driven.tau[k]]).step for k in range(5)]
+    assert fd.add_late_observations(steps[2], {"crank": driven.theta[2]}) == ([], ["crank"])
 
 
 def test_persistent_disagreement_is_believed_after_max_rejections(crank, driven):

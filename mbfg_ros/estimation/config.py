@@ -88,3 +88,5 @@ class Estimate:
     status: str = "ok"            # ok | initialized | recovered | predicted | waiting
     message: str = ""
     covariance: Optional[np.ndarray] = None   # marginal covariance of [q, v] if requested
+    step: int = -1                # id of the estimator step this estimate is of (never reused; -1: none):
+                                  # late readings of that step are addressed by it

@@ -169,6 +169,7 @@ class FixedLagEstimator:
         self._generic_units: Dict[str, F.ObservedCoordinate] = {}
         self._requested_mode = None if c.assembly_mode is None else np.array(c.assembly_mode, dtype=int)
         self.z = None
+        self._first_id = self._next_id = 0
         self.reset()
 
     # -- public API ---------------------------------------------------------------------------
@@ -178,7 +179,6 @@ class FixedLagEstimator:
         self._x = None
         self._k = -1
         self._t = None
-        self._step_times: Dict[int, float] = {}
         self._last: Optional[Estimate] = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.na, np.nan)
@@ -283,18 +283,19 @@ class FixedLagEstimator:
             self._reseed = (sol.q, dict(self._last_obs), self._last_efforts, same_branch)
         return tuple(int(m) for m in sol.assembly_mode), float(sol.residual)
 
-    def add_late_observations(self, t: float, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
-        """Readings stamped at an earlier step t that is still in the window (they arrived after it was
-        estimated): each becomes a factor on that step's state and the window is updated, so the next
-        estimates use them.  Returns (fused, refused) reading names; refused: unknown, NaN, outside the
-        innovation gate, or t no longer (or never) in the window."""
+    def add_late_observations(self, step: int, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
+        """Readings of an earlier step that is still in the window (they arrived after it was estimated),
+        addressed by that step's `Estimate.step`: each becomes a factor on that step's state and the
+        window is updated, so the next estimates use them.  Returns (fused, refused) reading names;
+        refused: unknown, NaN, outside the innovation gate, or the step no longer (or never) in the
+        window."""
         obs = self._observations_in(observations)
         names = list(obs)
         window = self._window
         if window is None or not obs or self.config.mode == "forward_dynamics":   # (no readings in that mode)
             return [], names
-        j = min(self._step_times, key=lambda k: abs(self._step_times[k] - float(t)), default=None)
-        if j is None or abs(self._step_times[j] - float(t)) > 0.5 * self.config.dt or j not in window.records:
+        j = int(step) - self._first_id
+        if j not in window.records:
             return [], names
         fused, refused, units = [], [], []
         for name, val in obs.items():
@@ -745,14 +746,8 @@ class FixedLagEstimator:
         h = dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub
         if nsub > 1:
             messages.append(f"{nsub - 1} missed step(s) integrated")
-        t0, times = self._t, self._step_times
         for i in range(nsub):
             self._advance(h, efforts, obs if i == nsub - 1 else {})
-            times[self._k] = t if i == nsub - 1 else t0 + (i + 1) * h
-        times.pop(self._k - self.config.window - 2, None)
-        if len(times) > self.config.window + 2:       # after multi-step gaps
-            for k in [k for k in times if k < self._k - self.config.window - 1]:
-                del times[k]
         self._t = t
         if obs:
             unknown = self._unknown_observations(obs)
@@ -944,7 +939,9 @@ class FixedLagEstimator:
                 messages.append(f"covariance unavailable ({exc})")
         if self.independent and self._k % 10 == 0 and self._z_user is None:
             self._maybe_switch_independent(q, messages)
-        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov)
+        step = self._first_id + self._k
+        self._next_id = max(self._next_id, step + 1)
+        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step)
 
     def _mode_text(self, mode):
         return "{" + ", ".join(f"{n}: {int(m):+d}" for n, m in zip(self.mech.assembly_mode_names, mode)) + "}"
@@ -1091,7 +1088,7 @@ class FixedLagEstimator:
         self._window = FixedLagWindow(L, c.window, self.ctx, self.relinearize_threshold, c.max_relinearizations,
                                       scope=self.relinearize_scope, check_interval=c.check_interval)
         self._k = 0
-        self._step_times = {0: t}               # step index -> time, for the steps in the window
+        self._first_id = self._next_id          # step ids are never reused, across windows and resets
         # A seed that is a guess (start-up, re-initialization after a gap or a disagreement) has not been
         # confirmed by the sensors it had no reading of: their readings outside the gate re-initialize from
         # the readings after UNCONFIRMED_REJECTIONS rejections, not max_rejections, while the guess drifts.
@@ -1165,4 +1162,4 @@ class FixedLagEstimator:
     def _copy_estimate(e: Estimate) -> Estimate:
         return Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
                         np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
-                        None if e.covariance is None else e.covariance.copy())
+                        None if e.covariance is None else e.covariance.copy(), e.step)

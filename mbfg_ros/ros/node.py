@@ -78,6 +78,7 @@ DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_
                     "future_tolerance": float, "marker_period": float, "max_backlog": float,
                     "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool,
                     "adaptive_input_delay": bool}
+LATE_STEPS_KEPT = 256              # grid steps whose core step ids are kept for late readings (> any window)
 DELAY_MEMORY_NS = NS           # time constant of the inputs' recent largest delay (adaptive input wait)
 DELAY_FACTOR = 1.5             # the adaptive wait: this × the recent largest delay
 
@@ -553,6 +554,7 @@ class EstimatorNode(Node):
         # status
         self.state = "waiting"        # waiting | running
         self.last_estimate: Optional[Estimate] = None
+        self._estimate_steps: Dict[int, int] = {}   # grid step -> the core's step id of its estimate (late readings)
         self.last_k: Optional[int] = None
         self.counters = {k: 0 for k in REJECT_KINDS}
         self.events = {"resets": 0, "time_jumps": 0, "reinitializations": 0, "solver_recoveries": 0,
@@ -698,12 +700,16 @@ class EstimatorNode(Node):
         if not self._fast:
             self._pump(now, max_steps=1000)
 
+    def _estimate_step_of(self, k: int) -> int:
+        """The core's id of the step estimated for grid step k (-1: none kept)."""
+        return self._estimate_steps.get(k, -1)
+
     def _fuse_late(self, stamp_ns: int, values) -> Optional[str]:
         """Readings of a step already estimated but still in the window become factors on that step
         (the smoother revises the window, the newest estimate included); None if all were fused."""
         k = self.sched.step_of(stamp_ns)
         try:
-            fused, refused = self.estimator.add_late_observations(k * self.config.dt, values)
+            fused, refused = self.estimator.add_late_observations(self._estimate_step_of(k), values)
         except Exception as e:  # never let a late reading break the node
             self.get_logger().debug(f"late reading not fused: {e!r}")
             fused, refused = [], list(values)
@@ -873,6 +879,10 @@ class EstimatorNode(Node):
         self.state = "running"
         self.last_estimate = est
         self.last_k = k
+        steps = self._estimate_steps
+        steps[k] = est.step
+        if len(steps) > LATE_STEPS_KEPT:
+            del steps[next(iter(steps))]
         self.last_message = est.message
         self._publish(est, t_k)
         now = self._now_ns()
@@ -937,6 +947,7 @@ class EstimatorNode(Node):
         self.state = "waiting"
         self.last_estimate = None
         self.last_k = None
+        self._estimate_steps.clear()
         self._last_marker_ns = -10 ** 19
         self.last_message = f"reset: {reason}"
         self.get_logger().info(f"reset: {reason}")
