@@ -24,6 +24,7 @@ import numpy as np
 from mbfg_ros.cli import csvio
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
+from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
 from mbfg_ros.model.spec import MechanismError
 
 PROG = "mbfg"
@@ -354,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dt", type=_positive("--dt"), default=1e-3, metavar="DT", help="time step [s] (default 0.001)")
     s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N",
                    help="fixed-lag window in steps (default 10)")
-    s.add_argument("--coords", choices=("dependent", "independent"), default="dependent",
+    s.add_argument("--coords", choices=FORMULATIONS, default="dependent",
                    help="formulation (default dependent)")
-    s.add_argument("--integrator", choices=("trapezoidal", "hermite"), default="trapezoidal")
+    s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
     s.add_argument("--torques", metavar="CSV",
                    help="efforts: column t and one column per actuator joint (or tau_<joint>), "
                    "linearly interpolated; default zero")
@@ -387,9 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--observations", required=True, metavar="OBS.csv")
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
     s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N")
-    s.add_argument("--mode", choices=("estimation", "fused"), default="estimation",
+    s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default="estimation",
                    help="estimation: efforts unknown; fused: commanded efforts as soft priors (default estimation)")
-    s.add_argument("--integrator", choices=("trapezoidal", "hermite"), default="trapezoidal")
+    s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
     add_gravity(s)
     s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
     s.add_argument("--plot", metavar="PNG")

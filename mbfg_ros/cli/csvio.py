@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Sequence
 
 import numpy as np
 
@@ -154,6 +154,3 @@ def sensor_columns(table: Table, sensor_names: Sequence[str]) -> Dict[str, np.nd
                        f"(sensors: {', '.join(sensor_names) or 'none'})")
     return {c: table.column(c) for c in table.columns}
 
-
-def optional_float(x) -> Optional[float]:
-    return None if x is None or not math.isfinite(x) else float(x)

@@ -193,14 +193,6 @@ class RelativeAngleConstraints(ConstraintType):
                 c3.append(L * c)
         return np.array(c2), np.array(c3)
 
-    def curvature_rate(self, theta, rate) -> np.ndarray:
-        """∂³φ/∂θ³ · θ̇² per instance (`third` in global form)."""
-        out = []
-        for t, w, L in zip(theta.tolist(), rate.tolist(), self._L):
-            s, c = math.sin(t), math.cos(t)
-            out.append((-L * s if abs(s) > self._SWITCH else L * c) * w * w)
-        return np.array(out)
-
 
 class ConstraintSet:
     """All constraint types of a mechanism, assembled into global arrays over the n coordinates.
