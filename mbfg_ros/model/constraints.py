@@ -199,7 +199,7 @@ class ConstraintSet:
 
     Quadratic types (distances, sliders) are folded once into dense constant arrays
     Φ = ½ qeᵀ Hᵢ qe + bᵢᵀ qe + cᵢ, so Φq = H qe + b, Φ̇q = H q̇e and Σ λᵢ Hᵢ are single matrix
-    products: per-step cost no longer grows with the number of Python-level constraint objects.
+    products: the per-step cost does not grow with the number of Python-level constraint objects.
     Other types (relative angles) are scattered row by row from their local derivatives.
     """
 
