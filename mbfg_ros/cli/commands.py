@@ -87,26 +87,16 @@ def _load(path, gravity: Optional[Sequence[float]] = None):
     return Mechanism(spec)
 
 
-def _positive(name):
+def _positive(name, kind=float):
+    """argparse type: a number > 0 (kind float), or an integer ≥ 1 (kind int), named in its error."""
+    what = "a number" if kind is float else "an integer"
     def parse(text):
         try:
-            x = float(text)
+            x = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number (got '{text}')") from None
+            raise argparse.ArgumentTypeError(f"{name} must be {what} (got '{text}')") from None
         if not (x > 0 and math.isfinite(x)):
-            raise argparse.ArgumentTypeError(f"{name} must be > 0 (got {text})")
-        return x
-    return parse
-
-
-def _positive_int(name):
-    def parse(text):
-        try:
-            x = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer (got '{text}')") from None
-        if x < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be ≥ 1 (got {text})")
+            raise argparse.ArgumentTypeError(f"{name} must be {'> 0' if kind is float else '≥ 1'} (got {text})")
         return x
     return parse
 
@@ -209,9 +199,34 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _run_estimator(args, mech, config, t, efforts, observations, label: str, title: str) -> int:
+    """Step the fixed-lag estimator over the times t (efforts: (N, n_actuated) or None; observations:
+    k -> readings or None), write the state CSV and the optional plot."""
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    try:
+        config = config.validated()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    est = FixedLagEstimator(mech, config)
+    N = len(t)
+    q, v, a = (np.empty((N, mech.n)) for _ in range(3))
+    tau = np.empty((N, len(mech.actuated)))
+    bar = Progress(N, label)
+    for k in range(N):
+        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
+                     observations=None if observations is None else observations(k))
+        q[k], v[k], a[k] = e.q, e.v, e.a
+        tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
+        bar.update(k + 1)
+    bar.close()
+    _write_state_csv(args.output, mech, t, q, v, a, tau)
+    if args.plot:
+        _plot(args.plot, mech, t, q, v, tau, title)
+    return 0
+
+
 def cmd_simulate(args) -> int:
     from mbfg_ros.estimation.config import EstimatorConfig
-    from mbfg_ros.estimation.estimator import FixedLagEstimator
     mech = _load(args.mechanism, args.gravity)
     steps = int(round(args.duration / args.dt))
     if steps < 1:
@@ -221,24 +236,7 @@ def cmd_simulate(args) -> int:
                else np.zeros((steps + 1, len(mech.actuated))))
     config = EstimatorConfig(dt=args.dt, window=args.window, mode="forward_dynamics",
                              formulation=args.coords, integrator=args.integrator)
-    try:
-        config = config.validated()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    est = FixedLagEstimator(mech, config)
-    q, v, a, tau = (np.empty((steps + 1, mech.n)), np.empty((steps + 1, mech.n)),
-                    np.empty((steps + 1, mech.n)), np.empty((steps + 1, len(mech.actuated))))
-    bar = Progress(steps + 1, "simulate")
-    for k in range(steps + 1):
-        e = est.step(float(t[k]), efforts=efforts[k])
-        q[k], v[k], a[k] = e.q, e.v, e.a
-        tau[k] = efforts[k]
-        bar.update(k + 1)
-    bar.close()
-    _write_state_csv(args.output, mech, t, q, v, a, tau)
-    if args.plot:
-        _plot(args.plot, mech, t, q, v, tau, f"{mech.name}: forward dynamics")
-    return 0
+    return _run_estimator(args, mech, config, t, efforts, None, "simulate", f"{mech.name}: forward dynamics")
 
 
 def trajectory_from_csv(mech, path):
@@ -281,7 +279,6 @@ def cmd_inverse_dynamics(args) -> int:
 
 def cmd_estimate(args) -> int:
     from mbfg_ros.estimation.config import EstimatorConfig
-    from mbfg_ros.estimation.estimator import FixedLagEstimator
     mech = _load(args.mechanism, args.gravity)
     table = csvio.read_table(args.observations, allow_empty=True)
     names = [s.name for s in mech.sensors]
@@ -298,31 +295,42 @@ def cmd_estimate(args) -> int:
     elif args.mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
     config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator)
-    try:
-        config = config.validated()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    est = FixedLagEstimator(mech, config)
-    N = len(t)
-    q, v, a = (np.empty((N, mech.n)) for _ in range(3))
-    tau = np.empty((N, len(mech.actuated)))
-    bar = Progress(N, "estimate")
-    for k in range(N):
-        obs = {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
-        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k], observations=obs)
-        q[k], v[k], a[k] = e.q, e.v, e.a
-        tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
-        bar.update(k + 1)
-    bar.close()
-    _write_state_csv(args.output, mech, t, q, v, a, tau)
-    if args.plot:
-        _plot(args.plot, mech, t, q, v, tau, f"{mech.name}: {args.mode}")
-    return 0
+
+    def readings(k):
+        return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
+
+    return _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {args.mode}")
 
 
 # ----------------------------------------------------------------------------------------------
 # parser
 # ----------------------------------------------------------------------------------------------
+# help, description and epilog of each sub-command
+_COMMAND_TEXTS = {
+    "info": dict(
+        help="summary of a mechanism (coordinates, DOF, sensors, ...)",
+        description="Print n, m, rank of Φq, degrees of freedom, coordinate names in q order, "
+        "actuators, sensors, mass, assembly modes and whether the YAML pose is consistent."),
+    "simulate": dict(
+        help="forward dynamics with the fixed-lag factor-graph estimator",
+        description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
+        "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
+        epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>."),
+    "inverse-dynamics": dict(
+        help="staged batch inverse dynamics of a prescribed trajectory",
+        description="Efforts that make the actuated coordinates follow a trajectory: the "
+        "paper's staged batch Levenberg–Marquardt (q; q̇, q̈; velocity constraints; efforts).",
+        epilog="TRAJ.csv: column t (uniform step) and one column per actuated coordinate, by "
+        "name.  Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>."),
+    "estimate": dict(
+        help="run the online estimator over recorded sensor readings",
+        description="State (and effort) estimation from a CSV of sensor readings with the "
+        "fixed-lag factor-graph estimator.",
+        epilog="OBS.csv: column t (uniform step) and one column per sensor name (see 'mbfg info'); "
+        "an empty cell is a missing reading."),
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UserError(f"{self.prog}: {message}")
@@ -335,25 +343,28 @@ def build_parser() -> argparse.ArgumentParser:
                 "(e.g. four_bar_crank).  Run 'mbfg COMMAND --help' for the options of a command.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def add_gravity(sp):
+    def command(name):
+        """A sub-command; its first argument is the mechanism."""
+        sp = sub.add_parser(name, **_COMMAND_TEXTS[name])
+        sp.add_argument("mechanism", metavar="MECH", help="mechanism YAML file or shipped name")
+        return sp
+
+    def add_gravity_and_outputs(sp, func, plot_help="also save a plot"):
+        """The options every computing sub-command shares, after its own."""
         sp.add_argument("--gravity", nargs="+", type=float, metavar="G",
                         help="override the YAML gravity: GY, or GX GY [m/s²] (e.g. --gravity 0 to switch it off)")
+        sp.add_argument("--output", "-o", required=True, metavar="OUT.csv")
+        sp.add_argument("--plot", metavar="PNG", help=plot_help)
+        sp.set_defaults(func=func)
 
-    s = sub.add_parser("info", help="summary of a mechanism (coordinates, DOF, sensors, ...)",
-                       description="Print n, m, rank of Φq, degrees of freedom, coordinate names in q order, "
-                       "actuators, sensors, mass, assembly modes and whether the YAML pose is consistent.")
-    s.add_argument("mechanism", metavar="MECH", help="mechanism YAML file or shipped name")
+    s = command("info")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("simulate", help="forward dynamics with the fixed-lag factor-graph estimator",
-                       description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
-                       "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
-                       epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>.")
-    s.add_argument("mechanism", metavar="MECH")
+    s = command("simulate")
     s.add_argument("--duration", type=_positive("--duration"), required=True, metavar="T", help="seconds")
     s.add_argument("--dt", type=_positive("--dt"), default=1e-3, metavar="DT", help="time step [s] (default 0.001)")
-    s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N",
+    s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N",
                    help="fixed-lag window in steps (default 10)")
     s.add_argument("--coords", choices=FORMULATIONS, default="dependent",
                    help="formulation (default dependent)")
@@ -361,40 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--torques", metavar="CSV",
                    help="efforts: column t and one column per actuator joint (or tau_<joint>), "
                    "linearly interpolated; default zero")
-    add_gravity(s)
-    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
-    s.add_argument("--plot", metavar="PNG", help="also save a plot")
-    s.set_defaults(func=cmd_simulate)
+    add_gravity_and_outputs(s, cmd_simulate)
 
-    s = sub.add_parser("inverse-dynamics", help="staged batch inverse dynamics of a prescribed trajectory",
-                       description="Efforts that make the actuated coordinates follow a trajectory: the "
-                       "paper's staged batch Levenberg–Marquardt (q; q̇, q̈; velocity constraints; efforts).",
-                       epilog="TRAJ.csv: column t (uniform step) and one column per actuated coordinate, by "
-                       "name.  Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>.")
-    s.add_argument("mechanism", metavar="MECH")
+    s = command("inverse-dynamics")
     s.add_argument("--trajectory", required=True, metavar="TRAJ.csv")
-    add_gravity(s)
-    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
-    s.add_argument("--plot", metavar="PNG", help="also save a plot (with the closed-form efforts for comparison)")
     s.add_argument("--verbose", "-v", action="store_true", help="print per-stage statistics on stderr")
-    s.set_defaults(func=cmd_inverse_dynamics)
+    add_gravity_and_outputs(s, cmd_inverse_dynamics, "also save a plot (with the closed-form efforts for comparison)")
 
-    s = sub.add_parser("estimate", help="run the online estimator over recorded sensor readings",
-                       description="State (and effort) estimation from a CSV of sensor readings with the "
-                       "fixed-lag factor-graph estimator.",
-                       epilog="OBS.csv: column t (uniform step) and one column per sensor name (see 'mbfg info'); "
-                       "an empty cell is a missing reading.")
-    s.add_argument("mechanism", metavar="MECH")
+    s = command("estimate")
     s.add_argument("--observations", required=True, metavar="OBS.csv")
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
-    s.add_argument("--window", type=_positive_int("--window"), default=10, metavar="N")
+    s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N")
     s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default="estimation",
                    help="estimation: efforts unknown; fused: commanded efforts as soft priors (default estimation)")
     s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
-    add_gravity(s)
-    s.add_argument("--output", "-o", required=True, metavar="OUT.csv")
-    s.add_argument("--plot", metavar="PNG")
-    s.set_defaults(func=cmd_estimate)
+    add_gravity_and_outputs(s, cmd_estimate)
     return p
 
 

@@ -43,13 +43,12 @@ _POINT_KEYS = ("x", "y", "fixed", "name")
 _BODY_KEYS = ("points", "length", "mass", "I0", "cog", "name")
 _RELCOORD_KEYS = ("type", "points", "name")
 _RELCOORD_TYPES = ("RelativeAngleAbsoluteDOF",)
-_FIXED_SLIDER_KEYS = ("type", "point", "line", "name")
-_MOBILE_SLIDER_KEYS = ("type", "point", "line_points", "name")
-_SLIDER_TYPES = ("fixed", "mobile")
+# per type: (allowed keys, required keys)
+_SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
+                   "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
 _ACTUATOR_KEYS = ("coordinate", "joint")
-_ENCODER_KEYS = ("type", "coordinate", "sigma", "name")
-_GYRO_KEYS = ("type", "body", "sigma", "name")
-_SENSOR_TYPES = ("encoder", "gyroscope")
+_SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name"), ("type", "coordinate", "sigma")),
+                   "gyroscope": (("type", "body", "sigma", "name"), ("type", "body", "sigma"))}
 _ASSEMBLY_KEYS = ("name", "points")
 
 # Geometric tolerances.
@@ -259,6 +258,12 @@ class _Builder:
             return []
         return self.list_(value, key, what)
 
+    def mappings(self, doc: Dict[str, Any], key: str, what: str, keys: Sequence[str], required: Sequence[str]):
+        """(index, path, entry) of each mapping of the optional list doc[key], its keys checked."""
+        for k, entry in enumerate(self.optional_list(doc, key, what)):
+            path = f"{key}[{k}]"
+            yield k, path, self.map_(entry, path, keys, required=required)
+
     def expr(self, value: Any, path: str, extra: Optional[Mapping[str, float]] = None) -> float:
         if value is None:
             self.fail(path, "expected a number or an expression; got null")
@@ -303,6 +308,17 @@ class _Builder:
     def dist(self, i: int, j: int) -> float:
         (xi, yi), (xj, yj) = self.pt(i), self.pt(j)
         return math.hypot(xj - xi, yj - yi)
+
+    def unique_name(self, entry: Dict[str, Any], path: str, seen: Dict[str, str], default: str, what: str,
+                    key: str = "name") -> str:
+        """entry[key] (a valid name) or `default`, checked unique among `seen`."""
+        if key in entry:
+            name = self.name(entry[key], f"{path}.{key}")
+            self.check_unique(seen, name, f"{path}.{key}", what)
+        else:
+            name = default
+            self.check_unique(seen, name, path, what)
+        return name
 
     def check_unique(self, seen: Dict[str, str], name: str, path: str, what: str) -> None:
         if name in seen:
@@ -449,21 +465,16 @@ class _Builder:
             if not math.isfinite(parallel) or inertia < parallel - 1e-9 * (1.0 + parallel):
                 self.fail(f"{path}.I0", f"I0 = {_fmt(inertia)} (about points[0]) is less than "
                                         f"mass*|cog|^2 = {_fmt(parallel)}, which the parallel-axis theorem forbids")
-            bname = f"body{b}"
-            if "name" in entry:
-                bname = self.name(entry["name"], f"{path}.name")
-            self.check_unique(names, bname, f"{path}.name" if "name" in entry else path, "body")
+            bname = self.unique_name(entry, path, names, f"body{b}", "body")
             out.append(BodySpec(points=pts, length=length, mass=mass, I0=inertia, cog=cog, name=bname))
         self.body_specs = out
         return out
 
     def relative_coordinates(self, doc: Dict[str, Any]) -> List[RelativeAngleSpec]:
-        raw = self.optional_list(doc, "relative_coordinates", "relative coordinates")
         out: List[RelativeAngleSpec] = []
         names: Dict[str, str] = {}
-        for k, entry in enumerate(raw):
-            path = f"relative_coordinates[{k}]"
-            entry = self.map_(entry, path, _RELCOORD_KEYS, required=("type", "points"))
+        for k, path, entry in self.mappings(doc, "relative_coordinates", "relative coordinates", _RELCOORD_KEYS,
+                                         required=("type", "points")):
             kind = entry["type"]
             if kind not in _RELCOORD_TYPES:
                 self.fail(f"{path}.type", f"unsupported type {_show(kind)} (allowed: {', '.join(_RELCOORD_TYPES)})")
@@ -497,27 +508,29 @@ class _Builder:
             self.fail(path, f"point {i} is fixed; a slider needs a moving point")
         return i
 
-    def typed_entries(self, doc: Dict[str, Any], key: str, what: str, types: Sequence[str], keys: Sequence[str]):
+    def typed_entries(self, doc: Dict[str, Any], key: str, what: str,
+                      schemas: Dict[str, Tuple[Sequence[str], Sequence[str]]]):
         """(index, path, type, entry) for each entry of the optional list `key`: a mapping whose 'type' is one of
-        `types` (`keys`: the allowed keys named when an entry is not a mapping)."""
+        `schemas`, checked against that type's (allowed keys, required keys)."""
+        types = list(schemas)
         for k, entry in enumerate(self.optional_list(doc, key, key)):
             path = f"{key}[{k}]"
             if not isinstance(entry, dict):
-                self.map_(entry, path, keys)
+                self.map_(entry, path, schemas[types[0]][0])
             kind = entry.get("type")
             if kind not in types:
                 if "type" not in entry:
                     self.fail(path, f"missing required key 'type' ({' or '.join(types)})")
                 self.fail(f"{path}.type", f"unsupported {what} type {_show(kind)} (allowed: {', '.join(types)})")
-            yield k, path, kind, entry
+            keys, required = schemas[kind]
+            yield k, path, kind, self.map_(entry, path, keys, required=required)
 
     def sliders(self, doc: Dict[str, Any]) -> Tuple[List[FixedSliderSpec], List[MobileSliderSpec]]:
         fixed_out: List[FixedSliderSpec] = []
         mobile_out: List[MobileSliderSpec] = []
         names: Dict[str, str] = {}
-        for k, path, kind, entry in self.typed_entries(doc, "sliders", "slider", _SLIDER_TYPES, _FIXED_SLIDER_KEYS):
+        for k, path, kind, entry in self.typed_entries(doc, "sliders", "slider", _SLIDER_SCHEMAS):
             if kind == "fixed":
-                entry = self.map_(entry, path, _FIXED_SLIDER_KEYS, required=("type", "point", "line"))
                 p = self.moving_point(entry["point"], f"{path}.point")
                 line_raw = self.list_(entry["line"], f"{path}.line", "points [[x, y], [x, y]]", exact=2)
                 ends = []
@@ -529,11 +542,9 @@ class _Builder:
                 if span <= _COINCIDENT_TOL:
                     self.fail(f"{path}.line", "the two line points coincide; the line is undefined")
                 self.check_on_line(path, p, (ax, ay), (bx, by))
-                sname = self.name(entry["name"], f"{path}.name") if "name" in entry else f"slider{k}"
-                self.check_unique(names, sname, f"{path}.name" if "name" in entry else path, "slider")
+                sname = self.unique_name(entry, path, names, f"slider{k}", "slider")
                 fixed_out.append(FixedSliderSpec(name=sname, point=p, line=((ax, ay), (bx, by))))
             else:
-                entry = self.map_(entry, path, _MOBILE_SLIDER_KEYS, required=("type", "point", "line_points"))
                 p = self.moving_point(entry["point"], f"{path}.point")
                 lp = self.point_list(entry["line_points"], f"{path}.line_points", min_len=2, exact=2)
                 if p in lp:
@@ -541,8 +552,7 @@ class _Builder:
                 if self.dist(lp[0], lp[1]) <= _COINCIDENT_TOL:
                     self.fail(f"{path}.line_points", f"points {lp[0]} and {lp[1]} coincide; the line is undefined")
                 self.check_on_line(path, p, self.pt(lp[0]), self.pt(lp[1]))
-                sname = self.name(entry["name"], f"{path}.name") if "name" in entry else f"slider{k}"
-                self.check_unique(names, sname, f"{path}.name" if "name" in entry else path, "slider")
+                sname = self.unique_name(entry, path, names, f"slider{k}", "slider")
                 mobile_out.append(MobileSliderSpec(name=sname, point=p, line_points=(lp[0], lp[1])))
         return fixed_out, mobile_out
 
@@ -557,17 +567,13 @@ class _Builder:
                                        "line; place it on the line")
 
     def actuators(self, doc: Dict[str, Any], coords: List[str]) -> List[ActuatorSpec]:
-        raw = self.optional_list(doc, "actuators", "actuators")
         out: List[ActuatorSpec] = []
         joints: Dict[str, str] = {}
         actuated: Dict[str, str] = {}
-        for k, entry in enumerate(raw):
-            path = f"actuators[{k}]"
-            entry = self.map_(entry, path, _ACTUATOR_KEYS, required=("coordinate",))
+        for k, path, entry in self.mappings(doc, "actuators", "actuators", _ACTUATOR_KEYS, required=("coordinate",)):
             coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)
             self.check_unique(actuated, coord, f"{path}.coordinate", "actuated coordinate")
-            joint = self.name(entry["joint"], f"{path}.joint") if "joint" in entry else coord
-            self.check_unique(joints, joint, f"{path}.joint" if "joint" in entry else path, "joint")
+            joint = self.unique_name(entry, path, joints, coord, "joint", key="joint")
             out.append(ActuatorSpec(coordinate=coord, joint=joint))
         return out
 
@@ -587,30 +593,24 @@ class _Builder:
         encoders: List[EncoderSpec] = []
         gyros: List[GyroscopeSpec] = []
         names: Dict[str, str] = {}
-        for _, path, kind, entry in self.typed_entries(doc, "sensors", "sensor", _SENSOR_TYPES, _ENCODER_KEYS):
+        for _, path, kind, entry in self.typed_entries(doc, "sensors", "sensor", _SENSOR_SCHEMAS):
             if kind == "encoder":
-                entry = self.map_(entry, path, _ENCODER_KEYS, required=("type", "coordinate", "sigma"))
                 coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)
                 sigma = self.positive(entry["sigma"], f"{path}.sigma")
-                sname = self.name(entry["name"], f"{path}.name") if "name" in entry else coord
-                self.check_unique(names, sname, f"{path}.name" if "name" in entry else path, "sensor")
+                sname = self.unique_name(entry, path, names, coord, "sensor")
                 encoders.append(EncoderSpec(name=sname, coordinate=coord, sigma=sigma))
             else:
-                entry = self.map_(entry, path, _GYRO_KEYS, required=("type", "body", "sigma"))
                 body = self.index(entry["body"], f"{path}.body", nbodies, what="body")
                 sigma = self.positive(entry["sigma"], f"{path}.sigma")
-                sname = self.name(entry["name"], f"{path}.name") if "name" in entry else f"gyro{body}"
-                self.check_unique(names, sname, f"{path}.name" if "name" in entry else path, "sensor")
+                sname = self.unique_name(entry, path, names, f"gyro{body}", "sensor")
                 gyros.append(GyroscopeSpec(name=sname, body=body, sigma=sigma))
         return encoders, gyros
 
     def assembly_modes(self, doc: Dict[str, Any]) -> List[AssemblyModeSpec]:
-        raw = self.optional_list(doc, "assembly_modes", "assembly modes")
         out: List[AssemblyModeSpec] = []
         names: Dict[str, str] = {}
-        for k, entry in enumerate(raw):
-            path = f"assembly_modes[{k}]"
-            entry = self.map_(entry, path, _ASSEMBLY_KEYS, required=("points",))
+        for k, path, entry in self.mappings(doc, "assembly_modes", "assembly modes", _ASSEMBLY_KEYS,
+                                         required=("points",)):
             pts = self.point_list(entry["points"], f"{path}.points", min_len=3, exact=3)
             if all(self.points[i].fixed for i in pts):
                 self.fail(f"{path}.points", f"points {pts[0]}, {pts[1]} and {pts[2]} are all fixed; "
@@ -620,7 +620,6 @@ class _Builder:
             if abs(cross) < _CROSS_TOL:
                 self.fail(f"{path}.points", f"points {pts[0]}, {pts[1]} and {pts[2]} are collinear in the file's pose "
                                             f"(cross product {_fmt(cross)}), so the branch sign is undefined")
-            mname = self.name(entry["name"], f"{path}.name") if "name" in entry else f"mode{k}"
-            self.check_unique(names, mname, f"{path}.name" if "name" in entry else path, "assembly mode")
+            mname = self.unique_name(entry, path, names, f"mode{k}", "assembly mode")
             out.append(AssemblyModeSpec(name=mname, points=(pts[0], pts[1], pts[2])))
         return out
