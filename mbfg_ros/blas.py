@@ -64,6 +64,11 @@ def limit_blas_threads(n: int = 1) -> int:
     return len(libs)
 
 
+def blas_thread_counts() -> List[int]:
+    """The current thread count of every OpenBLAS loaded in this process that reports it."""
+    return [int(getter()) for _, getter in _loaded_libraries() if getter is not None]
+
+
 @contextmanager
 def single_threaded_blas():
     """Run OpenBLAS single-threaded inside the block and restore the previous thread counts after it."""

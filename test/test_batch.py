@@ -10,6 +10,7 @@ from mbfg_ros.batch.engines import solve
 from mbfg_ros.batch.forward_dynamics import batch_forward_dynamics
 from mbfg_ros.batch.inverse_dynamics import InverseDynamicsSigmas, InverseDynamicsUnits, staged_inverse_dynamics
 from mbfg_ros.batch.problem import Assembly, Problem
+from mbfg_ros.blas import blas_thread_counts, limit_blas_threads, single_threaded_blas
 from mbfg_ros.batch.trajectories import closed_form_efforts, closed_form_motion, position_continuation, quintic_move
 from mbfg_ros.dynamics import batched
 from mbfg_ros.dynamics import constrained as dynamics
@@ -81,7 +82,7 @@ def test_staged_inverse_dynamics_four_bar_full_horizon(four_bar):
     ref = closed_form_efforts(four_bar, q, v, a)
     err = res.tau - ref
     assert np.sqrt(np.mean(err ** 2)) < 0.02
-    assert np.abs(err).max() < 0.1          # measured: RMS 0.0013, max 0.04 N·m
+    assert np.abs(err).max() < 0.1          # the trapezoidal rule's error (docs/cli.md) stays well below
     assert res.tau[0, 0] == pytest.approx(66.01, abs=0.02)
     assert [s.stage for s in res.stages] == [1, 2, 3, 4]
     assert all(s.converged for s in res.stages)
@@ -100,7 +101,7 @@ def test_staged_inverse_dynamics_robot(robot):
     q, v, a = closed_form_motion(robot, val, rate, acc)
     ref = closed_form_efforts(robot, q, v, a)
     err = res.tau - ref
-    # measured: RMS 0.003 / 0.004 N·m, max 0.04 N·m (at the ends) on torques of 100–250 N·m
+    # bounds above the trapezoidal rule's error (docs/cli.md), on torques of 100–250 N·m
     assert np.sqrt(np.mean(err ** 2, axis=0)).max() < 0.01
     assert np.abs(err).max() < 0.1
     assert res.tau[0] == pytest.approx([-117.72, 117.72], abs=0.1)
@@ -331,3 +332,22 @@ def test_bulk_construction_matches_one_by_one():
         np.testing.assert_allclose(bulk.values[k], one.values[k], atol=1e-12)
     with pytest.raises(KeyError):
         bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], [N - 1])
+
+
+def test_single_threaded_blas_restores_the_thread_counts():
+    """`single_threaded_blas` runs OpenBLAS on one thread inside the block and restores the previous
+    counts after it, also when the block raises; `limit_blas_threads` sets them for good."""
+    before = blas_thread_counts()
+    if not before:
+        pytest.skip("no OpenBLAS with a thread-count getter in this process")
+    try:
+        assert limit_blas_threads(2) >= len(before)
+        if blas_thread_counts() != [2] * len(before):
+            pytest.skip("OpenBLAS built for a single thread")
+        with pytest.raises(RuntimeError):
+            with single_threaded_blas():
+                assert blas_thread_counts() == [1] * len(before)
+                raise RuntimeError("inside")
+        assert blas_thread_counts() == [2] * len(before)
+    finally:
+        limit_blas_threads(before[0])

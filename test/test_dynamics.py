@@ -157,3 +157,9 @@ def test_acceleration_derivatives_from_the_null_space_solver(name):
     np.testing.assert_allclose(da_dq, ref.da_dq, rtol=0, atol=1e-9 * scale)
     np.testing.assert_allclose(da_dv, ref.da_dv, rtol=0, atol=1e-9 * max(1.0, np.abs(ref.da_dv).max()))
     np.testing.assert_allclose(A, ref.da_dQ, rtol=0, atol=1e-9 * max(1.0, np.abs(ref.da_dQ).max()))
+
+
+def test_third_derivatives_only_with_relative_angles(four_bar, four_bar_crank):
+    """Distances and sliders are quadratic in q (∂(Φ̇q q̇)/∂q = 0), relative-angle rows are not."""
+    assert not D.has_third_derivatives(four_bar)
+    assert D.has_third_derivatives(four_bar_crank)

@@ -109,7 +109,7 @@ def test_correlated_prior_is_whitened_by_its_covariance():
     P = A @ A.T + 0.1 * np.eye(5)
     mean = rng.standard_normal(5)
     u = F.CorrelatedPrior.from_covariance(("q", "v"), (3, 2), mean, P, floor=1e-6)
-    R = np.hstack(u._J)
+    R = np.hstack(u.evaluate(np.zeros(3), np.zeros(2))[1])
     np.testing.assert_allclose(R @ P @ R.T, np.eye(5), atol=1e-9)
     x = rng.standard_normal(5)
     e, _ = u.evaluate(x[:3], x[3:])

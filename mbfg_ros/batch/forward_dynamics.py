@@ -41,7 +41,9 @@ def batch_forward_dynamics(mech: Mechanism, dt: float, steps: int, efforts=None,
     pose, made consistent by the position problem) and v0 (default rest) are pinned by priors.
     formulation 'dependent': variables q, q̇, q̈ per step; factors f_pc, f_vc, f_dyn, trapezoidal
     q–q̇ and q̇–q̈ (paper Fig. 2).  'independent': variables q, q̇, q̈ and z, ż, z̈ per step; factors
-    f_pc^i, f_vc^i, f_ac^i, f_dyn^i, trapezoidal on z, soft equality on q (paper Fig. 3).
+    f_pc^i, f_vc^i, f_ac^i, f_dyn^i, trapezoidal on z, soft equality on q (paper Fig. 3).  `independent` names the
+    independent coordinates (names or indices); by default `coordinates.choose_independent` at the
+    initial pose, preferring the actuated coordinates.
     The initial guess is a semi-implicit Euler pass with the closed-form q̈.
     """
     sig = F.default_sigmas()

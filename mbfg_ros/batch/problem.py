@@ -49,7 +49,7 @@ class Problem:
     """Variables (ordered as added) and factors of one batch least-squares problem."""
 
     def __init__(self, mech: Optional[Mechanism] = None):
-        self.mech = mech            # enables a shared factors.EvalContext during evaluations
+        self.mech = mech            # enables a shared EvalContext during evaluations
         self.keys: List[Key] = []
         self.dims: Dict[Key, int] = {}
         self.values: Dict[Key, np.ndarray] = {}

@@ -154,5 +154,4 @@ class EvalContext:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]
         da_dq, da_dv = acceleration_derivatives(tl, tr, C.weighted_hessian(q, lam), low, Jd)
-        return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all, mech.independent_rows,
-                                     mech.mass_matrix)
+        return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all)

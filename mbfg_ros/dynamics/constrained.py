@@ -39,14 +39,12 @@ class ConstrainedSolver:
     def __init__(self, M: np.ndarray, Phi_q: np.ndarray, rank_tol: float = RANK_TOL):
         n = M.shape[0]
         if Phi_q.shape[0] == 0:
-            self.rank = 0
             self.U_r = np.zeros((0, 0))
             self.s_r = np.zeros(0)
             self.V_r = np.zeros((n, 0))
             self.N = np.eye(n)
         else:
             U, s, Vt, r = _rank_split(Phi_q, rank_tol)
-            self.rank = r
             self.U_r, self.s_r, self.V_r = U[:, :r], s[:r], Vt[:r].T
             self.N = Vt[r:].T
         self.M = M
@@ -128,13 +126,6 @@ class DynamicsLinearization:
     multipliers: np.ndarray       # λ per constraint row (zero on dropped redundant rows)
     Phi_q: np.ndarray             # Φq (all rows) at q
     Phi_q_dot: np.ndarray         # Φ̇q (all rows) at q, q̇
-    independent_rows: np.ndarray
-    mass_matrix: np.ndarray
-
-    @property
-    def solver(self) -> ConstrainedSolver:
-        """Null-space solver at this configuration (built on demand: the fast path does not need it)."""
-        return ConstrainedSolver(self.mass_matrix, self.Phi_q[self.independent_rows])
 
 
 def has_third_derivatives(mech: Mechanism) -> bool:
@@ -199,8 +190,7 @@ def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLineari
     lam[mech.independent_rows] = lam_rows
     low = _rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
     da_dq, da_dv = acceleration_derivatives(A, B, C.weighted_hessian(q, lam), low, Phi_q_dot)
-    return DynamicsLinearization(a, da_dq, da_dv, np.array(A), lam, Phi_q_all, Phi_q_dot_all,
-                                 mech.independent_rows, M)
+    return DynamicsLinearization(a, da_dq, da_dv, np.array(A), lam, Phi_q_all, Phi_q_dot_all)
 
 
 def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):

@@ -75,7 +75,7 @@ class SoftEquality(_Combination):
 
     With an offset the factor is a *predictive* soft equality: the estimator sets δ to the continuity
     predictor's displacement, so the factor still penalizes jumps (e.g. to the other assembly mode)
-    but no longer drags the motion towards standing still (with δ = 0 and σ = 10 that drag costs ~1e-3 mm
+    but does not drag the motion towards standing still (with δ = 0 and σ = 10 that drag costs ~1e-3 mm
     over the 5-s four-bar fall in the independent formulation, far above the 4th-order integrator's error).
     """
 
