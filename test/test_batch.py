@@ -253,7 +253,7 @@ def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar):
     out = []
     for vec in (True, False):
         asm = Assembly(prob, vectorize=vec)
-        assert all((G.batched is not None) == vec for G in asm.nl_groups)
+        assert all((G.evaluate_many is not None) == vec for G in asm.nl_groups)
         x = asm.pack(prob.values)
         cost = asm.evaluate(x)
         out.append((cost, [(G.r.copy(), G.J.copy(), x[G.cols]) for G in asm.nl_groups]))

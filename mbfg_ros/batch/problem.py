@@ -333,10 +333,10 @@ class Assembly:
         # groups of a unit class with a vectorized form are evaluated over all their factors at once
         for G in self.nl_groups:
             units = [u for u, _ in G.factors]
-            G.batched = None
+            G.evaluate_many = None
             if vectorize and isinstance(units[0], F.Factor):
-                G.batched = type(units[0]).vectorized(units)
-            if G.batched is not None:
+                G.evaluate_many = type(units[0]).vectorized(units)
+            if G.evaluate_many is not None:
                 G.mech = units[0].mech
                 G.slot_cols = [G.cols[:, G.bounds[s]:G.bounds[s + 1]] for s in range(len(G.widths))]
                 G.slot_keys = [c[:, 0].tobytes() for c in G.slot_cols]
@@ -345,7 +345,7 @@ class Assembly:
         # within a step, units with more slots first: the dynamics linearization then supplies
         # Φq and Φ̇q to the constraint units through the context
         order = [(min(k[1] for k in keys), -len(G.widths), gi, i) for gi, G in enumerate(self.nl_groups)
-                 if G.batched is None for i, (_, keys) in enumerate(G.factors)]
+                 if G.evaluate_many is None for i, (_, keys) in enumerate(G.factors)]
         order.sort()
         self.eval_order = [(gi, i) for _, _, gi, i in order]
         # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
@@ -482,12 +482,12 @@ class Assembly:
         groups = self.nl_groups
         contexts = {}
         for G in groups:
-            if G.batched is None:
+            if G.evaluate_many is None:
                 continue
             bctx = contexts.get(id(G.mech))
             if bctx is None:
                 bctx = contexts[id(G.mech)] = BatchContext(G.mech, self._batch_cache)
-            e, Js = G.batched(bctx, G.slot_keys, *[x[c] for c in G.slot_cols])
+            e, Js = G.evaluate_many(bctx, G.slot_keys, *[x[c] for c in G.slot_cols])
             G.r[:] = e
             for s, Jb in enumerate(Js):
                 G.J[:, :, G.bounds[s]:G.bounds[s + 1]] = Jb
