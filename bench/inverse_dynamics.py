@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mbfg_ros.batch import solver as batch  # noqa: E402
+from mbfg_ros.batch.inverse_dynamics import staged_inverse_dynamics  # noqa: E402
+from mbfg_ros.batch.trajectories import closed_form_efforts, closed_form_motion, quintic_move  # noqa: E402
 from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
 
 PAPER_SECONDS = {"four-bar": 5.3, "robot": 15.9}
@@ -40,18 +41,18 @@ def robot_case(N=1001, dt=0.005):
     mech = load_mechanism("pick_and_place_robot")
     t = np.arange(N) * dt
     start = np.array(mech.q0)[list(mech.actuated)]
-    val, rate, acc = batch.quintic_move(t, start, start + [-0.4, 0.8], 0.0, t[-1])
+    val, rate, acc = quintic_move(t, start, start + [-0.4, 0.8], 0.0, t[-1])
     return mech, dt, val, rate, acc
 
 
 def run_case(name, case, engine, repeat):
     mech, dt, val, rate, acc = case
-    q, v, a = batch.closed_form_motion(mech, val, rate, acc)
-    ref = batch.closed_form_efforts(mech, q, v, a)
+    q, v, a = closed_form_motion(mech, val, rate, acc)
+    ref = closed_form_efforts(mech, q, v, a)
     best = None
     for _ in range(repeat):
         t0 = time.perf_counter()
-        res = batch.staged_inverse_dynamics(mech, val, dt, engine=engine)
+        res = staged_inverse_dynamics(mech, val, dt, engine=engine)
         wall = time.perf_counter() - t0
         if best is None or wall < best[0]:
             best = (wall, res)

@@ -6,7 +6,13 @@ import sys
 import numpy as np
 import pytest
 
-from mbfg_ros.batch import solver as batch
+from mbfg_ros.batch.engines import solve
+from mbfg_ros.batch.forward_dynamics import batch_forward_dynamics
+from mbfg_ros.batch.inverse_dynamics import InverseDynamicsSigmas, InverseDynamicsUnits, staged_inverse_dynamics
+from mbfg_ros.batch.problem import Assembly, Problem
+from mbfg_ros.blas import blas_thread_counts, limit_blas_threads, single_threaded_blas
+from mbfg_ros.batch.trajectories import closed_form_efforts, closed_form_motion, position_continuation, quintic_move
+from mbfg_ros.dynamics import batched
 from mbfg_ros.dynamics import constrained as dynamics
 import mbfg_ros.factors as F
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
@@ -35,7 +41,7 @@ def robot():
 # ----------------------------------------------------------------------------------------------
 def test_linear_toy_problem_matches_least_squares():
     """Trapezoid chain x_{k+1} = x_k + dt/2 (v_k + v_{k+1}) with priors: one GN step is exact."""
-    prob = batch.Problem()
+    prob = Problem()
     trap = F.TrapezoidalIntegrator("x", "v", 2, 1.0, 1e-3)
     for k in range(3):
         prob.add_variable(("x", k), np.zeros(2))
@@ -44,7 +50,7 @@ def test_linear_toy_problem_matches_least_squares():
     prob.add_factor(F.Prior("x", [0.0, 0.0], 1e-3), [("x", 0)])
     for k in range(2):
         prob.add_factor(trap, [("x", k), ("x", k + 1), ("v", k), ("v", k + 1)])
-    rep = batch.solve(prob)
+    rep = solve(prob)
     assert rep.converged and rep.final_error < 1e-12
     np.testing.assert_allclose(prob.values[("x", 1)], [1.0, 2.5], atol=1e-9)
     np.testing.assert_allclose(prob.values[("x", 2)], [2.0, 6.0], atol=1e-9)
@@ -52,15 +58,15 @@ def test_linear_toy_problem_matches_least_squares():
 
 def test_closed_form_reference_four_bar(four_bar):
     t, th, thd, thdd = crank_trajectory(3)
-    q, v, a = batch.closed_form_motion(four_bar, th[:, None], thd[:, None], thdd[:, None])
-    tau = batch.closed_form_efforts(four_bar, q, v, a)
+    q, v, a = closed_form_motion(four_bar, th[:, None], thd[:, None], thdd[:, None])
+    tau = closed_form_efforts(four_bar, q, v, a)
     assert tau[0, 0] == pytest.approx(66.0117, abs=1e-3)
     np.testing.assert_allclose(q[0], [1, 0, 1, 2, 0], atol=1e-12)
 
 
 def test_quintic_move_is_rest_to_rest():
     t = np.linspace(-0.5, 2.5, 301)
-    x, xd, xdd = batch.quintic_move(t, [1.0, -1.0], [2.0, 1.0], 0.0, 2.0)
+    x, xd, xdd = quintic_move(t, [1.0, -1.0], [2.0, 1.0], 0.0, 2.0)
     np.testing.assert_allclose(x[0], [1, -1])
     np.testing.assert_allclose(x[-1], [2, 1])
     assert np.abs(xd[[0, -1]]).max() == 0 and np.abs(xdd[[0, -1]]).max() == 0
@@ -71,12 +77,12 @@ def test_quintic_move_is_rest_to_rest():
 def test_staged_inverse_dynamics_four_bar_full_horizon(four_bar):
     """Paper §7.2: θ(t) = 1.2(1 − cos 2t), dt = 5 ms, 10 s, against the closed form on the exact motion."""
     t, th, thd, thdd = crank_trajectory(2000)
-    res = batch.staged_inverse_dynamics(four_bar, th[:, None], DT)
-    q, v, a = batch.closed_form_motion(four_bar, th[:, None], thd[:, None], thdd[:, None])
-    ref = batch.closed_form_efforts(four_bar, q, v, a)
+    res = staged_inverse_dynamics(four_bar, th[:, None], DT)
+    q, v, a = closed_form_motion(four_bar, th[:, None], thd[:, None], thdd[:, None])
+    ref = closed_form_efforts(four_bar, q, v, a)
     err = res.tau - ref
     assert np.sqrt(np.mean(err ** 2)) < 0.02
-    assert np.abs(err).max() < 0.1          # measured: RMS 0.0013, max 0.04 N·m
+    assert np.abs(err).max() < 0.1          # the trapezoidal rule's error (docs/cli.md) stays well below
     assert res.tau[0, 0] == pytest.approx(66.01, abs=0.02)
     assert [s.stage for s in res.stages] == [1, 2, 3, 4]
     assert all(s.converged for s in res.stages)
@@ -90,12 +96,12 @@ def test_staged_inverse_dynamics_robot(robot):
     N = 401
     t = np.arange(N) * DT
     q0 = np.array(robot.q0)[list(robot.actuated)]
-    val, rate, acc = batch.quintic_move(t, q0, q0 + [-0.4, 0.8], 0.0, t[-1])
-    res = batch.staged_inverse_dynamics(robot, val, DT)
-    q, v, a = batch.closed_form_motion(robot, val, rate, acc)
-    ref = batch.closed_form_efforts(robot, q, v, a)
+    val, rate, acc = quintic_move(t, q0, q0 + [-0.4, 0.8], 0.0, t[-1])
+    res = staged_inverse_dynamics(robot, val, DT)
+    q, v, a = closed_form_motion(robot, val, rate, acc)
+    ref = closed_form_efforts(robot, q, v, a)
     err = res.tau - ref
-    # measured: RMS 0.003 / 0.004 N·m, max 0.04 N·m (at the ends) on torques of 100–250 N·m
+    # bounds above the trapezoidal rule's error (docs/cli.md), on torques of 100–250 N·m
     assert np.sqrt(np.mean(err ** 2, axis=0)).max() < 0.01
     assert np.abs(err).max() < 0.1
     assert res.tau[0] == pytest.approx([-117.72, 117.72], abs=0.1)
@@ -104,22 +110,22 @@ def test_staged_inverse_dynamics_robot(robot):
 
 def test_engines_agree_on_a_short_horizon(four_bar):
     t, th, _, _ = crank_trajectory(30)
-    a = batch.staged_inverse_dynamics(four_bar, th[:, None], DT, engine="sparse")
-    b = batch.staged_inverse_dynamics(four_bar, th[:, None], DT, engine="gtsam")
+    a = staged_inverse_dynamics(four_bar, th[:, None], DT, engine="sparse")
+    b = staged_inverse_dynamics(four_bar, th[:, None], DT, engine="gtsam")
     np.testing.assert_allclose(a.tau, b.tau, atol=1e-5)
     np.testing.assert_allclose(a.q, b.q, atol=1e-9)
 
 
 def test_stop_after_stage_3_and_bad_input(four_bar):
     t, th, _, _ = crank_trajectory(20)
-    res = batch.staged_inverse_dynamics(four_bar, th[:, None], DT, stages=3)
+    res = staged_inverse_dynamics(four_bar, th[:, None], DT, stages=3)
     assert np.all(np.isnan(res.tau)) and np.all(np.isfinite(res.v))
     with pytest.raises(ValueError):
-        batch.staged_inverse_dynamics(four_bar, np.zeros((20, 2)), DT)
+        staged_inverse_dynamics(four_bar, np.zeros((20, 2)), DT)
     with pytest.raises(ValueError):
-        batch.staged_inverse_dynamics(four_bar, th[:2, None], DT)
+        staged_inverse_dynamics(four_bar, th[:2, None], DT)
     with pytest.raises(ValueError):
-        batch.staged_inverse_dynamics(four_bar, th[:, None], DT, engine="nope")
+        staged_inverse_dynamics(four_bar, th[:, None], DT, engine="nope")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,7 +137,7 @@ def reference_mech():
 @pytest.mark.parametrize("formulation", ["dependent", "independent"])
 def test_batch_forward_dynamics_free_fall(reference_mech, formulation):
     dt, steps = 1e-3, 400
-    res = batch.batch_forward_dynamics(reference_mech, dt, steps, formulation=formulation)
+    res = batch_forward_dynamics(reference_mech, dt, steps, formulation=formulation)
     ref = R.free_fall(steps * dt, dt, 9.8)
     rmse, worst = R.point_errors(res.q, ref)
     assert res.report.converged
@@ -145,8 +151,8 @@ def test_batch_forward_dynamics_with_torque_and_gtsam_engine(reference_mech):
     dt, steps = 1e-3, 60
     tau = lambda t: 20.0 * np.sin(3.0 * t)
     efforts = tau(np.arange(steps + 1) * dt)[:, None]
-    a = batch.batch_forward_dynamics(reference_mech, dt, steps, efforts=efforts)
-    b = batch.batch_forward_dynamics(reference_mech, dt, steps, efforts=efforts, engine="gtsam")
+    a = batch_forward_dynamics(reference_mech, dt, steps, efforts=efforts)
+    b = batch_forward_dynamics(reference_mech, dt, steps, efforts=efforts, engine="gtsam")
     np.testing.assert_allclose(a.q, b.q, atol=1e-9)
     ref = R.simulate(steps * dt, dt, 9.8, tau_fn=tau)
     assert R.point_errors(a.q, ref)[1] < 1e-5
@@ -164,7 +170,7 @@ def _random_chain_problem(uniform: bool):
         def evaluate(self, x, ctx=None):
             return x * x - self.target, [np.diag(2 * x)]
 
-    prob = batch.Problem()
+    prob = Problem()
     eq = F.SoftEquality("x", 2, 1.0)
     for k in range(12):
         prob.add_variable(("x", k), np.ones(2))
@@ -183,9 +189,9 @@ def test_sparse_engine_layouts_agree_with_gtsam(layout, monkeypatch):
     prob = _random_chain_problem(uniform=layout == "uniform")
     ref = _random_chain_problem(uniform=layout == "uniform")
     if layout == "sparse_fallback":
-        monkeypatch.setattr(batch._Assembly, "step", lambda self, g, lam: self._step_sparse(g, lam))
-    rep = batch.solve(prob)
-    rep_ref = batch.solve(ref, engine="gtsam")
+        monkeypatch.setattr(Assembly, "step", lambda self, g, lam: self.sparse_step(g, lam))
+    rep = solve(prob)
+    rep_ref = solve(ref, engine="gtsam")
     assert rep.converged
     assert rep.final_error == pytest.approx(rep_ref.final_error, rel=1e-6)
     for k in prob.keys:
@@ -195,19 +201,18 @@ def test_sparse_engine_layouts_agree_with_gtsam(layout, monkeypatch):
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
 def test_vectorized_units_match_the_per_step_units(name):
-    """`batched.evaluator` gives the numbers of the units of `factors` (errors and Jacobians, 1e-12 of
+    """`Factor.vectorized` gives the numbers of the units' own `evaluate` (errors and Jacobians, 1e-12 of
     the largest entry) at points near the motion of a trajectory (q off the constraints by ~1e-3, random
     q̇, q̈, τ), where both forms of the relative-angle rows occur.  (Far from the constraint manifold
     the augmented system gets ill-conditioned and the two solution orders differ by ~cond·ε: 4e-12
     for the robot at 0.3 rad/m off.)"""
-    from mbfg_ros.batch import vectorized as batched
     mech = load_mechanism(name)
     rng = np.random.default_rng(1)
     N = 40
     start = np.array(mech.q0)[list(mech.actuated)]
     move = [2.4] if name == "four_bar_crank" else [-0.4, 0.8]           # the benchmark's moves
     values = start + np.linspace(0.0, 1.0, N)[:, None] * np.array(move)
-    q_path = batch._position_continuation(mech, values, stride=1)
+    q_path = position_continuation(mech, values, stride=1)
     blocks = {"q": q_path + 1e-3 * rng.standard_normal((N, mech.n)),
               "v": rng.standard_normal((N, mech.n)), "a": rng.standard_normal((N, mech.n)),
               "tau": 50.0 * rng.standard_normal((N, len(mech.actuated)))}
@@ -219,11 +224,11 @@ def test_vectorized_units_match_the_per_step_units(name):
              [F.AccelerationConstraints(mech, 1e-3)] * N, [F.ForwardDynamics(mech, Q[k], 1e-3) for k in range(N)],
              [F.InverseDynamics(mech, sigma=1e-3)] * N]
     for units in kinds:
-        f = batched.evaluator(units)
+        f = type(units[0]).vectorized(units)
         assert f is not None
         slots = units[0].slots
-        starts = [np.arange(N) * 100 + 10 * s for s in range(len(slots))]
-        e, Js = f(batched.BatchContext(mech), starts, *[blocks[s] for s in slots])
+        keys = [(np.arange(N) * 100 + 10 * s).tobytes() for s in range(len(slots))]
+        e, Js = f(batched.BatchContext(mech), keys, *[blocks[s] for s in slots])
         for k, unit in enumerate(units):
             e1, J1 = unit.evaluate(*[blocks[s][k] for s in slots])
             np.testing.assert_allclose(e[k], e1, rtol=0, atol=1e-12 * max(1.0, np.abs(e1).max()))
@@ -231,25 +236,24 @@ def test_vectorized_units_match_the_per_step_units(name):
                 np.testing.assert_allclose(Jb[k], Jr, rtol=0, atol=1e-12 * max(1.0, np.abs(Jr).max()))
 
 
-def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar, monkeypatch):
+def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar):
     """The sparse engine's residuals and Jacobians are the same with and without vectorization."""
     t, th, _, _ = crank_trajectory(25)
-    res = batch.staged_inverse_dynamics(four_bar, th[:, None], DT)
-    prob = batch.Problem(four_bar)
-    U = batch._LibraryUnits(four_bar, DT, batch.InverseDynamicsSigmas())
+    res = staged_inverse_dynamics(four_bar, th[:, None], DT)
+    prob = Problem(four_bar)
+    U = InverseDynamicsUnits(four_bar, DT, InverseDynamicsSigmas())
     for k in range(25):
         prob.add_variable(("q", k), res.q[k] + 1e-3 * np.sin(k))
         prob.add_variable(("v", k), res.v[k])
         prob.add_variable(("a", k), res.a[k])
         prob.add_variable(("tau", k), res.tau[k])
-        prob.add_factor(U.position(), [("q", k)])
-        prob.add_factor(U.velocity(), [("q", k), ("v", k)])
-        prob.add_factor(U.inverse_dynamics(), [("q", k), ("v", k), ("a", k), ("tau", k)])
+        prob.add_factor(U.position, [("q", k)])
+        prob.add_factor(U.velocity, [("q", k), ("v", k)])
+        prob.add_factor(U.inverse_dynamics, [("q", k), ("v", k), ("a", k), ("tau", k)])
     out = []
     for vec in (True, False):
-        monkeypatch.setattr(batch, "_VECTORIZE", vec)
-        asm = batch._Assembly(prob)
-        assert all((G.batched is not None) == vec for G in asm.nl_groups)
+        asm = Assembly(prob, vectorize=vec)
+        assert all((G.evaluate_many is not None) == vec for G in asm.nl_groups)
         x = asm.pack(prob.values)
         cost = asm.evaluate(x)
         out.append((cost, [(G.r.copy(), G.J.copy(), x[G.cols]) for G in asm.nl_groups]))
@@ -264,30 +268,28 @@ def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar, monkey
 def test_vectorized_kinematics_and_efforts_match_per_step(robot):
     """Position continuation on a coarse grid + batched Newton = per-step continuation; the batched
     closed-form efforts and assembly modes = the per-step ones (also for inconsistent q̈)."""
-    from mbfg_ros.batch import vectorized as batched
     N = 201
     t = np.arange(N) * DT
     q0 = np.array(robot.q0)[list(robot.actuated)]
-    val, rate, acc = batch.quintic_move(t, q0, q0 + [-0.4, 0.8], 0.0, t[-1])
-    q_seq = batch._position_continuation(robot, val, stride=1)
-    q_vec = batch._position_continuation(robot, val, stride=8)
+    val, rate, acc = quintic_move(t, q0, q0 + [-0.4, 0.8], 0.0, t[-1])
+    q_seq = position_continuation(robot, val, stride=1)
+    q_vec = position_continuation(robot, val, stride=8)
     np.testing.assert_allclose(q_vec, q_seq, rtol=0, atol=1e-11)
     modes = batched.assembly_modes(robot, q_vec)
     assert np.array_equal(modes, np.array([robot.assembly_mode(x) for x in q_vec]))
-    q, v, a = batch.closed_form_motion(robot, val, rate, acc)
+    q, v, a = closed_form_motion(robot, val, rate, acc)
     for aa in (a, a + 0.1):
         np.testing.assert_allclose(batched.inverse_dynamics_many(robot, q, v, aa),
-                                   batch.closed_form_efforts(robot, q, v, aa), rtol=0, atol=1e-10)
+                                   closed_form_efforts(robot, q, v, aa), rtol=0, atol=1e-10)
 
 
 def test_position_continuation_fast_crank_matches_step_by_step(four_bar):
     """A fast crank (40 rad/s, 0.2 rad per step): the coarse grid shrinks, and batched Newton solutions
     mirrored across the crank direction (which satisfy the single relative-angle row) are rejected."""
-    from mbfg_ros.batch import vectorized as batched
     N = 400
     values = 40.0 * np.arange(N)[:, None] * DT
-    q_seq = batch._position_continuation(four_bar, values, stride=1)
-    q_vec = batch._position_continuation(four_bar, values)
+    q_seq = position_continuation(four_bar, values, stride=1)
+    q_vec = position_continuation(four_bar, values)
     np.testing.assert_allclose(q_vec, q_seq, rtol=0, atol=1e-11)
     assert batched.angles_consistent(four_bar, q_vec).all()
     mirrored = q_vec[5:6].copy()             # crank at 1 rad
@@ -306,7 +308,7 @@ def test_bulk_construction_matches_one_by_one():
     def priors():
         return [F.Prior("x", t, 0.1) for t in targets]
 
-    one = batch.Problem()
+    one = Problem()
     for k in range(N):
         one.add_variable(("x", k), np.ones(2))
         one.add_variable(("v", k), np.zeros(2))
@@ -314,7 +316,7 @@ def test_bulk_construction_matches_one_by_one():
         one.add_factor(p, [("x", k)])
     for k in range(N - 1):
         one.add_factor(trap, [("x", k), ("x", k + 1), ("v", k), ("v", k + 1)])
-    bulk = batch.Problem()
+    bulk = Problem()
     bulk.add_variables("x", np.ones((N, 2)))
     bulk.add_variables("v", np.zeros((N, 2)))
     bulk.add_factors(priors(), [("x", 0)], range(N))
@@ -323,10 +325,29 @@ def test_bulk_construction_matches_one_by_one():
     assert [[keys for _, keys in g] for g in one.groups.values()] == \
         [[keys for _, keys in g] for g in bulk.groups.values()]
     for sig in one.groups:
-        np.testing.assert_array_equal(one._first_steps(sig), bulk._first_steps(sig))
-    batch.solve(one)
-    batch.solve(bulk)
+        np.testing.assert_array_equal(one.first_steps(sig), bulk.first_steps(sig))
+    solve(one)
+    solve(bulk)
     for k in one.keys:
         np.testing.assert_allclose(bulk.values[k], one.values[k], atol=1e-12)
     with pytest.raises(KeyError):
         bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], [N - 1])
+
+
+def test_single_threaded_blas_restores_the_thread_counts():
+    """`single_threaded_blas` runs OpenBLAS on one thread inside the block and restores the previous
+    counts after it, also when the block raises; `limit_blas_threads` sets them for good."""
+    before = blas_thread_counts()
+    if not before:
+        pytest.skip("no OpenBLAS with a thread-count getter in this process")
+    try:
+        assert limit_blas_threads(2) >= len(before)
+        if blas_thread_counts() != [2] * len(before):
+            pytest.skip("OpenBLAS built for a single thread")
+        with pytest.raises(RuntimeError):
+            with single_threaded_blas():
+                assert blas_thread_counts() == [1] * len(before)
+                raise RuntimeError("inside")
+        assert blas_thread_counts() == [2] * len(before)
+    finally:
+        limit_blas_threads(before[0])

@@ -133,3 +133,33 @@ def test_dynamics_at_the_four_bar_dead_point(four_bar):
     sol = K.solve_positions(mech, q, fixed=[0, 1])
     a = D.forward_dynamics(mech, sol.q, np.zeros(4))
     assert np.all(np.isfinite(a))
+
+
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+def test_acceleration_derivatives_from_the_null_space_solver(name):
+    """Where the augmented matrix is singular, `forward_dynamics_jacobians` takes the rows [A B] of its
+    generalized inverse from the null-space solver; `acceleration_derivatives` over those gives the
+    same linearization as over the augmented solve."""
+    mech = load_mechanism(f"mechanisms/{name}.yaml")
+    rng = np.random.default_rng(4)
+    q = K.solve_positions(mech, np.array(mech.q0) + 0.05 * rng.normal(size=mech.n)).q + 1e-3 * rng.normal(size=mech.n)
+    v, Q = rng.normal(size=mech.n), mech.gravity_forces + rng.normal(size=mech.n)
+    ref = D.forward_dynamics_jacobians(mech, q, v, Q)
+    n, C, rows = mech.n, mech.constraints, mech.independent_rows
+    solver = D.solver_at(mech, q)
+    r = len(rows)
+    A = solver.solve(np.eye(n), np.zeros((r, n)))
+    B = solver.solve(np.zeros((n, r)), np.eye(r))
+    low = (C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, ref.a))[rows]
+    da_dq, da_dv = D.acceleration_derivatives(A, B, C.weighted_hessian(q, ref.multipliers), low,
+                                              C.jacobian_dot(q, v)[rows])
+    scale = max(1.0, np.abs(ref.da_dq).max())
+    np.testing.assert_allclose(da_dq, ref.da_dq, rtol=0, atol=1e-9 * scale)
+    np.testing.assert_allclose(da_dv, ref.da_dv, rtol=0, atol=1e-9 * max(1.0, np.abs(ref.da_dv).max()))
+    np.testing.assert_allclose(A, ref.da_dQ, rtol=0, atol=1e-9 * max(1.0, np.abs(ref.da_dQ).max()))
+
+
+def test_third_derivatives_only_with_relative_angles(four_bar, four_bar_crank):
+    """Distances and sliders are quadratic in q (∂(Φ̇q q̇)/∂q = 0), relative-angle rows are not."""
+    assert not D.has_third_derivatives(four_bar)
+    assert D.has_third_derivatives(four_bar_crank)

@@ -260,15 +260,16 @@ def trajectory_from_csv(mech, path):
 
 
 def cmd_inverse_dynamics(args) -> int:
-    from mbfg_ros.batch import solver as batch
+    from mbfg_ros.batch.inverse_dynamics import staged_inverse_dynamics
+    from mbfg_ros.batch.trajectories import closed_form_efforts
     mech = _load(args.mechanism, args.gravity)
     t, dt, traj = trajectory_from_csv(mech, args.trajectory)
     bar = Progress(4, "inverse dynamics")
-    res = batch.staged_inverse_dynamics(mech, traj, dt, t0=float(t[0]), progress=bar.update)
+    res = staged_inverse_dynamics(mech, traj, dt, t0=float(t[0]), progress=bar.update)
     bar.close()
     _write_state_csv(args.output, mech, res.t, res.q, res.v, res.a, res.tau)
     if args.plot:
-        ref = batch.closed_form_efforts(mech, res.q, res.v, res.a)
+        ref = closed_form_efforts(mech, res.q, res.v, res.a)
         _plot(args.plot, mech, res.t, res.q, res.v, res.tau, f"{mech.name}: staged inverse dynamics", ref)
     if args.verbose:
         for s in res.stages:

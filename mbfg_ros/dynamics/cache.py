@@ -8,7 +8,8 @@ import numpy as np
 
 from scipy.linalg import lapack as _lapack
 
-from mbfg_ros.dynamics.constrained import DynamicsLinearization, forward_dynamics, forward_dynamics_jacobians
+from mbfg_ros.dynamics.constrained import (DynamicsLinearization, acceleration_derivatives, forward_dynamics,
+                                           forward_dynamics_jacobians, has_third_derivatives)
 from mbfg_ros.model.mechanism import Mechanism
 
 
@@ -22,19 +23,17 @@ class EvalContext:
     three most recent linearizations are kept, e.g. at the previous step's and at this step's
     linearization points, both read by `HermiteVelocityIntegrator`).
 
-    With ``fast=True`` (default) the dynamics are linearized by `lean_dynamics_jacobians`: the same
-    equations as `dynamics.forward_dynamics_jacobians` (augmented system over the independent rows of Φq,
-    differentiated), but one LU factorization shared by both solves and by Φ/Φq of the position factor;
-    it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is singular or
-    ill-conditioned.  The tests check both give the same numbers.
+    The dynamics are linearized by `_lean`: the formula of `acceleration_derivatives` with the rows of
+    K⁻¹ from one LU factorization of the augmented matrix (Φq and Φ̇q shared with the constraint units
+    through this memo); it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is
+    singular or ill-conditioned.  The tests check both give the same numbers.
     """
 
-    __slots__ = ("mech", "fast", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
+    __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
                  "_K", "_b", "_rows", "_n", "_r", "_third", "_older")
 
-    def __init__(self, mech: Mechanism, fast: bool = True):
+    def __init__(self, mech: Mechanism):
         self.mech = mech
-        self.fast = bool(fast)
         n = mech.n
         rows = np.asarray(mech.independent_rows, dtype=np.intp)
         self._rows = None if rows.size == mech.m else rows
@@ -42,11 +41,7 @@ class EvalContext:
         self._K = np.zeros((n + rows.size, n + rows.size), order="F")
         self._K[:n, :n] = mech.mass_matrix
         self._b = np.zeros(n + rows.size)
-        # do the constraints have third derivatives (∂(Φ̇q q̇)/∂q ≠ 0)?  Quadratic ones (distances, sliders)
-        # do not: probe once at a random point.
-        rng = np.random.default_rng(0)
-        qr, vr = np.array(mech.q0) + 0.1 * rng.standard_normal(n), rng.standard_normal(n)
-        self._third = bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
+        self._third = has_third_derivatives(mech)
         self.clear()
 
     def clear(self):
@@ -86,7 +81,7 @@ class EvalContext:
             older = self._older
             d = older.pop(key, None) if older else None
             if d is None:
-                d = self._lean(q, v, Q) if self.fast else None
+                d = self._lean(q, v, Q)
                 if d is None:
                     d = forward_dynamics_jacobians(self.mech, q, v, Q)
             if self._dyn_key is not None:
@@ -107,11 +102,10 @@ class EvalContext:
                 return d.a
         if key != self._acc_key:
             a = None
-            if self.fast:
-                K, b = self._system(q, v, Q)[:2]
-                lu, piv, x, info = _lapack.dgesv(K, b)
-                if info == 0 and is_sane(x):
-                    a = x[:self._n]
+            K, b = self._system(q, v, Q)[:2]
+            lu, piv, x, info = _lapack.dgesv(K, b)
+            if info == 0 and is_sane(x):
+                a = x[:self._n]
             self._acc = a if a is not None else forward_dynamics(self.mech, q, v, Q)
             self._acc_key = key
         return self._acc
@@ -132,9 +126,9 @@ class EvalContext:
         return K, b, J_all, Jd_all, Jd
 
     def _lean(self, q, v, Q):
-        """One LU of K, its explicit inverse (K is small; the top rows Kᵢₙᵥ[:n] give ∂q̈/∂Q directly and
-        turn the derivative solve K D = R into two small products), then
-        ∂q̈/∂q = −Kᵢₙᵥ[:n] [Σλᵢ∂²Φᵢ; ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q],  ∂q̈/∂q̇ = −2 Kᵢₙᵥ[:n, n:] Φ̇q."""
+        """One LU of K and its explicit inverse (K is small; its top rows Kᵢₙᵥ[:n] = [A B] turn the
+        derivatives into the two products of `acceleration_derivatives`); None where K is singular or
+        the solution is not sane."""
         mech, n, C = self.mech, self._n, self.mech.constraints
         K, b, J_all, Jd_all, Jd = self._system(q, v, Q)
         lu, piv, info = _lapack.dgetrf(K)
@@ -159,10 +153,5 @@ class EvalContext:
         if self._rows is not None:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]
-        da_dq = tl.dot(C.weighted_hessian(q, lam))
-        da_dq += tr.dot(low)
-        np.negative(da_dq, out=da_dq)
-        da_dv = tr.dot(Jd)
-        da_dv *= -2.0
-        return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all, mech.independent_rows,
-                                     mech.mass_matrix)
+        da_dq, da_dv = acceleration_derivatives(tl, tr, C.weighted_hessian(q, lam), low, Jd)
+        return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all)

@@ -39,18 +39,15 @@ class ConstrainedSolver:
     def __init__(self, M: np.ndarray, Phi_q: np.ndarray, rank_tol: float = RANK_TOL):
         n = M.shape[0]
         if Phi_q.shape[0] == 0:
-            self.rank = 0
             self.U_r = np.zeros((0, 0))
             self.s_r = np.zeros(0)
             self.V_r = np.zeros((n, 0))
             self.N = np.eye(n)
         else:
             U, s, Vt, r = _rank_split(Phi_q, rank_tol)
-            self.rank = r
             self.U_r, self.s_r, self.V_r = U[:, :r], s[:r], Vt[:r].T
             self.N = Vt[r:].T
         self.M = M
-        self.dof = self.N.shape[1]
         self.reduced_mass = self.N.T @ M @ self.N
         self._chol = np.linalg.cholesky(self.reduced_mass)
 
@@ -129,51 +126,78 @@ class DynamicsLinearization:
     multipliers: np.ndarray       # λ per constraint row (zero on dropped redundant rows)
     Phi_q: np.ndarray             # Φq (all rows) at q
     Phi_q_dot: np.ndarray         # Φ̇q (all rows) at q, q̇
-    independent_rows: np.ndarray
-    mass_matrix: np.ndarray
 
-    @property
-    def solver(self) -> ConstrainedSolver:
-        """Null-space solver at this configuration (built on demand: the fast path does not need it)."""
-        return ConstrainedSolver(self.mass_matrix, self.Phi_q[self.independent_rows])
+
+def has_third_derivatives(mech: Mechanism) -> bool:
+    """Do the constraints have third derivatives (∂(Φ̇q q̇)/∂q ≠ 0)?  Quadratic ones (distances, sliders)
+    do not, relative angles do: probed once at a random point near the drawn pose."""
+    rng = np.random.default_rng(0)
+    qr, vr = np.array(mech.q0) + 0.1 * rng.standard_normal(mech.n), rng.standard_normal(mech.n)
+    return bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
+
+
+def acceleration_derivatives(A, B, weighted_hessian, low, Phi_q_dot):
+    """∂q̈/∂q and ∂q̈/∂q̇ from the first n rows [A B] of K⁻¹, K = [[M, Φqᵀ], [Φq, 0]] (independent rows).
+
+    Differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇ gives K ∂[q̈; λ] = [−Σλᵢ∂²Φᵢ ∂q; −low ∂q − 2 Φ̇q ∂q̇] + [∂Q; 0]
+    with low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (the independent rows), hence
+
+        ∂q̈/∂q = −A Σλᵢ∂²Φᵢ − B low,   ∂q̈/∂q̇ = −2 B Φ̇q,   ∂q̈/∂Q = A.
+
+    The one formula of the dynamics linearization: the per-step evaluations (`EvalContext`,
+    `forward_dynamics_jacobians`) pass one step's blocks (2-D), `dynamics.batched` a stack of steps
+    (3-D, leading axis the step).  Where K is singular, [A B] are the x-parts of the null-space solver's
+    solutions for unit right-hand sides, and the formula holds unchanged."""
+    mul = np.dot if A.ndim == 2 else np.matmul
+    da_dq = mul(A, weighted_hessian)
+    da_dq += mul(B, low)
+    np.negative(da_dq, out=da_dq)
+    da_dv = mul(B, Phi_q_dot)
+    da_dv *= -2.0
+    return da_dq, da_dv
 
 
 def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLinearization:
-    """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q by differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇."""
+    """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at one (q, q̇, Q) (`acceleration_derivatives`), by one dense solve of
+    the augmented system for [q̈; λ] and the first n rows of K⁻¹, or by the null-space solver where K is
+    singular or ill-conditioned."""
     Q = mech.gravity_forces if Q is None else Q
     C, n, M = mech.constraints, mech.n, mech.mass_matrix
     Phi_q_all = C.jacobian(q)
     Phi_q_dot_all = C.jacobian_dot(q, v)
     Phi_q, Phi_q_dot = _rows(mech, Phi_q_all), _rows(mech, Phi_q_dot_all)
     r = Phi_q.shape[0]
-    first = _augmented_solve(M, Phi_q, Q, -Phi_q_dot @ v)
-    solver = None
-    if first is not None:
-        a, lam_rows = first[:n], first[n:]
+    g = -Phi_q_dot @ v
+    # right-hand sides [Q | I_n] over [γ | 0]: x = [q̈; λ] and the first n columns of K⁻¹ (K symmetric:
+    # their transpose is its first n rows)
+    top = np.zeros((n, 1 + n))
+    top[:, 0] = Q
+    top[:, 1:] = np.eye(n)
+    bottom = np.zeros((r, 1 + n))
+    bottom[:, 0] = g
+    X = _augmented_solve(M, Phi_q, top, bottom)
+    if X is not None:
+        a, lam_rows = X[:n, 0], X[n:, 0]
+        AB = X[:, 1:].T
+        A, B = AB[:, :n], AB[:, n:]
     else:
         solver = ConstrainedSolver(M, Phi_q)
-        a = solver.solve(Q, -Phi_q_dot @ v)
+        a = solver.solve(Q, g)
         lam_rows = solver.multipliers(Q, a)
+        A = solver.solve(np.eye(n), np.zeros((r, n)))
+        B = solver.solve(np.zeros((n, r)), np.eye(r))
     lam = np.zeros(mech.m)
     lam[mech.independent_rows] = lam_rows
-    rhs1 = np.zeros((n, 3 * n))
-    rhs1[:, :n] = -C.weighted_hessian(q, lam)
-    rhs1[:, 2 * n:] = np.eye(n)
-    rhs2 = np.zeros((r, 3 * n))
-    rhs2[:, :n] = -_rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
-    rhs2[:, n:2 * n] = -2.0 * Phi_q_dot
-    D = None if solver is not None else _augmented_solve(M, Phi_q, rhs1, rhs2)
-    if D is None:
-        D = (solver or ConstrainedSolver(M, Phi_q)).solve(rhs1, rhs2)
-    return DynamicsLinearization(a, D[:n, :n], D[:n, n:2 * n], D[:n, 2 * n:], lam, Phi_q_all, Phi_q_dot_all,
-                                 mech.independent_rows, M)
+    low = _rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
+    da_dq, da_dv = acceleration_derivatives(A, B, C.weighted_hessian(q, lam), low, Phi_q_dot)
+    return DynamicsLinearization(a, da_dq, da_dv, np.array(A), lam, Phi_q_all, Phi_q_dot_all)
 
 
 def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):
     """R with Φq R = 0, B R = I for the selector B of independent coordinates z (eq. 13–14)."""
     BN = solver.N[list(z)]
     if BN.shape[0] != BN.shape[1]:
-        raise ValueError(f"{len(z)} independent coordinates given for {solver.dof} degrees of freedom")
+        raise ValueError(f"{len(z)} independent coordinates given for {BN.shape[1]} degrees of freedom")
     if np.linalg.cond(BN) > 1e10:
         raise np.linalg.LinAlgError("the chosen independent coordinates do not parametrize the motion here")
     return solver.N @ np.linalg.inv(BN)

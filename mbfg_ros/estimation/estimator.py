@@ -384,8 +384,8 @@ class FixedLagEstimator:
             self._u_kin = [F.PositionConstraintsIndep(mech, self.z, s["position_constraints"]),
                            F.VelocityConstraintsIndep(mech, self.z, s["velocity_constraints"]),
                            F.AccelerationConstraintsIndep(mech, self.z, s["acceleration_constraints"])]
-            self._u_dyn = (F.InverseDynamicsIndep(mech, self.z, sigma=s["dynamics"]) if self.has_tau
-                           else F.ForwardDynamicsIndep(mech, self.z, sigma=s["dynamics"]))
+            self._u_dyn = (F.InverseDynamics(mech, sigma=s["dynamics"], z=self.z) if self.has_tau
+                           else F.ForwardDynamics(mech, sigma=s["dynamics"], z=self.z))
             self._u_eq = F.SoftEquality("q", n, s["soft_equality"], offset=np.zeros(n))
         else:
             self._u_kin = [F.PositionConstraints(mech, s["position_constraints"]),

@@ -3,9 +3,9 @@
 from mbfg_ros.factors.base import Factor, prev, sigma_or_default
 from mbfg_ros.factors.constraints import (AccelerationConstraints, AccelerationConstraintsIndep, PositionConstraints,
                                           PositionConstraintsIndep, VelocityConstraints, VelocityConstraintsIndep)
-from mbfg_ros.factors.dynamics import ForwardDynamics, ForwardDynamicsIndep, InverseDynamics, InverseDynamicsIndep, Jerk
-from mbfg_ros.factors.integrators import (EulerIntegrator, HermiteIntegrator, HermiteVelocityIntegrator, SoftEquality,
-                                          TrapezoidalIntegrator)
+from mbfg_ros.factors.dynamics import ForwardDynamics, InverseDynamics, Jerk
+from mbfg_ros.factors.integrators import (EulerIntegrator, HermiteIntegrator, HermiteVelocityIntegrator,
+                                          SecondDifference, SoftEquality, TrapezoidalIntegrator)
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.factors.priors import CorrelatedPrior, Prior
 from mbfg_ros.factors.sensors import Encoder, Gyroscope, ObservedCoordinate
@@ -13,7 +13,8 @@ from mbfg_ros.factors.sensors import Encoder, Gyroscope, ObservedCoordinate
 __all__ = [
     "Factor", "prev", "sigma_or_default", "default_sigmas", "Prior", "CorrelatedPrior",
     "EulerIntegrator", "TrapezoidalIntegrator", "HermiteIntegrator", "HermiteVelocityIntegrator", "SoftEquality",
+    "SecondDifference",
     "PositionConstraints", "VelocityConstraints", "AccelerationConstraints", "PositionConstraintsIndep",
     "VelocityConstraintsIndep", "AccelerationConstraintsIndep", "ForwardDynamics", "InverseDynamics", "Jerk",
-    "ForwardDynamicsIndep", "InverseDynamicsIndep", "Encoder", "Gyroscope", "ObservedCoordinate",
+    "Encoder", "Gyroscope", "ObservedCoordinate",
 ]

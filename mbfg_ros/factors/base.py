@@ -5,7 +5,7 @@ A unit is one small object with
 * ``slots``  – names of the variable blocks it reads, in argument order.  A bare name (``"q"``,
   ``"v"``, ``"a"``, ``"j"``, ``"tau"``, ``"z"``, ``"zd"``, ``"zdd"``, ``"zj"``) is the block of the step
   the unit belongs to; the suffix ``_prev`` names the same block one step earlier (integrators,
-  soft equality, random walks).
+  soft equality, random walks), twice two steps earlier (second differences).
 * ``dim``    – number of error rows,
 * ``sigmas`` – (dim,) standard deviations of the rows (the noise model is diagonal),
 * ``evaluate(*blocks, ctx=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
@@ -21,6 +21,9 @@ either a slot or a parameter of the unit.
 q̈ and its Jacobians) keyed by the *values* of the blocks, so several units evaluated at the same
 (q, q̇, Q) share one dynamics linearization.  Passing no context gives the same numbers.
 
+The kinematic and dynamics units also evaluate a whole series of factors at once (``vectorized``, over a
+`dynamics.batched.BatchContext`), for the batch solvers that apply them at every step of a trajectory.
+
 Notation: n coordinates, m constraint rows, d degrees of freedom (independent coordinates z),
 na actuators (efforts τ on the actuated coordinates, E the n×na selector, Q = Q_known + E τ).
 """
@@ -29,10 +32,11 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros.dynamics.batched import BatchContext
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.noise import default_sigmas
 
@@ -61,6 +65,17 @@ def context_or_new(ctx, mech):
     return EvalContext(mech) if ctx is None else ctx
 
 
+def batch_mechanism(units: Sequence["Factor"]):
+    """The mechanism of `units` when they are all of one class and one mechanism whose constraints
+    `BatchContext` supports (a series that can be evaluated over all its factors at once), else None."""
+    if not units:
+        return None
+    kind, mech = type(units[0]), units[0].mech
+    if any(type(u) is not kind or u.mech is not mech for u in units) or not BatchContext.supports(mech):
+        return None
+    return mech
+
+
 # ----------------------------------------------------------------------------------------------
 class Factor:
     """Base of all units (see the module docstring)."""
@@ -82,6 +97,15 @@ class Factor:
 
     def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):
         raise NotImplementedError
+
+    @classmethod
+    def vectorized(cls, units: Sequence["Factor"]) -> Optional[Callable]:
+        """Evaluation of a series of `units` (one per factor, all of this class) over all its factors at
+        once: ``f(ctx, keys, *blocks) -> (errors (F, dim), [Jacobian (F, dim, width) per slot])`` with ctx a
+        `BatchContext`, the blocks stacked (F, width) and keys[s] naming where slot s's blocks come from
+        (equal keys, equal blocks: the memo of ctx).  The same numbers as `evaluate` factor by factor.
+        None when the class (or the series) has no such form: the caller evaluates factor by factor."""
+        return None
 
     def error(self, *blocks, ctx: Optional[EvalContext] = None) -> np.ndarray:
         return self.evaluate(*blocks, ctx=ctx)[0]

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 
-from mbfg_ros.factors.base import Factor, context_or_new, sigma_array, sigma_or_default
+from mbfg_ros.factors.base import Factor, batch_mechanism, context_or_new, sigma_array, sigma_or_default
 from mbfg_ros.model.mechanism import Mechanism
 
 TWO_PI = 2.0 * math.pi
@@ -32,6 +32,16 @@ class PositionConstraints(Factor):
     def error(self, q, ctx=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[0]
 
+    @classmethod
+    def vectorized(cls, units):
+        if batch_mechanism(units) is None:
+            return None
+
+        def evaluate_many(ctx, keys, q):
+            phi, J = ctx.phi_and_jacobian(keys[0], q)
+            return phi, [J]
+        return evaluate_many
+
 
 class VelocityConstraints(Factor):
     """f_vc: e = Φq q̇; ∂e/∂q = ∂(Φq q̇)/∂q = Φ̇q, ∂e/∂q̇ = Φq."""
@@ -52,6 +62,17 @@ class VelocityConstraints(Factor):
     def error(self, q, v, ctx=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[1].dot(v)
 
+    @classmethod
+    def vectorized(cls, units):
+        if batch_mechanism(units) is None:
+            return None
+
+        def evaluate_many(ctx, keys, q, v):
+            J = ctx.phi_and_jacobian(keys[0], q)[1]
+            Jd = ctx.jacobian_dot((keys[0], keys[1]), q, v)
+            return (J @ v[:, :, None])[:, :, 0], [Jd, J]
+        return evaluate_many
+
 
 class AccelerationConstraints(Factor):
     """f_ac: e = Φq q̈ + Φ̇q q̇;
@@ -71,6 +92,18 @@ class AccelerationConstraints(Factor):
         Jd = c.jacobian_dot(q, v)
         Jq = C.hessian_vector(q, a) + C.jacobian_dot_times_v_derivative(q, v)
         return J @ a + Jd @ v, [Jq, 2.0 * Jd, J]
+
+    @classmethod
+    def vectorized(cls, units):
+        if batch_mechanism(units) is None:
+            return None
+
+        def evaluate_many(ctx, keys, q, v, a):
+            J = ctx.phi_and_jacobian(keys[0], q)[1]
+            Jd = ctx.jacobian_dot((keys[0], keys[1]), q, v)
+            Jq = ctx.bc.hessian_vector(q, a) + ctx.bc.jacobian_dot_times_v_derivative(q, v)
+            return (J @ a[:, :, None] + Jd @ v[:, :, None])[:, :, 0], [Jq, 2.0 * Jd, J]
+        return evaluate_many
 
 
 class _IndepBase(Factor):

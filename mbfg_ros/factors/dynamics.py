@@ -8,50 +8,88 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-from mbfg_ros.factors.base import Factor, context_or_new, sigma_array, sigma_or_default
+from mbfg_ros.factors.base import Factor, batch_mechanism, context_or_new, sigma_array, sigma_or_default
 from mbfg_ros.model.mechanism import Mechanism
 
 TWO_PI = 2.0 * math.pi
 
 
+def _stacked(units, attr):
+    """The parameter `attr` of every unit (F, n), or (1, n) when they all share one value."""
+    values = [np.asarray(getattr(u, attr), float) for u in units]
+    if all(x is values[0] for x in values) or all(np.array_equal(x, values[0]) for x in values):
+        return values[0][None, :]
+    return np.array(values)
+
+
 class ForwardDynamics(Factor):
-    """f_dyn: e = q̈(q, q̇; Q) − a with the known generalized forces Q (gravity + commanded efforts).
-    Jacobians ∂q̈/∂q, ∂q̈/∂q̇ from `forward_dynamics_jacobians`, −I for a."""
+    """f_dyn: e = q̈(q, q̇; Q) − a with the known generalized forces Q (gravity + commanded efforts);
+    Jacobians ∂q̈/∂q, ∂q̈/∂q̇ from the dynamics linearization, −I for a (slots q, v, a).
+
+    With independent coordinates `z` this is f_dyn^i: e = q̈(q, q̇; Q)[z] − z̈ (eq. 15: the independent
+    accelerations of the constrained motion; slots q, v, zdd — q is a real slot, not read from outside)."""
 
     params = ('Q',)
 
-    def __init__(self, mech: Mechanism, Q=None, sigma=None):
+    def __init__(self, mech: Mechanism, Q=None, sigma=None, z: Optional[Sequence[int]] = None):
         self.mech = mech
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)
-        self.slots = ("q", "v", "a")
-        self.dim = mech.n
+        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.slots = ("q", "v", "a") if self.z is None else ("q", "v", "zdd")
+        self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
-        self._minus_I = -np.eye(mech.n)
-        self.name = "forward_dynamics"
+        self._minus_I = -np.eye(self.dim)
+        self.name = "forward_dynamics" if self.z is None else "forward_dynamics_indep"
 
     def evaluate(self, q, v, a, ctx=None):
         d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q)
-        return d.a - a, [d.da_dq, d.da_dv, self._minus_I]
+        z = self.z
+        if z is None:
+            return d.a - a, [d.da_dq, d.da_dv, self._minus_I]
+        return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I]
 
     def error(self, q, v, a, ctx=None):
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.Q) - a
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.Q)
+        return (acc if self.z is None else acc[self.z]) - a
+
+    @classmethod
+    def vectorized(cls, units):
+        # the dependent form only: the independent one stays factor by factor in the batch engine, whose
+        # Levenberg–Marquardt path (and so its converged point, to the stopping tolerance) depends on
+        # the rounding of the Jacobians
+        if batch_mechanism(units) is None or any(u.z is not None for u in units):
+            return None
+        Q0 = _stacked(units, "Q")
+        minus_I = -np.eye(units[0].dim)
+        no_columns = np.zeros(0, np.intp)
+
+        def evaluate_many(ctx, keys, q, v, a):
+            Q = np.broadcast_to(Q0, q.shape)
+            acc, dq, dv, _ = ctx.dynamics(keys[0], keys[1], q, v, Q, no_columns)
+            return acc - a, [dq, dv, np.broadcast_to(minus_I, dq.shape)]
+        return evaluate_many
 
 
 class InverseDynamics(Factor):
-    """f_idyn with the actuator efforts as a real variable:
-    e = q̈(q, q̇; Q_known + E τ) − a;  ∂e/∂τ = ∂q̈/∂Q E (plus the full ∂/∂q, ∂/∂q̇, −I for a)."""
+    """f_idyn with the actuator efforts as a real variable (slots q, v, a, tau):
+    e = q̈(q, q̇; Q_known + E τ) − a;  ∂e/∂τ = ∂q̈/∂Q E (plus the full ∂/∂q, ∂/∂q̇, −I for a).
+
+    With independent coordinates `z` this is f_idyn^i: e = q̈(q, q̇; Q_known + E τ)[z] − z̈
+    (slots q, v, zdd, tau); ∂e/∂τ = (∂q̈/∂Q E)[z]."""
 
     params = ('Q_known',)
 
-    def __init__(self, mech: Mechanism, Q_known=None, sigma=None, actuated: Optional[Sequence[int]] = None):
+    def __init__(self, mech: Mechanism, Q_known=None, sigma=None, actuated: Optional[Sequence[int]] = None,
+                 z: Optional[Sequence[int]] = None):
         self.mech = mech
         self.Q_known = np.array(mech.gravity_forces if Q_known is None else Q_known, dtype=float)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
-        self.slots = ("q", "v", "a", "tau")
-        self.dim = mech.n
+        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.slots = ("q", "v", "a", "tau") if self.z is None else ("q", "v", "zdd", "tau")
+        self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
-        self._minus_I = -np.eye(mech.n)
-        self.name = "inverse_dynamics"
+        self._minus_I = -np.eye(self.dim)
+        self.name = "inverse_dynamics" if self.z is None else "inverse_dynamics_indep"
 
     def forces(self, tau):
         Q = self.Q_known.copy()
@@ -60,10 +98,32 @@ class InverseDynamics(Factor):
 
     def evaluate(self, q, v, a, tau, ctx=None):
         d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau))
-        return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self.actuated]]
+        z = self.z
+        if z is None:
+            return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self.actuated]]
+        return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self.actuated]]
 
     def error(self, q, v, a, tau, ctx=None):
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau)) - a
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau))
+        return (acc if self.z is None else acc[self.z]) - a
+
+    @classmethod
+    def vectorized(cls, units):
+        # the dependent form only (see `ForwardDynamics.vectorized`)
+        if batch_mechanism(units) is None or any(u.z is not None for u in units):
+            return None
+        act = units[0].actuated
+        if any(not np.array_equal(u.actuated, act) for u in units):
+            return None
+        Q0 = _stacked(units, "Q_known")
+        minus_I = -np.eye(units[0].dim)
+
+        def evaluate_many(ctx, keys, q, v, a, tau):
+            Q = np.array(np.broadcast_to(Q0, q.shape))
+            Q[:, act] += tau
+            acc, dq, dv, dQ = ctx.dynamics(keys[0], keys[1], q, v, Q, act)
+            return acc - a, [dq, dv, np.broadcast_to(minus_I, dq.shape), dQ]
+        return evaluate_many
 
 
 class Jerk(Factor):
@@ -127,58 +187,3 @@ class Jerk(Factor):
             jp, Jv, Ja = jp[self.select], Jv[self.select], Ja[self.select]
         Js = [self._zq, Jv, Ja, self._I] + ([self._ztau] if self.efforts else [])
         return j - jp, Js
-
-
-class ForwardDynamicsIndep(Factor):
-    """f_dyn^i: e = z̈_pred(q, q̇; Q) − z̈ with z̈_pred = q̈(q, q̇; Q)[z] (eq. 15: the independent
-    accelerations of the constrained motion); slots q, q̇, z̈ — q is a real slot, not read from outside."""
-
-    params = ('Q',)
-
-    def __init__(self, mech: Mechanism, z: Sequence[int], Q=None, sigma=None):
-        self.mech = mech
-        self.z = np.asarray(z, dtype=np.intp)
-        self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)
-        self.slots = ("q", "v", "zdd")
-        self.dim = self.z.size
-        self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
-        self._minus_I = -np.eye(self.dim)
-        self.name = "forward_dynamics_indep"
-
-    def evaluate(self, q, v, zdd, ctx=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q)
-        return d.a[self.z] - zdd, [d.da_dq[self.z], d.da_dv[self.z], self._minus_I]
-
-    def error(self, q, v, zdd, ctx=None):
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.Q)[self.z] - zdd
-
-
-class InverseDynamicsIndep(Factor):
-    """f_idyn^i: e = q̈(q, q̇; Q_known + E τ)[z] − z̈ (slots q, v, zdd, tau); ∂e/∂τ = (∂q̈/∂Q E)[z]."""
-
-    params = ('Q_known',)
-
-    def __init__(self, mech: Mechanism, z: Sequence[int], Q_known=None, sigma=None,
-                 actuated: Optional[Sequence[int]] = None):
-        self.mech = mech
-        self.z = np.asarray(z, dtype=np.intp)
-        self.Q_known = np.array(mech.gravity_forces if Q_known is None else Q_known, dtype=float)
-        self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
-        self.slots = ("q", "v", "zdd", "tau")
-        self.dim = self.z.size
-        self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
-        self._minus_I = -np.eye(self.dim)
-        self.name = "inverse_dynamics_indep"
-
-    def forces(self, tau):
-        Q = self.Q_known.copy()
-        Q[self.actuated] += tau
-        return Q
-
-    def evaluate(self, q, v, zdd, tau, ctx=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau))
-        z = self.z
-        return d.a[z] - zdd, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self.actuated]]
-
-    def error(self, q, v, zdd, tau, ctx=None):
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau))[self.z] - zdd

@@ -1,5 +1,5 @@
 """Integrators between two steps (Euler, trapezoidal, Hermite, the jerk-free Hermite velocity
-integrator) and the soft equality of a block across steps."""
+integrator), the soft equality of a block across steps and the second difference over three steps."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mbfg_ros.model.mechanism import Mechanism
 TWO_PI = 2.0 * math.pi
 
 
-class _TwoStep(Factor):
+class _Combination(Factor):
     linear = True
     static = True       # affine, zero offset, parameters fixed at construction
 
@@ -36,7 +36,7 @@ class _TwoStep(Factor):
         return e, self._J
 
 
-class EulerIntegrator(_TwoStep):
+class EulerIntegrator(_Combination):
     """f_ei: e = x₁ − x₀ − Δt ẋ₀ (slots x_prev, x, xd_prev)."""
 
     def __init__(self, x: str, xd: str, d: int, dt: float, sigma=None):
@@ -45,7 +45,7 @@ class EulerIntegrator(_TwoStep):
         self.dt = dt
 
 
-class TrapezoidalIntegrator(_TwoStep):
+class TrapezoidalIntegrator(_Combination):
     """f_ti: e = x₁ − x₀ − Δt/2 (ẋ₀ + ẋ₁) (slots x_prev, x, xd_prev, xd)."""
 
     def __init__(self, x: str, xd: str, d: int, dt: float, sigma=None):
@@ -55,7 +55,7 @@ class TrapezoidalIntegrator(_TwoStep):
         self.dt = dt
 
 
-class HermiteIntegrator(_TwoStep):
+class HermiteIntegrator(_Combination):
     """4th-order end-corrected trapezoid (two-point Hermite / Obreshkov formula):
     e = x₁ − x₀ − Δt/2 (ẋ₀ + ẋ₁) − Δt²/12 (ẍ₀ − ẍ₁) (slots x_prev, x, xd_prev, xd, xdd_prev, xdd).
 
@@ -69,13 +69,13 @@ class HermiteIntegrator(_TwoStep):
         self.dt = dt
 
 
-class SoftEquality(_TwoStep):
+class SoftEquality(_Combination):
     """f_eq: e = x₁ − x₀ − δ (slots x_prev, x), δ = 0 (the paper's soft equality) unless an `offset` is
     given.  Also the random walk of unknown efforts.
 
     With an offset the factor is a *predictive* soft equality: the estimator sets δ to the continuity
     predictor's displacement, so the factor still penalizes jumps (e.g. to the other assembly mode)
-    but no longer drags the motion towards standing still (with δ = 0 and σ = 10 that drag costs ~1e-3 mm
+    but does not drag the motion towards standing still (with δ = 0 and σ = 10 that drag costs ~1e-3 mm
     over the 5-s four-bar fall in the independent formulation, far above the 4th-order integrator's error).
     """
 
@@ -91,6 +91,16 @@ class SoftEquality(_TwoStep):
         if self.offset is not None:
             e = e - self.offset
         return e, self._J
+
+
+class SecondDifference(_Combination):
+    """e = x_{k−1} − 2 x_k + x_{k+1} (slots x_prev_prev, x_prev, x): a smoothness prior that vanishes on
+    linear trends.  The trapezoidal rule leaves a sawtooth (−1)^k in q̈ (and the efforts) undetermined
+    when the efforts are free; a soft equality x_{k+1} − x_k would fix it too but drags the end
+    values toward their neighbours (an O(Δt·jerk) error at both ends), this one does not."""
+
+    def __init__(self, x: str, d: int, sigma: float):
+        super().__init__((1.0, -2.0, 1.0), (prev(prev(x)), prev(x), x), d, sigma, f"second_difference({x})")
 
 
 class HermiteVelocityIntegrator(Factor):

@@ -250,6 +250,12 @@ class ConstraintSet:
         self._all_angle = (len(self._angle) == len(self._nonlinear)
                            and all(bool(np.all(a[2] < n)) for a in self._angle))
 
+    @property
+    def quadratic_form(self):
+        """(H_rows (m·ne, ne), H_flat (m, ne²), b (m, ne), c (m,)): the quadratic types folded into
+        Φᵢ = ½ qeᵀHᵢqe + bᵢᵀqe + cᵢ over the extended coordinates qe (zero rows for the other types)."""
+        return self._H_rows, self._H_flat, self._b, self._c
+
     @staticmethod
     def _curv(t, th, memo):
         """(∂²φ/∂θ², ∂³φ/∂θ³) of an angle type at the angles th (memo of the last angles, which the dynamics

@@ -277,6 +277,11 @@ class Mechanism:
         dd = vv[b.points[1]] - vv[b.points[0]]
         return float((d[0] * dd[1] - d[1] * dd[0]) / (d @ d))
 
+    @property
+    def extended_point_index(self) -> np.ndarray:
+        """(n_points, 2) columns of each point's x, y in the extended coordinates qe = [q, fixed values]."""
+        return self._extended_point_index
+
     def assembly_mode(self, q: np.ndarray) -> np.ndarray:
         """±1 per assembly-mode indicator: sign of (p_j − p_i) × (p_k − p_i)."""
         if not self._mode_cols:

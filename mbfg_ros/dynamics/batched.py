@@ -1,38 +1,37 @@
-"""Factor units evaluated over many time steps at once (numpy arrays of shape (N, ...)).
-
-The batch solvers (`mbfg_ros.batch.solver`) evaluate the same nonlinear unit at every step of a trajectory.
-Doing that one step at a time costs ~100 µs of Python per step and unit; this module evaluates a
-whole group in a few vectorized numpy calls and gives the same numbers as the units of
-`mbfg_ros.factors` (the tests compare both to 1e-12):
+"""The all-steps evaluation cache: the quantities of `dynamics.cache.EvalContext` for N steps at once
+(numpy arrays with the step as leading axis), for the batch solvers that evaluate the same factor at
+every step of a trajectory.
 
 * `BatchConstraints` – Φ, Φq, Φ̇q = ∂(Φq w)/∂q, ∂(Φ̇q q̇)/∂q and Σ λᵢ ∂²Φᵢ/∂q² of a `ConstraintSet` for N
   configurations: the quadratic constraints (distances, sliders) through the set's dense quadratic
   form (one matrix product for all steps), the relative angles per instance over all steps.
-* `BatchDynamics` – q̈(q, q̇; Q) and its exact first derivatives for N steps: the same augmented
-  system [[M, Φqᵀ], [Φq, 0]] over the independent rows of Φq as `factors.EvalContext`, solved for all
-  steps by batched `np.linalg.solve`.  Steps whose augmented matrix is singular or ill-conditioned
-  fall back to `dynamics.forward_dynamics_jacobians` (the null-space solver), like the per-step path.
-* `evaluator(units)` – for a list of units of one kind (one per factor, often the same object), a
-  function ``f(ctx, *blocks) -> (errors (F, d), [Jacobian (F, d, w_slot) ...])`` over stacked blocks
-  (F, w_slot), or None when the kind (or a constraint type) is not supported: the caller then
-  evaluates step by step.  `BatchContext` memoizes Φ/Φq, Φ̇q and the dynamics per set of columns so
-  the units of one evaluation share them (as `EvalContext` does within a step).
+* `BatchDynamics` – q̈(q, q̇; Q) and its exact first derivatives for N steps: the augmented system
+  [[M, Φqᵀ], [Φq, 0]] over the independent rows of Φq solved for all steps by batched
+  `np.linalg.solve`, the derivatives by `constrained.acceleration_derivatives` (the formula of the
+  per-step path).
+* `BatchContext` – memo of Φ/Φq, Φ̇q and the dynamics of one evaluation keyed by the columns the blocks
+  come from, so the factors of one evaluation share them (as `EvalContext` does within a step); steps
+  whose augmented matrix is singular or ill-conditioned fall back to
+  `constrained.forward_dynamics_jacobians` (the null-space solver), like the per-step path.
+* `assembly_modes`, `angles_consistent`, `newton_positions`, `inverse_dynamics_many`: kinematics and
+  closed-form inverse dynamics over many steps.
+
+The factor classes evaluate themselves over all steps with these (`Factor.vectorized`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
-import mbfg_ros.factors as F
+from mbfg_ros.dynamics.constrained import acceleration_derivatives, forward_dynamics_jacobians, has_third_derivatives
 from mbfg_ros.model.constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConstraints
-from mbfg_ros.dynamics.constrained import forward_dynamics_jacobians
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "evaluator", "supported", "assembly_modes",
-           "angles_consistent", "newton_positions", "inverse_dynamics_many"]
+__all__ = ["BatchConstraints", "BatchDynamics", "BatchContext", "assembly_modes", "angles_consistent",
+           "newton_positions", "inverse_dynamics_many"]
 
 _SWITCH = 1.0 / math.sqrt(2.0)
 
@@ -44,11 +43,9 @@ class BatchConstraints:
         self.cset = cset
         self.n, self.m, self.ne = cset.n, cset.m, cset.n_extended
         self.fixed = np.asarray(cset.fixed_values, float)
-        self.HT = np.ascontiguousarray(cset._H_rows.T)          # (ne, m·ne): qe @ HT = H qe per row
-        self.bT = np.ascontiguousarray(cset._b.T)                 # (ne, m)
-        self.b = cset._b
-        self.c = cset._c
-        self.H_flat = cset._H_flat                                # (m, ne²)
+        H_rows, self.H_flat, self.b, self.c = cset.quadratic_form   # H_flat (m, ne²)
+        self.HT = np.ascontiguousarray(H_rows.T)                  # (ne, m·ne): qe @ HT = H qe per row
+        self.bT = np.ascontiguousarray(self.b.T)                  # (ne, m)
         self.angles = []                                          # (rows, index (K, 5), L (K,))
         self.supported = True
         for t in cset.types:
@@ -156,9 +153,7 @@ class BatchDynamics:
         self.rows = None if rows.size == mech.m else rows
         self.r = rows.size
         self.M = np.asarray(mech.mass_matrix, float)
-        rng = np.random.default_rng(0)             # third derivatives of the constraints? (as EvalContext)
-        qr, vr = np.array(mech.q0) + 0.1 * rng.standard_normal(self.n), rng.standard_normal(self.n)
-        self.third = bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
+        self.third = has_third_derivatives(mech)
 
     def _sel(self, A):
         return A if self.rows is None else A[:, self.rows]
@@ -169,9 +164,8 @@ class BatchDynamics:
 
         `force_columns` selects the columns of ∂q̈/∂Q returned (all n by default).  One solve per step
         with n + 1 right-hand sides gives x = K⁻¹[Q; −Φ̇q q̇] = [q̈; λ] and the first n columns of K⁻¹,
-        i.e. (K symmetric) its first n rows [A B]; then the derivatives of q̈ are the products
-        ∂q̈/∂q = −A Σλᵢ∂²Φᵢ − B ∂(Φq q̈ + Φ̇q q̇)/∂q, ∂q̈/∂q̇ = −2 B Φ̇q, ∂q̈/∂Q = A
-        (the same equations as `factors.EvalContext`, which solves K D = R for all of D)."""
+        i.e. (K symmetric) its first n rows [A B], from which `acceleration_derivatives` gives the
+        derivatives of q̈."""
         N, n, r = q.shape[0], self.n, self.r
         J, Jd = self._sel(J_all), self._sel(Jd_all)
         K = np.zeros((N, n + r, n + r))
@@ -202,11 +196,7 @@ class BatchDynamics:
         low = self.bc.hessian_vector(q, a)
         if self.third:
             low = low + self.bc.jacobian_dot_times_v_derivative(q, v)
-        da_dq = A @ self.bc.weighted_hessian(q, lam)
-        da_dq += B @ self._sel(low)
-        np.negative(da_dq, out=da_dq)
-        da_dv = B @ Jd
-        da_dv *= -2.0
+        da_dq, da_dv = acceleration_derivatives(A, B, self.bc.weighted_hessian(q, lam), self._sel(low), Jd)
         cols = np.arange(n) if force_columns is None else np.asarray(force_columns, np.intp)
         da_dQ = A[:, :, cols]
         bad |= ~np.all(np.isfinite(AB), axis=(1, 2))
@@ -214,9 +204,18 @@ class BatchDynamics:
 
 
 class BatchContext:
-    """Memo of the batch quantities of one evaluation (all groups at one stacked point x)."""
+    """Memo of the batch quantities of one evaluation (all groups at one stacked point x).  The keys are
+    the caller's names of where the stacked blocks come from (e.g. the bytes of their first columns):
+    equal keys mean equal blocks."""
+
+    @staticmethod
+    def supports(mech: Mechanism) -> bool:
+        """Can the constraint types of `mech` be evaluated over all steps at once?"""
+        return BatchConstraints(mech.constraints).supported
 
     def __init__(self, mech: Mechanism, cache: Optional[dict] = None):
+        """`cache`: a dict kept by the caller across evaluations, holding the vectorized constraint and
+        dynamics objects per mechanism."""
         self.mech = mech
         # the vectorized constraint/dynamics objects are cached per mechanism across evaluations
         cache = cache if cache is not None else {}
@@ -240,6 +239,27 @@ class BatchContext:
             self.memo[k] = self.bc.hessian_vector(q, v)
         return self.memo[k]
 
+    def dynamics(self, qkey, vkey, q, v, Q, force_columns):
+        """q̈, ∂q̈/∂q, ∂q̈/∂q̇ and ∂q̈/∂Q[:, force_columns] for all steps (N, ...), Φq and Φ̇q from the memo;
+        the steps whose augmented system is singular or ill-conditioned by `forward_dynamics_jacobians`."""
+        J_all = self.phi_and_jacobian(qkey, q)[1]
+        Jd_all = self.jacobian_dot((qkey, vkey), q, v)
+        out = self.dyn.linearize(q, v, Q, J_all, Jd_all, force_columns=force_columns)
+        N, n = q.shape
+        if out is None:
+            a, dq, dv = np.empty((N, n)), np.empty((N, n, n)), np.empty((N, n, n))
+            dQ = np.empty((N, n, len(force_columns)))
+            bad = np.ones(N, bool)
+        else:
+            a, dq, dv, dQ, bad = out
+            if bad.any():
+                a, dq, dv, dQ = a.copy(), dq.copy(), dv.copy(), dQ.copy()
+        for k in np.nonzero(bad)[0]:
+            d = forward_dynamics_jacobians(self.mech, q[k], v[k], Q[k])
+            a[k], dq[k], dv[k] = d.a, d.da_dq, d.da_dv
+            dQ[k] = d.da_dQ[:, force_columns]
+        return a, dq, dv, dQ
+
 
 # ----------------------------------------------------------------------------------------------
 # kinematics and closed-form inverse dynamics over many steps
@@ -251,7 +271,7 @@ def assembly_modes(mech: Mechanism, q) -> np.ndarray:
     if not len(pts):
         return np.zeros((q.shape[0], 0), dtype=int)
     qe = np.concatenate((q, np.broadcast_to(mech.fixed_values, (q.shape[0], mech.fixed_values.size))), axis=1)
-    xy = qe[:, mech._extended_point_index]                      # (N, n_points, 2)
+    xy = qe[:, mech.extended_point_index]                       # (N, n_points, 2)
     i, j, k = pts.T
     a, b = xy[:, j] - xy[:, i], xy[:, k] - xy[:, i]
     return np.where(a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0] >= 0.0, 1, -1)
@@ -266,7 +286,7 @@ def angles_consistent(mech: Mechanism, q, tol: float = 1e-6) -> np.ndarray:
     if not len(mech.relative_angle_columns):
         return ok
     qe = np.concatenate((q, np.broadcast_to(mech.fixed_values, (q.shape[0], mech.fixed_values.size))), axis=1)
-    xy = qe[:, mech._extended_point_index]
+    xy = qe[:, mech.extended_point_index]
     for k, r in enumerate(mech.spec.relative_angles):
         d = xy[:, r.points[1]] - xy[:, r.points[0]]
         err = np.arctan2(d[:, 1], d[:, 0]) - q[:, mech.n_point_coordinates + k]
@@ -276,7 +296,7 @@ def angles_consistent(mech: Mechanism, q, tol: float = 1e-6) -> np.ndarray:
 
 def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8):
     """Gauss–Newton on Φ(q) = 0 over the coordinates `free` for every row of x (N, n), in place, with
-    the per-step iteration of `batch._position_continuation` (steps stop once max |Φ| ≤ tol).
+    the per-step iteration of `batch.trajectories.position_continuation` (steps stop once max |Φ| ≤ tol).
     Returns the mask of converged rows."""
     N = x.shape[0]
     active = np.arange(N)
@@ -333,123 +353,3 @@ def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: O
     good = np.all(np.abs(x) < 1e12, axis=1)
     out[good] = tau[good]
     return out
-
-
-def _Q_stack(units, attr):
-    Qs = [np.asarray(getattr(u, attr), float) for u in units]
-    if all(Q is Qs[0] for Q in Qs) or all(np.array_equal(Q, Qs[0]) for Q in Qs):
-        return Qs[0][None, :]
-    return np.array(Qs)
-
-
-def _fallback_dynamics(mech, q, v, Q, bad, a, dq, dv, dQ, cols):
-    for k in np.nonzero(bad)[0]:
-        d = forward_dynamics_jacobians(mech, q[k], v[k], Q[k])
-        a[k], dq[k], dv[k] = d.a, d.da_dq, d.da_dv
-        dQ[k] = d.da_dQ[:, cols]
-
-
-def _dynamics(ctx: BatchContext, qkey, vkey, q, v, Q, cols):
-    """a, ∂a/∂q, ∂a/∂v, ∂a/∂Q[:, cols] for all steps (with per-step fallbacks), Φq, Φ̇q memoized."""
-    J_all = ctx.phi_and_jacobian(qkey, q)[1]
-    Jd_all = ctx.jacobian_dot((qkey, vkey), q, v)
-    out = ctx.dyn.linearize(q, v, Q, J_all, Jd_all, force_columns=cols)
-    mech = ctx.mech
-    N, n = q.shape
-    if out is None:
-        a, dq, dv = np.empty((N, n)), np.empty((N, n, n)), np.empty((N, n, n))
-        dQ = np.empty((N, n, len(cols)))
-        _fallback_dynamics(mech, q, v, Q, np.ones(N, bool), a, dq, dv, dQ, cols)
-        return a, dq, dv, dQ
-    a, dq, dv, dQ, bad = out
-    if bad.any():
-        a, dq, dv, dQ = a.copy(), dq.copy(), dv.copy(), dQ.copy()
-        _fallback_dynamics(mech, q, v, Q, bad, a, dq, dv, dQ, cols)
-    return a, dq, dv, dQ
-
-
-def _key(cols):
-    return cols.tobytes()
-
-
-# ----------------------------------------------------------------------------------------------
-# evaluators per unit kind: f(ctx, starts, *blocks) with starts[s] the first column of slot s per factor
-# ----------------------------------------------------------------------------------------------
-def _position(units):
-    def f(ctx, starts, q):
-        phi, J = ctx.phi_and_jacobian(_key(starts[0]), q)
-        return phi, [J]
-    return f
-
-
-def _velocity(units):
-    def f(ctx, starts, q, v):
-        qk = _key(starts[0])
-        J = ctx.phi_and_jacobian(qk, q)[1]
-        Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
-        return (J @ v[:, :, None])[:, :, 0], [Jd, J]
-    return f
-
-
-def _acceleration(units):
-    def f(ctx, starts, q, v, a):
-        qk = _key(starts[0])
-        J = ctx.phi_and_jacobian(qk, q)[1]
-        Jd = ctx.jacobian_dot((qk, _key(starts[1])), q, v)
-        Jq = ctx.bc.hessian_vector(q, a) + ctx.bc.jacobian_dot_times_v_derivative(q, v)
-        return ((J @ a[:, :, None] + Jd @ v[:, :, None])[:, :, 0],
-                [Jq, 2.0 * Jd, J])
-    return f
-
-
-def _forward(units):
-    Q0 = _Q_stack(units, "Q")
-    n = units[0].mech.n
-
-    def f(ctx, starts, q, v, a):
-        Q = np.broadcast_to(Q0, q.shape)
-        acc, dq, dv, _ = _dynamics(ctx, _key(starts[0]), _key(starts[1]), q, v, Q, np.zeros(0, np.intp))
-        return acc - a, [dq, dv, np.broadcast_to(-np.eye(n), dq.shape)]
-    return f
-
-
-def _inverse(units):
-    Q0 = _Q_stack(units, "Q_known")
-    act = units[0].actuated
-    if any(not np.array_equal(u.actuated, act) for u in units):
-        return None
-    n = units[0].mech.n
-
-    def f(ctx, starts, q, v, a, tau):
-        Q = np.array(np.broadcast_to(Q0, q.shape))
-        Q[:, act] += tau
-        acc, dq, dv, dQ = _dynamics(ctx, _key(starts[0]), _key(starts[1]), q, v, Q, act)
-        return acc - a, [dq, dv, np.broadcast_to(-np.eye(n), dq.shape), dQ]
-    return f
-
-
-_EVALUATORS: Dict[type, Callable] = {
-    F.PositionConstraints: _position,
-    F.VelocityConstraints: _velocity,
-    F.AccelerationConstraints: _acceleration,
-    F.ForwardDynamics: _forward,
-    F.InverseDynamics: _inverse,
-}
-
-
-def supported(unit) -> bool:
-    return type(unit) in _EVALUATORS
-
-
-def evaluator(units: List[object]) -> Optional[Callable]:
-    """Vectorized evaluation of `units` (one per factor, of one exact type and one mechanism), or None."""
-    if not units:
-        return None
-    kind = type(units[0])
-    make = _EVALUATORS.get(kind)
-    if make is None or any(type(u) is not kind for u in units):
-        return None
-    mech = units[0].mech
-    if any(u.mech is not mech for u in units) or not BatchConstraints(mech.constraints).supported:
-        return None
-    return make(units)
