@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, Feeder, Probe, RosProcess, estimator_process, fresh_domain_id, joint_state,
+from ros_helpers import (CONFIG, Feeder, Probe, estimator_process, fresh_domain_id, joint_state,
                          rclpy_available, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
@@ -555,7 +555,7 @@ def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
 
 def test_idle_node_sleeps_until_an_input_comes():
     """No input since the start (or the last reset): no step can be due, so the 1-kHz step timer cancels
-    itself at its first tick (idle CPU 11 % -> < 1 % of a core) and the first input re-arms it (steps,
+    itself at its first tick (an idle node does not wake up at every dt) and the first input re-arms it (steps,
     and predictions when inputs stop, go on as before: test_outputs_continue_without_inputs_and_warn)."""
     import rclpy
     from rclpy.context import Context
@@ -567,15 +567,15 @@ def test_idle_node_sleeps_until_an_input_comes():
     node = N.EstimatorNode(context=ctx)
     try:
         assert not node.step_timer.is_canceled()
-        node._on_timer()                                   # a tick with nothing received yet
+        node.on_step_timer()                               # a tick with nothing received yet
         assert node.step_timer.is_canceled()
-        node._on_observations(serialize_message(joint_state(node._now_ns(), ["crank"], [0.1])))
-        node._after_batch()
+        node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+        node.after_batch()
         assert not node.step_timer.is_canceled()
-        node._on_timer()                                   # anchored: the timer keeps running
+        node.on_step_timer()                               # anchored: the timer keeps running
         assert not node.step_timer.is_canceled()
-        node._do_reset("test")
-        node._on_timer()
+        node.reset_estimation("test")
+        node.on_step_timer()
         assert node.step_timer.is_canceled()
     finally:
         node.destroy_node()
