@@ -201,6 +201,13 @@ def test_overload_skips_to_the_newest_inputs_whose_wait_is_over():
     # inputs up to step 199; the clock's newest step past its 3-ms wait is 196
     assert s.skip_target(T0 + 199 * MS, EXPECTED) == 196
     assert s.skip_target(T0 + 250 * MS, EXPECTED) == 199
+    assert s.skip_ahead(T0 + 250 * MS, EXPECTED) == (198, 249 * MS)    # from step 1, 249 ms behind
+    assert s.k_next == 199 and s.skip_ahead(T0 + 250 * MS, EXPECTED) == (0, 0)
+    # before the first step: only the inputs waited for are kept recent, nothing counts as skipped
+    s = scheduler()
+    for k in range(200):
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
+    assert s.skip_ahead(T0 + 250 * MS, EXPECTED) == (0, 0) and s.k_next == 199
 
 
 def test_poll_window_only_while_part_of_the_next_step_has_arrived():

@@ -11,7 +11,7 @@ import array
 import gc
 import math
 import struct
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,17 @@ def stamp_to_ns(stamp) -> int:
 def ns_to_stamp(ns: int) -> TimeMsg:
     sec, nsec = divmod(int(ns), NS)
     return TimeMsg(sec=int(sec), nanosec=int(nsec))
+
+
+def clock_reader(clock) -> Callable[[], int]:
+    """A function reading an rclpy Clock in ns.  Clock.now() wraps the rcl clock's reading in two objects;
+    the rcl clock is read directly where this rclpy allows it."""
+    try:
+        get_now = clock.handle.get_now
+        get_now().nanoseconds
+    except Exception:  # pragma: no cover
+        return lambda: clock.now().nanoseconds
+    return lambda: get_now().nanoseconds
 
 
 def float_array(x) -> array.array:

@@ -76,6 +76,11 @@ class Diagnostics:
         self.counters[kind] = self.counters.get(kind, 0) + 1
         self.warn_kind(kind, f"{REJECT_KINDS.get(kind, kind)}: {detail}" if kind in REJECT_KINDS else detail)
 
+    def reject_all(self, problems):
+        """(kind, detail) problems of one input."""
+        for kind, detail in problems:
+            self.reject(kind, detail)
+
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the

@@ -67,6 +67,7 @@ class EstimatorNode(Node):
         super().__init__(NODE_NAME, **kwargs)
         self._lock = threading.RLock()
         self._loop: Optional[fastloop.FastLoop] = None
+        self.now_ns = rc.clock_reader(self.get_clock())   # node clock (sim time when use_sim_time), ns
         startup = P.declare_parameters(self)
         self.mechanism_path, self.mech = startup.mechanism_path, startup.mech
         self.settings = startup.settings
@@ -134,12 +135,6 @@ class EstimatorNode(Node):
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
-        try:   # rclpy's Clock.now() wraps this in two objects; read the rcl clock directly when possible
-            h = self.get_clock().handle
-            h.get_now().nanoseconds
-            self._clock_handle = h
-        except Exception:  # pragma: no cover
-            self._clock_handle = None
 
     def _locked(self, fn):
         def wrapper(*args):
@@ -162,13 +157,6 @@ class EstimatorNode(Node):
         self.get_logger().debug(traceback.format_exc())
 
     # -------------------------------------------------------------------------------- inputs
-    def now_ns(self) -> int:
-        """Node clock (ROS time: sim time when use_sim_time) in ns; the direct read skips two objects."""
-        h = self._clock_handle
-        if h is not None:
-            return h.get_now().nanoseconds
-        return self.get_clock().now().nanoseconds
-
     def _decoded(self, raw: bytes, topic: str) -> Optional[rc.RawJointState]:
         """JointState inputs are taken serialized (see `conversions.decode_joint_state`)."""
         try:
@@ -177,17 +165,14 @@ class EstimatorNode(Node):
             self.diag.reject("bad_message", f"{topic}: {e}")
             return None
 
-    def _reject_all(self, problems):
-        for kind, detail in problems:
-            self.diag.reject(kind, detail)
-
     def on_observations(self, raw: bytes):
         """A serialized JointState on joint_observations."""
         now = self.now_ns()
         self._check_time(now)          # a clock jump resets before inputs of the new time are judged
         msg = self._decoded(raw, "joint_observations")
         values, problems = rc.parse_observations(msg, self.sensor_map) if msg is not None else ({}, ())
-        self._reject_all(problems)
+        if problems:
+            self.diag.reject_all(problems)
         if values:
             stamp = msg.stamp_ns
             self.diag.period_stats["input_delay"].append(now - stamp)
@@ -195,7 +180,7 @@ class EstimatorNode(Node):
             if bad == "late":
                 bad = self._fuse_late(stamp, values)
             if bad:
-                self.diag.reject(bad, self._stamp_detail(stamp, now))
+                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
 
@@ -228,23 +213,18 @@ class EstimatorNode(Node):
         self._add_efforts(now, now, tau, problems)
 
     def _add_efforts(self, now: int, stamp: int, tau, problems):
-        self._reject_all(problems)
+        if problems:
+            self.diag.reject_all(problems)
         if tau is not None:
             bad = self.sched.add_efforts(stamp, tau, now)
             if bad:
-                self.diag.reject(bad, self._stamp_detail(stamp, now))
+                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
 
     def after_batch(self) -> bool:
         """After the inputs that arrived together: estimate the steps they complete (True: more are ready)."""
         return self._pump(self.now_ns())
-
-    def _stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
-        s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"
-        if self.sched.anchored:
-            s += f", next step {self.sched.t_of(self.sched.k_next) / NS:.6f} s"
-        return s
 
     # ---------------------------------------------------------------------------- time jumps
     def _on_time_jump(self, jump):   # any thread: only sets a flag the hot path acts on
@@ -310,22 +290,15 @@ class EstimatorNode(Node):
     def _skip_ahead(self, now_ns: int):
         """Estimation fell more than max_backlog behind the clock (solves slower than dt): jump to the newest
         data instead of queueing; the core re-seeds from its last estimate at the new time."""
-        sched = self.sched
-        target = sched.skip_target(now_ns, self._expected)
-        if target <= sched.k_next:
-            return
-        if not sched.started:         # still waiting for the inputs at start-up: keep only recent ones
-            sched.skip_to(target)
-            return
-        behind = sched.backlog_ns(now_ns) / NS
-        skipped = sched.skip_to(target)
-        events = self.diag.events
-        events["overruns"] += 1
-        events["skipped_steps"] += skipped
-        self.diag.warn_kind("overruns", f"estimation fell {behind:.3f} s behind the node clock "
-                                        f"(max_backlog {self.settings.max_backlog} s; mean solve "
-                                        f"{1e3 * np.mean(self.diag.period_stats['solve'] or [0]):.2f} ms for a "
-                                        f"{self.config.dt * 1e3:g} ms step): skipped {skipped} steps")
+        skipped, behind = self.sched.skip_ahead(now_ns, self._expected)
+        if skipped:
+            events = self.diag.events
+            events["overruns"] += 1
+            events["skipped_steps"] += skipped
+            self.diag.warn_kind("overruns", f"estimation fell {behind / NS:.3f} s behind the node clock "
+                                            f"(max_backlog {self.settings.max_backlog} s; mean solve "
+                                            f"{1e3 * np.mean(self.diag.period_stats['solve'] or [0]):.2f} ms "
+                                            f"for a {self.config.dt * 1e3:g} ms step): skipped {skipped} steps")
 
     def _step(self, k: int, efforts, observations):
         t_k = self.sched.t_of(k)

@@ -278,6 +278,13 @@ class InputScheduler:
         self.k_next = k
         return skipped
 
+    def stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
+        """An input's stamp with the node clock and the next step's time, for the log of a refused input."""
+        s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"
+        if self.t0_ns is not None:
+            s += f", next step {self.t_of(self.k_next) / NS:.6f} s"
+        return s
+
     def backlog_ns(self, now_ns: int) -> int:
         return 0 if self.t0_ns is None else now_ns - self.t_of(self.k_next)
 
@@ -291,6 +298,17 @@ class InputScheduler:
         k_clock = (now_ns - self.wait_ns(now_ns, self.waited_streams(now_ns, expected)) - self.t0_ns) // self.dt_ns
         newest = [s.last_k for s in self.streams.values() if s.last_k is not None and s.last_k >= self.k_next]
         return int(min(max(newest), k_clock) if newest else k_clock)
+
+    def skip_ahead(self, now_ns: int, expected) -> Tuple[int, int]:
+        """When overloaded: skip to `skip_target`.  (steps skipped, how far behind the clock estimation was
+        in ns); (0, 0) if there is nothing to skip, or before the first step (then the steps whose inputs
+        are waited for at start-up are only kept recent)."""
+        target = self.skip_target(now_ns, expected)
+        if target <= self.k_next:
+            return 0, 0
+        behind = self.backlog_ns(now_ns)
+        skipped = self.skip_to(target)
+        return (skipped, behind) if self.started else (0, 0)
 
     def poll_window_ns(self) -> int:
         """ns to poll for the rest of the next step's inputs when part of them has arrived (they are
