@@ -306,7 +306,7 @@ class SerializedTemplate:
     built and serialized once with sentinel values in its stamps and in the float64 fields that change,
     then each output is a copy of those bytes with the real values written at the sentinels' offsets.
     rclpy's conversion of a message object walks every field in Python each time: for ~/markers (about
-    40 small messages) that is ~0.5 ms, a stall of the 1 kHz loop; a copy and a few `pack_into` take µs.
+    40 small messages) a stall of the 1 kHz loop; a copy and a few `pack_into` are cheap.
 
     `build(stamp, values)` must return the message for a `TimeMsg` stamp and a float64 array of
     `n_values` values; it is called once with sentinels.  `fill(stamp_ns, values)` returns the bytes."""

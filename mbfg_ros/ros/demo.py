@@ -91,7 +91,7 @@ class _Recorder:
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.truth, self.diag = [], []
         # ~/state is kept serialized during the run and decoded afterwards (`state`): the probe shares the
-        # two cores with the nodes it measures, and deserializing 1000 messages/s in Python took ~10 % of one
+        # two cores with the nodes it measures, and deserializing 1000 messages/s in Python costs much of one
         self._raw_state: list = []
         self._state: list = []
         grp = fastloop.DetachedCallbackGroup()
