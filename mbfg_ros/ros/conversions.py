@@ -163,6 +163,11 @@ def _check_lengths(msg: JointState, needed: Sequence[str]) -> Optional[Problem]:
     return None
 
 
+def sensor_fields(mech) -> Dict[str, Tuple[str, str]]:
+    """The `sensors` map of `parse_observations` for a mechanism's sensors."""
+    return {s.name: ("position" if s.kind == "encoder" else "velocity", s.name) for s in mech.sensors}
+
+
 def parse_observations(msg, sensors: Dict[str, Tuple[str, int]]
                        ) -> Tuple[Dict[str, float], List[Problem]]:
     """Sensor readings from a JointState (a message object or a `RawJointState`).

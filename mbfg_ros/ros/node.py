@@ -1,11 +1,10 @@
 """`estimator`: the rclpy node around an estimation core (node name `mbfg_estimator`).
 
-A thin shell: all estimation happens in the ROS-free core (`FixedLagEstimator` unless another
-`EstimatorCore` factory is given).  The node turns stamped ROS inputs into calls
-`core.step(t, efforts, observations)` on a fixed time grid (`scheduler.InputScheduler` decides which step
-is due) and publishes each estimate (`outputs.Outputs`), stamped t_k; outputs keep coming when inputs
-stop, as forward predictions.  Parameters are in `parameters`, counters and /diagnostics in
-`diagnostics`; see docs/ros2_interfaces.md for the parameters, topics and services.
+A thin shell around the ROS-free core (`FixedLagEstimator` unless another `EstimatorCore` factory is
+given): stamped inputs become calls `core.step(t, efforts, observations)` on a fixed time grid (the
+`scheduler` says which step is due; outputs keep coming when inputs stop, as forward predictions), each
+estimate is published by `outputs`, stamped t_k.  `parameters` and `diagnostics` hold the rest; see
+docs/ros2_interfaces.md for the parameters, topics and services.
 
 Everything bad (malformed messages, unknown joints, NaN/Inf, bad stamps, impossible branches,
 solver failures, clock jumps) is counted, logged once per kind (throttled) and shown on
@@ -78,8 +77,7 @@ class EstimatorNode(Node):
         self.sched = InputScheduler(self.config.dt, self.config.window, len(self.mech.actuated))
         P.configure_scheduler(self.sched, self.settings)
         self.diag = Diagnostics(self.get_logger(), self.mech)
-        self.sensor_map = {s.name: ("position" if s.kind == "encoder" else "velocity", s.name)
-                           for s in self.mech.sensors}
+        self.sensor_map = rc.sensor_fields(self.mech)
         self.actuator_map = {nm: i for i, nm in enumerate(self.mech.actuator_names)}
         self.state = "waiting"        # waiting | running
         self.last_estimate: Optional[Estimate] = None
@@ -425,13 +423,9 @@ class EstimatorNode(Node):
         return response
 
     def _srv_set_assembly_mode(self, request, response):
-        names = self.mech.assembly_mode_names
-        if len(names) != 1:
-            response.success = False
-            response.message = (
-                f"{self.mech.name} has {len(names)} assembly-mode indicators ({', '.join(names) or 'none'}); "
-                "set the 'assembly_mode' parameter (an integer array of +1/-1) instead"
-                if names else f"{self.mech.name} has no assembly-mode indicators: there is no branch to choose")
+        problem = P.no_single_indicator(self.mech)
+        if problem:
+            response.success, response.message = False, problem
             return response
         am = (1 if request.data else -1,)
         response.success, message = self._change_branch(am)

@@ -203,6 +203,17 @@ def check_assembly_mode(mech: Mechanism, am) -> Optional[str]:
     return None
 
 
+def no_single_indicator(mech: Mechanism) -> Optional[str]:
+    """Why ~/set_assembly_mode (a SetBool) cannot choose this mechanism's branch (None: one indicator)."""
+    names = mech.assembly_mode_names
+    if len(names) == 1:
+        return None
+    if not names:
+        return f"{mech.name} has no assembly-mode indicators: there is no branch to choose"
+    return (f"{mech.name} has {len(names)} assembly-mode indicators ({', '.join(names)}); "
+            "set the 'assembly_mode' parameter (an integer array of +1/-1) instead")
+
+
 @dataclass
 class ParameterChange:
     """A validated set of parameter changes, not applied yet."""
