@@ -597,3 +597,34 @@ def test_demo_runs_end_to_end(tmp_path):
     assert not sv["failures"] and len(sv["round_trip_ms"]["reinitialize"]) == 2
     assert len(sv["round_trip_ms"]["set_assembly_mode"]) == 2 and len(sv["handling_ms"]) == 4
     assert plot.exists() and plot.stat().st_size > 10_000
+
+
+def test_the_core_comes_from_the_factory_also_when_rebuilt():
+    """EstimatorNode(core_factory=...) builds its core with factory(mech, config), at start-up and when a
+    parameter change needs a new core, and steps that core."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.parameter import Parameter
+    from rclpy.serialization import serialize_message
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    from mbfg_ros.ros import node as N
+    built = []
+
+    def factory(mech, config):
+        built.append((config.mode, FixedLagEstimator(mech, config)))
+        return built[-1][1]
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false",
+                     "-p", "mode:=estimation"], context=ctx, domain_id=fresh_domain_id())
+    node = N.EstimatorNode(core_factory=factory, context=ctx)
+    try:
+        assert [mode for mode, _ in built] == ["estimation"] and node.core is built[0][1]
+        node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+        node.after_batch()
+        assert node.state == "running" and node.last_estimate is not None
+        assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
+        assert [mode for mode, _ in built] == ["estimation", "fused"] and node.core is built[1][1]
+        assert node.state == "waiting"                      # rebuilt: starts again from the next input
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
