@@ -3,7 +3,7 @@
 
     python bench/node_latency.py [--duration 5] [--cases four_bar_1ms,four_bar_2ms,robot_5ms] [--md out/node_latency.md]
 
-For each case it runs `mbfg_ros.ros.demo.run_demo` (estimator + simulated plant as subprocesses, an
+For each case it runs `mbfg_ros.ros.demo.run_demo` or `run_with_plant` (estimator + simulated plant as subprocesses, an
 in-process probe) and reports: achieved output rate, missing outputs, input-to-output latency
 (publish time of the estimate — its DDS source timestamp — minus the stamp of its inputs, same
 machine clock: median / p99 / max; and the same up to the probe's receipt), late steps (published
@@ -50,7 +50,6 @@ CASES = {
 
 def node_overhead(steps: int = 400) -> float:
     """µs per step spent in the node itself (estimator replaced by a no-op), no DDS involved."""
-    import numpy as np
     import rclpy
     from rclpy.serialization import serialize_message
     from sensor_msgs.msg import JointState
@@ -61,15 +60,12 @@ def node_overhead(steps: int = 400) -> float:
     ctx_args = ["--ros-args", "--params-file", str(REPO / "config" / "four_bar.yaml"), "-p", "publish_markers:=false",
                 "-p", "future_tolerance:=100.0"]
     rclpy.init(args=ctx_args)
-    real = N.FixedLagEstimator
     for var in ("MBFG_STUB_STEP_US", "MBFG_STUB_PREPARE_US"):
         os.environ.pop(var, None)          # (set by --core-cost) the stand-in costs nothing here
-    N.FixedLagEstimator = StubCore
     try:
-        node = N.EstimatorNode()
-        node._fast = True
-        t0 = node._now_ns() + 1_000_000_000   # ahead of the clock (future_tolerance 100 s): building the
-        #                                      messages takes a while, and stamps behind it would be skipped
+        node = N.EstimatorNode(core_factory=StubCore)
+        t0 = node.now_ns() + 1_000_000_000   # ahead of the clock (future_tolerance 100 s): building the
+        #                                     messages takes a while, and stamps behind it would be skipped
 
         def js(k, names, pos=(), vel=(), eff=()):
             m = JointState()
@@ -83,15 +79,14 @@ def node_overhead(steps: int = 400) -> float:
         eff = [serialize_message(js(k, ["crank"], eff=[1.0])) for k in range(steps)]
         t = time.perf_counter()
         for k in range(steps):
-            node._on_observations(obs[k])
-            node._on_effort_js(eff[k])
-            node._after_batch()
-            node._on_timer()
+            node.on_observations(obs[k])
+            node.on_effort_joint_state(eff[k])
+            node.after_batch()
+            node.on_step_timer()
         per = (time.perf_counter() - t) / steps * 1e6
         node.destroy_node()
         return per
     finally:
-        N.FixedLagEstimator = real
         rclpy.shutdown()
 
 
@@ -140,7 +135,7 @@ def main(argv=None) -> int:
     costs = _parse_costs(a.core_cost, ap.error)
     import subprocess
     import numpy as np
-    from mbfg_ros.ros.demo import parse_params, run_demo
+    from mbfg_ros.ros.demo import ESTIMATOR_NODE, parse_params, run_with_plant
     params = parse_params(a.param, ap.error)
     rows = []
     for case in a.cases.split(","):
@@ -149,15 +144,14 @@ def main(argv=None) -> int:
             name = case if cost is None else f"{case}, stub core {cost[0]:g}+{cost[1]:g} µs"
             print(f"=== {name}")
             plot = str(Path(a.plots) / f"node_latency_{case}.png") if a.plots and cost is None else None
-            module = "mbfg_ros.ros.node"
+            module = ESTIMATOR_NODE
             if cost is not None:
                 module = "bench.stub_core_node"
                 os.environ["MBFG_STUB_STEP_US"], os.environ["MBFG_STUB_PREPARE_US"] = str(cost[0]), str(cost[1])
             busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
             try:
-                r = run_demo(a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
-                             service_calls=a.services, params=params, estimator_module=module,
-                             verbose=cost is None)
+                r = run_with_plant(module, a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
+                                   service_calls=a.services, params=params, verbose=cost is None)
             finally:
                 for b in busy:
                     b.kill()

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import mbfg_ros.ros.node as node_module          # noqa: E402
+from mbfg_ros.ros import node                  # noqa: E402
 from mbfg_ros.estimation.config import Estimate        # noqa: E402
 
 
@@ -36,7 +36,8 @@ def _burn(seconds: float):
 
 
 class StubCore:
-    """Stands in for `FixedLagEstimator`: the node's calls, a fixed CPU cost, a constant estimate."""
+    """An `EstimatorCore` (mbfg_ros.ros.core) standing in for `FixedLagEstimator`: the node's calls, a fixed
+    CPU cost, a constant estimate."""
 
     def __init__(self, mech, config):
         self.mech = mech
@@ -72,8 +73,7 @@ class StubCore:
 
 
 def main(args=None) -> int:
-    node_module.FixedLagEstimator = StubCore
-    return node_module.main(args)
+    return node.main(args, core_factory=StubCore)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.setswitchinterval(5e-4)   # the feeder thread must not wait 5 ms for the GIL

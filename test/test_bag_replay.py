@@ -19,7 +19,6 @@ run a few steps ahead of them) so that a busy test machine does not turn the che
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import numpy as np
 import pytest

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-launch_testing = pytest.importorskip(
+pytest.importorskip(
     "launch_testing", reason="launch_testing is not installed (it comes with a ROS 2 installation: "
                              "source /opt/ros/<distro>/setup.bash); the node itself is tested by test_node.py")
 launch_ros = pytest.importorskip("launch_ros", reason="launch_ros is not installed (ROS 2 installation needed)")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, Feeder, Probe, RosProcess, estimator_process, fresh_domain_id, joint_state,
+from ros_helpers import (CONFIG, Feeder, Probe, estimator_process, fresh_domain_id, joint_state,
                          rclpy_available, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
@@ -555,7 +555,7 @@ def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
 
 def test_idle_node_sleeps_until_an_input_comes():
     """No input since the start (or the last reset): no step can be due, so the 1-kHz step timer cancels
-    itself at its first tick (idle CPU 11 % -> < 1 % of a core) and the first input re-arms it (steps,
+    itself at its first tick (an idle node does not wake up at every dt) and the first input re-arms it (steps,
     and predictions when inputs stop, go on as before: test_outputs_continue_without_inputs_and_warn)."""
     import rclpy
     from rclpy.context import Context
@@ -567,15 +567,15 @@ def test_idle_node_sleeps_until_an_input_comes():
     node = N.EstimatorNode(context=ctx)
     try:
         assert not node.step_timer.is_canceled()
-        node._on_timer()                                   # a tick with nothing received yet
+        node.on_step_timer()                               # a tick with nothing received yet
         assert node.step_timer.is_canceled()
-        node._on_observations(serialize_message(joint_state(node._now_ns(), ["crank"], [0.1])))
-        node._after_batch()
+        node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+        node.after_batch()
         assert not node.step_timer.is_canceled()
-        node._on_timer()                                   # anchored: the timer keeps running
+        node.on_step_timer()                               # anchored: the timer keeps running
         assert not node.step_timer.is_canceled()
-        node._do_reset("test")
-        node._on_timer()
+        node.reset_estimation("test")
+        node.on_step_timer()
         assert node.step_timer.is_canceled()
     finally:
         node.destroy_node()
@@ -597,3 +597,34 @@ def test_demo_runs_end_to_end(tmp_path):
     assert not sv["failures"] and len(sv["round_trip_ms"]["reinitialize"]) == 2
     assert len(sv["round_trip_ms"]["set_assembly_mode"]) == 2 and len(sv["handling_ms"]) == 4
     assert plot.exists() and plot.stat().st_size > 10_000
+
+
+def test_the_core_comes_from_the_factory_also_when_rebuilt():
+    """EstimatorNode(core_factory=...) builds its core with factory(mech, config), at start-up and when a
+    parameter change needs a new core, and steps that core."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.parameter import Parameter
+    from rclpy.serialization import serialize_message
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    from mbfg_ros.ros import node as N
+    built = []
+
+    def factory(mech, config):
+        built.append((config.mode, FixedLagEstimator(mech, config)))
+        return built[-1][1]
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false",
+                     "-p", "mode:=estimation"], context=ctx, domain_id=fresh_domain_id())
+    node = N.EstimatorNode(core_factory=factory, context=ctx)
+    try:
+        assert [mode for mode, _ in built] == ["estimation"] and node.core is built[0][1]
+        node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+        node.after_batch()
+        assert node.state == "running" and node.last_estimate is not None
+        assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
+        assert [mode for mode, _ in built] == ["estimation", "fused"] and node.core is built[1][1]
+        assert node.state == "waiting"                      # rebuilt: starts again from the next input
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)

@@ -11,7 +11,7 @@ import array
 import gc
 import math
 import struct
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,17 @@ def stamp_to_ns(stamp) -> int:
 def ns_to_stamp(ns: int) -> TimeMsg:
     sec, nsec = divmod(int(ns), NS)
     return TimeMsg(sec=int(sec), nanosec=int(nsec))
+
+
+def clock_reader(clock) -> Callable[[], int]:
+    """A function reading an rclpy Clock in ns.  Clock.now() wraps the rcl clock's reading in two objects;
+    the rcl clock is read directly where this rclpy allows it."""
+    try:
+        get_now = clock.handle.get_now
+        get_now().nanoseconds
+    except Exception:  # pragma: no cover
+        return lambda: clock.now().nanoseconds
+    return lambda: get_now().nanoseconds
 
 
 def float_array(x) -> array.array:
@@ -150,6 +161,11 @@ def _check_lengths(msg: JointState, needed: Sequence[str]) -> Optional[Problem]:
         if length != n:
             return ("bad_size", f"JointState has {n} names but {length} {f} values")
     return None
+
+
+def sensor_fields(mech) -> Dict[str, Tuple[str, str]]:
+    """The `sensors` map of `parse_observations` for a mechanism's sensors."""
+    return {s.name: ("position" if s.kind == "encoder" else "velocity", s.name) for s in mech.sensors}
 
 
 def parse_observations(msg, sensors: Dict[str, Tuple[str, int]]
@@ -295,7 +311,7 @@ class SerializedTemplate:
     built and serialized once with sentinel values in its stamps and in the float64 fields that change,
     then each output is a copy of those bytes with the real values written at the sentinels' offsets.
     rclpy's conversion of a message object walks every field in Python each time: for ~/markers (about
-    40 small messages) that is ~0.5 ms, a stall of the 1 kHz loop; a copy and a few `pack_into` take µs.
+    40 small messages) a stall of the 1 kHz loop; a copy and a few `pack_into` are cheap.
 
     `build(stamp, values)` must return the message for a `TimeMsg` stamp and a float64 array of
     `n_values` values; it is called once with sentinels.  `fill(stamp_ns, values)` returns the bytes."""

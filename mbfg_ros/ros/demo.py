@@ -91,7 +91,7 @@ class _Recorder:
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
         self.truth, self.diag = [], []
         # ~/state is kept serialized during the run and decoded afterwards (`state`): the probe shares the
-        # two cores with the nodes it measures, and deserializing 1000 messages/s in Python took ~10 % of one
+        # two cores with the nodes it measures, and deserializing 1000 messages/s in Python costs much of one
         self._raw_state: list = []
         self._state: list = []
         grp = fastloop.DetachedCallbackGroup()
@@ -197,15 +197,29 @@ def _stop(p: subprocess.Popen, timeout=10.0) -> Optional[int]:
     return p.returncode
 
 
+ESTIMATOR_NODE = "mbfg_ros.ros.node"
+
+
 def run_demo(duration: float = 5.0, mechanism: str = "four_bar_crank", config: Optional[str] = None,
              mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
              plot: Optional[str] = "out/demo.png", domain_id: Optional[int] = None, log_dir: Optional[str] = None,
              settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
-             service_calls: int = 0, estimator_module: str = "mbfg_ros.ros.node") -> Dict[str, object]:
-    """Run estimator + plant for `duration` s of simulated data; return the metrics (see module doc).
-    With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating, on
-    the current branch) are spread over the run and their response times reported.  `estimator_module`
-    is the module run as the estimator node (`python -m`, from the repository root)."""
+             service_calls: int = 0) -> Dict[str, object]:
+    """Run the estimator node + plant for `duration` s of simulated data; return the metrics (see module
+    doc).  With `service_calls` > 0, that many calls of ~/reinitialize and ~/set_assembly_mode (alternating,
+    on the current branch) are spread over the run and their response times reported."""
+    return run_with_plant(ESTIMATOR_NODE, duration, mechanism, config=config, mode=mode, dt=dt, window=window,
+                          plot=plot, domain_id=domain_id, log_dir=log_dir, settle=settle, verbose=verbose,
+                          params=params, service_calls=service_calls)
+
+
+def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, config: Optional[str] = None,
+                   mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
+                   plot: Optional[str] = None, domain_id: Optional[int] = None, log_dir: Optional[str] = None,
+                   settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
+                   service_calls: int = 0) -> Dict[str, object]:
+    """`run_demo` with another estimator node: `python -m estimator_module` (from the repository root), a
+    node with the estimator node's interface, e.g. bench/stub_core_node.py (the node with a stand-in core)."""
     from mbfg_ros.model.mechanism import load_mechanism
     mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
     cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism

@@ -1,0 +1,42 @@
+"""What the estimator node needs of its estimation core: the few calls it makes, as a `typing.Protocol`.
+
+`mbfg_ros.estimation.estimator.FixedLagEstimator` is the core; a stand-in (bench/stub_core_node.py)
+satisfies the same protocol.  The node builds its core with a `CoreFactory` called as
+`factory(mech, config)`, at start-up and whenever it must rebuild it (changed noise sigmas or mode, a
+failed reset).  The node reads no attribute of the core: everything it publishes comes in the
+`Estimate` that `step` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+
+from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.model.mechanism import Mechanism
+
+
+class EstimatorCore(Protocol):
+    def step(self, t: float, efforts: Optional[np.ndarray] = None,
+             observations: Optional[Dict[str, float]] = None) -> Estimate:
+        """The estimate at time t (seconds since the start) from the efforts (actuator order, NaN: unknown)
+        and the readings of that step; raises on a numerical failure it could not recover from."""
+
+    def prepare_next_step(self) -> bool:
+        """Do now the input-free part of the next step (the node calls it while waiting for the inputs)."""
+
+    def reinitialize(self, assembly_mode: Optional[Sequence[int]] = None) -> Tuple[np.ndarray, float]:
+        """Re-solve the position problem on the requested branch: (assembly mode, constraint residual)."""
+
+    def apply_reinitialization(self) -> bool:
+        """Re-seed the window now if `reinitialize` asked for it (else the next step does it)."""
+
+    def add_late_observations(self, step: int, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
+        """Fuse readings of the earlier step `Estimate.step`; (fused, refused) reading names."""
+
+    def reset(self) -> None:
+        """Forget everything: the next step initializes."""
+
+
+CoreFactory = Callable[[Mechanism, EstimatorConfig], EstimatorCore]

@@ -1,0 +1,171 @@
+"""The estimator node's bookkeeping of what happened: counters of rejected inputs and events, per-period
+statistics of the steps, throttled warnings, and the /diagnostics status built from them."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, Optional
+
+import numpy as np
+
+from diagnostic_msgs.msg import DiagnosticStatus
+
+from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.ros.parameters import Settings
+from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
+
+# Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
+REJECT_KINDS = {
+    "bad_message": "serialized message that does not decode as a JointState",
+    "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
+    "unknown_joint": "joint name matches no sensor / actuator of the mechanism",
+    "non_finite": "NaN or Inf value",
+    "bad_stamp": "zero or negative header stamp",
+    "no_clock": "node clock not valid yet (use_sim_time without /clock)",
+    "future": "stamp later than node clock + future_tolerance",
+    "stale": "stamp older than node clock - max_input_age (clock mismatch? play bags with --clock)",
+    "before_reset": "stamp before the last reset",
+    "late": "input of a step already estimated that could not be used: a reading outside the innovation "
+            "gate (or whose step left the window meanwhile), or a command older than the one applied",
+    "too_old": "stamp older than the estimator window",
+}
+EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "solver_failures", "overruns",
+          "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_steps")
+WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
+
+
+def new_period_stats() -> dict:
+    """What the hot path accumulates between two diagnostics reports."""
+    return {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
+
+
+def branch_text(mech: Mechanism, mode) -> str:
+    names = mech.assembly_mode_names
+    if not names:
+        return "no assembly-mode indicators"
+    return ", ".join(f"{n}={int(m):+d}" for n, m in zip(names, list(mode)))
+
+
+class Diagnostics:
+    """Counters (`counters`: rejected inputs by kind; `events`), the current period's step statistics
+    (`period_stats`, appended to by the hot path), the last error and message, throttled warnings."""
+
+    def __init__(self, logger, mech: Mechanism):
+        self.logger = logger
+        self.mech = mech
+        self.counters = {k: 0 for k in REJECT_KINDS}
+        self.events = {k: 0 for k in EVENTS}
+        self.period_stats = new_period_stats()
+        self.last_error = ""
+        self.last_message = ""
+        self._failures_reported = 0
+        self._log_times: Dict[str, float] = {}
+
+    def warn_kind(self, kind: str, detail: str):
+        """Log the first occurrence of each kind, then at most every WARN_EVERY_S with the running count."""
+        now = time.monotonic()
+        last = self._log_times.get(kind)
+        if last is None or now - last > WARN_EVERY_S:
+            self._log_times[kind] = now
+            n = self.counters.get(kind, self.events.get(kind, 0))
+            self.logger.warning(f"{kind} ({n} so far): {detail}")
+
+    def reject(self, kind: str, detail: str):
+        self.counters[kind] = self.counters.get(kind, 0) + 1
+        self.warn_kind(kind, f"{REJECT_KINDS.get(kind, kind)}: {detail}" if kind in REJECT_KINDS else detail)
+
+    def reject_all(self, problems):
+        """(kind, detail) problems of one input."""
+        for kind, detail in problems:
+            self.reject(kind, detail)
+
+    def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
+                 last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings):
+        """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
+        node's lock: it reads what the hot path writes."""
+        ps = self.period_stats
+        self.period_stats = new_period_stats()
+        dt = config.dt
+        level, msgs = DiagnosticStatus.OK, []
+        st = state
+        if now <= 0:
+            level, st = DiagnosticStatus.WARN, "waiting for valid ROS time"
+        kv = {"state": st, "mechanism": self.mech.name, "mode": config.mode,
+              "formulation": config.formulation, "integrator": config.integrator,
+              "dt": dt, "window": config.window}
+        est = last_estimate
+        if est is not None:
+            kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)
+            kv["constraint_residual"] = float(est.constraint_residual)
+            kv["status"] = est.status
+            kv["estimate_time"] = (last_t_k / NS) if last_t_k is not None else ""
+        else:
+            kv["assembly_mode"] = branch_text(self.mech, assembly_mode) if assembly_mode else "auto"
+        kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
+        kv["target_rate_hz"] = 1.0 / dt
+        kv["budget_ms"] = dt * 1e3
+        for k, v in self.events.items():
+            kv[k] = v
+        for k, v in self.counters.items():
+            kv[f"rejected.{k}"] = v
+        if sched.anchored:
+            kv["next_step_time"] = sched.t_of(sched.k_next) / NS
+        expected = EXPECTED_STREAMS[config.mode]
+        waited = sched.waited_streams(now, expected)
+        wait = sched.wait_ns(now, waited)
+        kv["input_wait_ms"] = wait / 1e6     # how long a missing input is waited for now
+        if wait > sched.input_delay_ns and state == "running":
+            # the adaptive wait is up: inputs arrive later than max_input_delay (and so do the outputs);
+            # said, not warned: a loaded machine delays a few inputs by some ms now and then
+            delay = sched.recent_delay_ns(now, waited)
+            msgs.append(f"inputs arrive up to {delay / 1e6:.3g} ms after their stamps "
+                        f"(max_input_delay {settings.max_input_delay * 1e3:g} ms): missing inputs are waited for "
+                        f"{wait / 1e6:.3g} ms")
+        kv["clock"] = now / NS
+        for name, s in sched.streams.items():
+            kv[f"input.{name}.received"] = s.total
+            if s.last_stamp_ns is not None:
+                kv[f"input.{name}.last_stamp"] = s.last_stamp_ns / NS
+            age = (now - s.last_rx_ns) / NS if s.last_rx_ns is not None else float("inf")
+            kv[f"input.{name}.age_s"] = age if math.isfinite(age) else "never"
+            if name in expected and st == "running" and age > settings.sensor_timeout:
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.append(f"no {name} for {age:.3g} s (sensor_timeout {settings.sensor_timeout} s)"
+                            if math.isfinite(age) else f"no {name} received yet")
+        if state == "waiting" and now > 0:
+            msgs.append("waiting for the first input")
+        if self.events["solver_failures"] and self.last_error:
+            kv["last_error"] = self.last_error
+        if ps["steps"] == 0 and state == "running":
+            level = max(level, DiagnosticStatus.WARN)
+            msgs.append("no output in the last period")
+        if self.last_message:
+            kv["last_message"] = self.last_message
+        if self.events["solver_failures"] > self._failures_reported:
+            level = DiagnosticStatus.ERROR
+            msgs.insert(0, f"solver failed {self.events['solver_failures'] - self._failures_reported} time(s) "
+                           f"since the last report (auto re-initialized): {self.last_error}")
+            self._failures_reported = self.events["solver_failures"]
+        return ps, kv, level, msgs
+
+    @staticmethod
+    def status(name: str, hardware_id: str, dt: float, ps: dict, kv: dict, level, msgs: list):
+        """The diagnostic status (level, name, message, hardware id, key/values) of a snapshot, with the
+        period's step statistics (outside the lock: the hot path need not wait for the arithmetic)."""
+        if ps["solve"]:
+            s = np.array(ps["solve"]) * 1e3
+            kv["solve_ms_mean"], kv["solve_ms_max"] = float(s.mean()), float(s.max())
+            # CPU time of the solves: well below the wall time = the thread was waiting for a core
+            kv["solve_cpu_ms_mean"] = 1e3 * float(np.mean(ps["solve_cpu"]))
+            lat = np.array(ps["latency"]) / 1e6
+            kv["latency_ms_median"], kv["latency_ms_p99"] = float(np.median(lat)), float(np.percentile(lat, 99))
+            kv["late_steps_percent"] = 100.0 * ps["late"] / ps["steps"]
+            if s.mean() > dt * 1e3:
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.append(f"mean solve {s.mean():.2f} ms over the {dt * 1e3:.2f} ms budget")
+        if ps["input_delay"]:
+            d = np.array(ps["input_delay"]) / 1e6
+            kv["input_delay_ms_median"], kv["input_delay_ms_max"] = float(np.median(d)), float(d.max())
+        return (level, name, "; ".join(msgs) or kv["state"], hardware_id, kv)

@@ -1,0 +1,109 @@
+"""The estimator node's outputs: ~/joint_states, ~/state, ~/markers (each estimate, written into serialized
+templates) and /diagnostics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from trajectory_msgs.msg import JointTrajectory
+from visualization_msgs.msg import MarkerArray
+
+from mbfg_ros.estimation.config import Estimate
+from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.ros import conversions as rc
+from mbfg_ros.ros.parameters import Settings
+from mbfg_ros.ros.scheduler import NS
+
+# Reliable, 10 deep; overridable with the qos_overrides.<topic>.* parameters.
+OUTPUT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                        durability=DurabilityPolicy.VOLATILE)
+LISTENER_CHECK_NS = 50_000_000   # how often the outputs' subscriber counts are refreshed (node clock)
+
+
+def joint_state_layout(mech: Mechanism):
+    """~/joint_states: the actuated and encoded relative coordinates, named after their actuator / encoder:
+    (coordinate indices, names, index of each one's effort among the actuators or -1)."""
+    names_by_coord = {}
+    for i, c in enumerate(mech.actuated):
+        names_by_coord[int(c)] = mech.actuator_names[i]
+    for s in mech.sensors:
+        if s.kind == "encoder":
+            names_by_coord.setdefault(int(s.coordinate), s.name)
+    coords = np.array(sorted(names_by_coord), dtype=np.intp)
+    names = [names_by_coord[int(c)] for c in coords]
+    act_pos = {int(c): i for i, c in enumerate(mech.actuated)}
+    effort_index = np.array([act_pos.get(int(c), -1) for c in coords], dtype=np.intp)
+    return coords, names, effort_index
+
+
+class Outputs:
+    """The node's publishers and what they publish."""
+
+    def __init__(self, node, mech: Mechanism, settings: Settings, qos_overriding: dict):
+        self.mech = mech
+        self.pub_js = node.create_publisher(JointState, "~/joint_states", OUTPUT_QOS, **qos_overriding)
+        self.pub_state = node.create_publisher(JointTrajectory, "~/state", OUTPUT_QOS, **qos_overriding)
+        self.pub_markers = node.create_publisher(MarkerArray, "~/markers", OUTPUT_QOS, **qos_overriding)
+        self.pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
+        self.js_coords, self.js_names, self.js_effort_index = joint_state_layout(mech)
+        self._listeners_checked_ns = -10 ** 19
+        self._listened = (True, True)          # (~/state, ~/joint_states) have subscribers
+        self.forget_markers()
+        self.frame_id = None
+        self.configure(settings)
+
+    def configure(self, settings: Settings):
+        self.publish_markers = settings.publish_markers
+        self.marker_period = settings.marker_period
+        if settings.frame_id != self.frame_id:
+            self.frame_id = settings.frame_id
+            self._make_templates()
+
+    def forget_markers(self):
+        """After a reset: the next estimate's markers are published."""
+        self._last_marker_ns = -10 ** 19
+
+    def _make_templates(self):
+        """Serialized templates of the three outputs (see `conversions.SerializedTemplate`)."""
+        mech, n, nj, frame = self.mech, self.mech.n, len(self.js_coords), self.frame_id
+        names, coords = self.js_names, mech.coordinate_names
+        self._templates = (
+            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
+                                  3 * nj),
+            rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
+                                                                    x[2 * n:3 * n], x[3 * n:]), 4 * n),
+            rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
+                                  2 * len(mech.spec.points)))
+
+    def publish(self, est: Estimate, t_k: int):
+        """The estimate of the step at t_k (ns) on ~/state, ~/joint_states and (at most every marker_period)
+        ~/markers."""
+        q, v = est.q, est.v
+        markers = self.publish_markers and t_k - self._last_marker_ns >= self.marker_period * NS
+        if markers:
+            self._last_marker_ns = t_k
+        if t_k - self._listeners_checked_ns >= LISTENER_CHECK_NS or t_k < self._listeners_checked_ns:
+            # a topic nobody subscribes to is not built and written at every step (a new subscriber is
+            # served within LISTENER_CHECK_NS)
+            self._listeners_checked_ns = t_k
+            self._listened = (self.pub_state.get_subscription_count() > 0,
+                              self.pub_js.get_subscription_count() > 0)
+        to_state, to_js = self._listened
+        js_tpl, state_tpl, markers_tpl = self._templates
+        if to_state:
+            self.pub_state.publish(state_tpl.fill(t_k, np.concatenate((q, v, est.a, est.Q))))
+        if to_js:
+            c, idx = self.js_coords, self.js_effort_index
+            eff = np.zeros(len(c))
+            has = idx >= 0
+            if np.any(has):
+                eff[has] = np.asarray(est.efforts, dtype=float)[idx[has]]
+            self.pub_js.publish(js_tpl.fill(t_k, np.concatenate((q[c], v[c], eff))))
+        if markers:
+            self.pub_markers.publish(markers_tpl.fill(t_k, self.mech.point_positions(q).ravel()))
+
+    def publish_diagnostics(self, stamp_ns: int, statuses):
+        self.pub_diag.publish(rc.encode_diagnostic_array(stamp_ns, statuses))

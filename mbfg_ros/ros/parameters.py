@@ -1,0 +1,275 @@
+"""The estimator node's parameters: declarations and descriptors, validation, the `EstimatorConfig` they
+make, and the settings the node applies as they change (see docs/ros2_interfaces.md for the list)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.parameter import Parameter
+
+from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
+from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
+
+# Dynamic parameters held in `Settings` and applied as they are set (float ones are durations in seconds,
+# checked >= 0); the others (mode, sigmas, assembly_mode) have their own handling.
+DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_wait": float, "max_input_age": float,
+                    "future_tolerance": float, "marker_period": float, "max_backlog": float,
+                    "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool,
+                    "adaptive_input_delay": bool}
+
+
+class ConfigError(ValueError):
+    """A bad parameter value at start-up; the message names the parameter."""
+
+
+@dataclass
+class Settings:
+    """The node's own parameters (not the estimator's): the dynamic ones (DYNAMIC_SETTINGS) and two read-only."""
+    sensor_timeout: float
+    max_input_delay: float
+    adaptive_input_delay: bool
+    startup_wait: float
+    max_input_age: float
+    future_tolerance: float
+    publish_markers: bool
+    marker_period: float
+    frame_id: str
+    diagnostics_period: float
+    reset_on_time_jump: bool
+    max_backlog: float
+    fast_loop: bool
+
+
+@dataclass
+class StartupParameters:
+    mechanism_path: str
+    mech: Mechanism
+    config: EstimatorConfig                  # assembly_mode included
+    assembly_mode: Optional[Tuple[int, ...]]  # the requested branch (None: automatic)
+    settings: Settings
+
+
+def _float_range(lo, hi):
+    return [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+
+
+def declare_parameters(node) -> StartupParameters:
+    """Declare every parameter of the node and read their start-up values; ConfigError for a bad one."""
+    d = node.declare_parameter
+    PD = ParameterDescriptor
+
+    def seconds(name, default, longest, description):
+        """A duration parameter in [0, longest] seconds."""
+        return d(name, default, PD(description=description,
+                                   floating_point_range=_float_range(0.0, longest))).value
+    mech_name = d("mechanism", "", PD(
+        description="Mechanism YAML: a path, or the name of a file in the installed mechanisms/ folder "
+                    "(e.g. four_bar_crank)", read_only=True)).value
+    if not mech_name:
+        raise ConfigError("parameter 'mechanism' is required (a YAML path or a name such as four_bar_crank)")
+    try:
+        mechanism_path = str(resolve_mechanism_path(mech_name))
+        mech = load_mechanism(mechanism_path)
+    except Exception as e:  # MechanismError, YAML errors
+        raise ConfigError(f"parameter 'mechanism' ('{mech_name}'): {e}") from None
+
+    dt = d("dt", 1e-3, PD(description="Timestep [s]: estimate and output period", read_only=True,
+                           floating_point_range=_float_range(1e-5, 1.0))).value
+    window = d("window", 10, PD(description="Steps kept in the fixed-lag window (Nw)", read_only=True,
+                                integer_range=[IntegerRange(from_value=1, to_value=10000, step=1)])).value
+    mode = d("mode", "forward_dynamics", PD(
+        description="forward_dynamics (commanded efforts drive the model) | estimation (sensors only, "
+                    "efforts estimated) | fused (both); changing it restarts the estimator",
+        additional_constraints="one of: " + ", ".join(MODES))).value
+    formulation = d("formulation", "dependent", PD(
+        description="dependent | independent coordinates", read_only=True,
+        additional_constraints="one of: " + ", ".join(FORMULATIONS))).value
+    integrator = d("integrator", "trapezoidal", PD(
+        description="Time integrator in the graph", read_only=True,
+        additional_constraints="one of: " + ", ".join(INTEGRATORS))).value
+    independent = d("independent", Parameter.Type.STRING_ARRAY, PD(
+        description="Independent coordinate names (independent formulation); empty/unset = automatic",
+        read_only=True)).value or []
+    sigmas = {}
+    for k, v in default_sigmas().items():
+        sigmas[k] = d(f"sigmas.{k}", float(v), PD(
+            description=f"Noise sigma of the '{k}' factors; changing it restarts the estimator",
+            floating_point_range=_float_range(1e-15, 1e15))).value
+    sensor_sigmas = {}
+    for s in mech.sensors:
+        sensor_sigmas[s.name] = d(f"sensor_sigmas.{s.name}", float(s.sigma), PD(
+            description=f"Noise sigma of {s.kind} '{s.name}' (default from the mechanism file)",
+            floating_point_range=_float_range(1e-15, 1e15))).value
+    defaults = EstimatorConfig()
+    outlier_gate = d("outlier_gate", float(defaults.outlier_gate), PD(
+        description="Reject a sensor reading whose residual at the prediction exceeds this many sigmas "
+                    "(0 = off)", read_only=True, floating_point_range=_float_range(0.0, 1e12))).value
+    max_rejections = d("max_rejections", int(defaults.max_rejections), PD(
+        description="...unless rejected this many consecutive steps: then re-initialize from the readings",
+        read_only=True, integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
+    n_ind = len(mech.assembly_mode_names)
+    am_default = [int(x) for x in mech.assembly_mode(np.array(mech.q0))] if n_ind else Parameter.Type.INTEGER_ARRAY
+    am = d("assembly_mode", am_default, PD(
+        description="Requested branch: one +1/-1 per assembly-mode indicator "
+                    f"({', '.join(mech.assembly_mode_names) or 'none in this mechanism'}); "
+                    "setting it re-initializes on that branch",
+        additional_constraints="values in {-1, +1}, one per indicator")).value
+    sensor_timeout = seconds("sensor_timeout", 0.1, 3600.0,
+                             "An input silent for longer raises a WARN; efforts older than this count as unknown [s]")
+    max_input_delay = seconds("max_input_delay", 0.003, 10.0,
+                              "Wait for late inputs before a step is estimated without them (longer with "
+                              "adaptive_input_delay while the inputs arrive later) [s]")
+    adaptive_input_delay = d("adaptive_input_delay", True, PD(
+        description="While inputs arrive later than the window can absorb (max_input_delay + (window - 2) "
+                    "steps; a loaded machine, a slow link), wait "
+                    f"{DELAY_FACTOR:g} x their largest recent delay (memory ~{DELAY_MEMORY_NS / NS:g} s, at most "
+                    "sensor_timeout) instead of predicting the steps and dropping the inputs as too old")).value
+    startup_wait = seconds("startup_wait", 1.0, 3600.0,
+                           "After a (re)start, longest wait for every input the mode uses (its topic may still be "
+                           "being discovered) before estimating without the missing ones [s]")
+    max_input_age = seconds("max_input_age", 1.0, 1e6,
+                            "Inputs stamped more than this before the node clock are rejected [s]")
+    future_tolerance = seconds("future_tolerance", 0.5, 1e6,
+                               "Inputs stamped more than this after the node clock are rejected [s]")
+    publish_markers = d("publish_markers", True, PD(description="Publish ~/markers for RViz")).value
+    marker_period = seconds("marker_period", 0.05, 3600.0,
+                            "Minimum period of ~/markers [s] (0 = every step)")
+    frame_id = d("frame_id", "world", PD(description="frame_id of ~/state and ~/markers")).value
+    diagnostics_period = d("diagnostics_period", 1.0, PD(
+        description="Period of /diagnostics [s] (wall clock)", read_only=True,
+        floating_point_range=_float_range(0.01, 60.0))).value
+    reset_on_time_jump = d("reset_on_time_jump", True, PD(
+        description="Reset when the node clock jumps backwards (looping bag)")).value
+    max_backlog = seconds("max_backlog", 0.1, 3600.0,
+                          "If estimation falls further behind the node clock (solves slower than dt), skip to "
+                          "the newest inputs and re-seed from the last estimate [s] (0 = never)")
+    fast_loop = d("fast_loop", True, PD(
+        description="Serve the inputs and the step timer from a lean wait loop in its own thread "
+                    "(about 10x less overhead than rclpy's executor); false = plain rclpy executor",
+        read_only=True)).value
+
+    try:
+        # The node calls step() on every grid step (gaps only when it skips ahead on overload, where the
+        # core must re-seed from its last estimate rather than integrate every skipped step).
+        base = EstimatorConfig(dt=float(dt), window=int(window), mode=str(mode), formulation=str(formulation),
+                               integrator=str(integrator), independent=tuple(independent),
+                               sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
+                               outlier_gate=float(outlier_gate), max_rejections=int(max_rejections))
+        config = base.validated()
+    except ValueError as e:
+        raise ConfigError(f"bad estimator parameters: {name_params(str(e))}") from None
+    problem = check_assembly_mode(mech, am)
+    if problem:
+        raise ConfigError(f"parameter 'assembly_mode': {problem}")
+    assembly_mode = tuple(int(x) for x in am) if am else None
+    if assembly_mode:
+        config = replace(config, assembly_mode=assembly_mode)
+    settings = Settings(sensor_timeout=sensor_timeout, max_input_delay=max_input_delay,
+                        adaptive_input_delay=adaptive_input_delay, startup_wait=startup_wait,
+                        max_input_age=max_input_age, future_tolerance=future_tolerance,
+                        publish_markers=publish_markers, marker_period=marker_period, frame_id=frame_id,
+                        diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
+                        max_backlog=max_backlog, fast_loop=fast_loop)
+    return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
+
+
+def name_params(msg: str) -> str:
+    """Config errors say 'sigma 'x''; say which ROS parameter that is."""
+    return (msg.replace("sigma '", "parameter sigmas.*/sensor_sigmas.* '")
+            .replace("dt must", "parameter 'dt' must").replace("window must", "parameter 'window' must")
+            .replace("mode must", "parameter 'mode' must")
+            .replace("formulation must", "parameter 'formulation' must")
+            .replace("integrator must", "parameter 'integrator' must"))
+
+
+def check_assembly_mode(mech: Mechanism, am) -> Optional[str]:
+    """What is wrong with a requested branch (None: fine; empty: automatic)."""
+    n_ind = len(mech.assembly_mode_names)
+    am = list(am or [])
+    if not am:
+        return None
+    if len(am) != n_ind:
+        return (f"needs {n_ind} values (one per indicator: {', '.join(mech.assembly_mode_names)})"
+                if n_ind else "this mechanism has no assembly-mode indicators; leave it unset")
+    if any(int(x) not in (-1, 1) for x in am):
+        return f"values must be -1 or +1 (got {am})"
+    return None
+
+
+def no_single_indicator(mech: Mechanism) -> Optional[str]:
+    """Why ~/set_assembly_mode (a SetBool) cannot choose this mechanism's branch (None: one indicator)."""
+    names = mech.assembly_mode_names
+    if len(names) == 1:
+        return None
+    if not names:
+        return f"{mech.name} has no assembly-mode indicators: there is no branch to choose"
+    return (f"{mech.name} has {len(names)} assembly-mode indicators ({', '.join(names)}); "
+            "set the 'assembly_mode' parameter (an integer array of +1/-1) instead")
+
+
+@dataclass
+class ParameterChange:
+    """A validated set of parameter changes, not applied yet."""
+    config: EstimatorConfig       # the estimator configuration with the new mode and sigmas
+    rebuild: Tuple[str, ...]      # the changed parameters that need a new core (mode, sigmas), sorted
+
+
+def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorConfig):
+    """Check every changed parameter ({name: value}) before any is applied (all or nothing): the reason
+    (a str) of the first refused one, else a ParameterChange."""
+    rebuild = {}
+    for name, value in new.items():
+        if DYNAMIC_SETTINGS.get(name) is float:
+            if value is None or not math.isfinite(float(value)) or float(value) < 0:
+                return f"parameter '{name}' must be >= 0 seconds"
+        elif name == "mode":
+            if value not in MODES:
+                return f"parameter 'mode' must be one of {', '.join(MODES)}"
+            rebuild["mode"] = value
+        elif name.startswith("sigmas.") or name.startswith("sensor_sigmas."):
+            if value is None or not (float(value) > 0 and math.isfinite(float(value))):
+                return f"parameter '{name}' must be > 0"
+            rebuild[name] = float(value)
+        elif name == "assembly_mode":
+            problem = check_assembly_mode(mech, value)
+            if problem:
+                return f"parameter 'assembly_mode': {problem}"
+    if rebuild:
+        sig, ssig = dict(config.sigmas), dict(config.sensor_sigmas)
+        for name, value in rebuild.items():
+            if name.startswith("sigmas."):
+                sig[name[len("sigmas."):]] = value
+            elif name.startswith("sensor_sigmas."):
+                ssig[name[len("sensor_sigmas."):]] = value
+        try:
+            config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig,
+                             sensor_sigmas=ssig).validated()
+        except ValueError as e:
+            return name_params(str(e))
+    return ParameterChange(config, tuple(sorted(rebuild)))
+
+
+def update_settings(settings: Settings, new: Dict[str, object]) -> None:
+    """Apply the changed dynamic settings among `new` (validated)."""
+    for name, value in new.items():
+        kind = DYNAMIC_SETTINGS.get(name)
+        if kind is not None:
+            setattr(settings, name, kind(value))
+
+
+def configure_scheduler(sched: InputScheduler, settings: Settings) -> None:
+    """The scheduler's acceptance and waiting policy from the settings (seconds → ns)."""
+    sched.future_tolerance_ns = int(settings.future_tolerance * NS)
+    sched.max_input_age_ns = int(settings.max_input_age * NS)
+    sched.sensor_timeout_ns = int(settings.sensor_timeout * NS)
+    sched.input_delay_ns = int(settings.max_input_delay * NS)
+    sched.adaptive_input_delay = bool(settings.adaptive_input_delay)
+    sched.startup_wait_ns = int(settings.startup_wait * NS)
+    sched.max_backlog_ns = int(settings.max_backlog * NS)

@@ -1,0 +1,320 @@
+"""The estimator node's time grid, without ROS: stamped inputs → grid steps → when a step can be estimated.
+
+The first accepted input after a (re)start anchors the grid t_k = t_0 + k·dt; every input is assigned to
+the nearest grid step.  Step k is ready as soon as every input stream that is currently delivering at the
+timestep rate has delivered data for step k, or, at the latest, when the node clock reaches t_k + the
+input wait (max_input_delay, longer while the inputs are seen arriving later: `adaptive_input_delay`).
+All times are integer nanoseconds on the node clock.  Never imports rclpy (test/test_scheduler.py checks).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+NS = 1_000_000_000
+DELAY_MEMORY_NS = NS           # time constant of the inputs' recent largest delay (adaptive input wait)
+DELAY_FACTOR = 1.5             # the adaptive wait: this × the recent largest delay
+POLL_NS = 300_000              # longest poll for the second half of a step's inputs (see FastLoop.poll_window)
+
+# The input streams each estimator mode uses (at start-up, each is waited for up to startup_wait).
+EXPECTED_STREAMS = {"forward_dynamics": ("efforts",), "estimation": ("observations",),
+                    "fused": ("efforts", "observations")}
+
+
+class Stream:
+    """Bookkeeping of one input kind ('observations' or 'efforts')."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.total = 0
+        self.clear()
+
+    def clear(self):
+        self.last_k: Optional[int] = None
+        self.last_stamp_ns: Optional[int] = None
+        self.last_rx_ns: Optional[int] = None
+        self.period_ns: Optional[float] = None
+        self.delay_hi_ns = 0.0       # largest recent delay (receipt − stamp), decaying (DELAY_MEMORY_NS)
+        self.delay_at_ns = 0
+
+    def note_delay(self, delay_ns: int, rx_ns: int):
+        """Every admitted input, on time or late: the late ones are what the adaptive wait learns from."""
+        self.delay_hi_ns = max(float(delay_ns), self.recent_delay_ns(rx_ns))
+        self.delay_at_ns = rx_ns
+
+    def recent_delay_ns(self, now_ns: int) -> float:
+        hi = self.delay_hi_ns
+        if hi <= 0.0:
+            return 0.0
+        return hi * math.exp(-max(0, now_ns - self.delay_at_ns) / DELAY_MEMORY_NS)
+
+    def note(self, k: int, stamp_ns: int, rx_ns: int):
+        if self.last_stamp_ns is not None and stamp_ns > self.last_stamp_ns:
+            d = stamp_ns - self.last_stamp_ns
+            self.period_ns = d if self.period_ns is None else 0.9 * self.period_ns + 0.1 * d
+        if self.last_stamp_ns is None or stamp_ns > self.last_stamp_ns:
+            self.last_stamp_ns = stamp_ns
+        self.last_k = k if self.last_k is None else max(self.last_k, k)
+        self.last_rx_ns = rx_ns
+        self.total += 1
+
+
+class InputScheduler:
+    """ROS-free: assigns stamped inputs to grid steps and decides when a step can be estimated.
+
+    All times are integer nanoseconds on the node clock."""
+
+    def __init__(self, dt: float, window: int, n_actuators: int):
+        self.dt_ns = int(round(dt * NS))
+        self.window = int(window)
+        self.n_actuators = n_actuators
+        self.streams = {"observations": Stream("observations"), "efforts": Stream("efforts")}
+        # acceptance policy (seconds → ns), set by the node
+        self.future_tolerance_ns = NS // 2
+        self.max_input_age_ns = NS
+        self.sensor_timeout_ns = NS // 10
+        self.input_delay_ns = 2 * self.dt_ns
+        self.adaptive_input_delay = True
+        self.startup_wait_ns = NS
+        self.max_backlog_ns = NS // 10           # 0: never skip ahead
+        self.reset_stamp_ns = 0
+        self.clear()
+
+    def clear(self, reset_stamp_ns: int = 0):
+        self.t0_ns: Optional[int] = None
+        self.k_next = 0
+        self.started = False                     # a step has been handed out since the (re)start
+        self.first_rx_ns: Optional[int] = None   # receipt of the first accepted input
+        self.obs: Dict[int, Dict[str, float]] = {}
+        self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
+        self.held_effort = np.full(self.n_actuators, np.nan)
+        self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
+        self.reset_stamp_ns = reset_stamp_ns
+        for s in self.streams.values():
+            s.clear()
+
+    @property
+    def anchored(self) -> bool:
+        return self.t0_ns is not None
+
+    def t_of(self, k: int) -> int:
+        return self.t0_ns + k * self.dt_ns
+
+    def _admit(self, stamp_ns: int, now_ns: int) -> Optional[str]:
+        if stamp_ns <= 0:
+            return "bad_stamp"
+        if now_ns <= 0:
+            return "no_clock"
+        if stamp_ns > now_ns + self.future_tolerance_ns:
+            return "future"
+        if stamp_ns < now_ns - self.max_input_age_ns:
+            return "stale"
+        if stamp_ns < self.reset_stamp_ns:
+            return "before_reset"
+        return None
+
+    def _k_of(self, stamp_ns: int) -> int:
+        if self.t0_ns is None:
+            self.t0_ns = stamp_ns
+            self.k_next = 0
+        return int(math.floor((stamp_ns - self.t0_ns) / self.dt_ns + 0.5))
+
+    def step_of(self, stamp_ns: int) -> int:
+        """The grid step of a stamp (the scheduler must be anchored)."""
+        return self._k_of(stamp_ns)
+
+    def _late_kind(self, k: int) -> str:
+        return "late" if self.k_next - k <= self.window else "too_old"
+
+    def _step_of_input(self, stamp_ns: int, now_ns: int, stream: Stream) -> Tuple[Optional[str], int]:
+        """(why it is refused, or None; its grid step) for an input stamped stamp_ns received at now_ns."""
+        bad = self._admit(stamp_ns, now_ns)
+        if bad:
+            return bad, -1
+        stream.note_delay(now_ns - stamp_ns, now_ns)
+        if self.first_rx_ns is None:
+            self.first_rx_ns = now_ns
+        return None, self._k_of(stamp_ns)
+
+    def add_observations(self, stamp_ns: int, values: Dict[str, float], now_ns: int) -> Optional[str]:
+        bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["observations"])
+        if bad:
+            return bad
+        if k < self.k_next:
+            return self._late_kind(k)
+        self.obs.setdefault(k, {}).update(values)
+        self.streams["observations"].note(k, stamp_ns, now_ns)
+        return None
+
+    def add_efforts(self, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
+        bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["efforts"])
+        if bad:
+            return bad
+        if k < self.k_next:
+            # a command is valid until replaced: a newer one that arrives a little late still applies now
+            known = ~np.isnan(tau)
+            if np.all(stamp_ns > self.held_effort_stamp[known]):
+                self.held_effort[known] = tau[known]
+                self.held_effort_stamp[known] = stamp_ns
+                self.streams["efforts"].note(self.k_next - 1, stamp_ns, now_ns)
+                return None
+            return self._late_kind(k)
+        self.pending_efforts.append((k, stamp_ns, tau))
+        self.streams["efforts"].note(k, stamp_ns, now_ns)
+        return None
+
+    def waited_streams(self, now_ns: int, expected) -> List[Stream]:
+        out = []
+        for name, s in self.streams.items():
+            if s.last_rx_ns is None:
+                if name in expected and not self.started:
+                    out.append(s)      # at start-up: wait (≤ startup_wait) for every input the mode uses
+                continue
+            if now_ns - s.last_rx_ns > self.sensor_timeout_ns:
+                continue               # gone quiet: do not wait for it
+            if s.period_ns is not None and s.period_ns > 1.5 * self.dt_ns:
+                continue               # slower than the timestep: held (efforts) or sparse (sensors)
+            out.append(s)
+        return out
+
+    def start_step(self, now_ns: int, expected) -> Optional[int]:
+        """At start-up, once every waited input has been heard from: the newest step all of them have
+        reached.  The steps before it hold only part of the inputs (one topic was still being discovered)
+        and are already old: estimating them first would start with a backlog."""
+        if self.started:
+            return None
+        waited = self.waited_streams(now_ns, expected)
+        if not waited or any(s.last_k is None for s in waited):
+            return None
+        return min(s.last_k for s in waited)
+
+    def ready(self, now_ns: int, expected) -> bool:
+        if self.t0_ns is None:
+            return False
+        k = self.k_next
+        waited = self.waited_streams(now_ns, expected)
+        if waited and all(s.last_k is not None and s.last_k >= k for s in waited):
+            return True
+        if not self.started and any(s.last_rx_ns is None for s in waited):
+            # an input the mode uses has not been heard from yet (e.g. its topic is still being
+            # discovered): initializing without it would start from a guess
+            return now_ns >= self.first_rx_ns + self.startup_wait_ns
+        return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
+
+    @staticmethod
+    def recent_delay_ns(now_ns: int, waited: List[Stream]) -> float:
+        """The largest recent delay (receipt − stamp) of the waited inputs."""
+        return max((s.recent_delay_ns(now_ns) for s in waited), default=0.0)
+
+    def wait_ns(self, now_ns: int, waited: List[Stream]) -> int:
+        """How long after a step's time its missing inputs are waited for: `input_delay_ns`; adaptive, once
+        the largest recent delay of the waited inputs is more than the window can absorb: DELAY_FACTOR ×
+        that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
+
+        Delays up to input_delay + (window − 2)·dt cost nothing to wait out in accuracy: the step is
+        predicted, its readings are fused into the window when they come (a late command is replaced by the
+        held one for that step), and the latency stays low.  Longer ones would be dropped as too old."""
+        base = self.input_delay_ns
+        if not self.adaptive_input_delay:
+            return base
+        hi = self.recent_delay_ns(now_ns, waited)
+        if hi <= base + max(0, self.window - 2) * self.dt_ns:
+            return base
+        return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
+
+    def pop(self, hold_missing: bool = True):
+        """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
+
+        Efforts are commands, held (zero-order hold) until replaced or older than sensor_timeout.  With
+        `hold_missing` false, a command stream that normally delivers every step but missed this one
+        gives "unknown" instead of the previous value (the estimator then estimates the effort)."""
+        k = self.k_next
+        t_k = self.t_of(k)
+        fresh = False
+        if self.pending_efforts:
+            keep = []
+            for (ke, st, tau) in self.pending_efforts:
+                if ke <= k:
+                    known = ~np.isnan(tau)
+                    newer = known & (st >= self.held_effort_stamp)
+                    self.held_effort[newer] = tau[newer]
+                    self.held_effort_stamp[newer] = st
+                    fresh = fresh or ke == k
+                else:
+                    keep.append((ke, st, tau))
+            self.pending_efforts = keep
+        # a handful of actuators: plain Python is faster than numpy here (this runs at every step)
+        max_age = self.sensor_timeout_ns
+        if not hold_missing and not fresh:
+            s = self.streams["efforts"]
+            if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
+                max_age = min(max_age, self.dt_ns // 2)
+        eff = [v if st >= 0 and t_k - st <= max_age else math.nan
+               for v, st in zip(self.held_effort.tolist(), self.held_effort_stamp.tolist())]
+        efforts = np.array(eff) if any(v == v for v in eff) else None
+        self.started = True
+        obs = self.obs.pop(k, None)
+        self.k_next = k + 1
+        return k, efforts, (obs or None)
+
+    def skip_to(self, k: int) -> int:
+        """Drop the steps before k (observations discarded, commands applied); return how many."""
+        skipped = k - self.k_next
+        for kk in [kk for kk in self.obs if kk < k]:
+            del self.obs[kk]
+        keep = []
+        for (ke, st, tau) in self.pending_efforts:
+            if ke < k:
+                known = ~np.isnan(tau)
+                newer = known & (st >= self.held_effort_stamp)
+                self.held_effort[newer] = tau[newer]
+                self.held_effort_stamp[newer] = st
+            else:
+                keep.append((ke, st, tau))
+        self.pending_efforts = keep
+        self.k_next = k
+        return skipped
+
+    def stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
+        """An input's stamp with the node clock and the next step's time, for the log of a refused input."""
+        s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"
+        if self.t0_ns is not None:
+            s += f", next step {self.t_of(self.k_next) / NS:.6f} s"
+        return s
+
+    def backlog_ns(self, now_ns: int) -> int:
+        return 0 if self.t0_ns is None else now_ns - self.t_of(self.k_next)
+
+    def overloaded(self, now_ns: int) -> bool:
+        """Estimation is more than max_backlog behind the clock (solves slower than dt)."""
+        return self.max_backlog_ns > 0 and self.t0_ns is not None and self.backlog_ns(now_ns) > self.max_backlog_ns
+
+    def skip_target(self, now_ns: int, expected) -> int:
+        """The step to skip ahead to when overloaded: the newest step with inputs, at most the newest step
+        whose input wait is over."""
+        k_clock = (now_ns - self.wait_ns(now_ns, self.waited_streams(now_ns, expected)) - self.t0_ns) // self.dt_ns
+        newest = [s.last_k for s in self.streams.values() if s.last_k is not None and s.last_k >= self.k_next]
+        return int(min(max(newest), k_clock) if newest else k_clock)
+
+    def skip_ahead(self, now_ns: int, expected) -> Tuple[int, int]:
+        """When overloaded: skip to `skip_target`.  (steps skipped, how far behind the clock estimation was
+        in ns); (0, 0) if there is nothing to skip, or before the first step (then the steps whose inputs
+        are waited for at start-up are only kept recent)."""
+        target = self.skip_target(now_ns, expected)
+        if target <= self.k_next:
+            return 0, 0
+        behind = self.backlog_ns(now_ns)
+        skipped = self.skip_to(target)
+        return (skipped, behind) if self.started else (0, 0)
+
+    def poll_window_ns(self) -> int:
+        """ns to poll for the rest of the next step's inputs when part of them has arrived (they are
+        published together, so the rest follows within microseconds)."""
+        k = self.k_next
+        if self.t0_ns is None or not any(s.last_k is not None and s.last_k >= k for s in self.streams.values()):
+            return 0
+        return POLL_NS
+

@@ -1,0 +1,28 @@
+"""The estimation core the node is given satisfies `mbfg_ros.ros.core.EstimatorCore`: every call the node
+makes exists on `FixedLagEstimator` with the parameters the node passes (by name where it passes them
+by name), so a change of the core's API shows here rather than in a running node."""
+
+import inspect
+
+import pytest
+
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.ros.core import EstimatorCore
+
+CALLS = [name for name, member in vars(EstimatorCore).items()
+         if callable(member) and not name.startswith("_")]
+
+
+def test_the_protocol_lists_the_node_calls():
+    assert sorted(CALLS) == sorted(["step", "prepare_next_step", "reinitialize", "apply_reinitialization",
+                                    "add_late_observations", "reset"])
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_fixed_lag_estimator_has_each_call(name):
+    wanted = inspect.signature(getattr(EstimatorCore, name))
+    got = inspect.signature(getattr(FixedLagEstimator, name))
+    assert list(got.parameters)[:len(wanted.parameters)] == list(wanted.parameters), (name, got)
+    extra = list(got.parameters.values())[len(wanted.parameters):]
+    assert all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in extra), (name, got)
