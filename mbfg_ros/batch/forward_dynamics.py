@@ -12,6 +12,7 @@ import numpy as np
 import mbfg_ros.factors as F
 from mbfg_ros.batch.engines import solve
 from mbfg_ros.batch.problem import LMReport, LMSettings, Problem
+from mbfg_ros.batch.trajectories import Motion
 from mbfg_ros.dynamics import kinematics
 from mbfg_ros.dynamics.constrained import forward_dynamics
 from mbfg_ros.dynamics.coordinates import choose_independent
@@ -21,11 +22,7 @@ __all__ = ["ForwardDynamicsResult", "batch_forward_dynamics"]
 
 
 @dataclass
-class ForwardDynamicsResult:
-    t: np.ndarray             # (N,)
-    q: np.ndarray             # (N, n)
-    v: np.ndarray             # (N, n)
-    a: np.ndarray             # (N, n)
+class ForwardDynamicsResult(Motion):
     efforts: np.ndarray       # (N, n_actuated) applied efforts
     report: LMReport
     z: Optional[np.ndarray] = None   # independent coordinates (N, d) (independent formulation)

@@ -24,7 +24,7 @@ import numpy as np
 import mbfg_ros.factors as F
 from mbfg_ros.batch.engines import solve
 from mbfg_ros.batch.problem import LMSettings, Problem
-from mbfg_ros.batch.trajectories import closed_form_efforts, position_continuation
+from mbfg_ros.batch.trajectories import Motion, closed_form_efforts, position_continuation
 from mbfg_ros.dynamics.batched import inverse_dynamics_many
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -58,11 +58,7 @@ class StageReport:
 
 
 @dataclass
-class InverseDynamicsResult:
-    t: np.ndarray             # (N,)
-    q: np.ndarray             # (N, n)
-    v: np.ndarray             # (N, n)
-    a: np.ndarray             # (N, n)
+class InverseDynamicsResult(Motion):
     tau: np.ndarray           # (N, n_actuated), actuator order
     stages: List[StageReport] = field(default_factory=list)
 

@@ -4,6 +4,8 @@ coordinates."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mbfg_ros.dynamics import batched
@@ -11,7 +13,16 @@ from mbfg_ros.dynamics import kinematics
 from mbfg_ros.dynamics.constrained import inverse_dynamics
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["quintic_move", "position_continuation", "closed_form_motion", "closed_form_efforts"]
+__all__ = ["Motion", "quintic_move", "position_continuation", "closed_form_motion", "closed_form_efforts"]
+
+
+@dataclass
+class Motion:
+    """A solved trajectory: times and the generalized positions, velocities and accelerations."""
+    t: np.ndarray             # (N,)
+    q: np.ndarray             # (N, n)
+    v: np.ndarray             # (N, n)
+    a: np.ndarray             # (N, n)
 
 _COARSE_MOTION = 0.25  # position continuation: largest move of an actuated coordinate per coarse interval
 
