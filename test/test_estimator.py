@@ -15,7 +15,7 @@ from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.dynamics.coordinates import choose_independent
 from mbfg_ros.estimation.estimator import FixedLagEstimator
-from mbfg_ros.graph.window import custom_factor
+from mbfg_ros.graph.gtsam_adapters import custom_factor
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
 
 

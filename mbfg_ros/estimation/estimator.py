@@ -43,7 +43,9 @@ from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.coordinates import choose_independent, degrees_of_freedom
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.graph.window import FixedLagWindow, StateLayout, StepModel, linearize_step
+from mbfg_ros.graph.layout import StateLayout
+from mbfg_ros.graph.step_model import StepModel, linearize_step
+from mbfg_ros.graph.window import FixedLagWindow
 from mbfg_ros.dynamics.kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
 from mbfg_ros.model.mechanism import Mechanism
 
