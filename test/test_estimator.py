@@ -122,13 +122,13 @@ def test_independent_user_choice_and_auto_choice(crank):
 def _record(monkeypatch):
     """Record (k, copies of the units) of every step the estimator adds."""
     log = []
-    orig = G.FixedLagWindow.add_step
+    orig = G.FixedLagWindow.commit
 
-    def add_step(self, k, model, *args, **kw):
-        log.append((k, [u.copy() for u in model.units]))
-        return orig(self, k, model, *args, **kw)
+    def commit(self, rec, *args, **kw):
+        log.append((rec.k, [u.copy() for u in rec.model.units]))
+        return orig(self, rec, *args, **kw)
 
-    monkeypatch.setattr(G.FixedLagWindow, "add_step", add_step)
+    monkeypatch.setattr(G.FixedLagWindow, "commit", commit)
     return log
 
 
@@ -362,7 +362,7 @@ def test_numerical_failure_is_recovered_not_raised(four_bar, free_fall, monkeypa
     est = FixedLagEstimator(four_bar, EstimatorConfig(window=3))
     out = run(est, 100)
     calls = {"n": 0}
-    orig = G.FixedLagWindow.add_step
+    orig = G.FixedLagWindow.commit
 
     def failing(self, *a, **kw):
         calls["n"] += 1
@@ -370,10 +370,10 @@ def test_numerical_failure_is_recovered_not_raised(four_bar, free_fall, monkeypa
             raise RuntimeError("Indeterminant linear system detected (injected)")
         return orig(self, *a, **kw)
 
-    monkeypatch.setattr(G.FixedLagWindow, "add_step", failing)
+    monkeypatch.setattr(G.FixedLagWindow, "commit", failing)
     e = est.step(100e-3)
     assert e.status == "recovered" and "injected" in e.message and est.recoveries == 1
-    monkeypatch.setattr(G.FixedLagWindow, "add_step", orig)
+    monkeypatch.setattr(G.FixedLagWindow, "commit", orig)
     out = [est.step(k * 1e-3) for k in range(101, 400)]
     assert all(o.status == "ok" for o in out)
     q = np.array([o.q for o in out])

@@ -841,17 +841,15 @@ class FixedLagEstimator:
         x_prev = self._x
         xp = self._predict(x_prev, h)
         readings = self._observation_units(obs) if obs else []
-        screen = None
+        window = self._window
+        thr = self.relinearize_threshold_readings
+        rec = window.prepare(k, self._step_model(h, prior, readings), xp, x_prev, thr if readings else None)
         if readings and self.config.outlier_gate:
-            def screen(model):
-                # the innovation gate, on the readings' rows of the linearization at the prediction
-                kept = self._gate(readings, model.whitened_rows, k)
-                if len(kept) == len(readings):
-                    return None
-                return (self._step_model(h, prior, kept),
-                        self.relinearize_threshold_readings if kept else None)
-        x = self._window.add_step(k, self._step_model(h, prior, readings), xp, x_prev,
-                                  threshold=self.relinearize_threshold_readings if readings else None, screen=screen)
+            # the innovation gate, on the readings' rows of the linearization at the prediction
+            kept = self._gate(readings, rec.model.whitened_rows, k)
+            if len(kept) != len(readings):
+                rec = window.prepare(k, self._step_model(h, prior, kept), xp, x_prev, thr if kept else None)
+        x = window.commit(rec)
         self._a_prev, self._h_prev = x_prev[self._a_slice], h      # (estimates are never modified in place)
         if self.hermite and self.config.mode != "estimation" and self.na and k <= 2:
             x = self._correct_first_effort_rates(k, h)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, Optional
 
 import gtsam
 import numpy as np
@@ -125,28 +125,30 @@ class FixedLagWindow:
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
-                 check: bool = True, threshold: Optional[float] = None,
-                 screen: Optional[Callable[[StepModel], Optional[Tuple[StepModel, Optional[float]]]]] = None
-                 ) -> np.ndarray:
-        """Add step k (state X_k with initial value / linearization point `x_pred`; `x_prev` = the current
-        estimate of X_{k−1}, needed when the model has `_prev` slots).  `threshold` overrides the window's
-        relinearization threshold for this step.  `screen(model)`, called after the linearization at
-        `x_pred` and before the update, may look at the residual rows (`StepModel.whitened_rows`) and return
-        (another model, its threshold) to use instead (e.g. without an outlier reading), or raise to
-        abandon the step.
-        Returns the estimate of X_k."""
+                 check: bool = True, threshold: Optional[float] = None) -> np.ndarray:
+        """`prepare` step k and `commit` it; returns the estimate of X_k."""
+        return self.commit(self.prepare(k, model, x_pred, x_prev, threshold), check)
+
+    def prepare(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
+                threshold: Optional[float] = None) -> StepRecord:
+        """Linearize step k's `model` (state X_k with initial value / linearization point `x_pred`; `x_prev` =
+        the current estimate of X_{k−1}, needed when the model has `_prev` slots) without adding it: until
+        the next `prepare`, the caller may look at its residual rows (``record.model.whitened_rows``) and
+        prepare another model of the same step instead (e.g. without an outlier reading).  `threshold`
+        overrides the window's relinearization threshold for this step."""
         theta = self._theta
         theta[k] = x_pred
         theta.pop(k - self.lag - 2, None)
-        rec = self._prepared(k, model, x_pred, x_prev, threshold)
-        if screen is not None:
-            other = screen(model)
-            if other is not None:
-                rec = self._prepared(k, other[0], x_pred, x_prev, other[1])
+        return self._prepared(k, model, x_pred, x_prev, threshold)
+
+    def commit(self, rec: StepRecord, check: bool = True) -> np.ndarray:
+        """Add the prepared step to the window (one iSAM2 update) and, with `check`, run the relinearization
+        safeguard; returns the estimate of X_k."""
+        k = rec.k
         key = STATE_KEY_0 + k
         values = self._values
         values.clear()
-        values.insert(key, x_pred)
+        values.insert(key, rec.x_cur)
         self._update1(rec, values, {key: float(k)})
         self.last = rec
         self.steps += 1
