@@ -185,7 +185,7 @@ def test_estimation_window_equals_nonlinear_batch(crank, monkeypatch):
     for k, units in log:
         for u in units:
             graph.add(custom_factor(u, [_key(s, k) for s in u.slots]))
-        x = est._window.estimate(k)
+        x = est.window.estimate(k)
         for n in names:
             ours.insert(_key(n, k), est.layout.get(x, n))
     p = gtsam.GaussNewtonParams()
@@ -354,7 +354,7 @@ def test_window_memory_stays_bounded(crank):
     for k in range(400):
         est.step(k * 1e-3, observations={"crank": 0.3 * math.sin(5 * k * 1e-3)})
         if k in (100, 399):
-            sizes.append(est._window.smoother.getFactors().size())
+            sizes.append(est.window.smoother.getFactors().size())
     assert est.relinearizations > 0 and sizes[1] == sizes[0] <= 3 * 5, (sizes, est.relinearizations)
 
 
@@ -483,8 +483,8 @@ def test_skipped_relinearization_checks_change_nothing(crank, driven, mode, effo
     for ci in (1, 8):
         ests[ci], outs[ci] = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode=mode, check_interval=ci),
                                               efforts=efforts, sensors=sensors)
-    assert ests[1]._window.skipped_checks == 0
-    assert ests[8]._window.skipped_checks > len(driven.t) // 3
+    assert ests[1].window.skipped_checks == 0
+    assert ests[8].window.skipped_checks > len(driven.t) // 3
     assert ests[8].relinearizations == ests[1].relinearizations
     for a, b in zip(outs[1], outs[8]):
         assert np.array_equal(a.q, b.q) and np.array_equal(a.v, b.v) and np.array_equal(a.efforts, b.efforts)
@@ -500,7 +500,7 @@ def test_checks_are_not_skipped_where_relinearization_is_needed(crank):
     for ci in (1, 8):
         est = FixedLagEstimator(crank, EstimatorConfig(window=10, check_interval=ci))
         out = [est.step(t, efforts=traj.efforts[k]) for k, t in enumerate(traj.t)]
-        res[ci] = (est.relinearizations, est._window.skipped_checks, np.array([e.q for e in out]))
+        res[ci] = (est.relinearizations, est.window.skipped_checks, np.array([e.q for e in out]))
     assert res[8][0] == res[1][0] > 20 and res[8][1] > len(traj.t) // 3, (res[1][:2], res[8][:2])
     assert np.array_equal(res[8][2], res[1][2])
 
