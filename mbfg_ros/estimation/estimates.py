@@ -95,6 +95,13 @@ class Estimates:
             self._check_coordinates(q, messages)
         return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step)
 
+    def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
+        """The answer before any estimate: the guess q at rest."""
+        n = self.mech.n
+        return Estimate(t, q, np.zeros(n), np.zeros(n), self.efforts.gravity.copy(), np.zeros(self.efforts.na),
+                        self.mech.assembly_mode(q), float(np.abs(self.mech.constraints.phi(q)).max(initial=0.0)),
+                        0.0, "waiting", message)
+
     def _check_coordinates(self, q, messages):
         """Automatic independent coordinates: when the current ones have become much worse conditioned
         than the best choice here, the window is re-seeded with the new ones at the next step."""

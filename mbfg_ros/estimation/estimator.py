@@ -20,18 +20,18 @@ This class is a facade over collaborators chosen once at construction, each owni
   units of the window, the per-step forces, the continuity predictor, the seed's state;
 * `sensors.Sensors` and `sensors.InnovationGate`: the readings' units, and the one gate that judges
   on-time and late readings;
+* `stepping.Stepper`: the current window and the steps added to it (forces, prediction, linearization,
+  gate, update with the relinearization safeguard), late readings;
 * `seeding.Seeder`: a new window from a `seeding.Seed` (start-up, re-initialization, recovery);
 * `estimates.Estimates`: the estimate of the newest state, its sanity checks, the assembly mode.
 
-A step: the effort model's forces are set on the units, the state is predicted, the window linearizes
-the step there (`FixedLagWindow.prepare`), the gate screens the readings on that linearization (a
-rejected reading: the step is linearized again without it), the window adds the step and runs the
-safeguard (`commit`), and the estimate is made and checked.  Failures re-seed (see `step`).
+The facade decides what a call does (advance, re-seed on request, re-initialize after a gap or a
+disagreement, recover from a failure) and calls them in that order; the calls go one way (facade →
+stepper / seeder → step factors, effort model, sensors, gate → graph), never back.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -43,12 +43,12 @@ from mbfg_ros.dynamics.coordinates import degrees_of_freedom
 from mbfg_ros.dynamics.kinematics import solve_positions_on_mode
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_model
-from mbfg_ros.estimation.estimates import Estimates, StepFailure, copy_estimate
+from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.seeding import Seed, Seeder, extrapolated, marginal_prior
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, observations_in
 from mbfg_ros.estimation.step_factors import step_factors
+from mbfg_ros.estimation.stepping import Stepper
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.graph.step_model import linearize_step
 from mbfg_ros.graph.window import FixedLagWindow
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -117,8 +117,6 @@ class FixedLagEstimator:
             raise ValueError(f"relinearize_scope must be one of {FixedLagWindow.SCOPES} (got {c.relinearize_scope!r})")
         if c.blas_threads:
             limit_blas_threads(int(c.blas_threads))
-        self._q0 = None if q0 is None else _vector(q0, mech.n, "q0")
-        self._v0 = None if v0 is None else _vector(v0, mech.n, "v0")
         z_user = None
         if c.independent:
             z_user = np.array([mech.coordinate_index(name, "independent coordinates") for name in c.independent],
@@ -134,32 +132,26 @@ class FixedLagEstimator:
         self.layout = self.factors.layout
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             z_user, self.relinearize_threshold)
-        # the prediction is input-free (`prepare_next_step`) with estimated efforts and a jerk-free integrator
-        self._input_free_prediction = self.efforts.has_state and c.integrator != "hermite"
-        self._first_id = self._next_id = 0
+                             z_user, self.relinearize_threshold, q0=None if q0 is None else _vector(q0, mech.n, "q0"),
+                             v0=None if v0 is None else _vector(v0, mech.n, "v0"))
+        self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx,
+                               self.relinearize_threshold, self.relinearize_threshold_readings)
         self.reset()
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
         """Forget everything: the next `step` re-initializes (position problem, priors)."""
-        self.window: Optional[FixedLagWindow] = None
-        self._x = None
-        self._k = -1
-        self._t = None
+        self.stepper.reset()
         self.last: Optional[Estimate] = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.efforts.na, np.nan)
         self.estimates.reset()
         self.gate.reset()
-        self._pending_q = None     # position solved by `reinitialize` before the first estimate
+        self.seeder.pending_q = None
         self._reseed = None        # requested re-seed at the last estimate: (solved q, readings, efforts, same branch)
-        self._prediction = None    # (x, h, q̈ before, (prediction, offset)) made by `prepare_next_step`
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._retry = None
         self._failures = 0
-        self._a_prev, self._h_prev = None, self.config.dt
-        self.relinearizations = 0
         self.recoveries = 0
         self.init_residual = float("nan")
 
@@ -171,6 +163,14 @@ class FixedLagEstimator:
     @init_residual.setter
     def init_residual(self, value: float):
         self.seeder.init_residual = value
+
+    @property
+    def window(self) -> Optional[FixedLagWindow]:
+        return self.stepper.window
+
+    @property
+    def relinearizations(self) -> int:
+        return self.stepper.relinearizations
 
     @property
     def independent_coordinates(self) -> Tuple[str, ...]:
@@ -197,15 +197,7 @@ class FixedLagEstimator:
         the prediction is input-free: estimated efforts (estimation, fused) with the trapezoidal or Euler
         integrator (the forces of forward dynamics and the jerk of hermite come with the inputs).
         Returns whether anything was done; never raises."""
-        if self.window is None or self._x is None or not self._input_free_prediction:
-            return False
-        x, dt = self._x, self.config.dt
-        try:
-            prediction = self.factors.predict(x, dt, self._a_prev, self._h_prev)
-        except Exception:      # the step itself meets (and handles) whatever failed here
-            return False
-        self._prediction = (x, dt, self._a_prev, prediction)
-        return True
+        return self.stepper.prepare_next()
 
     def reinitialize(self, assembly_mode=None):
         """Re-solve the position problem from the latest estimate on the requested (or the current) assembly
@@ -229,7 +221,7 @@ class FixedLagEstimator:
         last = self.last
         same_branch = last is not None and (modes.mode is None or np.array_equal(mode, modes.mode))
         if last is None:
-            q_guess = self._initial_guess()
+            q_guess = self.seeder.initial_guess()
             fixed = self.seeder.fix_readings(q_guess, self._last_obs)
         else:
             q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
@@ -240,7 +232,7 @@ class FixedLagEstimator:
         modes.mode = np.array(sol.assembly_mode, dtype=int)
         self.init_residual = float(sol.residual)
         if last is None:
-            self._pending_q = sol.q
+            self.seeder.pending_q = sol.q
         else:
             self._reseed = (sol.q, dict(self._last_obs), self._last_efforts, same_branch)
         return tuple(int(m) for m in sol.assembly_mode), float(sol.residual)
@@ -255,7 +247,7 @@ class FixedLagEstimator:
         try:
             self._reseed_at_last()
         except Exception as exc:
-            self.window = None
+            self.stepper.window = None
             self._retry = f"{type(exc).__name__}: {exc}"
         return True
 
@@ -265,40 +257,7 @@ class FixedLagEstimator:
         window is updated, so the next estimates use them.  Returns (fused, refused) reading names;
         refused: unknown, NaN, outside the innovation gate, or the step no longer (or never) in the
         window."""
-        obs = observations_in(observations)
-        names = list(obs)
-        window = self.window
-        if window is None or not obs or not self.sensors.active:
-            return [], names
-        j = int(step) - self._first_id
-        if j not in window.records:
-            return [], names
-        fused, refused, units = [], [], []
-        for name, val in obs.items():
-            u = self.sensors.unit(name)
-            if u is None:
-                refused.append(name)
-                continue
-            late = copy.copy(u)                 # the shared unit's value belongs to the newest step
-            late.value = val
-            units.append((name, late))
-        if not units:
-            return [], names
-        x_j = window.estimate(j)
-        _, A, r = linearize_step([u for _, u in units], self.layout, None, x_j, self.ctx)
-        rows, row = [], 0
-        for (name, u), passed in zip(units, self.gate.screen_late([u for _, u in units], r, j)):
-            if passed:
-                rows.extend(range(row, row + u.dim))
-                fused.append(name)
-            else:
-                refused.append(name)
-            row += u.dim
-        if rows:
-            if not window.add_factor(j, A[rows], r[rows], x_j):
-                return [], names
-            self._x = window.estimate(self._k)
-        return fused, refused
+        return self.stepper.add_late(step, observations_in(observations))
 
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:
@@ -307,7 +266,7 @@ class FixedLagEstimator:
             self._reseed_at_last()
         if self._reseeded and self.window is not None:
             self._reseeded = False
-            if t - self._t <= 1e-9 * self.config.dt:
+            if t - self.stepper.t <= 1e-9 * self.config.dt:
                 return self.last
             return self._advance_or_resync(t, efforts, obs, "initialized", [self.REINITIALIZED])
         if self.window is None:
@@ -315,13 +274,13 @@ class FixedLagEstimator:
             if retry is not None and self.last is not None:
                 # an earlier recovery could not re-initialize: try again from the last good estimate
                 return self._reseed_and_advance(t, efforts, obs, "recovered", f"re-initialized after: {retry}")
-            return self._initialize(t, efforts, obs, self._fresh_seed(), "initialized", "initialized")
-        gap = t - self._t
+            return self._initialize(t, efforts, obs, self.seeder.fresh(self.last is None), "initialized", "initialized")
+        gap = t - self.stepper.t
         dt = self.config.dt
         if gap < -1e-9 * dt:
             self.reset()
             self._last_obs.update(obs)
-            return self._initialize(t, efforts, obs, self._fresh_seed(), "initialized",
+            return self._initialize(t, efforts, obs, self.seeder.fresh(self.last is None), "initialized",
                                     f"time went backwards by {-gap:.6g} s: re-initialized")
         if gap <= 1e-9 * dt:
             est = copy_estimate(self.last)
@@ -348,67 +307,14 @@ class FixedLagEstimator:
                                     f"{why}: re-initialized from the readings")
 
     def _advance_to(self, t, efforts, obs, status, messages) -> Estimate:
-        """Integrate from the window's newest time to t (sub-steps of about dt) and make the estimate."""
-        dt = self.config.dt
-        gap = t - self._t
-        nsub = max(1, int(round(gap / dt)))
-        h = dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub
-        if nsub > 1:
-            messages.append(f"{nsub - 1} missed step(s) integrated")
-        for i in range(nsub):
-            self._advance(h, efforts, obs if i == nsub - 1 else {})
-        self._t = t
-        if obs:
-            unknown = self.sensors.unknown(obs)
-            if unknown:
-                messages.append(f"ignored unknown observations {unknown}")
-        rejected = self.gate.take_rejected()
-        if rejected:
-            messages.append(f"rejected outlier readings {rejected}")
-        return self._accept(self._estimate(t, self._x, efforts, status, messages), efforts)
-
-    def _advance(self, h, efforts, obs):
-        """One step h after the newest: forces, prediction, linearization, gate, update, safeguard."""
-        k = self._k + 1
-        factors, window = self.factors, self.window
-        prior = factors.prepare_forces(efforts, h, window)
-        x_prev = self._x
-        xp, offset = self._predicted(x_prev, h)
-        factors.use_prediction(offset)
-        readings = self.sensors.step_units(obs) if obs else []
-        thr = self.relinearize_threshold_readings
-        rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None)
-        if readings and self.gate.enabled:
-            kept = self.gate.screen(readings, rec.model.whitened_rows, k)
-            if len(kept) != len(readings):
-                rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None)
-        x = window.commit(rec)
-        self._a_prev, self._h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
-        rates = self.efforts.early_rates(k, h)
-        if rates is not None:
-            if rates:
-                factors.correct_early_rates(window, k, h, rates)
-            x = window.estimate(k)
-        rec = window.last
-        self.relinearizations = window.total_relinearizations
-        if rec.mismatch > max(1e3 * (rec.threshold or self.relinearize_threshold), 1e3):
-            raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
-                              f"{rec.relinearizations} relinearizations)")
-        self._k, self._x = k, x
-
-    def _predicted(self, x, h):
-        """The prediction of the step h after x: the one `prepare_next_step` made, if for this step."""
-        p = self._prediction
-        if p is not None:
-            self._prediction = None
-            if p[0] is x and p[1] == h and p[2] is self._a_prev:
-                return p[3]
-        return self.factors.predict(x, h, self._a_prev, self._h_prev)
+        """Integrate from the window's newest time to t and make the estimate."""
+        self.stepper.advance_to(t, efforts, obs, messages)
+        return self._accept(self._estimate(t, self.stepper.x, efforts, status, messages), efforts)
 
     def _estimate(self, t, x, efforts, status, messages) -> Estimate:
-        step = self._first_id + self._k
-        est = self.estimates.make(t, x, efforts, status, messages, self.window, self._k, step)
-        self._next_id = max(self._next_id, step + 1)       # step ids are never reused
+        st = self.stepper
+        est = self.estimates.make(t, x, efforts, status, messages, st.window, st.k, st.first_id + st.k)
+        st.estimated()
         return est
 
     def _accept(self, est: Estimate, efforts) -> Estimate:
@@ -419,24 +325,11 @@ class FixedLagEstimator:
         return est
 
     # -- seeding and recovery -------------------------------------------------------------------
-    def _initial_guess(self):
-        if self._pending_q is not None:
-            return self._pending_q.copy()
-        return np.array(self._q0 if self._q0 is not None else self.mech.q0, dtype=float)
-
-    def _fresh_seed(self) -> Seed:
-        """Start-up: the initial guess (the v0 argument only before the first estimate)."""
-        return Seed(self._initial_guess(), self._v0 if self.last is None else None)
-
     def _initialize(self, t, efforts, obs, seed: Seed, status: str, message: str) -> Estimate:
         """A new window at t from `seed`, with this time's efforts and readings."""
         modes = self.estimates
-        self.window, self._x = self.seeder.seed(seed, efforts, obs, modes.mode)
-        self._k = 0
-        self._first_id = self._next_id          # step ids are never reused, across windows and resets
-        self._a_prev, self._h_prev = None, self.config.dt
-        self._t = t
-        self._pending_q = None
+        window, x = self.seeder.seed(seed, efforts, obs, modes.mode)
+        self.stepper.start(window, x, t)
         modes.switch_pending = False
         messages = [message] if message else []
         unknown = self.sensors.unknown(obs)
@@ -444,7 +337,7 @@ class FixedLagEstimator:
             messages.append(f"ignored unknown observations {unknown}")
         mode_before = modes.mode
         modes.mode = None          # the new window defines the mode
-        est = self._estimate(t, self._x, efforts, status, messages)
+        est = self._estimate(t, x, efforts, status, messages)
         if mode_before is not None and est.assembly_mode.size and not np.array_equal(est.assembly_mode, mode_before):
             est.message = "; ".join(filter(None, [est.message,
                                                   f"assembly mode is now {modes.mode_text(est.assembly_mode)}"]))
@@ -457,7 +350,7 @@ class FixedLagEstimator:
         """The new window at the last estimate's time from the position `reinitialize` solved there (with
         that time's readings and efforts, the last velocity and efforts)."""
         (q, obs_then, efforts_then, same_branch), self._reseed = self._reseed, None
-        prior = marginal_prior(self.window, self._k, self.factors, self.sigmas, correlated=same_branch)
+        prior = marginal_prior(self.window, self.stepper.k, self.factors, self.sigmas, correlated=same_branch)
         self._initialize(self.last.t, efforts_then, obs_then, Seed.requested(q, self.last, prior), "initialized",
                          self.REINITIALIZED)
         self._reseeded = True
@@ -467,7 +360,7 @@ class FixedLagEstimator:
         its q, q̇ projected on the constraints) and integrate to t as usual."""
         last = self.last
         self._initialize(last.t, self._last_efforts, {}, Seed.at_estimate(last), status, "")
-        if t - self._t > 1e-9 * self.config.dt:
+        if t - self.stepper.t > 1e-9 * self.config.dt:
             return self._advance_to(t, efforts, obs, status, [message])
         est = self.last
         est.message = message
@@ -493,18 +386,13 @@ class FixedLagEstimator:
                                             f"numerical failure ({reason}): re-initialized at t={t:.6g}")
                 except Exception as exc2:
                     errors.append(f"{type(exc2).__name__}: {exc2}")
-        self.window = None           # retry the initialization at the next step
+        self.stepper.window = None   # retry the initialization at the next step
         self._retry = reason
-        if last is not None:
-            est = copy_estimate(last)
-            est.q, est.v = extrapolated(last, t)
-            est.t = t
-            est.status = "recovered"
-            est.message = (f"numerical failure ({reason}); re-initialization failed ({'; '.join(errors)}): "
-                           f"extrapolated previous estimate, retrying at the next step")
-            return est
-        q = self._initial_guess()
-        n = self.mech.n
-        return Estimate(t, q, np.zeros(n), np.zeros(n), self.efforts.gravity.copy(), np.zeros(self.efforts.na),
-                        self.mech.assembly_mode(q), float(np.abs(self.mech.constraints.phi(q)).max(initial=0.0)),
-                        0.0, "waiting", f"cannot initialize yet ({reason})")
+        if last is None:
+            return self.estimates.waiting(t, self.seeder.initial_guess(), f"cannot initialize yet ({reason})")
+        est = copy_estimate(last)
+        est.q, est.v = extrapolated(last, t)
+        est.t, est.status = t, "recovered"
+        est.message = (f"numerical failure ({reason}); re-initialization failed ({'; '.join(errors)}): "
+                       f"extrapolated previous estimate, retrying at the next step")
+        return est

@@ -117,12 +117,25 @@ class Seeder:
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, sensors: Sensors,
                  gate: InnovationGate, factors: StepFactors, efforts: EffortModel, ctx: EvalContext,
-                 z_user: Optional[np.ndarray], threshold: float):
+                 z_user: Optional[np.ndarray], threshold: float, q0: Optional[np.ndarray] = None,
+                 v0: Optional[np.ndarray] = None):
         self.mech, self.config, self.sigmas = mech, config, sigmas
         self.sensors, self.gate, self.factors, self.efforts, self.ctx = sensors, gate, factors, efforts, ctx
         self.z_user = z_user
         self.threshold = threshold
         self.init_residual = float("nan")      # max |Φ| of the last position problem solved
+        self.q0, self.v0 = q0, v0                # guesses for the first position / velocity problem
+        self.pending_q: Optional[np.ndarray] = None   # position solved on request before the first estimate
+
+    def initial_guess(self) -> np.ndarray:
+        """The position guess of a start: the position solved on request, the q0 argument or the drawn pose."""
+        if self.pending_q is not None:
+            return self.pending_q.copy()
+        return np.array(self.q0 if self.q0 is not None else self.mech.q0, dtype=float)
+
+    def fresh(self, first: bool) -> Seed:
+        """A start from the initial guess (the v0 argument only for the `first` window)."""
+        return Seed(self.initial_guess(), self.v0 if first else None)
 
     def fix_readings(self, q_guess: np.ndarray, obs) -> List[int]:
         """Put encoder / 'q:' readings into q_guess; return the coordinates they fix."""
@@ -191,4 +204,5 @@ class Seeder:
         self.gate.restart(set() if seed.from_estimate or not self.sensors.active else self.sensors.silent(obs))
         x = window.add_step(0, model, x0)
         self.efforts.seeded()
+        self.pending_q = None
         return window, x
