@@ -32,10 +32,6 @@ class StateLayout:
     def __contains__(self, name):
         return name in self.slices
 
-    def size(self, name: str) -> int:
-        s = self.slices[name]
-        return s.stop - s.start
-
     def views(self, x: np.ndarray) -> Dict[str, np.ndarray]:
         return {n: x[s] for n, s in self.slices.items()}
 

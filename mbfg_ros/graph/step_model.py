@@ -164,7 +164,7 @@ class StepModel:
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
         # per unit: its slots, its residual rows, its weights, the views of the blocks it writes (made once:
-        # slicing at every linearization was a visible share of a 1-kHz step), whether those are distinct
+        # slicing at every linearization costs a visible share of a 1-kHz step), whether those are distinct
         self._views = [(u, slots, self.r[row:row + u.dim], w, w[:, None],
                         [(self.A_cur if which else self.A_prev)[row:row + u.dim, cols] for which, cols in slots],
                         last, distinct)
