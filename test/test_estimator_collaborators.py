@@ -240,7 +240,7 @@ def _seeder(mech, cfg):
     sensors = Sensors(mech, cfg, s)
     gate = InnovationGate(cfg)
     factors = step_factors(mech, cfg, s, efforts, ctx)
-    return Seeder(mech, cfg, s, sensors, gate, factors, efforts, ctx, None, 1e-3), gate, factors
+    return Seeder(mech, cfg, s, sensors, gate, factors, efforts, ctx, 1e-3), gate, factors
 
 
 def test_seeder_holds_the_readings_and_marks_silent_sensors_unconfirmed(crank):

@@ -39,7 +39,6 @@ import numpy as np
 
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
-from mbfg_ros.dynamics.coordinates import degrees_of_freedom
 from mbfg_ros.dynamics.kinematics import solve_positions_on_mode
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_model
@@ -101,41 +100,21 @@ class FixedLagEstimator:
         self.mech = mech
         self.config = c = (config if config is not None else EstimatorConfig()).validated()
         self.sigmas = {**default_sigmas(), **dict(c.sigmas)}
-        # Relinearization threshold (whitened units).  A mismatch ε moves the estimate by at most what an
-        # ε-sigma perturbation of that factor would.  Steps without readings are pure predictions (the
-        # digital twin, or an observer between sensor samples) and need ε ≪ 1 to keep the model's
-        # discretization-level accuracy.  In steps with readings the innovations (~σ of the sensors) make
-        # the dynamics rows' mismatch a few σ_dyn while the unknown efforts let q̈ move by ~1e3 σ_dyn per
-        # step: there 10 σ catches genuinely bad linearizations without re-linearizing routine steps (see
-        # test_default_relinearization_close_to_full_nonlinear_smoother).
-        thr = c.relinearize_threshold
-        self.relinearize_threshold = float(1e-3 if thr is None else thr)            # prediction steps
-        self.relinearize_threshold_readings = float(10.0 if thr is None else thr)   # steps with readings
-        # With sensors, later steps move earlier states (smoothing) and only "window" re-checks them all
-        # (the full nonlinear fixed-lag smoother); the default "newest" checks the step just added.
         if c.relinearize_scope not in FixedLagWindow.SCOPES:
             raise ValueError(f"relinearize_scope must be one of {FixedLagWindow.SCOPES} (got {c.relinearize_scope!r})")
         if c.blas_threads:
             limit_blas_threads(int(c.blas_threads))
-        z_user = None
-        if c.independent:
-            z_user = np.array([mech.coordinate_index(name, "independent coordinates") for name in c.independent],
-                              dtype=np.intp)
-            if len(z_user) != degrees_of_freedom(mech):
-                raise ValueError(f"{len(z_user)} independent coordinates {list(c.independent)} given for "
-                                 f"{degrees_of_freedom(mech)} degrees of freedom")
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite")
         self.sensors = Sensors(mech, c, self.sigmas)
         self.gate = InnovationGate(c)
-        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx, z_user)
+        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx)
         self.layout = self.factors.layout
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
+        self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             z_user, self.relinearize_threshold, q0=None if q0 is None else _vector(q0, mech.n, "q0"),
+                             self.stepper.threshold, q0=None if q0 is None else _vector(q0, mech.n, "q0"),
                              v0=None if v0 is None else _vector(v0, mech.n, "v0"))
-        self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx,
-                               self.relinearize_threshold, self.relinearize_threshold_readings)
         self.reset()
 
     # -- public API ---------------------------------------------------------------------------
@@ -163,6 +142,11 @@ class FixedLagEstimator:
     @init_residual.setter
     def init_residual(self, value: float):
         self.seeder.init_residual = value
+
+    @property
+    def relinearize_threshold(self) -> float:
+        """The relinearization threshold of steps without readings (see `stepping.Stepper`)."""
+        return self.stepper.threshold
 
     @property
     def window(self) -> Optional[FixedLagWindow]:
@@ -207,15 +191,11 @@ class FixedLagEstimator:
         (nothing changed) when there is no assembly on that mode.
 
         On the branch the estimate is on, the solution is the estimate projected onto the constraints
-        (Newton from it with every coordinate free: the nearest assembly), and the re-seed's prior keeps
-        the correlations of q and q̇, so that re-initializing costs no accuracy.  Holding the observed
-        coordinates instead makes the rest of the mechanism absorb the constraint residual (large moves near
-        a singular pose), and per-coordinate sigmas let the re-seed drift along that weakly observed
-        direction.  On another branch the observed coordinates are held at their estimates (they fuse the
-        readings and define the pose there; before the first estimate: the latest readings), under
-        per-coordinate marginal sigmas (the old branch's correlations do not apply).  The window is
-        re-seeded by the next step rather than here so that a caller answering a request (a ROS service)
-        can reply after the position problem alone."""
+        (Newton from it with every coordinate free: the nearest assembly); on another branch the observed
+        coordinates are held at their estimates (before the first estimate: the latest readings); see
+        `seeding.marginal_prior` for the re-seed's prior.  The window is re-seeded by the next step rather
+        than here so that a caller answering a request (a ROS service) can reply after the position problem
+        alone."""
         modes = self.estimates
         mode = modes.mode if assembly_mode is None else modes.check_mode(assembly_mode)
         last = self.last

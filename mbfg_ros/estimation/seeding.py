@@ -87,7 +87,11 @@ def marginal_prior(window: Optional[FixedLagWindow], k: int, factors: StepFactor
     """The prior of a re-seed from the newest estimate k of `window` (None: unavailable): the (q, q̇) block
     of its marginal covariance (`correlated`), or its per-coordinate sigmas (at least `prior_q0` /
     `prior_v0`).  Under this prior, instead of the tight `prior_q0`/`prior_v0`, the new window keeps what
-    the old one knew, correlations included, without claiming more."""
+    the old one knew without claiming more.  On the branch of the estimate the correlations make a
+    re-initialization cost no accuracy: holding the observed coordinates instead makes the rest of the
+    mechanism absorb the constraint residual (large moves near a singular pose), and per-coordinate sigmas
+    let the re-seed drift along that weakly observed direction.  On another branch the old branch's
+    correlations do not apply: per-coordinate sigmas."""
     if window is None:
         return None
     try:
@@ -117,11 +121,10 @@ class Seeder:
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, sensors: Sensors,
                  gate: InnovationGate, factors: StepFactors, efforts: EffortModel, ctx: EvalContext,
-                 z_user: Optional[np.ndarray], threshold: float, q0: Optional[np.ndarray] = None,
+                 threshold: float, q0: Optional[np.ndarray] = None,
                  v0: Optional[np.ndarray] = None):
         self.mech, self.config, self.sigmas = mech, config, sigmas
         self.sensors, self.gate, self.factors, self.efforts, self.ctx = sensors, gate, factors, efforts, ctx
-        self.z_user = z_user
         self.threshold = threshold
         self.init_residual = float("nan")      # max |Φ| of the last position problem solved
         self.q0, self.v0 = q0, v0                # guesses for the first position / velocity problem
@@ -161,8 +164,8 @@ class Seeder:
             sol = solve_positions_on_mode(mech, q_guess, (), mode)
         q0 = sol.q
         self.init_residual = float(sol.residual)
-        z = self.z_user if self.z_user is not None else choose_independent(mech, q0)
         factors = self.factors
+        z = factors.z_user if factors.z_user is not None else choose_independent(mech, q0)
         factors.restart(z if factors.independent else None)
         v_known = seed.v is not None
         v_guess = np.asarray(seed.v if v_known else np.zeros(mech.n), dtype=float)

@@ -45,12 +45,21 @@ class StepFactors:
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
                  ctx: EvalContext):
         self.mech = mech
+        self.dof = degrees_of_freedom(mech)
+        # the independent coordinates given in the configuration (else chosen per window; also the
+        # velocities held in a seed's velocity problem)
+        self.z_user: Optional[np.ndarray] = None
+        if config.independent:
+            z = [mech.coordinate_index(name, "independent coordinates") for name in config.independent]
+            if len(z) != self.dof:
+                raise ValueError(f"{len(z)} independent coordinates {list(config.independent)} given for "
+                                 f"{self.dof} degrees of freedom")
+            self.z_user = np.array(z, dtype=np.intp)
         self.sigmas = sigmas
         self.integrator = config.integrator
         self.default_h = config.dt        # the seed step's forces use the nominal step
         self.efforts = efforts
         self.ctx = ctx
-        self.dof = degrees_of_freedom(mech)
         n = mech.n
         blocks = [("q", n), ("v", n), ("a", n)] + self._extra_blocks()
         if efforts.has_state:
@@ -269,10 +278,6 @@ class DependentHermiteFactors(DependentFactors):
 class IndependentFactors(StepFactors):
     independent = True
 
-    def __init__(self, mech, config, sigmas, efforts, ctx, z_user: Optional[np.ndarray] = None):
-        self.z_user = z_user
-        super().__init__(mech, config, sigmas, efforts, ctx)
-
     def _extra_blocks(self):
         d = self.dof
         return [("z", d), ("zd", d), ("zdd", d)]
@@ -348,12 +353,12 @@ class IndependentHermiteFactors(IndependentFactors):
             window.reparametrize(j, self.jerk, Qdot=rates[j])
 
 
-def step_factors(mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel, ctx: EvalContext,
-                 z_user: Optional[np.ndarray] = None) -> StepFactors:
-    """The step factors of ``config.formulation`` × ``config.integrator`` (z_user: fixed independent
-    coordinates, else chosen per window)."""
+def step_factors(mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
+                 ctx: EvalContext) -> StepFactors:
+    """The step factors of ``config.formulation`` × ``config.integrator``."""
     hermite = config.integrator == "hermite"
     if config.formulation == "independent":
         cls = IndependentHermiteFactors if hermite else IndependentFactors
-        return cls(mech, config, sigmas, efforts, ctx, z_user)
-    return (DependentHermiteFactors if hermite else DependentFactors)(mech, config, sigmas, efforts, ctx)
+    else:
+        cls = DependentHermiteFactors if hermite else DependentFactors
+    return cls(mech, config, sigmas, efforts, ctx)

@@ -28,11 +28,21 @@ class Stepper:
     ids are never reused, across windows and resets), time ``t`` and estimate ``x``."""
 
     def __init__(self, config: EstimatorConfig, factors: StepFactors, efforts: EffortModel, sensors: Sensors,
-                 gate: InnovationGate, ctx: EvalContext, threshold: float, threshold_readings: float):
+                 gate: InnovationGate, ctx: EvalContext):
         self.dt = config.dt
         self.factors, self.efforts, self.sensors, self.gate, self.ctx = factors, efforts, sensors, gate, ctx
-        self.threshold = threshold                      # prediction steps
-        self.threshold_readings = threshold_readings    # steps with readings
+        # Relinearization threshold (whitened units).  A mismatch ε moves the estimate by at most what an
+        # ε-sigma perturbation of that factor would.  Steps without readings are pure predictions (the
+        # digital twin, or an observer between sensor samples) and need ε ≪ 1 to keep the model's
+        # discretization-level accuracy.  In steps with readings the innovations (~σ of the sensors) make
+        # the dynamics rows' mismatch a few σ_dyn while the unknown efforts let q̈ move by ~1e3 σ_dyn per
+        # step: there 10 σ catches genuinely bad linearizations without re-linearizing routine steps (see
+        # test_default_relinearization_close_to_full_nonlinear_smoother).  With sensors, later steps move
+        # earlier states (smoothing) and only the scope "window" re-checks them all (the full nonlinear
+        # fixed-lag smoother); the default "newest" checks the step just added.
+        thr = config.relinearize_threshold
+        self.threshold = float(1e-3 if thr is None else thr)              # prediction steps
+        self.threshold_readings = float(10.0 if thr is None else thr)     # steps with readings
         # the prediction is input-free (`prepare_next`) with estimated efforts and a jerk-free integrator
         self._input_free_prediction = efforts.has_state and config.integrator != "hermite"
         self.first_id = self.next_id = 0
