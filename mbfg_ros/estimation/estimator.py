@@ -104,6 +104,8 @@ class FixedLagEstimator:
             raise ValueError(f"relinearize_scope must be one of {FixedLagWindow.SCOPES} (got {c.relinearize_scope!r})")
         if c.blas_threads:
             limit_blas_threads(int(c.blas_threads))
+        q0 = None if q0 is None else _vector(q0, mech.n, "q0")
+        v0 = None if v0 is None else _vector(v0, mech.n, "v0")
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite")
         self.sensors = Sensors(mech, c, self.sigmas)
@@ -113,8 +115,7 @@ class FixedLagEstimator:
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             self.stepper.threshold, q0=None if q0 is None else _vector(q0, mech.n, "q0"),
-                             v0=None if v0 is None else _vector(v0, mech.n, "v0"))
+                             self.stepper.threshold, q0, v0)
         self.reset()
 
     # -- public API ---------------------------------------------------------------------------
