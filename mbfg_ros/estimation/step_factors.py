@@ -41,6 +41,7 @@ class StepFactors:
     """Base of the per-formulation × integrator step factors (see the module docstring)."""
 
     independent = False          # the state has independent coordinates z (chosen per window)
+    soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
                  ctx: EvalContext):
@@ -124,8 +125,8 @@ class StepFactors:
     def _integrator_units(self, h: float) -> list:
         x, xd, xdd, dim = self._integrated
         si = self.sigmas["integrator"]
-        I = F.EulerIntegrator if self.integrator == "euler" else F.TrapezoidalIntegrator
-        return [I(x, xd, dim, h, si), I(xd, xdd, dim, h, si)]
+        integrator = F.EulerIntegrator if self.integrator == "euler" else F.TrapezoidalIntegrator
+        return [integrator(x, xd, dim, h, si), integrator(xd, xdd, dim, h, si)]
 
     def prepare_forces(self, efforts: np.ndarray, h: Optional[float], window: Optional[FixedLagWindow]):
         """Set this step's forces on the units (h: the step from the previous one; None: a seed); returns
@@ -222,7 +223,7 @@ class StepFactors:
 
 
 class DependentFactors(StepFactors):
-    soft_equality = None
+    """X_k = [q, q̇, q̈ (, τ)], trapezoidal or Euler integrators on (q, q̇, q̈), f_pc, f_vc."""
 
     def _build(self):
         mech, s = self.mech, self.sigmas
@@ -276,6 +277,9 @@ class DependentHermiteFactors(DependentFactors):
 
 
 class IndependentFactors(StepFactors):
+    """X_k = [q, q̇, q̈, z, ż, z̈ (, τ)], trapezoidal or Euler integrators on (z, ż, z̈), the predictive soft
+    equality on q, f_pc^i, f_vc^i, f_ac^i."""
+
     independent = True
 
     def _extra_blocks(self):
@@ -321,6 +325,8 @@ class IndependentFactors(StepFactors):
 
 
 class IndependentHermiteFactors(IndependentFactors):
+    """X_k = [q, q̇, q̈, z, ż, z̈, z⃛ (, τ)], the 4th-order integrators on (z, ż, z̈, z⃛) and the jerk factor."""
+
     def _extra_blocks(self):
         return super()._extra_blocks() + [("zj", self.dof)]
 
