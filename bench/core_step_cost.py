@@ -62,7 +62,7 @@ def run(steps: int):
     step_cpu, update_cpu = [], []
     timed = None
     for k, s in enumerate(samples):
-        w = est._window
+        w = est.window
         if w is not None and not isinstance(w.smoother, _TimedSmoother):   # (a new window after a re-seed)
             timed = w.smoother = _TimedSmoother(w.smoother)
         before = timed.spent if timed is not None else 0.0

@@ -24,7 +24,8 @@ def run(seed: int, steps: int, every: int):
     """(max, RMS) in mm of max |q − q_true| per step after the first 40, and the largest |Φ| a
     re-initialization reported (test/test_estimator.py checks these too)."""
     import numpy as np
-    from mbfg_ros.estimation.estimator import EstimatorConfig, FixedLagEstimator
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
     from mbfg_ros.model.mechanism import load_mechanism
     from mbfg_ros.sim.plant import SimulatedPlant
     robot = load_mechanism("pick_and_place_robot")

@@ -14,7 +14,9 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.dynamics import kinematics as K
 from mbfg_ros.dynamics.coordinates import degrees_of_freedom
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.graph.window import StateLayout, StepModel, custom_factor, linear_factor, linearize_step, residual_step
+from mbfg_ros.graph.gtsam_adapters import custom_factor
+from mbfg_ros.graph.layout import StateLayout
+from mbfg_ros.graph.step_model import StepModel, linear_factor, linearize_step, residual_step
 from mbfg_ros.model.mechanism import load_mechanism
 
 MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot"]

@@ -5,7 +5,7 @@
   cost), tested with the previous factorization, so a converged stage costs no extra evaluation or
   factorization.  OpenBLAS runs single-threaded meanwhile: the banded Cholesky is a long chain of small
   BLAS calls, which threads only slow down.
-* ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.window.custom_factor`)
+* ``engine="gtsam"``: the same factors as `gtsam.CustomFactor` (via `mbfg_ros.graph.gtsam_adapters.custom_factor`)
   and `gtsam.LevenbergMarquardtOptimizer` with multifrontal QR and tolerances that converge.  The
   paper's structure literally; two orders of magnitude slower (a Python callback per factor and
   linearization, and 4–7 LM iterations per stage).
@@ -94,7 +94,7 @@ def _gtsam_key(key: Key) -> int:
 
 def _solve_gtsam(prob: Problem, settings: LMSettings) -> LMReport:
     import gtsam
-    from mbfg_ros.graph.window import custom_factor
+    from mbfg_ros.graph.gtsam_adapters import custom_factor
     t0 = time.perf_counter()
     graph = gtsam.NonlinearFactorGraph()
     for unit, keys in prob.factors:

@@ -14,8 +14,6 @@ FORMULATIONS = ("dependent", "independent")
 INTEGRATORS = ("trapezoidal", "hermite", "euler")
 
 
-
-
 @dataclass(frozen=True)
 class EstimatorConfig:
     dt: float = 1e-3
@@ -85,7 +83,7 @@ class Estimate:
     assembly_mode: np.ndarray     # ±1 per assembly-mode indicator
     constraint_residual: float    # max |Φ(q)|
     solve_time: float             # wall seconds spent in this step
-    status: str = "ok"            # ok | initialized | recovered | predicted | waiting
+    status: str = "ok"            # ok | initialized | recovered | waiting
     message: str = ""
     covariance: Optional[np.ndarray] = None   # marginal covariance of [q, v] if requested
     step: int = -1                # id of the estimator step this estimate is of (never reused; -1: none):

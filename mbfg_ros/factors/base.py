@@ -87,12 +87,12 @@ class Factor:
     #: error is affine in the blocks with constant Jacobians (a pre-linearized factor is exact)
     linear: bool = False
     #: affine with zero offset and parameters fixed at construction: its whitened Jacobian blocks can be
-    #: stacked once (`graph.StepModel`)
+    #: stacked once (`graph.step_model.StepModel`, which reads them from ``jacobians``, one per slot)
     static: bool = False
     #: weight of this unit's rows in the relinearization check of the fast path (see `Jerk`)
     check_weight: float = 1.0
     #: names of the per-step parameters (measured values, known forces) an estimator may update in place;
-    #: `graph.StepModel` snapshots them so an older step can be re-linearized with its own values
+    #: `graph.step_model.StepModel` snapshots them so an older step can be re-linearized with its own values
     params: tuple = ()
 
     def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):

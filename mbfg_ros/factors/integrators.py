@@ -26,14 +26,14 @@ class _Combination(Factor):
         self.sigmas = sigma_array(sigma, self.dim)
         self.coefficients = tuple(float(c) for c in coefficients)
         I = np.eye(self.dim)
-        self._J = [c * I for c in self.coefficients]
+        self.jacobians = [c * I for c in self.coefficients]
         self.name = title
 
     def evaluate(self, *blocks, ctx=None):
         e = self.coefficients[0] * blocks[0]
         for c, b in zip(self.coefficients[1:], blocks[1:]):
             e = e + c * b
-        return e, self._J
+        return e, self.jacobians
 
 
 class EulerIntegrator(_Combination):
@@ -90,7 +90,7 @@ class SoftEquality(_Combination):
         e = x1 - x0
         if self.offset is not None:
             e = e - self.offset
-        return e, self._J
+        return e, self.jacobians
 
 
 class SecondDifference(_Combination):

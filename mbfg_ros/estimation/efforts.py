@@ -1,0 +1,239 @@
+"""How the actuator efforts enter the estimator: one strategy per mode, chosen once (`effort_model`).
+
+* `CommandedEfforts` (forward_dynamics, and any mode of a mechanism without actuators): the commanded
+  efforts are known forces (unknown entries count as 0); τ is not a state.
+* `UnknownEfforts` (estimation): τ is a state block under a random walk τ_k − τ_{k−1} (sigma
+  ``effort_random_walk``·√Δt); the commanded efforts are ignored.
+* `FusedEfforts` (fused): as `UnknownEfforts`, plus the finite commanded efforts as a prior on τ (sigma
+  ``commanded_effort``).
+
+A model answers, per step, the forces of the dynamics factors, the effort rate Q̇ of the 4th-order
+integrator's jerk, and the extra effort units (the random walk between steps, the commanded-effort
+prior); per window, the seed's efforts and their prior; per estimate, the efforts reported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+import mbfg_ros.factors as F
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model"]
+
+
+class EffortModel:
+    """Base of the effort strategies (see the module docstring).
+
+    ``has_state``: τ is a block of the stacked state; ``rates_from_commands``: the effort rate Q̇ of the
+    jerk comes from the commanded efforts (backward differences over the last steps, see `early_rates`)."""
+
+    has_state = False
+    rates_from_commands = False
+
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
+        self.mech = mech
+        self.na = len(mech.actuated)
+        self.sigmas = sigmas
+        self.rates = bool(rates)          # the integrator needs Q̇ (hermite)
+        g = np.array(mech.gravity_forces, dtype=float)
+        g.flags.writeable = False         # shared by units and estimates: never modified
+        self.gravity = g
+        z = np.zeros(mech.n)
+        z.flags.writeable = False
+        self.zero_rate = z                # Q̇ = 0 (compared by identity: "no rate")
+        self.no_efforts = np.full(self.na, np.nan)
+        self.no_efforts.flags.writeable = False
+        self._history: List[np.ndarray] = []     # the commanded efforts of the last two steps
+        self._first: List[np.ndarray] = []       # the commanded efforts of the window's first steps
+
+    # -- inputs --------------------------------------------------------------------------------
+    def efforts_in(self, efforts) -> np.ndarray:
+        """The efforts argument of a step as an array in actuator order (None: all unknown)."""
+        if efforts is None:
+            return self.no_efforts
+        e = np.array(efforts, dtype=float).reshape(-1)
+        if e.size != self.na:
+            raise ValueError(f"expected {self.na} efforts (actuators {list(self.mech.actuator_names)}), "
+                             f"got {e.size}")
+        return e
+
+    def commanded(self, efforts: np.ndarray) -> np.ndarray:
+        """The commanded efforts with unknown entries 0."""
+        if not self.na:
+            return efforts
+        return np.where(np.isfinite(efforts), efforts, 0.0)
+
+    # -- per window ----------------------------------------------------------------------------
+    def restart(self):
+        """A new window: no effort history."""
+        self._history = []
+
+    def seed(self, efforts: np.ndarray, tau_guess: Optional[np.ndarray]) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        """(τ₀ or None, Q₀): the seed's efforts (a state) and generalized forces."""
+        raise NotImplementedError
+
+    def seed_units(self, tau0) -> list:
+        """The seed's prior on τ₀ (weak: the efforts are not known at the start)."""
+        return [] if tau0 is None else [F.Prior("tau", tau0, self.sigmas["initial_effort"])]
+
+    def seeded(self):
+        """The seed step's forces are set: remember its efforts for `early_rates`."""
+        self._first = list(self._history[-1:])
+
+    # -- per step ------------------------------------------------------------------------------
+    def forces(self, efforts: np.ndarray, h: float) -> Tuple[np.ndarray, Optional[np.ndarray], Optional[F.Factor]]:
+        """(Q, Q̇ or None, the commanded-effort prior or None) of a step: Q the generalized forces of the
+        dynamics factors (with τ a state: the known part Q_known), Q̇ the effort rate (only with ``rates``)."""
+        raise NotImplementedError
+
+    def transition_units(self, h: float) -> list:
+        """Units between consecutive steps h apart (the random walk of τ)."""
+        return []
+
+    def reported(self, x_tau: Optional[np.ndarray], efforts: np.ndarray) -> np.ndarray:
+        """The efforts of an estimate: the state's τ block, or the commanded efforts."""
+        raise NotImplementedError
+
+    def _rate(self, tau: np.ndarray, h: float) -> np.ndarray:
+        """Q̇ from the commanded efforts: second-order backward differences."""
+        if not self.na:
+            return self.zero_rate
+        hist = self._history
+        if len(hist) >= 2:
+            tdot = (3.0 * tau - 4.0 * hist[-1] + hist[-2]) / (2.0 * h)
+        elif len(hist) == 1:
+            tdot = (tau - hist[-1]) / h
+        else:
+            tdot = np.zeros(self.na)
+        hist.append(tau)
+        if len(hist) > 2:
+            del hist[0]
+        Qdot = np.zeros(self.mech.n)
+        Qdot[self.mech.actuated] = tdot
+        return Qdot
+
+    def early_rates(self, k: int, h: float) -> Optional[List[np.ndarray]]:
+        """Better Q̇ of the window's steps 0 … k − 1 once step k (1 or 2) has its efforts: the backward
+        differences do not exist yet at steps 0 and 1 (0, then first order); with τ₁, τ₂ known they get
+        second-order differences (forward at 0, central at 1), which keeps the 4th-order integrator
+        4th-order under time-varying efforts.  None: no correction applies to this step (or model); [] none
+        yet."""
+        if not (self.rates and self.rates_from_commands) or k > 2:
+            return None
+        taus = self._first
+        taus.append(self._history[-1])
+        E = self.mech.actuated
+
+        def qdot(tdot):
+            Q = np.zeros(self.mech.n)
+            Q[E] = tdot
+            return Q
+
+        if k == 1 and len(taus) == 2:
+            return [qdot((taus[1] - taus[0]) / h)]
+        if k == 2 and len(taus) == 3:
+            return [qdot((-3.0 * taus[0] + 4.0 * taus[1] - taus[2]) / (2.0 * h)),
+                    qdot((taus[2] - taus[0]) / (2.0 * h))]
+        return []
+
+
+class CommandedEfforts(EffortModel):
+    """The commanded efforts are known forces (see the module docstring)."""
+
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
+        super().__init__(mech, sigmas, rates)
+        self.rates_from_commands = self.na > 0
+
+    def seed(self, efforts, tau_guess):
+        Q0 = self.gravity.copy()
+        if self.na:
+            Q0[self.mech.actuated] += self.commanded(efforts)
+        return None, Q0
+
+    def forces(self, efforts, h):
+        if self.na:
+            tau = self.commanded(efforts)
+            Q = self.gravity.copy()
+            Q[self.mech.actuated] += tau
+        else:
+            tau, Q = efforts, self.gravity
+        return Q, (self._rate(tau, h) if self.rates else None), None
+
+    def reported(self, x_tau, efforts):
+        return self.commanded(efforts) if self.na else np.zeros(0)
+
+
+class UnknownEfforts(EffortModel):
+    """τ is a state under a random walk (see the module docstring)."""
+
+    has_state = True
+
+    def seed(self, efforts, tau_guess):
+        tau0 = np.zeros(self.na) if tau_guess is None else np.array(tau_guess, dtype=float)
+        tau0 = self._seed_commanded(tau0, efforts)
+        tau0 = np.where(np.isfinite(tau0), tau0, 0.0)
+        Q0 = self.gravity.copy()
+        Q0[self.mech.actuated] += tau0
+        return tau0, Q0
+
+    def _seed_commanded(self, tau0, efforts):
+        return tau0
+
+    def forces(self, efforts, h):
+        # the random-walk model has no expected rate
+        return self.gravity, (self.zero_rate if self.rates else None), None
+
+    def transition_units(self, h):
+        return [F.SoftEquality("tau", self.na, self.sigmas["effort_random_walk"] * math.sqrt(h))]
+
+    def reported(self, x_tau, efforts):
+        return x_tau.copy()
+
+
+class FusedEfforts(UnknownEfforts):
+    """τ is a state under a random walk and the commanded efforts are a prior on it."""
+
+    rates_from_commands = True
+
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
+        super().__init__(mech, sigmas, rates)
+        self._priors: dict = {}        # one prior unit per set of known entries
+
+    def restart(self):
+        super().restart()
+        self._priors.clear()
+
+    def _seed_commanded(self, tau0, efforts):
+        known = np.isfinite(efforts)
+        if known.any():
+            tau0[known] = efforts[known]
+        return tau0
+
+    def forces(self, efforts, h):
+        # unknown entries of the commanded efforts count as constant in Q̇
+        Qdot = self._rate(self.commanded(efforts), h) if self.rates else None
+        known = np.isfinite(efforts)
+        if not known.any():
+            return self.gravity, Qdot, None
+        key = tuple(np.nonzero(known)[0])
+        prior = self._priors.get(key)
+        if prior is None:
+            prior = self._priors[key] = F.Prior("tau", efforts[known], self.sigmas["commanded_effort"],
+                                                select=np.array(key, dtype=np.intp), size=self.na)
+        prior.mean = efforts[known].copy()
+        return self.gravity, Qdot, prior
+
+
+def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool) -> EffortModel:
+    """The strategy of `mode` (forward_dynamics | estimation | fused); without actuators: commanded (none)."""
+    if mode == "forward_dynamics" or not len(mech.actuated):
+        return CommandedEfforts(mech, sigmas, rates)
+    if mode == "estimation":
+        return UnknownEfforts(mech, sigmas, rates)
+    if mode == "fused":
+        return FusedEfforts(mech, sigmas, rates)
+    raise ValueError(f"unknown mode {mode!r}")

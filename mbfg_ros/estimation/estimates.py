@@ -1,0 +1,125 @@
+"""The estimate of a step from the window's newest state, its sanity checks and the assembly mode it is
+on (the requested one, the current one)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.estimation.step_factors import StepFactors
+from mbfg_ros.graph.window import FixedLagWindow
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["StepFailure", "Estimates", "copy_estimate", "COORDINATE_CHECK_INTERVAL"]
+
+_max = np.maximum.reduce
+COORDINATE_CHECK_INTERVAL = 10   # steps between checks of the independent coordinates' conditioning
+
+
+class StepFailure(RuntimeError):
+    """A numerical failure detected after a step (non-finite, |Φ| too large, divergence...)."""
+
+
+def copy_estimate(e: Estimate) -> Estimate:
+    return Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
+                    np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
+                    None if e.covariance is None else e.covariance.copy(), e.step)
+
+
+class Estimates:
+    """Makes the estimates (`make`), checks them (`check`) and tracks the assembly mode: ``requested`` (a
+    step leaving it is a failure), ``mode`` (the current one: a change is reported).  With automatic
+    independent coordinates it notes when they have become poorly conditioned (``switch_pending``)."""
+
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, efforts: EffortModel, factors: StepFactors,
+                 ctx: EvalContext):
+        self.mech, self.config, self.efforts, self.factors, self.ctx = mech, config, efforts, factors, ctx
+        self.requested = (None if config.assembly_mode is None
+                          else np.array(self.check_mode(config.assembly_mode), dtype=int))
+        self._tau = factors.layout.slices.get("tau")
+        self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
+        self.reset()
+
+    def reset(self):
+        self.mode: Optional[np.ndarray] = None if self.requested is None else self.requested.copy()
+        self.switch_pending = False
+        self._x_norm2 = self._speed = 0.0
+
+    def check_mode(self, mode) -> np.ndarray:
+        m = np.array(mode, dtype=int).reshape(-1)
+        k = len(self.mech.assembly_mode_points)
+        if m.shape != (k,) or not np.all(np.isin(m, (-1, 1))):
+            raise ValueError(f"assembly_mode must be {k} values of +1/-1 (indicators: "
+                             f"{', '.join(self.mech.assembly_mode_names) or 'none'}), got {list(mode)}")
+        return m
+
+    def mode_text(self, mode) -> str:
+        return "{" + ", ".join(f"{n}: {int(m):+d}" for n, m in zip(self.mech.assembly_mode_names, mode)) + "}"
+
+    def make(self, t: float, x: np.ndarray, efforts: np.ndarray, status: str, messages: list,
+             window: Optional[FixedLagWindow], k: int, step: int) -> Estimate:
+        """The estimate of state x (step k of `window`, id `step`); `messages` joined into its message."""
+        mech = self.mech
+        n = mech.n
+        qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
+        q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
+        tau = self.efforts.reported(None if self._tau is None else x[self._tau], efforts)
+        Q = self.efforts.gravity.copy()
+        if tau.size:
+            Q[mech.actuated] += tau
+        phi = self.ctx.phi(q)
+        residual = float(_max(np.abs(phi))) if phi.size else 0.0
+        self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
+        self._speed = float(_max(np.abs(v))) if n else 0.0
+        mode = mech.assembly_mode(q)
+        if self.mode is not None and mode.size and mode.tolist() != self.mode.tolist():
+            if self.requested is not None and not np.array_equal(mode, self.requested):
+                raise StepFailure(f"assembly mode left the requested {self.mode_text(self.requested)} "
+                                  f"(now {self.mode_text(mode)})")
+            messages.append(f"assembly mode changed from {self.mode_text(self.mode)} to {self.mode_text(mode)}")
+        if mode.size:
+            self.mode = mode
+        cov = None
+        if self.config.compute_covariance and window is not None:
+            try:
+                P = window.marginal_covariance(k)
+                cov = P[np.ix_(self._qv, self._qv)]
+            except Exception as exc:      # covariance is a by-product: report, do not fail
+                messages.append(f"covariance unavailable ({exc})")
+        if k % COORDINATE_CHECK_INTERVAL == 0:
+            self._check_coordinates(q, messages)
+        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step)
+
+    def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
+        """The answer before any estimate: the guess q at rest."""
+        n = self.mech.n
+        return Estimate(t, q, np.zeros(n), np.zeros(n), self.efforts.gravity.copy(), np.zeros(self.efforts.na),
+                        self.mech.assembly_mode(q), float(np.abs(self.mech.constraints.phi(q)).max(initial=0.0)),
+                        0.0, "waiting", message)
+
+    def _check_coordinates(self, q, messages):
+        """Automatic independent coordinates: when the current ones have become much worse conditioned
+        than the best choice here, the window is re-seeded with the new ones at the next step."""
+        z_best = self.factors.better_coordinates(q)
+        if z_best is None:
+            return
+        names = self.mech.coordinate_names
+        messages.append(f"independent coordinates {[names[i] for i in self.factors.z]} are poorly conditioned "
+                        f"here: switching to {[names[i] for i in z_best]} at the next step")
+        self.switch_pending = True
+
+    def check(self, est: Estimate):
+        """Raise StepFailure for a non-finite estimate, |Φ| over ``max_constraint_residual`` or |q̇| over
+        ``max_speed``."""
+        if not self._x_norm2 < math.inf or not (est.efforts.size == 0 or np.isfinite(est.efforts).all()):
+            raise StepFailure("non-finite estimate")
+        if est.constraint_residual > self.config.max_constraint_residual:
+            raise StepFailure(f"constraint residual max |Φ| = {est.constraint_residual:.3g} exceeds "
+                              f"{self.config.max_constraint_residual:g}")
+        if self._speed > self.config.max_speed:
+            raise StepFailure(f"diverged: max |q̇| = {self._speed:.3g} exceeds {self.config.max_speed:g}")

@@ -1,0 +1,224 @@
+"""The readings: one sensor unit per sensor of the mechanism and per generic observation name, and the
+innovation gate that judges on-time and late readings alike.
+
+Readings are a dict name → value: a sensor's name (encoder, gyroscope) or a generic ``'q:<coordinate>'``,
+``'v:<coordinate>'``, ``'a:<coordinate>'`` (sigma from ``sensor_sigmas`` or ``observed_coordinate``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+import mbfg_ros.factors as F
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["Sensors", "InnovationGate", "ReadingsDisagree", "observations_in", "UNCONFIRMED_REJECTIONS"]
+
+_max = np.maximum.reduce
+UNCONFIRMED_REJECTIONS = 2  # readings of a sensor not yet confirmed after a guessed seed: believed at the third
+
+
+class ReadingsDisagree(Exception):
+    """Readings kept disagreeing with the prediction: re-initialize from them."""
+
+
+def observations_in(observations) -> Dict[str, float]:
+    """The finite readings of an observations argument (None, NaN and non-numbers dropped)."""
+    out = {}
+    if observations:
+        for name, val in observations.items():
+            try:
+                val = float(val)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(val):
+                out[str(name)] = val
+    return out
+
+
+class Sensors:
+    """The sensor units of one estimator (persistent: a step sets their readings)."""
+
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict):
+        self.mech = mech
+        self.config = config
+        self.sigmas = sigmas
+        self.active = config.mode != "forward_dynamics"     # the digital twin ignores readings
+        self.units: Dict[str, F.Factor] = {}
+        for s in mech.sensors:
+            sigma = float(config.sensor_sigmas.get(s.name, s.sigma))
+            if s.kind == "encoder":
+                self.units[s.name] = F.Encoder(mech, s.coordinate, 0.0, sigma)
+            else:
+                self.units[s.name] = F.Gyroscope(mech, s.body, 0.0, sigma)
+        self._order = list(self.units)
+        self._generic: Dict[str, F.ObservedCoordinate] = {}
+
+    def unit(self, name: str) -> Optional[F.Factor]:
+        """The unit of a reading name (None: unknown)."""
+        return self.units.get(name) or self.generic(name)
+
+    def generic(self, name: str) -> Optional[F.ObservedCoordinate]:
+        """The unit of a generic ``'q:' | 'v:' | 'a:' <coordinate>`` name (None: not one)."""
+        u = self._generic.get(name)
+        if u is None and ":" in name:
+            kind, coord = name.split(":", 1)
+            order = {"q": 0, "v": 1, "a": 2}.get(kind.strip())
+            if order is None or coord.strip() not in self.mech.coordinate_names:
+                return None
+            sigma = float(self.config.sensor_sigmas.get(name, self.sigmas["observed_coordinate"]))
+            u = self._generic[name] = F.ObservedCoordinate(
+                self.mech, self.mech.coordinate_index(coord.strip()), order, 0.0, sigma)
+        return u
+
+    def step_units(self, obs: Dict[str, float]) -> list:
+        """The units of this step's readings, their values set (named sensors in the mechanism's order, then
+        generic names sorted)."""
+        if not self.active or not obs:
+            return []
+        units = []
+        for name in self._order:
+            val = obs.get(name)
+            if val is not None:
+                u = self.units[name]
+                u.value = val
+                units.append(u)
+        if len(units) == len(obs):          # only named sensors
+            return units
+        for name in sorted(obs):
+            if name in self.units:
+                continue
+            u = self.generic(name)
+            if u is not None:
+                u.value = obs[name]
+                units.append(u)
+        return units
+
+    def unknown(self, obs) -> List[str]:
+        return [k for k in obs if k not in self.units and self.generic(k) is None]
+
+    def observed(self, obs) -> bool:
+        """Are there readings the estimator uses in obs?"""
+        return self.active and any(n in self.units or self.generic(n) is not None for n in obs)
+
+    def silent(self, obs) -> set:
+        """The names of the sensors without a reading in obs."""
+        return {u.name for name, u in self.units.items() if name not in obs}
+
+    def read_coordinates(self, obs) -> List[Tuple[int, float]]:
+        """(coordinate, value) of the encoder / 'q:' readings in obs."""
+        out = []
+        for name, val in obs.items():
+            u = self.units.get(name)
+            if isinstance(u, F.Encoder):
+                out.append((u.coordinate, val))
+            elif name.startswith("q:"):
+                g = self.generic(name)
+                if g is not None:
+                    out.append((g.coordinate, val))
+        return out
+
+    def read_coordinate_indices(self, obs) -> List[int]:
+        """The coordinates the encoder / 'q:' readings in obs observe (sorted, once each)."""
+        return sorted({c for c, _ in self.read_coordinates(obs)})
+
+    def read_velocities(self, obs) -> List[Tuple[int, float]]:
+        """(coordinate, value) of the 'v:' readings in obs."""
+        out = []
+        for name, val in obs.items():
+            if name.startswith("v:"):
+                g = self.generic(name)
+                if g is not None:
+                    out.append((g.coordinate, val))
+        return out
+
+
+class InnovationGate:
+    """Drops readings whose whitened residual at the prediction exceeds ``outlier_gate`` (a sensor glitch
+    would otherwise be traded against the constraints, which have comparable sigmas); after
+    ``max_rejections`` consecutive rejections of a sensor it is believed again (the prediction is the
+    likelier culprit, e.g. after an outage): `screen` then raises `ReadingsDisagree` so that the window is
+    re-initialized from the readings (the position problem with the encoder coordinates fixed) instead of
+    adding a factor whose innovation no linearization could absorb.  After an outage of a sensor longer
+    than ``outage_steps`` the prediction has run on the model alone, so a reading outside the gate
+    re-initializes at once rather than being rejected ``max_rejections`` times.  A sensor that the
+    window's seed had no reading of, when that seed was a guess (start-up, a skip or a disagreement), is
+    believed after UNCONFIRMED_REJECTIONS rejections until one of its readings is accepted: the guess is
+    then the likelier culprit, and one glitch is still not believed.
+
+    Late readings (`screen_late`) go through the same gate and bookkeeping: a sensor read late is not
+    silent, and refusals count towards ``max_rejections``, but they never re-initialize by themselves."""
+
+    def __init__(self, config: EstimatorConfig):
+        self.gate = config.outlier_gate
+        self.enabled = bool(self.gate)           # 0: off
+        self.max_rejections = config.max_rejections
+        self.outage_steps = config.outage_steps
+        self.reset()
+
+    def reset(self):
+        self.rejections: Dict[str, int] = {}     # consecutive rejections per sensor
+        self.rejected: List[str] = []            # this step's rejections, for the message
+        self.seen: Dict[str, int] = {}           # step of each sensor's last reading (accepted or not)
+        self.unconfirmed: set = set()            # sensors the seed (a guess) had no reading of, none accepted yet
+
+    def restart(self, unconfirmed: set):
+        """A new window (step 0 = its seed); `unconfirmed`: see the class docstring."""
+        self.seen = {}
+        self.unconfirmed = unconfirmed
+
+    def screen(self, units: list, whitened, k: int) -> list:
+        """The units of step k's readings that pass (`whitened(unit)`: its rows of the whitened residual at
+        the prediction)."""
+        gate = self.gate
+        rejections, seen, unconfirmed = self.rejections, self.seen, self.unconfirmed
+        kept = []
+        for u in units:
+            m = float(_max(np.abs(whitened(u))))
+            since = k - seen.get(u.name, k)
+            seen[u.name] = k
+            if m > gate:
+                if since > self.outage_steps:
+                    rejections.clear()
+                    raise ReadingsDisagree(f"{u.name} disagreed with the prediction by {m:.3g} σ after "
+                                           f"{since} steps without a reading")
+                limit = self.max_rejections
+                if u.name in unconfirmed:
+                    limit = min(limit, UNCONFIRMED_REJECTIONS)
+                if rejections.get(u.name, 0) >= limit:
+                    rejections.clear()
+                    raise ReadingsDisagree(f"{u.name} disagreed with the prediction by {m:.3g} σ for {limit + 1} "
+                                           f"steps" + (" (the start was a guess)" if u.name in unconfirmed else ""))
+                rejections[u.name] = rejections.get(u.name, 0) + 1
+                self.rejected.append(f"{u.name} ({m:.3g} σ)")
+                continue
+            rejections.pop(u.name, None)
+            unconfirmed.discard(u.name)
+            kept.append(u)
+        return kept
+
+    def screen_late(self, units: list, whitened: np.ndarray, j: int) -> List[bool]:
+        """Which of the late readings of step j pass (`whitened`: their stacked whitened residual rows at
+        the estimate of step j, in the order of `units`)."""
+        gate, rejections, seen = self.gate, self.rejections, self.seen
+        passed, row = [], 0
+        for u in units:
+            block = whitened[row:row + u.dim]
+            row += u.dim
+            if gate and float(_max(np.abs(block))) > gate:
+                rejections[u.name] = rejections.get(u.name, 0) + 1
+                passed.append(False)
+            else:
+                rejections.pop(u.name, None)
+                seen[u.name] = max(seen.get(u.name, j), j)
+                passed.append(True)
+        return passed
+
+    def take_rejected(self) -> List[str]:
+        """This step's rejections (for the step's message), then forget them."""
+        out, self.rejected = self.rejected, []
+        return out

@@ -1,0 +1,370 @@
+"""The factors of one step per formulation × integrator, chosen once (`step_factors`):
+
+* `DependentFactors` (trapezoidal | euler): X_k = [q, q̇, q̈ (, τ)]; integrators on (q, q̇, q̈), f_pc, f_vc;
+* `DependentHermiteFactors`: the same state, the 4th-order integrator's velocity row computing the jerk at
+  both ends from the states (`factors.HermiteVelocityIntegrator`, no jerk variable);
+* `IndependentFactors` (trapezoidal | euler): X_k = [q, q̇, q̈, z, ż, z̈ (, τ)]; integrators on (z, ż, z̈), the
+  predictive soft equality f_eq(q_{k−1}, q_k), f_pc^i, f_vc^i, f_ac^i;
+* `IndependentHermiteFactors`: X_k = [q, q̇, q̈, z, ż, z̈, z⃛ (, τ)] with the jerk factor.
+
+Each owns the stacked state's layout, the persistent units of the current window (`restart`), the
+per-step forces (from the `EffortModel`), the continuity predictor, the seed's state and the cached
+`StepModel` of each combination of units.  Every step: integrators (+ the effort model's units between
+steps), constraints, dynamics (f_dyn with commanded forces or f_idyn with τ a state; + the jerk factor;
++ the commanded-effort prior) and the readings' units.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+import mbfg_ros.factors as F
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.dynamics.coordinates import choose_independent, degrees_of_freedom
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.graph.layout import StateLayout
+from mbfg_ros.graph.step_model import StepModel
+from mbfg_ros.graph.window import FixedLagWindow
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["StepFactors", "DependentFactors", "DependentHermiteFactors", "IndependentFactors",
+           "IndependentHermiteFactors", "step_factors"]
+
+MAX_CACHED_MODELS = 64         # combinations of units kept (bounded over an unbounded run)
+MAX_CACHED_STEP_SIZES = 16
+
+
+class StepFactors:
+    """Base of the per-formulation × integrator step factors (see the module docstring)."""
+
+    independent = False          # the state has independent coordinates z (chosen per window)
+    soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
+
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
+                 ctx: EvalContext):
+        self.mech = mech
+        self.dof = degrees_of_freedom(mech)
+        # the independent coordinates given in the configuration (else chosen per window; also the
+        # velocities held in a seed's velocity problem)
+        self.z_user: Optional[np.ndarray] = None
+        if config.independent:
+            z = [mech.coordinate_index(name, "independent coordinates") for name in config.independent]
+            if len(z) != self.dof:
+                raise ValueError(f"{len(z)} independent coordinates {list(config.independent)} given for "
+                                 f"{self.dof} degrees of freedom")
+            self.z_user = np.array(z, dtype=np.intp)
+        self.sigmas = sigmas
+        self.integrator = config.integrator
+        self.default_h = config.dt        # the seed step's forces use the nominal step
+        self.efforts = efforts
+        self.ctx = ctx
+        n = mech.n
+        blocks = [("q", n), ("v", n), ("a", n)] + self._extra_blocks()
+        if efforts.has_state:
+            blocks += [("tau", efforts.na)]
+        self.layout = StateLayout(blocks)
+        self.a_slice = self.layout.slices["a"]
+        self._tau = self.layout.slices.get("tau")
+        self.z: Optional[np.ndarray] = None
+        self._models: Dict[tuple, StepModel] = {}
+        self._step_models: Dict[tuple, StepModel] = {}
+        self._int_cache: Dict[float, list] = {}
+        self.jerk: Optional[F.Factor] = None
+
+    def _extra_blocks(self) -> list:
+        return []
+
+    # -- per window ------------------------------------------------------------------------------
+    def restart(self, z: Optional[np.ndarray]):
+        """Persistent units of a new window (independent coordinates z; their per-step parameters are set
+        by `prepare_forces`), and a new effort history."""
+        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self._build()
+        self._models.clear()
+        self._step_models.clear()
+        self._int_cache.clear()
+        self.efforts.restart()
+
+    def _build(self):
+        raise NotImplementedError
+
+    def seed_state(self, q0, v0, Q0, tau0) -> np.ndarray:
+        """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0."""
+        self.ctx.clear()
+        d = self.ctx.dynamics(q0, v0, Q0)
+        blocks = dict(q=q0, v=v0, a=d.a.copy())
+        self._seed_blocks(blocks, d)
+        if tau0 is not None:
+            blocks["tau"] = tau0
+        return self.layout.pack(**blocks)
+
+    def _seed_blocks(self, blocks: dict, d):
+        pass
+
+    def seed_model(self, priors: list, effort_prior, readings: list) -> StepModel:
+        """The first step of a window: its priors, constraints, dynamics and readings."""
+        return StepModel(self.layout, priors + self.kinematics + self._dynamic_units(effort_prior) + readings)
+
+    # -- per step --------------------------------------------------------------------------------
+    def integrators(self, h: float) -> list:
+        """The units between consecutive steps h apart (cached per h)."""
+        units = self._int_cache.get(h)
+        if units is None:
+            units = self._integrator_units(h)
+            if self.soft_equality is not None:
+                units.append(self.soft_equality)
+            units += self.efforts.transition_units(h)
+            if len(self._int_cache) > MAX_CACHED_STEP_SIZES:
+                self._int_cache.clear()
+            self._int_cache[h] = units
+        return units
+
+    def _integrator_units(self, h: float) -> list:
+        x, xd, xdd, dim = self._integrated
+        si = self.sigmas["integrator"]
+        integrator = F.EulerIntegrator if self.integrator == "euler" else F.TrapezoidalIntegrator
+        return [integrator(x, xd, dim, h, si), integrator(xd, xdd, dim, h, si)]
+
+    def prepare_forces(self, efforts: np.ndarray, h: Optional[float], window: Optional[FixedLagWindow]):
+        """Set this step's forces on the units (h: the step from the previous one; None: a seed); returns
+        the commanded-effort prior unit or None."""
+        Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
+        jerk = self.jerk
+        if not self.efforts.has_state:
+            self.dynamics.Q = Q
+            if jerk is not None:
+                jerk.Q = Q
+        if jerk is not None and Qdot is not None:
+            jerk.Qdot = Qdot
+        self._forces_set(Q, Qdot, h, window)
+        return prior
+
+    def _forces_set(self, Q, Qdot, h, window):
+        pass
+
+    def _dynamic_units(self, prior) -> list:
+        units = [self.dynamics]
+        if self.jerk is not None:
+            units.append(self.jerk)
+        if prior is not None:
+            units.append(prior)
+        return units
+
+    def model(self, h: float, prior, readings: list) -> StepModel:
+        """The step model of a step h after the previous one with these (effort-prior and reading) units;
+        cached by unit identity."""
+        key = (h, prior, *readings)
+        model = self._step_models.get(key)
+        if model is None:
+            units = list(self.integrators(h)) + self.kinematics + self._dynamic_units(prior) + readings
+            ukey = tuple(map(id, units))
+            model = self._models.get(ukey)
+            if model is None:
+                if len(self._models) > MAX_CACHED_MODELS:
+                    self._models.clear()
+                model = self._models[ukey] = StepModel(self.layout, units)
+            if len(self._step_models) > MAX_CACHED_MODELS:
+                self._step_models.clear()
+            self._step_models[key] = model
+        return model
+
+    def predict(self, x: np.ndarray, h: float, a_prev: Optional[np.ndarray], h_prev: float
+                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Continuity predictor of the state h after x: Taylor expansion of q, q̇ (through q̈ and the jerk:
+        a backward difference with the previous q̈ `a_prev` h_prev earlier, or the model's) from x, then
+        q̈ from the dynamics at the predicted (q, q̇) — the same dynamics linearization the step's factors
+        use (shared through the context), so it costs nothing extra.  Returns (prediction, the soft
+        equality's offset or None); changes nothing."""
+        n = self.mech.n
+        n2, n3 = 2 * n, 3 * n
+        q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
+        xp = x.copy()
+        h2 = 0.5 * h * h
+        h3 = h * h2 / 3.0
+        j = self._jerk_before(x, h, a_prev, h_prev)
+        qp, vp = xp[:n], xp[n:n2]
+        xp[:n2] += h * x[n:n3]                      # q + h q̇, q̇ + h q̈
+        if j is not None:
+            qp += h2 * a + h3 * j
+            vp += h2 * j
+        else:
+            qp += h2 * a
+        dyn = self.dynamics
+        Q = dyn.forces(xp[self._tau]) if self._tau is not None else dyn.Q
+        d = self.ctx.dynamics(qp, vp, Q)
+        ap = d.a
+        xp[n2:n3] = ap
+        return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3)
+
+    def _jerk_before(self, x, h, a_prev, h_prev):
+        if a_prev is not None:
+            n = self.mech.n
+            return (x[2 * n:3 * n] - a_prev) / h_prev
+        return None
+
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3) -> Optional[np.ndarray]:
+        return None
+
+    def use_prediction(self, offset: Optional[np.ndarray]):
+        """The step is linearized at a prediction: its soft equality expects the predicted displacement."""
+        if offset is not None:
+            self.soft_equality.offset = offset
+
+    def correct_early_rates(self, window: FixedLagWindow, k: int, h: float, rates: list):
+        """Re-linearize the window's first steps with better effort rates Q̇ of steps 0 … k − 1
+        (`EffortModel.early_rates`)."""
+
+    def better_coordinates(self, q: np.ndarray) -> Optional[np.ndarray]:
+        """Independent coordinates much better conditioned than the current ones at q, or None."""
+        return None
+
+
+class DependentFactors(StepFactors):
+    """X_k = [q, q̇, q̈ (, τ)], trapezoidal or Euler integrators on (q, q̇, q̈), f_pc, f_vc."""
+
+    def _build(self):
+        mech, s = self.mech, self.sigmas
+        self._integrated = ("q", "v", "a", mech.n)
+        self.kinematics = [F.PositionConstraints(mech, s["position_constraints"]),
+                           F.VelocityConstraints(mech, s["velocity_constraints"])]
+        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"]) if self.efforts.has_state
+                         else F.ForwardDynamics(mech, sigma=s["dynamics"]))
+        self.jerk = None
+
+
+class DependentHermiteFactors(DependentFactors):
+    """The velocity integrator's forces at both ends, and the previous step's linearization point (its
+    jerk's linear model: see factors.HermiteVelocityIntegrator), are set every step."""
+
+    def _build(self):
+        super()._build()
+        self._forces_last = None        # (Q or Q_known, Q̇) of the newest step
+
+    def _integrator_units(self, h):
+        si = self.sigmas["integrator"]
+        return [F.HermiteIntegrator("q", "v", "a", self.mech.n, h, si),
+                F.HermiteVelocityIntegrator(self.mech, h, sigma=si, efforts=self.efforts.has_state)]
+
+    def _forces_set(self, Q, Qdot, h, window):
+        if h is not None:
+            hv = self.integrators(h)[1]
+            Q0, Qd0 = self._forces_last
+            zero = self.efforts.zero_rate
+            hv.Q_prev, hv.Qdot_prev = Q0, (None if Qd0 is zero else Qd0)
+            hv.Q, hv.Qdot = Q, (None if Qdot is zero else Qdot)
+            x = window.last.x_cur
+            n = self.mech.n
+            hv.lin_prev = (x[:n], x[n:2 * n], x[self._tau] if self._tau is not None else None)
+        self._forces_last = (Q, Qdot)
+
+    def _jerk_before(self, x, h, a_prev, h_prev):
+        # the jerk at the previous estimate, on the linear model the step factors use for it
+        n = self.mech.n
+        hv = self.integrators(h)[1]
+        return hv.jerk(hv.dynamics_prev(x[:n], x[n:2 * n], ctx=self.ctx), x[n:2 * n], x[2 * n:3 * n], hv.Qdot_prev)
+
+    def correct_early_rates(self, window, k, h, rates):
+        # step j's velocity integrator reads Q̇ at steps j − 1 and j
+        hv = self.integrators(h)[1]
+        for j in range(1, k + 1):
+            if j < k:
+                window.reparametrize(j, hv, Qdot_prev=rates[j - 1], Qdot=rates[j])
+            else:
+                window.reparametrize(j, hv, Qdot_prev=rates[j - 1])
+
+
+class IndependentFactors(StepFactors):
+    """X_k = [q, q̇, q̈, z, ż, z̈ (, τ)], trapezoidal or Euler integrators on (z, ż, z̈), the predictive soft
+    equality on q, f_pc^i, f_vc^i, f_ac^i."""
+
+    independent = True
+
+    def _extra_blocks(self):
+        d = self.dof
+        return [("z", d), ("zd", d), ("zdd", d)]
+
+    def _build(self):
+        mech, s, z = self.mech, self.sigmas, self.z
+        self._integrated = ("z", "zd", "zdd", self.dof)
+        self.kinematics = [F.PositionConstraintsIndep(mech, z, s["position_constraints"]),
+                           F.VelocityConstraintsIndep(mech, z, s["velocity_constraints"]),
+                           F.AccelerationConstraintsIndep(mech, z, s["acceleration_constraints"])]
+        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"], z=z) if self.efforts.has_state
+                         else F.ForwardDynamics(mech, sigma=s["dynamics"], z=z))
+        self.soft_equality = F.SoftEquality("q", mech.n, s["soft_equality"], offset=np.zeros(mech.n))
+        self.jerk = None
+
+    def _seed_blocks(self, blocks, d):
+        z = self.z
+        blocks.update(z=blocks["q"][z], zd=blocks["v"][z], zdd=blocks["a"][z])
+
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3):
+        sl, z = self.layout.slices, self.z
+        xp[sl["z"]] = qp[z]
+        xp[sl["zd"]] = vp[z]
+        xp[sl["zdd"]] = ap[z]
+        return qp - q            # predictive soft equality (see factors.SoftEquality)
+
+    def better_coordinates(self, q):
+        """When the current z has become much worse conditioned than the best choice here (σ_min of N[z], N
+        the orthonormal null space of Φq, 25 % hysteresis).  The integrators act on z, so a badly
+        conditioned z costs accuracy long before it becomes singular."""
+        if self.z_user is not None:
+            return None
+        z_best, N = choose_independent(self.mech, q, return_basis=True)
+        if np.array_equal(np.sort(z_best), np.sort(self.z)):
+            return None
+        s_cur = np.linalg.svd(N[self.z], compute_uv=False)[-1]
+        s_best = np.linalg.svd(N[z_best], compute_uv=False)[-1]
+        if s_cur * 1.25 >= s_best:
+            return None
+        return z_best
+
+
+class IndependentHermiteFactors(IndependentFactors):
+    """X_k = [q, q̇, q̈, z, ż, z̈, z⃛ (, τ)], the 4th-order integrators on (z, ż, z̈, z⃛) and the jerk factor."""
+
+    def _extra_blocks(self):
+        return super()._extra_blocks() + [("zj", self.dof)]
+
+    def _build(self):
+        super()._build()
+        self.jerk = F.Jerk(self.mech, sigma=self.sigmas["dynamics"], select=self.z, efforts=self.efforts.has_state)
+
+    def _integrator_units(self, h):
+        si, d = self.sigmas["integrator"], self.dof
+        return [F.HermiteIntegrator("z", "zd", "zdd", d, h, si), F.HermiteIntegrator("zd", "zdd", "zj", d, h, si)]
+
+    def _seed_blocks(self, blocks, d):
+        v0, a0 = blocks["v"], blocks["a"]
+        j0 = d.da_dq @ v0 + d.da_dv @ a0
+        blocks["zj"] = j0[self.z]
+        super()._seed_blocks(blocks, d)
+
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3):
+        sl, z = self.layout.slices, self.z
+        jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ self.jerk.Qdot
+        zz, zd, zdd, zj = x[sl["z"]], x[sl["zd"]], x[sl["zdd"]], x[sl["zj"]]
+        xp[sl["z"]] = zz + h * zd + h2 * zdd + h3 * zj
+        xp[sl["zd"]] = zd + h * zdd + h2 * zj
+        xp[sl["zdd"]] = ap[z]
+        xp[sl["zj"]] = jp[z]
+        return qp - q
+
+    def correct_early_rates(self, window, k, h, rates):
+        for j in range(k):
+            window.reparametrize(j, self.jerk, Qdot=rates[j])
+
+
+def step_factors(mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
+                 ctx: EvalContext) -> StepFactors:
+    """The step factors of ``config.formulation`` × ``config.integrator``."""
+    hermite = config.integrator == "hermite"
+    if config.formulation == "independent":
+        cls = IndependentHermiteFactors if hermite else IndependentFactors
+    else:
+        cls = DependentHermiteFactors if hermite else DependentFactors
+    return cls(mech, config, sigmas, efforts, ctx)

@@ -1,0 +1,175 @@
+"""The current window and the steps added to it: a step sets the effort model's forces on the units,
+predicts the state, lets the window linearize the step there (`FixedLagWindow.prepare`), lets the
+innovation gate screen the readings on that linearization (a rejected reading: the step is linearized
+again without it), and adds it with the relinearization safeguard (`FixedLagWindow.commit`).  Late
+readings of a step still in the window become extra factors on its state."""
+
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.estimation.estimates import StepFailure
+from mbfg_ros.estimation.sensors import InnovationGate, Sensors
+from mbfg_ros.estimation.step_factors import StepFactors
+from mbfg_ros.graph.step_model import linearize_step
+from mbfg_ros.graph.window import FixedLagWindow
+
+__all__ = ["Stepper"]
+
+
+class Stepper:
+    """The current window (``window``, None before a seed), its newest step ``k`` (id ``first_id + k``:
+    ids are never reused, across windows and resets), time ``t`` and estimate ``x``."""
+
+    def __init__(self, config: EstimatorConfig, factors: StepFactors, efforts: EffortModel, sensors: Sensors,
+                 gate: InnovationGate, ctx: EvalContext):
+        self.dt = config.dt
+        self.factors, self.efforts, self.sensors, self.gate, self.ctx = factors, efforts, sensors, gate, ctx
+        # Relinearization threshold (whitened units).  A mismatch ε moves the estimate by at most what an
+        # ε-sigma perturbation of that factor would.  Steps without readings are pure predictions (the
+        # digital twin, or an observer between sensor samples) and need ε ≪ 1 to keep the model's
+        # discretization-level accuracy.  In steps with readings the innovations (~σ of the sensors) make
+        # the dynamics rows' mismatch a few σ_dyn while the unknown efforts let q̈ move by ~1e3 σ_dyn per
+        # step: there 10 σ catches genuinely bad linearizations without re-linearizing routine steps (see
+        # test_default_relinearization_close_to_full_nonlinear_smoother).  With sensors, later steps move
+        # earlier states (smoothing) and only the scope "window" re-checks them all (the full nonlinear
+        # fixed-lag smoother); the default "newest" checks the step just added.
+        thr = config.relinearize_threshold
+        self.threshold = float(1e-3 if thr is None else thr)              # prediction steps
+        self.threshold_readings = float(10.0 if thr is None else thr)     # steps with readings
+        # the prediction is input-free (`prepare_next`) with estimated efforts and a jerk-free integrator
+        self._input_free_prediction = efforts.has_state and config.integrator != "hermite"
+        self.first_id = self.next_id = 0
+        self.reset()
+
+    def reset(self):
+        self.window: Optional[FixedLagWindow] = None
+        self.x: Optional[np.ndarray] = None
+        self.k = -1
+        self.t: Optional[float] = None
+        self.relinearizations = 0       # of the current window
+        self._prediction = None         # (x, h, q̈ before, (prediction, offset)) made by `prepare_next`
+        self.a_prev, self.h_prev = None, self.dt
+
+    def start(self, window: FixedLagWindow, x: np.ndarray, t: float):
+        """A new window (seeded at t, first estimate x)."""
+        self.window, self.x, self.k, self.t = window, x, 0, t
+        self.first_id = self.next_id
+        self.a_prev, self.h_prev = None, self.dt
+
+    def estimated(self):
+        """The newest step's estimate was made: its id is taken."""
+        self.next_id = max(self.next_id, self.first_id + self.k + 1)
+
+    def advance_to(self, t: float, efforts: np.ndarray, obs: Dict[str, float], messages: list):
+        """Integrate from the newest time to t (sub-steps of about dt); notes for the estimate's message go
+        to `messages`."""
+        dt = self.dt
+        gap = t - self.t
+        nsub = max(1, int(round(gap / dt)))
+        h = dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub
+        if nsub > 1:
+            messages.append(f"{nsub - 1} missed step(s) integrated")
+        for i in range(nsub):
+            self.advance(h, efforts, obs if i == nsub - 1 else {})
+        self.t = t
+        if obs:
+            unknown = self.sensors.unknown(obs)
+            if unknown:
+                messages.append(f"ignored unknown observations {unknown}")
+        rejected = self.gate.take_rejected()
+        if rejected:
+            messages.append(f"rejected outlier readings {rejected}")
+
+    def advance(self, h: float, efforts: np.ndarray, obs: Dict[str, float]):
+        """One step h after the newest."""
+        k = self.k + 1
+        factors, window = self.factors, self.window
+        prior = factors.prepare_forces(efforts, h, window)
+        x_prev = self.x
+        xp, offset = self._predicted(x_prev, h)
+        factors.use_prediction(offset)
+        readings = self.sensors.step_units(obs) if obs else []
+        thr = self.threshold_readings
+        rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None)
+        if readings and self.gate.enabled:
+            kept = self.gate.screen(readings, rec.model.whitened_rows, k)
+            if len(kept) != len(readings):
+                rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None)
+        x = window.commit(rec)
+        self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
+        rates = self.efforts.early_rates(k, h)
+        if rates is not None:
+            if rates:
+                factors.correct_early_rates(window, k, h, rates)
+            x = window.estimate(k)
+        rec = window.last
+        self.relinearizations = window.total_relinearizations
+        if rec.mismatch > max(1e3 * (rec.threshold or self.threshold), 1e3):
+            raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
+                              f"{rec.relinearizations} relinearizations)")
+        self.k, self.x = k, x
+
+    def _predicted(self, x, h):
+        """The prediction of the step h after x: the one `prepare_next` made, if for this step."""
+        p = self._prediction
+        if p is not None:
+            self._prediction = None
+            if p[0] is x and p[1] == h and p[2] is self.a_prev:
+                return p[3]
+        return self.factors.predict(x, h, self.a_prev, self.h_prev)
+
+    def prepare_next(self) -> bool:
+        """Predict the next step (one dt after the newest) now, if the prediction does not depend on the
+        step's inputs (see `FixedLagEstimator.prepare_next_step`); never raises."""
+        if self.window is None or self.x is None or not self._input_free_prediction:
+            return False
+        x, dt = self.x, self.dt
+        try:
+            prediction = self.factors.predict(x, dt, self.a_prev, self.h_prev)
+        except Exception:      # the step itself meets (and handles) whatever failed here
+            return False
+        self._prediction = (x, dt, self.a_prev, prediction)
+        return True
+
+    def add_late(self, step: int, obs: Dict[str, float]) -> Tuple[List[str], List[str]]:
+        """Readings of step id `step` as factors on its state, through the innovation gate: (fused, refused)."""
+        names = list(obs)
+        window = self.window
+        if window is None or not obs or not self.sensors.active:
+            return [], names
+        j = int(step) - self.first_id
+        if j not in window.records:
+            return [], names
+        fused, refused, units = [], [], []
+        for name, val in obs.items():
+            u = self.sensors.unit(name)
+            if u is None:
+                refused.append(name)
+                continue
+            late = copy.copy(u)                 # the shared unit's value belongs to the newest step
+            late.value = val
+            units.append((name, late))
+        if not units:
+            return [], names
+        x_j = window.estimate(j)
+        _, A, r = linearize_step([u for _, u in units], self.factors.layout, None, x_j, self.ctx)
+        rows, row = [], 0
+        for (name, u), passed in zip(units, self.gate.screen_late([u for _, u in units], r, j)):
+            if passed:
+                rows.extend(range(row, row + u.dim))
+                fused.append(name)
+            else:
+                refused.append(name)
+            row += u.dim
+        if rows:
+            if not window.add_factor(j, A[rows], r[rows], x_j):
+                return [], names
+            self.x = window.estimate(self.k)
+        return fused, refused

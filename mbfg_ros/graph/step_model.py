@@ -1,0 +1,228 @@
+"""Linearization of one step's units in Python: all units of step k (which read X_k and possibly X_{k−1})
+linearized at once, whitened and stacked into one `gtsam.JacobianFactor` (`linearize_step`,
+`linear_factor`, and `StepModel`, which pre-arranges a fixed set of units for fast repeated
+linearization).  GTSAM never calls back into Python for these factors."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import gtsam
+import numpy as np
+
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.factors.base import Factor
+from mbfg_ros.graph.gtsam_adapters import unit_noise
+from mbfg_ros.graph.layout import StateLayout
+
+__all__ = ["linearize_step", "residual_step", "linear_factor", "StepModel"]
+
+
+def _blocks_for(unit, slot_map, vprev, vcur):
+    out = []
+    for s in unit.slots:
+        which, name, _ = slot_map[s]
+        out.append(vcur[name] if which else vprev[name])
+    return out
+
+
+def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                   ctx: Optional[EvalContext] = None):
+    """Whitened linearization of all `units` of one step at (X_{k−1}, X_k) = (x_prev, x_cur):
+    returns (A_prev or None, A_cur, r) with e_w(X) ≈ r + A_prev (X_{k−1} − x_prev) + A_cur (X_k − x_cur)."""
+    rows = 0
+    need_prev = False
+    for u in units:
+        rows += u.dim
+        if not need_prev:
+            for s in u.slots:
+                if s.endswith("_prev"):
+                    need_prev = True
+                    break
+    D = layout.dim
+    A_cur = np.zeros((rows, D))
+    A_prev = np.zeros((rows, D)) if need_prev else None
+    r = np.empty(rows)
+    slot_map = layout.slot_map
+    vcur = layout.views(x_cur)
+    vprev = layout.views(x_prev) if need_prev else None
+    row = 0
+    for u in units:
+        d = u.dim
+        if d == 0:
+            continue
+        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx)
+        w = 1.0 / u.sigmas
+        r[row:row + d] = e * w
+        wc = w[:, None]
+        for s, J in zip(u.slots, Js):
+            which, _, cols = slot_map[s]
+            (A_cur if which else A_prev)[row:row + d, cols] += J * wc
+        row += d
+    return A_prev, A_cur, r
+
+
+def residual_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                  ctx: Optional[EvalContext] = None) -> np.ndarray:
+    """Whitened nonlinear error of all `units` of one step at (x_prev, x_cur) (no Jacobians)."""
+    slot_map = layout.slot_map
+    vcur = layout.views(x_cur)
+    vprev = layout.views(x_prev) if x_prev is not None else None
+    parts = [u.error(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx) / u.sigmas for u in units if u.dim]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def linear_factor(A_prev: Optional[np.ndarray], A_cur: np.ndarray, r: np.ndarray, key_prev: Optional[int],
+                  key_cur: int, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
+                  work: Optional[gtsam.Values] = None) -> gtsam.LinearContainerFactor:
+    """The linear model e_w ≈ r + A_prev δ_prev + A_cur δ_cur as a C++ `LinearContainerFactor`
+    linearized at (x_prev, x_cur) (unit noise: the rows are already whitened).  `work`: a scratch
+    `gtsam.Values` to reuse (the factor keeps its own copy of the linearization point)."""
+    if work is None:
+        lin = gtsam.Values()
+    else:
+        lin = work
+        lin.clear()
+    lin.insert(key_cur, x_cur)
+    noise = unit_noise(r.size)
+    if A_prev is None:
+        jf = gtsam.JacobianFactor(key_cur, A_cur, -r, noise)
+    else:
+        lin.insert(key_prev, x_prev)
+        jf = gtsam.JacobianFactor(key_prev, A_prev, key_cur, A_cur, -r, noise)
+    return gtsam.LinearContainerFactor(jf, lin)
+
+
+# ----------------------------------------------------------------------------------------------
+class StepModel:
+    """All units of one step, pre-arranged for fast repeated linearization.
+
+    Units flagged ``static`` (affine with zero offset and fixed parameters: integrators, soft equality,
+    random walks) are whitened and stacked once; the others are evaluated at each linearization.
+    ``linear`` units are exact as linear factors, so only the remaining (nonlinear) rows are kept for
+    the relinearization check (`check_rows`, weighted by the units' ``check_weight``; weight 0 = unchecked).
+    `linearize` returns internal buffers: they stay valid until the next call (gtsam copies them).
+    """
+
+    def __init__(self, layout: StateLayout, units: Sequence[Factor]):
+        layout.check(units)
+        self.layout = layout
+        self.units = list(units)
+        static = [u for u in self.units if getattr(u, "static", False) and u.dim]
+        dynamic = [u for u in self.units if not getattr(u, "static", False) and u.dim]
+        self.static_units, self.dynamic_units = static, dynamic
+        self.need_prev = any(s.endswith("_prev") for u in self.units for s in u.slots)
+        D = layout.dim
+        rows_s = sum(u.dim for u in static)
+        self.rows = rows_s + sum(u.dim for u in dynamic)
+        self.A_cur = np.zeros((self.rows, D))
+        self.A_prev = np.zeros((self.rows, D)) if self.need_prev else None
+        self.r = np.zeros(self.rows)
+        row = 0
+        for u in static:
+            w = (1.0 / u.sigmas)[:, None]
+            for s, J in zip(u.slots, u.jacobians):
+                which, _, cols = layout.slot_map[s]
+                (self.A_cur if which else self.A_prev)[row:row + u.dim, cols] += J * w
+            row += u.dim
+        self._S_cur = self.A_cur[:rows_s].copy()
+        self._S_prev = None if self.A_prev is None else self.A_prev[:rows_s].copy()
+        self._S = self._S_cur if self.A_prev is None else np.hstack((self._S_prev, self._S_cur))
+        self.static_rows = rows_s
+        # per dynamic unit: (unit, first row, inverse sigmas, [(which, block name, cols)] per slot, assign?)
+        self._plan = []
+        check_rows, weights = [], []
+        for u in dynamic:
+            slots = [layout.slot_map[s] for s in u.slots]
+            distinct = len({(w, n) for w, n, _ in slots}) == len(slots)
+            self._plan.append((u, row, 1.0 / u.sigmas, [(w, c) for w, _, c in slots], distinct))
+            if not u.linear and u.check_weight > 0.0:
+                check_rows.extend(range(row, row + u.dim))
+                weights.extend([float(u.check_weight)] * u.dim)
+            row += u.dim
+        self._all_distinct = all(p[4] for p in self._plan)
+        self._unit_rows = {id(p[0]): (p[1], p[1] + p[0].dim) for p in self._plan}
+        self.check_rows = np.array(check_rows, dtype=np.intp)
+        # the checked rows as a slice when contiguous (the usual case: cheaper copies)
+        cr = self.check_rows
+        self.check_slice = (slice(int(cr[0]), int(cr[-1]) + 1)
+                             if cr.size and np.array_equal(cr, np.arange(cr[0], cr[-1] + 1)) else None)
+        self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
+        self.check_units = [u for u in dynamic if not u.linear and u.check_weight > 0.0]
+        self.param_units = [(u, u.params) for u in dynamic if u.params]
+        self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan
+                            if not u.linear and u.check_weight > 0.0]
+        # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
+        self.check_prev = any(not which for _, slots, _ in self._check_plan for which, _ in slots)
+        self._check_buf = np.zeros(len(check_rows))
+        # do the non-static rows read X_{k−1}?
+        self.dynamic_prev = any(not which for p in self._plan for which, _ in p[3])
+        offs = np.cumsum([0] + [u.dim for u, _, _ in self._check_plan])
+        self._check_plan = [(u, slots, w, int(a), int(b)) for (u, slots, w), a, b in
+                            zip(self._check_plan, offs[:-1], offs[1:])]
+        # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
+        # same (constant) array object again needs no rewrite
+        self._last_J = [[None] * len(p[3]) for p in self._plan]
+        # per unit: its slots, its residual rows, its weights, the views of the blocks it writes (made once:
+        # slicing at every linearization costs a visible share of a 1-kHz step), whether those are distinct
+        self._views = [(u, slots, self.r[row:row + u.dim], w, w[:, None],
+                        [(self.A_cur if which else self.A_prev)[row:row + u.dim, cols] for which, cols in slots],
+                        last, distinct)
+                       for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J)]
+
+    def whitened_rows(self, unit) -> np.ndarray:
+        """The rows of a (non-static) `unit` in the last linearization's whitened residual (a view of the
+        internal buffer: valid until the next `linearize`)."""
+        a, b = self._unit_rows[id(unit)]
+        return self.r[a:b]
+
+    def snapshot(self) -> list:
+        """The units' current per-step parameters (references: the estimator assigns new objects)."""
+        return [tuple(getattr(u, p) for p in names) for u, names in self.param_units]
+
+    def restore(self, snap: list):
+        """Put a snapshot back (units may be shared by several models: always set every value)."""
+        for (u, names), vals in zip(self.param_units, snap):
+            for p, val in zip(names, vals):
+                setattr(u, p, val)
+
+    def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
+                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None):
+        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers).
+        With ``static_at`` = (x_prev', x_cur') the rows of the static (affine) units are evaluated there
+        instead (their linear model is exact, so this is the same model expressed about another point)."""
+        A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
+        rs = self.static_rows
+        if rs:
+            xp, xc = (x_prev, x_cur) if static_at is None else static_at
+            self._S.dot(xc if A_prev is None else np.concatenate((xp, xc)), out=r[:rs])
+        if not self._all_distinct:
+            A_cur[rs:] = 0.0
+            if A_prev is not None:
+                A_prev[rs:] = 0.0
+            for last in self._last_J:
+                last[:] = [None] * len(last)
+        mul = np.multiply
+        for u, slots, r_rows, w, wc, outs, last, distinct in self._views:
+            e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
+            mul(e, w, out=r_rows)
+            if distinct:         # every block of these rows is overwritten; the others stay zero
+                i = 0
+                for J in Js:
+                    if J is not last[i]:
+                        mul(J, wc, out=outs[i])
+                        last[i] = J
+                    i += 1
+            else:                # (blocks shared by several slots: the sum of their terms)
+                for out, J in zip(outs, Js):
+                    out += J * wc
+        return A_prev, A_cur, r
+
+    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
+        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur) (an internal buffer,
+        valid until the next call)."""
+        buf = self._check_buf
+        mul = np.multiply
+        for u, slots, w, a, b in self._check_plan:
+            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx), w, out=buf[a:b])
+        return buf
