@@ -657,7 +657,7 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
     bit for bit, and the step itself no longer linearizes the dynamics at the prediction."""
     from mbfg_ros.dynamics.cache import EvalContext
     calls = {"in_step": 0}
-    lean = EvalContext._lean
+    lean = EvalContext.linearize
     inside = {"on": False}
 
     def counting(self, *a):
@@ -665,7 +665,7 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
             calls["in_step"] += 1
         return lean(self, *a)
 
-    monkeypatch.setattr(EvalContext, "_lean", counting)
+    monkeypatch.setattr(EvalContext, "linearize", counting)
     res = {}
     for prepare in (False, True):
         rng = np.random.default_rng(0)

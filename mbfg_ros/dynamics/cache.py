@@ -23,7 +23,7 @@ class EvalContext:
     three most recent linearizations are kept, e.g. at the previous step's and at this step's
     linearization points, both read by `HermiteVelocityIntegrator`).
 
-    The dynamics are linearized by `_lean`: the formula of `acceleration_derivatives` with the rows of
+    The dynamics are linearized by `linearize`: the formula of `acceleration_derivatives` with the rows of
     K⁻¹ from one LU factorization of the augmented matrix (Φq and Φ̇q shared with the constraint units
     through this memo); it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is
     singular or ill-conditioned.  The tests check both give the same numbers.
@@ -81,7 +81,7 @@ class EvalContext:
             older = self._older
             d = older.pop(key, None) if older else None
             if d is None:
-                d = self._lean(q, v, Q)
+                d = self.linearize(q, v, Q)
                 if d is None:
                     d = forward_dynamics_jacobians(self.mech, q, v, Q)
             if self._dyn_key is not None:
@@ -125,10 +125,10 @@ class EvalContext:
         np.negative(Jd.dot(v), out=b[n:])
         return K, b, J_all, Jd_all, Jd
 
-    def _lean(self, q, v, Q):
-        """One LU of K and its explicit inverse (K is small; its top rows Kᵢₙᵥ[:n] = [A B] turn the
-        derivatives into the two products of `acceleration_derivatives`); None where K is singular or
-        the solution is not sane."""
+    def linearize(self, q, v, Q):
+        """The dynamics linearization at (q, q̇, Q), not memoized: one LU of K and its explicit inverse (K is
+        small; its top rows Kᵢₙᵥ[:n] = [A B] turn the derivatives into the two products of
+        `acceleration_derivatives`); None where K is singular or the solution is not sane."""
         mech, n, C = self.mech, self._n, self.mech.constraints
         K, b, J_all, Jd_all, Jd = self._system(q, v, Q)
         lu, piv, info = _lapack.dgetrf(K)

@@ -13,31 +13,6 @@ from mbfg_ros.model.mechanism import Mechanism
 TWO_PI = 2.0 * math.pi
 
 
-class Encoder(Factor):
-    """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
-    (−π, π], so a reading in any 2π range matches a continuous angle."""
-
-    params = ('value',)
-
-    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
-        self.coordinate = _coordinate(mech, coordinate)
-        self.angle = self.coordinate >= mech.n_point_coordinates
-        self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
-        self.value = float(value)
-        self.slots = ("q",)
-        self.dim = 1
-        self.sigmas = sigma_array(sigma, 1)
-        self._J = np.zeros((1, mech.n))
-        self._J[0, self.coordinate] = 1.0
-        self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
-
-    def evaluate(self, q, ctx=None):
-        d = q[self.coordinate] - self.value
-        if self.angle:
-            d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
-        return np.array([d]), [self._J]
-
-
 def _coordinate(mech: Mechanism, coordinate) -> int:
     """Coordinate index from an index or a name (`Mechanism.coordinate_names`)."""
     if isinstance(coordinate, str):
@@ -48,26 +23,50 @@ def _coordinate(mech: Mechanism, coordinate) -> int:
     return c
 
 
-class ObservedCoordinate(Factor):
+class _CoordinateReading(Factor):
+    """A reading of one coordinate of one block (q, q̇ or q̈): one row, Jacobian the unit row of it."""
+
+    params = ('value',)
+
+    def __init__(self, mech: Mechanism, coordinate, block: str, value: float, sigma: float):
+        self.coordinate = _coordinate(mech, coordinate)
+        self.value = float(value)
+        self.slots = (block,)
+        self.dim = 1
+        self.sigmas = sigma_array(sigma, 1)
+        self._J = np.zeros((1, mech.n))
+        self._J[0, self.coordinate] = 1.0
+
+
+class Encoder(_CoordinateReading):
+    """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
+    (−π, π], so a reading in any 2π range matches a continuous angle."""
+
+    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
+        super().__init__(mech, coordinate, "q", value, sigma)
+        self.angle = self.coordinate >= mech.n_point_coordinates
+        self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
+        self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
+
+    def evaluate(self, q, ctx=None):
+        d = q[self.coordinate] - self.value
+        if self.angle:
+            d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
+        return np.array([d]), [self._J]
+
+
+class ObservedCoordinate(_CoordinateReading):
     """Generic observation of one named coordinate's position (order 0), velocity (1) or acceleration (2):
     e = x[c] − reading with x = q, q̇ or q̈.  `coordinate` is an index or a name."""
 
     linear = True
     BLOCKS = ("q", "v", "a")
 
-    params = ('value',)
-
     def __init__(self, mech: Mechanism, coordinate, order=0, value: float = 0.0, sigma: float = 1e-3):
-        self.coordinate = _coordinate(mech, coordinate)
         self.order = {"q": 0, "position": 0, "v": 1, "velocity": 1, "a": 2, "acceleration": 2}.get(order, order)
         if self.order not in (0, 1, 2):
             raise ValueError(f"order must be 0/'position', 1/'velocity' or 2/'acceleration' (got {order!r})")
-        self.value = float(value)
-        self.slots = (self.BLOCKS[self.order],)
-        self.dim = 1
-        self.sigmas = sigma_array(sigma, 1)
-        self._J = np.zeros((1, mech.n))
-        self._J[0, self.coordinate] = 1.0
+        super().__init__(mech, coordinate, self.BLOCKS[self.order], value, sigma)
         self.name = f"observed_{self.slots[0]}({mech.coordinate_names[self.coordinate]})"
 
     def evaluate(self, x, ctx=None):
