@@ -1,0 +1,1 @@
+"""The ROS-free simulated plant (`plant`)."""
