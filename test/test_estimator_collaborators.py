@@ -106,14 +106,15 @@ def test_fused_efforts_put_a_prior_on_the_known_entries(robot):
     efforts = np.full(na, np.nan)
     assert m.forces(efforts, 1e-3)[2] is None                 # nothing commanded: no prior
     efforts[1] = 0.7
-    _, _, prior = m.forces(efforts, 1e-3)
-    assert prior.sigmas[0] == s["commanded_effort"] and np.array_equal(prior.mean, [0.7])
+    _, _, (prior, mean) = m.forces(efforts, 1e-3)
+    assert prior.sigmas[0] == s["commanded_effort"] and np.array_equal(mean, [0.7])
     x = np.zeros(na)
     x[1] = 1.0
     assert prior.error(x) == pytest.approx([0.3])               # on entry 1 only
     efforts[1] = 0.9
-    again = m.forces(efforts, 1e-3)[2]
-    assert again is prior and np.array_equal(prior.mean, [0.9])   # one unit per set of known entries
+    again, mean = m.forces(efforts, 1e-3)[2]
+    assert again is prior and np.array_equal(mean, [0.9])        # one unit per set of known entries
+    assert np.array_equal(prior.mean, [0.7])                     # the step's mean is passed, not set
     tau0, _ = m.seed(efforts, np.ones(na))
     assert tau0[1] == 0.9 and np.all(np.delete(tau0, 1) == 1.0)
 
@@ -129,15 +130,17 @@ def test_efforts_argument_is_checked(crank):
 def test_sensor_units_of_a_step(crank):
     sensors = Sensors(crank, EstimatorConfig(mode="estimation"), _sigmas())
     obs = {"q:x1": 0.1, "coupler_gyro": 0.2, "crank": 0.3, "bogus": 1.0, "v:nothing": 2.0}
-    units = sensors.step_units(obs)
+    values = {}
+    units = sensors.step_units(obs, values)
     # named sensors in the mechanism's order, then generic readings sorted; unknown names left out
     assert [u.name for u in units] == ["encoder(crank)", "gyroscope(body 1)", "observed_q(x1)"]
-    assert [u.value for u in units] == [0.3, 0.2, 0.1]
+    assert [values[u]["value"] for u in units] == [0.3, 0.2, 0.1]
+    assert [u.value for u in units] == [0.0, 0.0, 0.0]          # the readings are passed, not set
     assert sensors.unknown(obs) == ["bogus", "v:nothing"]
     assert sensors.read_coordinate_indices(obs) == sorted({crank.coordinate_index("crank"),
                                                           crank.coordinate_index("x1")})
     twin = Sensors(crank, EstimatorConfig(mode="forward_dynamics"), _sigmas())
-    assert twin.step_units(obs) == [] and not twin.observed(obs)
+    assert twin.step_units(obs, {}) == [] and not twin.observed(obs)
     assert observations_in({"a": None, "b": float("nan"), "c": "x", "d": 1}) == {"d": 1.0}
 
 
@@ -292,9 +295,10 @@ def test_step_factors_per_formulation_and_integrator(crank, formulation, integra
     x_before = x.copy()
     units = factors.integrators(1e-3) + factors.kinematics + [factors.dynamics]
     params = copy.deepcopy([[getattr(u, p) for p in u.params] for u in units])
-    p1, offset1 = factors.predict(x, 1e-3, est.stepper.a_prev, est.stepper.h_prev)
-    p2, offset2 = factors.predict(x, 1e-3, est.stepper.a_prev, est.stepper.h_prev)
-    # the predictor changes nothing: neither the state nor any unit's parameters
+    values, prior = factors.step_values(np.array([0.5]), 1e-3, est.window)
+    p1, offset1 = factors.predict(x, 1e-3, est.stepper.a_prev, est.stepper.h_prev, values)
+    p2, offset2 = factors.predict(x, 1e-3, est.stepper.a_prev, est.stepper.h_prev, values)
+    # neither the step values nor the predictor change anything: not the state, not a unit's parameters
     assert np.array_equal(x, x_before) and np.array_equal(p1, p2)
     assert _same(params, [[getattr(u, p) for p in u.params] for u in units])
     n = crank.n
@@ -305,8 +309,7 @@ def test_step_factors_per_formulation_and_integrator(crank, formulation, integra
     e2 = est.step(2e-3, efforts=[0.5], observations={"crank": 0.3})
     assert np.abs(p1[:n] - e2.q).max() < 1e-4
     # the model of a combination of units is built once
-    prior = factors.prepare_forces(np.array([0.5]), 1e-3, est.window)
-    readings = est.sensors.step_units({"crank": 0.3})
+    readings = est.sensors.step_units({"crank": 0.3}, values)
     assert factors.model(1e-3, prior, readings) is factors.model(1e-3, prior, readings)
     assert factors.model(1e-3, prior, []) is not factors.model(1e-3, prior, readings)
     assert e.status == "initialized"

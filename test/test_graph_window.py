@@ -52,3 +52,35 @@ def test_prepare_then_commit_a_step_with_or_without_a_reading(crank):
     assert np.allclose(other.add_step(1, without, x, x), x1, rtol=0, atol=1e-12)
     # the ignored reading moved nothing: the estimate keeps the crank where the model puts it
     assert abs(x1[c] - enc.value) > 0.4
+
+
+def test_each_step_is_evaluated_with_its_own_values(crank):
+    """A unit shared by the models of several steps (an encoder) gets each step's reading passed with the
+    step: the window keeps them per step, puts them on the unit whenever it evaluates that step, and the
+    caller never sets them."""
+    window, layout = _window(crank)
+    n, h = crank.n, 1e-3
+    q0 = np.array(crank.q0, dtype=float)
+    x0 = layout.pack(q=q0, v=np.zeros(n), a=np.zeros(n))
+    seed = StepModel(layout, [F.Prior("q", q0, 1e-6), F.Prior("v", np.zeros(n), 1e-6),
+                              F.PositionConstraints(crank), F.VelocityConstraints(crank), F.ForwardDynamics(crank)])
+    x = window.add_step(0, seed, x0)
+    c = crank.coordinate_index("crank")
+    enc = F.Encoder(crank, c, 0.0, 1.0)
+    model = StepModel(layout, [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
+                               F.PositionConstraints(crank), F.VelocityConstraints(crank),
+                               F.ForwardDynamics(crank), enc])
+    readings = {1: float(x[c]) + 1e-3, 2: float(x[c]) - 2e-3}
+    for k in (1, 2):
+        rec = window.prepare(k, model, x, x, values={enc: {"value": readings[k]}})
+        # the step's rows are those of its own reading
+        assert float(rec.model.whitened_rows(enc)[0]) == pytest.approx(x[c] - readings[k], abs=1e-12)
+        x = window.commit(rec)
+    i = [u for u, _ in model.param_units].index(enc)
+    assert [window.records[k].params[i] for k in (1, 2)] == [(readings[1],), (readings[2],)]
+    # re-linearizing step 1 after step 2 was added evaluates it with step 1's reading again
+    rec1 = window.records[1]
+    assert window.mismatch(rec1, window.estimate(0), window.estimate(1)) < 1e-6
+    assert enc.value == readings[1]
+    # without a passed value the unit's current one is taken (for parameters fixed at construction)
+    assert model.params_of({})[i] == (readings[1],)

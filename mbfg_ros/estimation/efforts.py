@@ -85,9 +85,12 @@ class EffortModel:
         self._first = list(self._history[-1:])
 
     # -- per step ------------------------------------------------------------------------------
-    def forces(self, efforts: np.ndarray, h: float) -> Tuple[np.ndarray, Optional[np.ndarray], Optional[F.Factor]]:
-        """(Q, Q̇ or None, the commanded-effort prior or None) of a step: Q the generalized forces of the
-        dynamics factors (with τ a state: the known part Q_known), Q̇ the effort rate (only with ``rates``)."""
+    def forces(self, efforts: np.ndarray, h: float
+               ) -> Tuple[np.ndarray, Optional[np.ndarray], Optional[Tuple[F.Factor, np.ndarray]]]:
+        """(Q, Q̇ or None, the commanded-effort prior and its mean, or None) of a step: Q the generalized
+        forces of the dynamics factors (with τ a state: the known part Q_known), Q̇ the effort rate (only with
+        ``rates``).  The prior unit is shared by the steps with the same known entries: its mean is this
+        step's value, passed with the step (`StepFactors.step_values`)."""
         raise NotImplementedError
 
     def transition_units(self, h: float) -> list:
@@ -224,8 +227,7 @@ class FusedEfforts(UnknownEfforts):
         if prior is None:
             prior = self._priors[key] = F.Prior("tau", efforts[known], self.sigmas["commanded_effort"],
                                                 select=np.array(key, dtype=np.intp), size=self.na)
-        prior.mean = efforts[known].copy()
-        return self.gravity, Qdot, prior
+        return self.gravity, Qdot, (prior, efforts[known].copy())
 
 
 def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool) -> EffortModel:

@@ -196,8 +196,8 @@ class Seeder:
                 sigma_q0, sigma_v0 = prior
             priors = [F.Prior("q", q0, sigma_q0), F.Prior("v", v0, sigma_v0)]
         priors += self.efforts.seed_units(tau0)
-        effort_prior = factors.prepare_forces(efforts, None, None)
-        model = factors.seed_model(priors, effort_prior, self.sensors.step_units(obs))
+        values, effort_prior = factors.step_values(efforts, None, None)
+        model = factors.seed_model(priors, effort_prior, self.sensors.step_units(obs, values))
         window = FixedLagWindow(factors.layout, c.window, self.ctx, self.threshold, c.max_relinearizations,
                                 scope=c.relinearize_scope, check_interval=c.check_interval)
         # A seed that is a guess (start-up, re-initialization after a gap or a disagreement) has not been
@@ -205,7 +205,7 @@ class Seeder:
         # the readings after UNCONFIRMED_REJECTIONS rejections, not max_rejections, while the guess drifts.
         # (A re-seed at an estimate keeps the gate.)
         self.gate.restart(set() if seed.from_estimate or not self.sensors.active else self.sensors.silent(obs))
-        x = window.add_step(0, model, x0)
+        x = window.add_step(0, model, x0, values=values)
         self.efforts.seeded()
         self.pending_q = None
         return window, x

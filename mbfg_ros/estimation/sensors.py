@@ -14,6 +14,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["Sensors", "InnovationGate", "ReadingsDisagree", "observations_in", "UNCONFIRMED_REJECTIONS"]
@@ -75,9 +76,9 @@ class Sensors:
                 self.mech, self.mech.coordinate_index(coord.strip()), order, 0.0, sigma)
         return u
 
-    def step_units(self, obs: Dict[str, float]) -> list:
-        """The units of this step's readings, their values set (named sensors in the mechanism's order, then
-        generic names sorted)."""
+    def step_units(self, obs: Dict[str, float], values: StepValues) -> list:
+        """The units of this step's readings (named sensors in the mechanism's order, then generic names
+        sorted); their readings go to `values`, the step's per-step values."""
         if not self.active or not obs:
             return []
         units = []
@@ -85,7 +86,7 @@ class Sensors:
             val = obs.get(name)
             if val is not None:
                 u = self.units[name]
-                u.value = val
+                values[u] = {"value": val}
                 units.append(u)
         if len(units) == len(obs):          # only named sensors
             return units
@@ -94,7 +95,7 @@ class Sensors:
                 continue
             u = self.generic(name)
             if u is not None:
-                u.value = obs[name]
+                values[u] = {"value": obs[name]}
                 units.append(u)
         return units
 

@@ -26,7 +26,7 @@ from mbfg_ros.dynamics.coordinates import choose_independent, degrees_of_freedom
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import EffortModel
 from mbfg_ros.graph.layout import StateLayout
-from mbfg_ros.graph.step_model import StepModel
+from mbfg_ros.graph.step_model import StepModel, StepValues
 from mbfg_ros.graph.window import FixedLagWindow
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -79,8 +79,8 @@ class StepFactors:
 
     # -- per window ------------------------------------------------------------------------------
     def restart(self, z: Optional[np.ndarray]):
-        """Persistent units of a new window (independent coordinates z; their per-step parameters are set
-        by `prepare_forces`), and a new effort history."""
+        """Persistent units of a new window (independent coordinates z; their per-step parameters come with
+        each step: `step_values`), and a new effort history."""
         self.z = None if z is None else np.asarray(z, dtype=np.intp)
         self._build()
         self._models.clear()
@@ -128,21 +128,28 @@ class StepFactors:
         integrator = F.EulerIntegrator if self.integrator == "euler" else F.TrapezoidalIntegrator
         return [integrator(x, xd, dim, h, si), integrator(xd, xdd, dim, h, si)]
 
-    def prepare_forces(self, efforts: np.ndarray, h: Optional[float], window: Optional[FixedLagWindow]):
-        """Set this step's forces on the units (h: the step from the previous one; None: a seed); returns
-        the commanded-effort prior unit or None."""
+    def step_values(self, efforts: np.ndarray, h: Optional[float], window: Optional[FixedLagWindow]
+                    ) -> Tuple[StepValues, Optional[F.Factor]]:
+        """This step's forces as per-step values of its units (h: the step from the previous one; None: a
+        seed), and the commanded-effort prior unit (or None).  Nothing is set on the units: the window puts
+        a step's values on them whenever it evaluates that step."""
         Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
+        values: StepValues = {}
         jerk = self.jerk
         if not self.efforts.has_state:
-            self.dynamics.Q = Q
+            values[self.dynamics] = {"Q": Q}
             if jerk is not None:
-                jerk.Q = Q
+                values[jerk] = {"Q": Q}
         if jerk is not None and Qdot is not None:
-            jerk.Qdot = Qdot
-        self._forces_set(Q, Qdot, h, window)
-        return prior
+            values.setdefault(jerk, {})["Qdot"] = Qdot
+        unit = None
+        if prior is not None:
+            unit, mean = prior
+            values[unit] = {"mean": mean}
+        self._forces_values(values, Q, Qdot, h, window)
+        return values, unit
 
-    def _forces_set(self, Q, Qdot, h, window):
+    def _forces_values(self, values: StepValues, Q, Qdot, h, window):
         pass
 
     def _dynamic_units(self, prior) -> list:
@@ -171,20 +178,21 @@ class StepFactors:
             self._step_models[key] = model
         return model
 
-    def predict(self, x: np.ndarray, h: float, a_prev: Optional[np.ndarray], h_prev: float
-                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    def predict(self, x: np.ndarray, h: float, a_prev: Optional[np.ndarray], h_prev: float,
+                values: Optional[StepValues] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """Continuity predictor of the state h after x: Taylor expansion of q, q̇ (through q̈ and the jerk:
         a backward difference with the previous q̈ `a_prev` h_prev earlier, or the model's) from x, then
         q̈ from the dynamics at the predicted (q, q̇) — the same dynamics linearization the step's factors
-        use (shared through the context), so it costs nothing extra.  Returns (prediction, the soft
-        equality's offset or None); changes nothing."""
+        use (shared through the context), so it costs nothing extra.  `values`: the step's `step_values`
+        (the forces; not needed with estimated efforts and a jerk-free integrator: the prediction is then
+        input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
         q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
-        j = self._jerk_before(x, h, a_prev, h_prev)
+        j = self._jerk_before(x, h, a_prev, h_prev, values)
         qp, vp = xp[:n], xp[n:n2]
         xp[:n2] += h * x[n:n3]                      # q + h q̇, q̇ + h q̈
         if j is not None:
@@ -193,25 +201,25 @@ class StepFactors:
         else:
             qp += h2 * a
         dyn = self.dynamics
-        Q = dyn.forces(xp[self._tau]) if self._tau is not None else dyn.Q
+        Q = dyn.forces(xp[self._tau]) if self._tau is not None else values[dyn]["Q"]
         d = self.ctx.dynamics(qp, vp, Q)
         ap = d.a
         xp[n2:n3] = ap
-        return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3)
+        return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
 
-    def _jerk_before(self, x, h, a_prev, h_prev):
+    def _jerk_before(self, x, h, a_prev, h_prev, values):
         if a_prev is not None:
             n = self.mech.n
             return (x[2 * n:3 * n] - a_prev) / h_prev
         return None
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3) -> Optional[np.ndarray]:
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
         return None
 
-    def use_prediction(self, offset: Optional[np.ndarray]):
+    def prediction_values(self, offset: Optional[np.ndarray], values: StepValues):
         """The step is linearized at a prediction: its soft equality expects the predicted displacement."""
         if offset is not None:
-            self.soft_equality.offset = offset
+            values[self.soft_equality] = {"offset": offset}
 
     def correct_early_rates(self, window: FixedLagWindow, k: int, h: float, rates: list):
         """Re-linearize the window's first steps with better effort rates Q̇ of steps 0 … k − 1
@@ -248,23 +256,25 @@ class DependentHermiteFactors(DependentFactors):
         return [F.HermiteIntegrator("q", "v", "a", self.mech.n, h, si),
                 F.HermiteVelocityIntegrator(self.mech, h, sigma=si, efforts=self.efforts.has_state)]
 
-    def _forces_set(self, Q, Qdot, h, window):
+    def _forces_values(self, values, Q, Qdot, h, window):
         if h is not None:
             hv = self.integrators(h)[1]
             Q0, Qd0 = self._forces_last
             zero = self.efforts.zero_rate
-            hv.Q_prev, hv.Qdot_prev = Q0, (None if Qd0 is zero else Qd0)
-            hv.Q, hv.Qdot = Q, (None if Qdot is zero else Qdot)
             x = window.last.x_cur
             n = self.mech.n
-            hv.lin_prev = (x[:n], x[n:2 * n], x[self._tau] if self._tau is not None else None)
+            values[hv] = {"Q_prev": Q0, "Qdot_prev": None if Qd0 is zero else Qd0,
+                          "Q": Q, "Qdot": None if Qdot is zero else Qdot,
+                          "lin_prev": (x[:n], x[n:2 * n], x[self._tau] if self._tau is not None else None)}
         self._forces_last = (Q, Qdot)
 
-    def _jerk_before(self, x, h, a_prev, h_prev):
+    def _jerk_before(self, x, h, a_prev, h_prev, values):
         # the jerk at the previous estimate, on the linear model the step factors use for it
         n = self.mech.n
         hv = self.integrators(h)[1]
-        return hv.jerk(hv.dynamics_prev(x[:n], x[n:2 * n], ctx=self.ctx), x[n:2 * n], x[2 * n:3 * n], hv.Qdot_prev)
+        own = values[hv]
+        d = hv.dynamics_at(self.ctx, own["Q_prev"], own["lin_prev"], x[:n], x[n:2 * n])
+        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"])
 
     def correct_early_rates(self, window, k, h, rates):
         # step j's velocity integrator reads Q̇ at steps j − 1 and j
@@ -301,7 +311,7 @@ class IndependentFactors(StepFactors):
         z = self.z
         blocks.update(z=blocks["q"][z], zd=blocks["v"][z], zdd=blocks["a"][z])
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3):
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values):
         sl, z = self.layout.slices, self.z
         xp[sl["z"]] = qp[z]
         xp[sl["zd"]] = vp[z]
@@ -344,9 +354,11 @@ class IndependentHermiteFactors(IndependentFactors):
         blocks["zj"] = j0[self.z]
         super()._seed_blocks(blocks, d)
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3):
+    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values):
         sl, z = self.layout.slices, self.z
-        jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ self.jerk.Qdot
+        own = values.get(self.jerk) if values else None
+        Qdot = own["Qdot"] if own and "Qdot" in own else self.jerk.Qdot
+        jp = d.da_dq @ vp + d.da_dv @ ap + d.da_dQ @ Qdot
         zz, zd, zdd, zj = x[sl["z"]], x[sl["zd"]], x[sl["zdd"]], x[sl["zj"]]
         xp[sl["z"]] = zz + h * zd + h2 * zdd + h3 * zj
         xp[sl["zd"]] = zd + h * zdd + h2 * zj

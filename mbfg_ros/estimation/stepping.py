@@ -1,8 +1,9 @@
-"""The current window and the steps added to it: a step sets the effort model's forces on the units,
-predicts the state, lets the window linearize the step there (`FixedLagWindow.prepare`), lets the
-innovation gate screen the readings on that linearization (a rejected reading: the step is linearized
-again without it), and adds it with the relinearization safeguard (`FixedLagWindow.commit`).  Late
-readings of a step still in the window become extra factors on its state."""
+"""The current window and the steps added to it.  A step gathers its per-step values (the effort
+model's forces, the prediction's offset, the readings) without setting anything on the units, predicts the
+state, lets the window linearize the step there (`FixedLagWindow.prepare`), lets the innovation gate screen
+the readings on that linearization (a rejected reading: the step is linearized again without it), and adds
+it with the relinearization safeguard (`FixedLagWindow.commit`).  Late readings of a step still in the
+window become extra factors on its state."""
 
 from __future__ import annotations
 
@@ -91,17 +92,17 @@ class Stepper:
         """One step h after the newest."""
         k = self.k + 1
         factors, window = self.factors, self.window
-        prior = factors.prepare_forces(efforts, h, window)
+        values, prior = factors.step_values(efforts, h, window)
         x_prev = self.x
-        xp, offset = self._predicted(x_prev, h)
-        factors.use_prediction(offset)
-        readings = self.sensors.step_units(obs) if obs else []
+        xp, offset = self._predicted(x_prev, h, values)
+        factors.prediction_values(offset, values)
+        readings = self.sensors.step_units(obs, values) if obs else []
         thr = self.threshold_readings
-        rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None)
+        rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None, values)
         if readings and self.gate.enabled:
             kept = self.gate.screen(readings, rec.model.whitened_rows, k)
             if len(kept) != len(readings):
-                rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None)
+                rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None, values)
         x = window.commit(rec)
         self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
         rates = self.efforts.early_rates(k, h)
@@ -116,14 +117,14 @@ class Stepper:
                               f"{rec.relinearizations} relinearizations)")
         self.k, self.x = k, x
 
-    def _predicted(self, x, h):
+    def _predicted(self, x, h, values):
         """The prediction of the step h after x: the one `prepare_next` made, if for this step."""
         p = self._prediction
         if p is not None:
             self._prediction = None
             if p[0] is x and p[1] == h and p[2] is self.a_prev:
                 return p[3]
-        return self.factors.predict(x, h, self.a_prev, self.h_prev)
+        return self.factors.predict(x, h, self.a_prev, self.h_prev, values)
 
     def prepare_next(self) -> bool:
         """Predict the next step (one dt after the newest) now, if the prediction does not depend on the

@@ -12,10 +12,11 @@ A unit is one small object with
   ``error(*blocks, ctx=None)`` – error only (cheaper for the dynamics units),
   ``whitened(*blocks, ctx=None)`` – both divided by the sigmas.
 
-Fixed parameters (measured values, known forces, Δt) are attributes set at construction; the
-estimator may update them in place (``unit.value = ...``, ``unit.Q = ...``) before evaluating, the gtsam
-adapters take a copy.  Nothing is read from outside the blocks: every quantity an error depends on is
-either a slot or a parameter of the unit.
+Parameters (measured values, known forces, Δt) are attributes set at construction.  A unit shared by
+the steps of a window has per-step parameters (``params``: a reading, the forces of a step): the caller
+passes each step's values with the step and `graph.step_model.StepModel` puts them on the unit whenever
+it evaluates that step; the gtsam adapters take a copy.  Nothing is read from outside the blocks: every
+quantity an error depends on is either a slot or a parameter of the unit.
 
 ``ctx`` is an optional `EvalContext`: a memo of the expensive per-configuration quantities (Φ, Φq,
 q̈ and its Jacobians) keyed by the *values* of the blocks, so several units evaluated at the same
@@ -91,8 +92,8 @@ class Factor:
     static: bool = False
     #: weight of this unit's rows in the relinearization check of the fast path (see `Jerk`)
     check_weight: float = 1.0
-    #: names of the per-step parameters (measured values, known forces) an estimator may update in place;
-    #: `graph.step_model.StepModel` snapshots them so an older step can be re-linearized with its own values
+    #: names of the per-step parameters (measured values, known forces): passed with each step
+    #: (`graph.step_model.StepValues`) and kept per step, so an older step is re-linearized with its own values
     params: tuple = ()
 
     def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):

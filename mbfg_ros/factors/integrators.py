@@ -170,11 +170,14 @@ class HermiteVelocityIntegrator(Factor):
 
     def dynamics_prev(self, q0, v0, tau0=None, ctx=None):
         """The dynamics linearization j₀ is built on (at ``lin_prev``, else at (q₀, q̇₀))."""
-        c = context_or_new(ctx, self.mech)
-        if self.lin_prev is None:
-            return c.dynamics(q0, v0, self.forces(self.Q_prev, tau0))
-        qb, vb, tb = self.lin_prev
-        return c.dynamics(qb, vb, self.forces(self.Q_prev, tb))
+        return self.dynamics_at(context_or_new(ctx, self.mech), self.Q_prev, self.lin_prev, q0, v0, tau0)
+
+    def dynamics_at(self, ctx, Q_prev, lin_prev, q0, v0, tau0=None):
+        """`dynamics_prev` for given per-step values ``Q_prev`` and ``lin_prev`` (a step not yet added)."""
+        if lin_prev is None:
+            return ctx.dynamics(q0, v0, self.forces(Q_prev, tau0))
+        qb, vb, tb = lin_prev
+        return ctx.dynamics(qb, vb, self.forces(Q_prev, tb))
 
     def evaluate(self, q0, v0, a0, q1, v1, a1, *tau, ctx=None):
         c = context_or_new(ctx, self.mech)

@@ -5,7 +5,7 @@ linearization).  GTSAM never calls back into Python for these factors."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import gtsam
 import numpy as np
@@ -16,6 +16,9 @@ from mbfg_ros.graph.gtsam_adapters import unit_noise
 from mbfg_ros.graph.layout import StateLayout
 
 __all__ = ["linearize_step", "residual_step", "linear_factor", "StepModel"]
+
+#: a step's per-step factor parameters: unit -> {parameter name: value} (see `Factor.params`)
+StepValues = Dict[Factor, Dict[str, object]]
 
 
 def _blocks_for(unit, slot_map, vprev, vcur):
@@ -176,13 +179,22 @@ class StepModel:
         a, b = self._unit_rows[id(unit)]
         return self.r[a:b]
 
-    def snapshot(self) -> list:
-        """The units' current per-step parameters (references: the estimator assigns new objects)."""
-        return [tuple(getattr(u, p) for p in names) for u, names in self.param_units]
+    def params_of(self, values: StepValues) -> list:
+        """This model's per-step parameters, one tuple per unit that has any: from `values` (unit -> {name:
+        value}) where given, else the unit's own, fixed at construction."""
+        out = []
+        for u, names in self.param_units:
+            given = values.get(u)
+            if given is None:
+                out.append(tuple(getattr(u, p) for p in names))
+            else:
+                out.append(tuple(given[p] if p in given else getattr(u, p) for p in names))
+        return out
 
-    def restore(self, snap: list):
-        """Put a snapshot back (units may be shared by several models: always set every value)."""
-        for (u, names), vals in zip(self.param_units, snap):
+    def apply(self, params: list):
+        """Put a step's parameters (`params_of`) on the units before they are evaluated for it (units are
+        shared by the models of several steps: every value is always set)."""
+        for (u, names), vals in zip(self.param_units, params):
             for p, val in zip(names, vals):
                 setattr(u, p, val)
 

@@ -20,11 +20,12 @@ import numpy as np
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.graph.gtsam_adapters import STATE_KEY_0, state_key, unit_noise
 from mbfg_ros.graph.layout import StateLayout
-from mbfg_ros.graph.step_model import StepModel
+from mbfg_ros.graph.step_model import StepModel, StepValues
 
 __all__ = ["FixedLagWindow", "StepRecord"]
 
 _EMPTY = np.zeros(0)
+_NO_VALUES: StepValues = {}
 _max = np.maximum.reduce
 _add_reduce = np.add.reduce
 
@@ -50,7 +51,7 @@ class StepRecord:
         self.factor_index = factor_index
         self.relinearizations = relinearizations
         self.mismatch = mismatch
-        self.params = params              # the units' parameters at this step (`StepModel.snapshot`)
+        self.params = params              # the units' parameters at this step (`StepModel.params_of`)
         self.threshold = threshold        # this step's relinearization threshold (None: the window's)
         self._factor = None
 
@@ -125,21 +126,24 @@ class FixedLagWindow:
 
     # -- steps ------------------------------------------------------------------------------
     def add_step(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
-                 check: bool = True, threshold: Optional[float] = None) -> np.ndarray:
+                 check: bool = True, threshold: Optional[float] = None,
+                 values: Optional[StepValues] = None) -> np.ndarray:
         """`prepare` step k and `commit` it; returns the estimate of X_k."""
-        return self.commit(self.prepare(k, model, x_pred, x_prev, threshold), check)
+        return self.commit(self.prepare(k, model, x_pred, x_prev, threshold, values), check)
 
     def prepare(self, k: int, model: StepModel, x_pred: np.ndarray, x_prev: Optional[np.ndarray] = None,
-                threshold: Optional[float] = None) -> StepRecord:
+                threshold: Optional[float] = None, values: Optional[StepValues] = None) -> StepRecord:
         """Linearize step k's `model` (state X_k with initial value / linearization point `x_pred`; `x_prev` =
         the current estimate of X_{k−1}, needed when the model has `_prev` slots) without adding it: until
         the next `prepare`, the caller may look at its residual rows (``record.model.whitened_rows``) and
         prepare another model of the same step instead (e.g. without an outlier reading).  `threshold`
-        overrides the window's relinearization threshold for this step."""
+        overrides the window's relinearization threshold for this step; `values` are its units' per-step
+        parameters (readings, forces, ...: `StepModel.params_of`), kept with the step for every later
+        re-linearization."""
         theta = self._theta
         theta[k] = x_pred
         theta.pop(k - self.lag - 2, None)
-        return self._prepared(k, model, x_pred, x_prev, threshold)
+        return self._prepared(k, model, x_pred, x_prev, threshold, values)
 
     def commit(self, rec: StepRecord, check: bool = True) -> np.ndarray:
         """Add the prepared step to the window (one iSAM2 update) and, with `check`, run the relinearization
@@ -165,21 +169,21 @@ class FixedLagWindow:
             x_est = self.safeguard(x_est)
         return x_est
 
-    def _prepared(self, k, model, x_pred, x_prev, threshold) -> StepRecord:
+    def _prepared(self, k, model, x_pred, x_prev, threshold, values=None) -> StepRecord:
         """The record of step k, linearized at `x_pred`."""
         if not model.need_prev:
             x_prev = None
         elif x_prev is None:
             raise ValueError("this step's units read the previous state: x_prev is required")
-        rec = StepRecord(k, model, x_prev, x_pred, params=model.snapshot() if model.param_units else [],
-                         threshold=threshold)
-        self._linearize(rec, restore=False)
+        params = model.params_of(values or _NO_VALUES) if model.param_units else []
+        rec = StepRecord(k, model, x_prev, x_pred, params=params, threshold=threshold)
+        self._linearize(rec)
         return rec
 
     def _linearize(self, rec: StepRecord, restore: bool = True):
         model = rec.model
         if restore:
-            model.restore(rec.params)
+            model.apply(rec.params)
         # iSAM2 never relinearizes (every factor is linear), so each key's linearization point stays the
         # value θ it was inserted with; the factor is handed over as a linear factor in δ = X − θ, without a
         # linearization point of its own: the static rows are evaluated at θ directly, the others shifted
@@ -256,7 +260,7 @@ class FixedLagWindow:
             return 0.0
         model = rec.model
         if restore:
-            model.restore(rec.params)
+            model.apply(rec.params)
         lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:
