@@ -12,7 +12,6 @@ from mbfg_ros.dynamics import constrained as D
 import mbfg_ros.factors as F
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.dynamics import kinematics as K
-from mbfg_ros.dynamics.coordinates import degrees_of_freedom
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.graph.gtsam_adapters import custom_factor
 from mbfg_ros.graph.layout import StateLayout
@@ -41,7 +40,7 @@ def random_state(mech, rng):
         th = q[mech.relative_angle_columns]
         if np.all(np.abs(np.abs(np.sin(th)) - SWITCH) > 1e-3):
             break
-    d = degrees_of_freedom(mech, q)
+    d = mech.degrees_of_freedom(q)
     return dict(q=q, v=rng.standard_normal(mech.n), a=rng.standard_normal(mech.n), j=rng.standard_normal(mech.n),
                 tau=rng.standard_normal(len(mech.actuated)), z=rng.standard_normal(d), zd=rng.standard_normal(d),
                 zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d)

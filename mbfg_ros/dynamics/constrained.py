@@ -14,15 +14,15 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros.model.constraints import RANK_TOL, numerical_rank
 from mbfg_ros.model.mechanism import Mechanism
 
-RANK_TOL = 1e-9
 
 
 def _rank_split(Phi_q: np.ndarray, rank_tol: float):
     """SVD of Φq (m ≥ 1 rows) and its numerical rank r: (U, s, Vt, r); Vt[r:] spans the null space."""
     U, s, Vt = np.linalg.svd(Phi_q)
-    return U, s, Vt, int(np.sum(s > rank_tol * max(1.0, s[0])))
+    return U, s, Vt, numerical_rank(s, rank_tol)
 
 
 def null_space_basis(Phi_q: np.ndarray, rank_tol: float = RANK_TOL) -> np.ndarray:

@@ -1,19 +1,13 @@
-"""Degrees of freedom and the choice of independent coordinates of a mechanism at a configuration."""
+"""The choice of independent coordinates of a mechanism at a configuration."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 
 from mbfg_ros.dynamics.constrained import null_space_basis
 from mbfg_ros.model.mechanism import Mechanism
-
-
-def degrees_of_freedom(mech: Mechanism, q: Optional[np.ndarray] = None) -> int:
-    """n minus the rank of Φq at q (default: the drawn pose q0)."""
-    J = mech.constraints.jacobian(np.array(mech.q0 if q is None else q, dtype=float))
-    return int(null_space_basis(J).shape[1])
 
 
 def choose_independent(mech: Mechanism, q: np.ndarray, prefer: Sequence[int] = (), return_basis: bool = False):

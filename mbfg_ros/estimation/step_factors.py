@@ -22,7 +22,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.dynamics.cache import EvalContext
-from mbfg_ros.dynamics.coordinates import choose_independent, degrees_of_freedom
+from mbfg_ros.dynamics.coordinates import choose_independent
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import EffortModel
 from mbfg_ros.graph.layout import StateLayout
@@ -46,7 +46,7 @@ class StepFactors:
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
                  ctx: EvalContext):
         self.mech = mech
-        self.dof = degrees_of_freedom(mech)
+        self.dof = mech.degrees_of_freedom()
         # the independent coordinates given in the configuration (else chosen per window; also the
         # velocities held in a seed's velocity problem)
         self.z_user: Optional[np.ndarray] = None

@@ -22,6 +22,13 @@ from typing import Sequence
 import numpy as np
 
 _PERP = np.array([[0.0, 1.0], [-1.0, 0.0]])  # e × f = eᵀ _PERP f  (2-D cross product)
+RANK_TOL = 1e-9     # a singular value of Φq counts when above RANK_TOL · max(1, σ_max)
+
+
+def numerical_rank(singular_values: np.ndarray, rank_tol: float = RANK_TOL) -> int:
+    """The rank that singular values (descending) stand for: how many exceed rank_tol · max(1, σ_max)."""
+    s = singular_values
+    return int(np.sum(s > rank_tol * max(1.0, s[0]))) if s.size else 0
 
 
 class ConstraintType:

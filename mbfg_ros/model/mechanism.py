@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from mbfg_ros.model.constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
-                          MobileSliderConstraints, RelativeAngleConstraints)
+                                        MobileSliderConstraints, RelativeAngleConstraints, numerical_rank)
 from mbfg_ros.model.spec import MechanismError, MechanismSpec
 
 
@@ -191,10 +191,9 @@ class Mechanism:
         full-row-rank subset q̈(q, q̇) is smooth and its derivatives are exact."""
         J = self.constraints.jacobian(q0)
         keep, basis = [], np.zeros((0, self.n))
-        tol = 1e-9 * max(1.0, float(np.abs(J).max(initial=0.0)))
         for i in range(self.m):
             trial = np.vstack([basis, J[i]])
-            if np.linalg.matrix_rank(trial, tol=tol) > len(keep):
+            if numerical_rank(np.linalg.svd(trial, compute_uv=False)) > len(keep):
                 keep.append(i)
                 basis = trial
         rows = np.array(keep, dtype=np.intp)
@@ -294,10 +293,21 @@ class Mechanism:
             out.append(1 if ax * by - ay * bx >= 0.0 else -1)
         return np.array(out)
 
+    def constraint_rank(self, q: Optional[np.ndarray] = None) -> int:
+        """The numerical rank of Φq at q (default: the drawn pose q0)."""
+        if not self.m:
+            return 0
+        J = self.constraints.jacobian(np.array(self.q0 if q is None else q, dtype=float))
+        return numerical_rank(np.linalg.svd(J, compute_uv=False))
+
+    def degrees_of_freedom(self, q: Optional[np.ndarray] = None) -> int:
+        """n minus the rank of Φq at q (default: the drawn pose q0)."""
+        return self.n - self.constraint_rank(q)
+
     def describe(self) -> dict:
         """Summary used by `mbfg info`."""
         Phi, J = self.constraints.phi_and_jacobian(np.array(self.q0))
-        rank = int(np.linalg.matrix_rank(J, tol=1e-9 * max(1.0, np.abs(J).max(initial=0.0)))) if self.m else 0
+        rank = self.constraint_rank()
         return {
             "name": self.name,
             "source": self.spec.source,
