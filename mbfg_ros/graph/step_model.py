@@ -1,21 +1,19 @@
 """Linearization of one step's units in Python: all units of step k (which read X_k and possibly X_{k−1})
-linearized at once, whitened and stacked into one `gtsam.JacobianFactor` (`linearize_step`,
-`linear_factor`, and `StepModel`, which pre-arranges a fixed set of units for fast repeated
-linearization).  GTSAM never calls back into Python for these factors."""
+linearized at once, whitened and stacked into the rows of one linear factor (`linearize_step`, and
+`StepModel`, which pre-arranges a fixed set of units for fast repeated linearization; the window hands the
+rows to GTSAM).  GTSAM never calls back into Python for these factors."""
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence, Tuple
 
-import gtsam
 import numpy as np
 
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.base import Factor
-from mbfg_ros.graph.gtsam_adapters import unit_noise
 from mbfg_ros.graph.layout import StateLayout
 
-__all__ = ["linearize_step", "residual_step", "linear_factor", "StepModel"]
+__all__ = ["linearize_step", "StepModel", "StepValues"]
 
 #: a step's per-step factor parameters: unit -> {parameter name: value} (see `Factor.params`)
 StepValues = Dict[Factor, Dict[str, object]]
@@ -63,37 +61,6 @@ def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optiona
             (A_cur if which else A_prev)[row:row + d, cols] += J * wc
         row += d
     return A_prev, A_cur, r
-
-
-def residual_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
-                  ctx: Optional[EvalContext] = None) -> np.ndarray:
-    """Whitened nonlinear error of all `units` of one step at (x_prev, x_cur) (no Jacobians)."""
-    slot_map = layout.slot_map
-    vcur = layout.views(x_cur)
-    vprev = layout.views(x_prev) if x_prev is not None else None
-    parts = [u.error(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx) / u.sigmas for u in units if u.dim]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def linear_factor(A_prev: Optional[np.ndarray], A_cur: np.ndarray, r: np.ndarray, key_prev: Optional[int],
-                  key_cur: int, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
-                  work: Optional[gtsam.Values] = None) -> gtsam.LinearContainerFactor:
-    """The linear model e_w ≈ r + A_prev δ_prev + A_cur δ_cur as a C++ `LinearContainerFactor`
-    linearized at (x_prev, x_cur) (unit noise: the rows are already whitened).  `work`: a scratch
-    `gtsam.Values` to reuse (the factor keeps its own copy of the linearization point)."""
-    if work is None:
-        lin = gtsam.Values()
-    else:
-        lin = work
-        lin.clear()
-    lin.insert(key_cur, x_cur)
-    noise = unit_noise(r.size)
-    if A_prev is None:
-        jf = gtsam.JacobianFactor(key_cur, A_cur, -r, noise)
-    else:
-        lin.insert(key_prev, x_prev)
-        jf = gtsam.JacobianFactor(key_prev, A_prev, key_cur, A_cur, -r, noise)
-    return gtsam.LinearContainerFactor(jf, lin)
 
 
 # ----------------------------------------------------------------------------------------------
