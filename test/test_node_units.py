@@ -145,7 +145,10 @@ def test_serialized_templates_equal_rclpy_serialization(mech_name):
 def test_diagnostic_array_encoder_equals_rclpy_serialization(frame_id):
     """The node's hand-written DiagnosticArray serializer: byte-identical to rclpy's for mixed values
     (floats, ints, bools, strings of every length mod 4, unicode, empty), several statuses, any level."""
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+    def key_values(d):      # the documented text of the values: floats as %.6g, the rest str()
+        return [KeyValue(key=str(k), value=f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in d.items()]
     from rclpy.serialization import deserialize_message, serialize_message
     statuses = [(0, "/ns/mbfg_estimator: estimator", "running", "four_bar_crank",
                  {"state": "running", "dt": 0.001, "window": 10, "late_steps_percent": 33.3333333,
@@ -157,7 +160,7 @@ def test_diagnostic_array_encoder_equals_rclpy_serialization(frame_id):
     arr = DiagnosticArray()
     arr.header.stamp.sec, arr.header.stamp.nanosec = divmod(stamp, 1_000_000_000)
     arr.header.frame_id = frame_id
-    arr.status = [DiagnosticStatus(level=bytes([lv]), name=n, message=m, hardware_id=h, values=rc.key_values(kv))
+    arr.status = [DiagnosticStatus(level=bytes([lv]), name=n, message=m, hardware_id=h, values=key_values(kv))
                   for lv, n, m, h, kv in statuses]
     ref = bytes(serialize_message(arr))
     # the same bytes except for the alignment padding, which rclpy leaves uninitialized

@@ -79,7 +79,7 @@ def position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, ass
             solved.append(k)
         return q
 
-    def spaced(k_last):            # up to three solved steps about `stride` apart, the last one first
+    def spaced():                  # up to three solved steps about `stride` apart, the last one first
         out = [solved[-1]]
         for j in reversed(solved[:-1]):
             if len(out) == 3:
@@ -89,7 +89,7 @@ def position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, ass
         return out
 
     for c in np.unique(np.r_[np.arange(stride, N, stride), N - 1]).tolist():
-        if _position_step(mech, values, q, c, spaced(c), free, mode0, tol, fallback=False):
+        if _position_step(mech, values, q, c, spaced(), free, mode0, tol, fallback=False):
             solved.append(c)
             continue
         for k in range(solved[-1] + 1, c + 1):           # hard stretch: step by step

@@ -30,14 +30,14 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_rows", "_n", "_r", "_third", "_older")
+                 "_K", "_b", "_rows", "_n", "_third", "_older")
 
     def __init__(self, mech: Mechanism):
         self.mech = mech
         n = mech.n
         rows = np.asarray(mech.independent_rows, dtype=np.intp)
         self._rows = None if rows.size == mech.m else rows
-        self._n, self._r = n, rows.size
+        self._n = n
         self._K = np.zeros((n + rows.size, n + rows.size), order="F")
         self._K[:n, :n] = mech.mass_matrix
         self._b = np.zeros(n + rows.size)

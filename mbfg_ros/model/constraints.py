@@ -183,10 +183,6 @@ class RelativeAngleConstraints(ConstraintType):
                 grad.append([0.0, -1.0, 0.0, 1.0, -L * c])
         return np.array(phi), np.array(grad)
 
-    def curvature(self, theta) -> np.ndarray:
-        """∂²φ/∂θ² per instance at the angles `theta` (the only non-zero second derivative)."""
-        return self.curvatures(theta)[0]
-
     def curvatures(self, theta):
         """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`."""
         c2, c3 = [], []
@@ -236,7 +232,6 @@ class ConstraintSet:
         self._H_rows = H.reshape(m * ne, ne)          # (H @ x) for all rows at once
         self._H_flat = H.reshape(m, ne * ne)          # λ-weighted sum of Hessians
         self._b, self._c = b, c
-        self._empty = m == 0
         # Φ and Φq in one product: with qe1 = [qe, 1] and H̃ = [[H, b], [bᵀ, 2c]] per row,
         # T = H̃ qe1 = [Φq(extended) | bᵀqe + 2c] and Φ = ½ T qe1.
         Ht = np.zeros((m, ne + 1, ne + 1))

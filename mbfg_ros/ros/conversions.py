@@ -18,7 +18,6 @@ import numpy as np
 import rclpy
 from builtin_interfaces.msg import Duration as DurationMsg
 from builtin_interfaces.msg import Time as TimeMsg
-from diagnostic_msgs.msg import KeyValue
 from geometry_msgs.msg import Point
 from sensor_msgs.msg import JointState
 from std_msgs.msg import ColorRGBA
@@ -149,18 +148,6 @@ def decode_joint_state(buf: bytes) -> RawJointState:
     except struct.error as exc:
         raise ValueError(f"truncated JointState ({exc})") from None
     return RawJointState(sec * NS + nanosec, frame_id, names, *arrays)
-
-def _field(msg_field, i: int):
-    return msg_field[i] if i < len(msg_field) else None
-
-
-def _check_lengths(msg: JointState, needed: Sequence[str]) -> Optional[Problem]:
-    n = len(msg.name)
-    for f in needed:
-        length = len(getattr(msg, f))
-        if length != n:
-            return ("bad_size", f"JointState has {n} names but {length} {f} values")
-    return None
 
 
 def sensor_fields(mech) -> Dict[str, Tuple[str, str]]:
@@ -412,6 +399,3 @@ def encode_diagnostic_array(stamp_ns: int, statuses: Sequence[Tuple[int, str, st
             string(_value_text(v))
     return bytes(out)
 
-
-def key_values(d: Dict[str, object]) -> List[KeyValue]:
-    return [KeyValue(key=str(k), value=_value_text(v)) for k, v in d.items()]
