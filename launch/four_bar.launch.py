@@ -6,7 +6,7 @@
     ros2 launch mbfg_ros four_bar.launch.py sim:=false use_sim_time:=true   # with `ros2 bag play --clock`
     ros2 launch mbfg_ros four_bar.launch.py mode:=estimation config:=/path/to/my.yaml mechanism:=/path/to/m.yaml
 
-Arguments (see mbfg_ros/launch_description.py): use_sim_time (false), config
+Arguments (see mbfg_ros/ros/launch_description.py): use_sim_time (false), config
 (share/mbfg_ros/config/four_bar.yaml), mechanism (share/mbfg_ros/mechanisms/four_bar_crank.yaml),
 mode ('' = as in the config file), sim (true: also start four_bar_sim).
 """

@@ -5,7 +5,7 @@
     ros2 launch mbfg_ros pick_and_place.launch.py use_sim_time:=true   # the simulated robot publishes /clock
     ros2 launch mbfg_ros pick_and_place.launch.py sim:=false use_sim_time:=true   # with `ros2 bag play --clock`
 
-Arguments (see mbfg_ros/launch_description.py): use_sim_time (false), config
+Arguments (see mbfg_ros/ros/launch_description.py): use_sim_time (false), config
 (share/mbfg_ros/config/pick_and_place.yaml), mechanism (share/mbfg_ros/mechanisms/pick_and_place_robot.yaml),
 mode ('' = as in the config file), sim (true: also start the simulated plant, executable four_bar_sim).
 """
