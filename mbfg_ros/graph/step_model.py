@@ -153,9 +153,11 @@ class StepModel:
         for u, names in self.param_units:
             given = values.get(u)
             if given is None:
-                out.append(tuple(getattr(u, p) for p in names))
+                out.append(tuple([getattr(u, p) for p in names]))
+            elif len(given) == len(names):
+                out.append(tuple([given[p] for p in names]))
             else:
-                out.append(tuple(given[p] if p in given else getattr(u, p) for p in names))
+                out.append(tuple([given[p] if p in given else getattr(u, p) for p in names]))
         return out
 
     def apply(self, params: list):
