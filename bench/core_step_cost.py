@@ -48,7 +48,7 @@ def run(steps: int):
     from mbfg_ros.blas import limit_blas_threads
     from mbfg_ros.estimation.estimator import FixedLagEstimator
     from mbfg_ros.model.mechanism import load_mechanism
-    from mbfg_ros.sim.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     limit_blas_threads(1)
     p = estimator_parameters(REPO / "config" / "four_bar.yaml")
     mech = load_mechanism(p["mechanism"])
@@ -56,7 +56,7 @@ def run(steps: int):
     cfg = EstimatorConfig(dt=dt, window=int(p["window"]), mode=p["mode"], formulation=p["formulation"],
                           integrator=p["integrator"], sensor_sigmas=dict(p["sensor_sigmas"]), max_substeps=1,
                           assembly_mode=tuple(p["assembly_mode"])).validated()
-    plant = SimulatedPlant(mech, dt=dt, seed=1)
+    plant = SimulatedPlant(mech, dt=dt, seed=1, actuator=Actuator.ideal(mech))   # the measured inputs of before
     samples = [plant.step() for _ in range(steps)]
     est = FixedLagEstimator(mech, cfg)
     step_cpu, update_cpu = [], []

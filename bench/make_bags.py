@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
-from mbfg_ros.sim.plant import SimulatedPlant, Trajectory  # noqa: E402
+from mbfg_ros.sim.plant import Actuator, SimulatedPlant, Trajectory  # noqa: E402
 
 NS = 1_000_000_000
 DEFAULT_DT = {"four_bar_crank": 1e-3, "pick_and_place_robot": 5e-3}
@@ -65,7 +65,8 @@ def write_bag(path, mechanism: str = "four_bar_crank", duration: float = 3.0, dt
     path.parent.mkdir(parents=True, exist_ok=True)
     mech = load_mechanism(mechanism)
     dt = float(dt if dt is not None else DEFAULT_DT.get(mech.name, 1e-3))
-    traj: Trajectory = SimulatedPlant(mech, dt=dt, seed=seed).simulate(duration)
+    # exact commands (ideal actuator): test/test_bag_replay.py checks the fused-mode effort against the truth
+    traj: Trajectory = SimulatedPlant(mech, dt=dt, seed=seed, actuator=Actuator.ideal(mech)).simulate(duration)
     ts = _typestore(distro)
     T = ts.types
     Time, Header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]

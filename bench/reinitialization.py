@@ -27,9 +27,9 @@ def run(seed: int, steps: int, every: int):
     from mbfg_ros.estimation.config import EstimatorConfig
     from mbfg_ros.estimation.estimator import FixedLagEstimator
     from mbfg_ros.model.mechanism import load_mechanism
-    from mbfg_ros.sim.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     robot = load_mechanism("pick_and_place_robot")
-    plant = SimulatedPlant(robot, dt=5e-3, seed=seed)
+    plant = SimulatedPlant(robot, dt=5e-3, seed=seed, actuator=Actuator.ideal(robot))   # exact commands (fused)
     est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused",
                                                    sensor_sigmas={"motor1": 1e-3, "motor2": 1e-3}))
     err, residual = [], 0.0

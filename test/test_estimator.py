@@ -494,8 +494,8 @@ def test_checks_are_not_skipped_where_relinearization_is_needed(crank):
     """Forward dynamics under the simulated plant's PD torque (wide crank swings) with the tight
     prediction-step threshold (1e-3 σ): the steps that need re-linearizing are all found (the same ones as
     checking every step), the others skipped."""
-    from mbfg_ros.sim.plant import SimulatedPlant
-    traj = SimulatedPlant(crank, dt=1e-3, seed=1).simulate(1.5)
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    traj = SimulatedPlant(crank, dt=1e-3, seed=1, actuator=Actuator.ideal(crank)).simulate(1.5)
     res = {}
     for ci in (1, 8):
         est = FixedLagEstimator(crank, EstimatorConfig(window=10, check_interval=ci))

@@ -39,8 +39,8 @@ def mech():
 
 @pytest.fixture(scope="module")
 def traj(mech):
-    from mbfg_ros.sim.plant import SimulatedPlant
-    return SimulatedPlant(mech, dt=DT, seed=7).simulate(2.0)
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    return SimulatedPlant(mech, dt=DT, seed=7, actuator=Actuator.ideal(mech)).simulate(2.0)   # exact commands
 
 
 @pytest.fixture(scope="module")
@@ -526,9 +526,9 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
     """A step far below the solve time (0.2 ms): the node cannot keep up, so it skips to the newest
     inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
-    from mbfg_ros.sim.plant import SimulatedPlant
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     dt = 0.0002
-    fast_traj = SimulatedPlant(mech, dt=dt, seed=2).simulate(1.0)
+    fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(1.0)
     dom = fresh_domain_id()
     est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "dt": dt, "max_backlog": 0.05,
                                                                "max_input_delay": 0.001})

@@ -4,21 +4,28 @@
 positions and velocities back onto the constraint manifold after every substep, under a known
 effort law `EffortProfile` (PD tracking of sinusoidal joint references plus gravity compensation,
 so the crank swings widely but can never run away), sampled and held once per dt like a digital
-controller.  Each step yields a `PlantSample`
-with the truth (q, q̇, q̈, efforts, Q) and noisy sensor readings (σ from the mechanism's sensors,
-seeded RNG).
+controller.  The commanded effort reaches the mechanism through an `Actuator` (gain, Coulomb and
+viscous friction, bias), by default a realistic mismatch (`Actuator.default_mismatch`: 0.9 × command
+minus friction), since no real motor applies exactly what it is told; `Actuator.ideal` applies the
+command exactly.  Each step yields a `PlantSample` with the truth (q, q̇, q̈, the commanded efforts
+`efforts`, the `applied` efforts, Q) and noisy sensor readings (σ from the mechanism's sensors, seeded
+RNG).
 
-Used by the `four_bar_sim` node, by `bench/make_bags.py` and by the tests::
+`efforts` is what a controller sends and what an estimator is given (the commands); `applied` is what
+acts on the mechanism (the truth an effort estimate is scored against); Q is made of `applied`.
+
+Used by the `four_bar_sim` node, by `bench/make_bags.py`, `bench/estimation_quality.py` and by the tests::
 
     plant = SimulatedPlant(load_mechanism("four_bar_crank"), dt=1e-3, seed=1)
-    traj = plant.simulate(5.0)          # arrays t, q, v, a, efforts, Q, readings
+    traj = plant.simulate(5.0)          # arrays t, q, v, a, efforts (commanded), applied, Q, readings
+    exact = SimulatedPlant(mech, actuator=Actuator.ideal(mech))   # applied == commanded
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -76,15 +83,109 @@ class EffortProfile:
         return tau
 
 
+@dataclass(frozen=True)
+class Actuator:
+    """How the commanded efforts become the applied ones, per actuator (actuator order):
+
+        applied = gain · command − coulomb · tanh(rate / coulomb_rate_scale) − viscous · rate + bias,
+
+    `rate` the actuated coordinate's rate.  Units: coulomb and bias in the effort's unit (N·m on an angle,
+    N on a length), viscous in effort·s per coordinate unit (N·m·s/rad), coulomb_rate_scale in the
+    coordinate's rate unit (rad/s): the smooth tanh keeps the plant's dynamics differentiable (an RK4 step
+    across a sign change of a discontinuous friction would be inaccurate)."""
+    gain: np.ndarray
+    coulomb: np.ndarray
+    coulomb_rate_scale: np.ndarray
+    viscous: np.ndarray
+    bias: np.ndarray
+
+    FIELDS = ("gain", "coulomb", "coulomb_rate_scale", "viscous", "bias")
+    #: the default mismatch, every actuator (issue 12's numbers; see `default_mismatch`)
+    MISMATCH = {"gain": 0.9, "coulomb": 1.5, "coulomb_rate_scale": 0.05, "viscous": 0.3, "bias": 0.0}
+    IDEAL = {"gain": 1.0, "coulomb": 0.0, "coulomb_rate_scale": 0.05, "viscous": 0.0, "bias": 0.0}
+
+    @classmethod
+    def from_values(cls, mech: Mechanism, values: Optional[Mapping[str, object]] = None,
+                    base: Optional[Mapping[str, float]] = None) -> "Actuator":
+        """Each field from `values` (a number for every actuator, or one per actuator in actuator order),
+        the others from `base` (default: `MISMATCH`).  ValueError naming the field and the actuator for a
+        wrong length, a non-finite value, a gain ≤ 0 (a reversed or dead motor is not a mismatch), a
+        negative friction or a coulomb_rate_scale ≤ 0."""
+        k = len(mech.actuated)
+        values = dict(values or {})
+        base = dict(cls.MISMATCH if base is None else base)
+        unknown = sorted(set(values) - set(cls.FIELDS))
+        if unknown:
+            raise ValueError(f"unknown actuator fields {unknown} (known: {', '.join(cls.FIELDS)})")
+        names = list(mech.actuator_names)
+        out = {}
+        for f in cls.FIELDS:
+            raw = values.get(f, base[f])
+            try:
+                arr = np.array(raw, dtype=float).reshape(-1)
+            except (TypeError, ValueError):
+                raise ValueError(f"actuator {f} must be a number or a list of numbers (got {raw!r})") from None
+            if arr.size == 1:
+                arr = np.full(k, arr[0])
+            if arr.size != k:
+                raise ValueError(f"actuator {f} must be one number or {k} (one per actuator {names}); "
+                                 f"got {arr.size}")
+            for name, x in zip(names, arr):
+                if not math.isfinite(x):
+                    raise ValueError(f"actuator {f} of '{name}' must be finite (got {x})")
+                if f == "gain" and not x > 0:
+                    raise ValueError(f"actuator gain of '{name}' must be > 0 (got {x})")
+                if f in ("coulomb", "viscous") and x < 0:
+                    raise ValueError(f"actuator {f} of '{name}' must be >= 0 (got {x})")
+                if f == "coulomb_rate_scale" and not x > 0:
+                    raise ValueError(f"actuator coulomb_rate_scale of '{name}' must be > 0 (got {x})")
+            arr.setflags(write=False)
+            out[f] = arr
+        return cls(**out)
+
+    @classmethod
+    def ideal(cls, mech: Mechanism) -> "Actuator":
+        """applied = command exactly."""
+        return cls.from_values(mech, base=cls.IDEAL)
+
+    @classmethod
+    def default_mismatch(cls, mech: Mechanism) -> "Actuator":
+        """A realistic motor: 90 % of the command reaches the joint, Coulomb friction 1.5 (N·m) smoothed
+        over ±0.05 (rad/s), viscous friction 0.3 (N·m·s/rad), no bias, the same on every actuator.  The
+        gain term scales with the effort itself; the friction terms are a few % of the efforts the
+        plant's controller uses (RMS ≈ 46 N·m on the crank four-bar, 55 N·m on the slider-crank,
+        110–125 N·m on the robot motors)."""
+        return cls.from_values(mech, base=cls.MISMATCH)
+
+    @property
+    def is_ideal(self) -> bool:
+        return bool(np.all(self.gain == 1.0) and not np.any(self.coulomb) and not np.any(self.viscous)
+                    and not np.any(self.bias))
+
+    def applied(self, command: np.ndarray, rate: np.ndarray) -> np.ndarray:
+        """The applied efforts for `command` at the actuated coordinates' `rate` (actuator order)."""
+        rate = np.asarray(rate, dtype=float)
+        return (self.gain * np.asarray(command, dtype=float) - self.coulomb * np.tanh(rate / self.coulomb_rate_scale)
+                - self.viscous * rate + self.bias)
+
+    def describe(self) -> str:
+        if self.is_ideal:
+            return "ideal (applied = command)"
+        fmt = lambda a: f"{a[0]:g}" if np.all(a == a[0]) else "[" + ", ".join(f"{x:g}" for x in a) + "]"  # noqa: E731
+        return (f"applied = {fmt(self.gain)}·command − {fmt(self.coulomb)}·tanh(rate/{fmt(self.coulomb_rate_scale)})"
+                f" − {fmt(self.viscous)}·rate + {fmt(self.bias)}")
+
+
 @dataclass
 class PlantSample:
     t: float
     q: np.ndarray
     v: np.ndarray
     a: np.ndarray
-    efforts: np.ndarray          # actuator order (the commanded = applied effort)
-    Q: np.ndarray                # generalized forces, gravity included
+    efforts: np.ndarray          # commanded efforts, actuator order (what an estimator is given)
+    Q: np.ndarray                # generalized forces of the applied efforts, gravity included
     readings: Dict[str, float]   # noisy sensor readings by sensor name
+    applied: np.ndarray          # applied efforts, actuator order (the actuator's output: the truth)
 
 
 @dataclass
@@ -93,9 +194,14 @@ class Trajectory:
     q: np.ndarray
     v: np.ndarray
     a: np.ndarray
-    efforts: np.ndarray
+    efforts: np.ndarray                  # commanded efforts (N, actuators)
     Q: np.ndarray
     readings: Dict[str, np.ndarray] = field(default_factory=dict)
+    applied: Optional[np.ndarray] = None   # applied efforts (N, actuators); None: the commanded ones
+
+    def __post_init__(self):
+        if self.applied is None:
+            self.applied = self.efforts
 
     def __len__(self):
         return len(self.t)
@@ -103,15 +209,22 @@ class Trajectory:
     def head(self, n: int) -> "Trajectory":
         """The first n samples."""
         return Trajectory(self.t[:n], self.q[:n], self.v[:n], self.a[:n], self.efforts[:n], self.Q[:n],
-                          {k: v[:n] for k, v in self.readings.items()})
+                          {k: v[:n] for k, v in self.readings.items()}, self.applied[:n])
+
+
+#: an effort law: (mechanism, t, q, q̇) -> commanded efforts (actuator order); `EffortProfile` is one
+EffortLaw = Callable[[Mechanism, float, np.ndarray, np.ndarray], np.ndarray]
 
 
 class SimulatedPlant:
-    """RK4 (with projection) at `substeps` per `dt` under an `EffortProfile`; noisy readings."""
+    """RK4 (with projection) at `substeps` per `dt` under an effort law (`EffortProfile` by default, or any
+    callable (mech, t, q, q̇) -> commands) whose commands act through `actuator` (default
+    `Actuator.default_mismatch`); noisy readings."""
 
     def __init__(self, mech: Mechanism, dt: float = 1e-3, substeps: int = 2,
-                 profile: Optional[EffortProfile] = None, seed: int = 0, q0=None, v0=None,
-                 noise: bool = True, t0: float = 0.0, sensors: Optional[Sequence[str]] = None):
+                 profile: Optional[Union[EffortProfile, EffortLaw]] = None, seed: int = 0, q0=None, v0=None,
+                 noise: bool = True, t0: float = 0.0, sensors: Optional[Sequence[str]] = None,
+                 actuator: Optional[Actuator] = None):
         if not (dt > 0 and math.isfinite(dt)):
             raise ValueError(f"dt must be > 0 (got {dt})")
         if int(substeps) < 1:
@@ -125,6 +238,10 @@ class SimulatedPlant:
         self.t0 = self.t = float(t0)
         self.k = 0
         self.profile = profile or EffortProfile.default_for(mech, q)
+        self.actuator = Actuator.default_mismatch(mech) if actuator is None else actuator
+        if self.actuator.gain.shape != (len(mech.actuated),):
+            raise ValueError(f"the actuator model has {self.actuator.gain.size} actuators, {mech.name} has "
+                             f"{len(mech.actuated)}")
         self.noise = noise
         self.rng = np.random.default_rng(seed)
         names = [s.name for s in mech.sensors]
@@ -161,12 +278,15 @@ class SimulatedPlant:
         """The truth and readings at the current time, then integrate one dt.
 
         The effort law is sampled at t_k and held over [t_k, t_k+1) (a digital controller's zero-order
-        hold), so the published effort is exactly the applied one and q̈_k = f(q_k, q̇_k, τ_k)."""
+        hold), and so is the actuator's output at t_k (its friction at the rate of t_k: a model of the
+        torque a current loop holds over the sample), so the published applied effort is exactly the one
+        that acted over the step and q̈_k = f(q_k, q̇_k, τ_applied,k)."""
         q, v, t = self.q, self.v, self.t
-        tau = np.asarray(self.profile(self.mech, t, q, v), dtype=float)
-        Q = self.mech.generalized_forces(tau)
+        command = np.asarray(self.profile(self.mech, t, q, v), dtype=float)
+        applied = self.actuator.applied(command, v[self.mech.actuated])
+        Q = self.mech.generalized_forces(applied)
         a = self._accel(q, v, Q)
-        sample = PlantSample(t, q.copy(), v.copy(), a, tau, Q, self.measure(q, v))
+        sample = PlantSample(t, q.copy(), v.copy(), a, command, Q, self.measure(q, v), applied)
         h = self.dt / self.substeps
         a1 = a
         for i in range(self.substeps):
@@ -203,4 +323,5 @@ def stack(samples: Sequence[PlantSample]) -> Trajectory:
         efforts=np.array([s.efforts for s in samples]),
         Q=np.array([s.Q for s in samples]),
         readings={nm: np.array([s.readings[nm] for s in samples]) for nm in names},
+        applied=np.array([s.applied for s in samples]),
     )

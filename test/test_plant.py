@@ -1,0 +1,78 @@
+"""The simulated plant's actuator model (`mbfg_ros.sim.plant.Actuator`) and the commanded / applied efforts
+the plant reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+
+
+@pytest.fixture(scope="module")
+def crank():
+    return load_mechanism("four_bar_crank")
+
+
+@pytest.fixture(scope="module")
+def robot():
+    return load_mechanism("pick_and_place_robot")
+
+
+def test_actuator_law(robot):
+    act = Actuator.from_values(robot, {"gain": [0.9, 1.1], "coulomb": 2.0, "coulomb_rate_scale": 0.1,
+                                       "viscous": [0.3, 0.0], "bias": [0.5, -1.0]})
+    cmd, rate = np.array([10.0, -4.0]), np.array([0.2, -3.0])
+    expected = np.array([0.9 * 10 - 2 * np.tanh(2.0) - 0.3 * 0.2 + 0.5,
+                         1.1 * -4 - 2 * np.tanh(-30.0) - 0.0 + -1.0])
+    assert np.allclose(act.applied(cmd, rate), expected, rtol=0, atol=1e-12)
+    assert not act.is_ideal
+    ideal = Actuator.ideal(robot)
+    assert ideal.is_ideal and np.array_equal(ideal.applied(cmd, rate), cmd)
+    d = Actuator.default_mismatch(robot)
+    assert np.allclose(d.gain, 0.9) and np.allclose(d.coulomb, 1.5) and np.allclose(d.viscous, 0.3)
+    # at rest the smooth Coulomb term vanishes; far above its rate scale it is the full 1.5
+    assert np.allclose(d.applied(cmd, np.zeros(2)), 0.9 * cmd)
+    assert np.allclose(d.applied(np.zeros(2), np.array([1.0, -1.0])), [-1.5 - 0.3, 1.5 + 0.3], atol=1e-6)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"gain": [1.0, 2.0, 3.0]}, "gain must be one number or 2"),
+    ({"gain": 0.0}, "gain of 'motor1' must be > 0"),
+    ({"coulomb": [0.0, -1.0]}, "coulomb of 'motor2' must be >= 0"),
+    ({"viscous": float("nan")}, "viscous of 'motor1' must be finite"),
+    ({"coulomb_rate_scale": 0.0}, "coulomb_rate_scale of 'motor1' must be > 0"),
+    ({"bias": "x"}, "bias must be a number"),
+    ({"friction": 1.0}, "unknown actuator fields ['friction']"),
+])
+def test_actuator_errors_name_the_field_and_actuator(robot, values, message):
+    with pytest.raises(ValueError) as exc:
+        Actuator.from_values(robot, values)
+    assert message in str(exc.value)
+
+
+def test_plant_applies_the_command_through_the_actuator(crank):
+    """Default plant: the applied effort differs from the command by the actuator law at the sampled rate,
+    and the generalized forces and accelerations are those of the applied effort."""
+    traj = SimulatedPlant(crank, dt=1e-3, seed=0).simulate(0.5)
+    act = Actuator.default_mismatch(crank)
+    c = crank.actuated
+    assert np.allclose(traj.applied, [act.applied(traj.efforts[k], traj.v[k, c]) for k in range(len(traj))])
+    assert np.abs(traj.applied - traj.efforts).max() > 1.0          # a real mismatch
+    for k in (0, 100, 400):
+        assert np.allclose(traj.Q[k], crank.generalized_forces(traj.applied[k]))
+        assert np.allclose(traj.a[k], dynamics.forward_dynamics(crank, traj.q[k], traj.v[k], traj.Q[k]))
+    head = traj.head(10)
+    assert np.array_equal(head.applied, traj.applied[:10]) and np.array_equal(head.efforts, traj.efforts[:10])
+
+
+def test_ideal_plant_applies_the_command(crank):
+    traj = SimulatedPlant(crank, dt=1e-3, seed=0, actuator=Actuator.ideal(crank)).simulate(0.2)
+    assert np.array_equal(traj.applied, traj.efforts)
+
+
+def test_plant_refuses_an_actuator_of_another_mechanism(crank, robot):
+    with pytest.raises(ValueError, match="actuator model has 2 actuators"):
+        SimulatedPlant(crank, actuator=Actuator.ideal(robot))
