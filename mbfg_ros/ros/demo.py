@@ -11,10 +11,14 @@ talks to them over DDS for a few seconds from an in-process probe node, then pri
 * the input-to-output latency: publish time of each estimate (the DDS source timestamp) minus the
   stamp of the inputs it answers (same machine clock), median / p99 / max, the same up to its receipt
   by a subscriber, and the share of late steps (published more than dt after the input stamp),
-* the estimation error against the simulated truth (q of all coordinates, q̇, the actuator effort),
+* the estimation error against the simulated truth (q of all coordinates, q̇, the actuator effort against
+  the effort the plant's actuator applied and against the command it was given: the plant's actuator
+  does not apply exactly the command, see `four_bar_sim`'s `actuator.*` parameters),
 * the node's own diagnostics (solve time) and the CPU share of each process,
 
-and writes a plot to out/demo.png.  Discovery stays on localhost on a random ROS_DOMAIN_ID.
+and writes a plot to out/demo.png (the actuated coordinate; the applied, commanded and estimated effort; the
+disturbance, applied − commanded, and its estimate, estimated − commanded; latency; errors).  Discovery stays
+on localhost on a random ROS_DOMAIN_ID.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class _Recorder:
-    """In-process probe: estimator ~/state, the plant's ~/truth_state and /diagnostics."""
+    """In-process probe: estimator ~/state, the plant's ~/truth_state and commanded_effort, /diagnostics."""
 
     def __init__(self, domain_id: int):
         os.environ.update(ros_env(domain_id))
@@ -81,6 +85,7 @@ class _Recorder:
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from diagnostic_msgs.msg import DiagnosticArray
+        from sensor_msgs.msg import JointState
         from trajectory_msgs.msg import JointTrajectory
         from mbfg_ros.ros import fastloop
 
@@ -94,12 +99,16 @@ class _Recorder:
         # two cores with the nodes it measures, and deserializing 1000 messages/s in Python costs much of one
         self._raw_state: list = []
         self._state: list = []
+        self._raw_commands: list = []       # the plant's commanded_effort, serialized (decoded in `commands`)
         grp = fastloop.DetachedCallbackGroup()
 
         def on_state(raw, info):
             # the rmw message info gives when the node published the estimate and when DDS delivered it
             self._raw_state.append((info.get("received_timestamp") or time.time_ns(), raw,
                                     info.get("source_timestamp") or 0))
+
+        def on_command(raw):
+            self._raw_commands.append(raw)
 
         def on_truth(m):
             p = m.points[0]
@@ -115,6 +124,8 @@ class _Recorder:
                                                callback_group=grp, raw=True), on_state, True),
                 (self.node.create_subscription(JointTrajectory, "/four_bar_sim/truth_state", on_truth, qos,
                                                callback_group=grp), on_truth),
+                (self.node.create_subscription(JointState, "/commanded_effort", on_command, qos,
+                                               callback_group=grp, raw=True), on_command),
                 (self.node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, qos,
                                                callback_group=grp), on_diag)]
         self.loop = fastloop.FastLoop(self.node, subs, [], name="demo_probe")
@@ -167,6 +178,16 @@ class _Recorder:
             self._state.append((recv, m.header.stamp.sec * NS + m.header.stamp.nanosec, np.array(p.positions),
                                 np.array(p.velocities), np.array(p.effort), pub))
         return self._state
+
+    def commands(self) -> Dict[int, np.ndarray]:
+        """{stamp: commanded efforts (actuator order)} of the plant's commanded_effort messages."""
+        from rclpy.serialization import deserialize_message
+        from sensor_msgs.msg import JointState
+        out = {}
+        for raw in self._raw_commands:
+            m = deserialize_message(raw, JointState)
+            out[m.header.stamp.sec * NS + m.header.stamp.nanosec] = np.array(m.effort)
+        return out
 
     def has_state(self) -> bool:
         return bool(self._raw_state)
@@ -354,23 +375,38 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
     # errors vs truth, matched by stamp, after a settling time (initialization from rest + noise)
     truth = {t[0]: t for t in rec.truth}
     idx = {s[1]: i for i, s in enumerate(S)}
+    commands = rec.commands()
     t0 = stamp[0]
     rows = []
+    a = mech.actuated
+    na = len(a)
+    nan = np.full(na, np.nan)
     for ts, (_, q, v, Q) in sorted(truth.items()):
         i = idx.get(ts)
         if i is None or ts - t0 < 0.2 * NS:
             continue
         _, _, qe, ve, Qe, _ = S[i]
-        a = mech.actuated
+        cmd = commands.get(ts, nan)
+        cmd = cmd if cmd.shape == (na,) else nan
         dq = mech.position_difference(qe, q)
-        rows.append((ts, np.abs(dq).max(), np.abs(ve - v).max(), np.abs(Qe[a] - Q[a]).max(),
-                     qe[a[0]] if len(a) else qe[-1], q[a[0]] if len(a) else q[-1], Qe[a[0]] if len(a) else 0.0,
-                     Q[a[0]] if len(a) else 0.0))
+        # on an actuated relative angle the generalized force is the actuator effort (gravity acts on points)
+        rows.append((ts, np.abs(dq).max(), np.abs(ve - v).max(), np.abs(Qe[a] - Q[a]).max(initial=0.0),
+                     qe[a[0]] if na else qe[-1], q[a[0]] if na else q[-1], Qe[a[0]] if na else 0.0,
+                     Q[a[0]] if na else 0.0, cmd[0] if na else np.nan,
+                     np.abs(Qe[a] - cmd).max(initial=0.0) if na else np.nan))
     if rows:
         E = np.array(rows)
+        vs_command = E[:, 9][np.isfinite(E[:, 9])]
         res["errors"] = {"q_max": float(E[:, 1].max()), "q_rms": float(np.sqrt(np.mean(E[:, 1] ** 2))),
                          "v_max": float(E[:, 2].max()), "v_rms": float(np.sqrt(np.mean(E[:, 2] ** 2))),
                          "effort_max": float(E[:, 3].max()), "effort_rms": float(np.sqrt(np.mean(E[:, 3] ** 2))),
+                         # the estimate against the command the plant was given (not the truth: the actuator
+                         # applies something else) and how far the applied effort was from that command
+                         "effort_vs_command_max": float(vs_command.max()) if vs_command.size else float("nan"),
+                         "effort_vs_command_rms": (float(np.sqrt(np.mean(vs_command ** 2))) if vs_command.size
+                                                   else float("nan")),
+                         "applied_vs_command_rms": float(np.sqrt(np.nanmean((E[:, 7] - E[:, 8]) ** 2)))
+                         if vs_command.size else float("nan"),
                          "samples": len(rows)}
         res["_series"] = E
     if rec.diag:
@@ -398,8 +434,10 @@ def _print(res):
     if "errors" in res:
         e = res["errors"]
         print(f"  error vs truth   : q max {e['q_max']:.2e} (rms {e['q_rms']:.2e}), q̇ max {e['v_max']:.2e} "
-              f"(rms {e['v_rms']:.2e}), effort max {e['effort_max']:.2e} (rms {e['effort_rms']:.2e}) "
-              f"over {e['samples']} truth samples")
+              f"(rms {e['v_rms']:.2e}) over {e['samples']} truth samples")
+        print(f"  effort error     : vs applied max {e['effort_max']:.3g} (rms {e['effort_rms']:.3g}), vs command max "
+              f"{e['effort_vs_command_max']:.3g} (rms {e['effort_vs_command_rms']:.3g}) [N·m]; the plant's actuator "
+              f"applied {e['applied_vs_command_rms']:.3g} rms off the command")
     if "node_diagnostics" in res:
         print(f"  node diagnostics : {res['node_diagnostics']}")
     print("  CPU share        : " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in res["cpu_share"].items())
@@ -428,16 +466,27 @@ def _plot(rec, res, path):
     pub = _publish_times(S)
     t = (stamp - stamp[0]) / NS
     lat = (pub - stamp) / 1e6
-    fig, ax = plt.subplots(2, 2, figsize=(12, 7))
+    fig = plt.figure(figsize=(12, 10))
+    grid = fig.add_gridspec(3, 2)
+    ax = np.array([[fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])],
+                   [fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])]])
+    ax_d = fig.add_subplot(grid[2, :])
     E = res.get("_series")
     if E is not None:
         te = (E[:, 0] - stamp[0]) / NS
         ax[0, 0].plot(te, E[:, 5], "k-", lw=2, label="truth")
         ax[0, 0].plot(te, E[:, 4], "r--", lw=1, label="estimate")
         ax[0, 0].set_ylabel("actuated coordinate [rad]")
-        ax[0, 1].plot(te, E[:, 7], "k-", lw=2, label="truth")
+        ax[0, 1].plot(te, E[:, 7], "k-", lw=2, label="applied (truth)")
+        ax[0, 1].plot(te, E[:, 8], "b-", lw=1, label="commanded")
         ax[0, 1].plot(te, E[:, 6], "r--", lw=1, label="estimate")
         ax[0, 1].set_ylabel("actuator effort [N·m]")
+        # the disturbance: what the actuator applied beyond the command, and the estimator's view of it
+        ax_d.plot(te, E[:, 7] - E[:, 8], "k-", lw=2, label="disturbance: applied − commanded (truth)")
+        ax_d.plot(te, E[:, 6] - E[:, 8], "r--", lw=1, label="estimate: estimated − commanded")
+        ax_d.set_ylabel("disturbance effort [N·m]")
+        ax_d.set_xlabel("t [s]")
+        ax_d.legend(loc="upper right", fontsize=8)
         ax[1, 1].semilogy(te, np.maximum(E[:, 1], 1e-12), label="max |q error|")
         ax[1, 1].semilogy(te, np.maximum(E[:, 2], 1e-12), label="max |dq/dt error|")
         ax[1, 1].set_ylabel("error")

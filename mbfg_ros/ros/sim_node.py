@@ -5,12 +5,18 @@ every dt:
 
 * `joint_observations` (sensor_msgs/JointState): noisy sensor readings by sensor name, encoders in
   `position`, gyroscopes in `velocity` (NaN in the field a joint does not use);
-* `commanded_effort` (sensor_msgs/JointState): the applied effort by actuator joint name (and, with
+* `commanded_effort` (sensor_msgs/JointState): the commanded effort by actuator joint name (and, with
   `publish_effort_array`, `commanded_effort_array` as std_msgs/Float64MultiArray in actuator order);
 * `~/truth` (sensor_msgs/JointState, all generalized coordinates: q, q̇ and the applied efforts on
-  the actuated coordinates) and `~/truth_state` (trajectory_msgs/JointTrajectory: q, q̇, q̈, Q);
+  the actuated coordinates) and `~/truth_state` (trajectory_msgs/JointTrajectory: q, q̇, q̈, Q of the
+  applied efforts);
 * `/clock` when `publish_clock` is true: the plant is then the time source (use_sim_time on the
   other nodes) and runs at `real_time_factor`.
+
+The commands act through an actuator model (`actuator.gain`, `actuator.coulomb`,
+`actuator.coulomb_rate_scale`, `actuator.viscous`, `actuator.bias`: one number for every actuator or one
+per actuator; default a realistic mismatch, `actuator.ideal:=true` applies the commands exactly), so the
+applied effort of the truth differs from the command as on a real machine.
 
 Samples are stamped on a fixed grid (t_start + k·dt, or the simulated time with `publish_clock`).
 The plant is integrated ahead of time (`lookahead` seconds, or the whole `duration`) so publishing
@@ -40,12 +46,16 @@ from trajectory_msgs.msg import JointTrajectory
 
 from mbfg_ros.ros import conversions as rc
 from mbfg_ros.model.mechanism import load_mechanism
-from mbfg_ros.sim.plant import PlantSample, SimulatedPlant
+from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 
 NODE_NAME = "four_bar_sim"
 NS = rc.NS
 SPIN_S = 1.5e-4          # the last part of each wait is spent spinning (see SimNode._loop)
 QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+
+
+class ConfigError(ValueError):
+    """A bad parameter value at start-up; the message names the parameter."""
 
 
 class SimNode(Node):
@@ -89,13 +99,40 @@ class SimNode(Node):
             description="Publish the truth every N-th sample", read_only=True,
             integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
 
+        # the actuator model: `actuator.<field>` = one number (every actuator) or one per actuator
+        ideal = d("actuator.ideal", False, PD(
+            description="Apply the commands exactly (ignores the other actuator.* parameters)", read_only=True)).value
+        units = {"gain": "applied effort per unit of command", "coulomb": "Coulomb friction [N·m or N]",
+                 "coulomb_rate_scale": "rate over which the Coulomb friction changes sign, tanh(rate/scale) "
+                                       "[rad/s or m/s]",
+                 "viscous": "viscous friction [N·m·s/rad or N·s/m]", "bias": "constant offset [N·m or N]"}
+        actuator_values = {}
+        for f in Actuator.FIELDS:
+            p = d(f"actuator.{f}", None, PD(
+                description=f"Actuator {units[f]}: one number for every actuator or a list, one per actuator "
+                            f"(default {Actuator.MISMATCH[f]:g})", read_only=True, dynamic_typing=True)).value
+            if p is not None:
+                if isinstance(p, (bool, str)) or (not isinstance(p, (int, float)) and not all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
+                    raise ConfigError(f"parameter 'actuator.{f}' must be a number or a list of numbers (got {p!r})")
+                actuator_values[f] = list(p) if not isinstance(p, (int, float)) else float(p)
+
         if self.publish_clock and self.get_parameter("use_sim_time").value:
             self.get_logger().warning("publish_clock is true: this node is the clock source, ignoring use_sim_time")
             self.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, False)])
 
         self.mech = load_mechanism(mech_name)
+        try:
+            actuator = Actuator.from_values(self.mech, actuator_values,
+                                            base=Actuator.IDEAL if ideal else Actuator.MISMATCH,
+                                            label="parameter 'actuator.{}'")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if ideal and actuator_values:
+            self.get_logger().warning(f"actuator.ideal is true: ignoring actuator.{', actuator.'.join(actuator_values)}")
+            actuator = Actuator.ideal(self.mech)
         self.plant = SimulatedPlant(self.mech, dt=self.dt, substeps=substeps, seed=seed, noise=noise,
-                                    sensors=list(sensors) if sensors else None)
+                                    sensors=list(sensors) if sensors else None, actuator=actuator)
         self.sensor_names = [s.name for s in self.plant.sensors]
         self._gyro = [s.kind == "gyroscope" for s in self.plant.sensors]
         self.n_total = int(round(self.duration / self.dt)) + 1 if self.duration > 0 else None
@@ -125,7 +162,8 @@ class SimNode(Node):
         # large share of a core in Python and jitters); the executor only serves parameters.
         self._thread = threading.Thread(target=self._run, name="four_bar_sim", daemon=True)
         self.get_logger().info(f"simulating {self.mech.name} at dt={self.dt} s; sensors {self.sensor_names}, "
-                               f"actuators {list(self.mech.actuator_names)}"
+                               f"actuators {list(self.mech.actuator_names)} "
+                               f"({self.plant.actuator.describe()})"
                                + (f"; {self.duration} s" if self.duration else ""))
 
     def _fill(self, n):
@@ -203,7 +241,7 @@ class SimNode(Node):
         # (the last sample's truth always: it marks the end of the inputs for whoever compares)
         if self.publish_truth and ((self.k - 1) % self.truth_decimation == 0 or (self.n_total and not self.queue)):
             eff = np.zeros(self.mech.n)
-            eff[self.mech.actuated] = s.efforts
+            eff[self.mech.actuated] = s.applied
             self.pub_truth.publish(rc.joint_state(stamp, self.mech.coordinate_names, s.q, s.v, eff))
             self.pub_truth_state.publish(rc.trajectory_state(stamp, "world", self.mech.coordinate_names,
                                                              s.q, s.v, s.a, s.Q))
@@ -214,7 +252,12 @@ def main(args=None):
     rclpy.init(args=args)
     node = None
     try:
-        node = SimNode()
+        try:
+            node = SimNode()
+        except (ConfigError, rclpy.exceptions.InvalidParameterValueException,
+                rclpy.exceptions.InvalidParameterTypeException) as e:
+            print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
+            return 2
         rc.start_node(node)
         executor = rclpy.executors.SingleThreadedExecutor()
         executor.add_node(node)

@@ -106,11 +106,12 @@ class Actuator:
 
     @classmethod
     def from_values(cls, mech: Mechanism, values: Optional[Mapping[str, object]] = None,
-                    base: Optional[Mapping[str, float]] = None) -> "Actuator":
+                    base: Optional[Mapping[str, float]] = None, label: str = "actuator {}") -> "Actuator":
         """Each field from `values` (a number for every actuator, or one per actuator in actuator order),
         the others from `base` (default: `MISMATCH`).  ValueError naming the field and the actuator for a
         wrong length, a non-finite value, a gain ≤ 0 (a reversed or dead motor is not a mismatch), a
-        negative friction or a coulomb_rate_scale ≤ 0."""
+        negative friction or a coulomb_rate_scale ≤ 0; `label` names a field in the messages (e.g.
+        "parameter 'actuator.{}'")."""
         k = len(mech.actuated)
         values = dict(values or {})
         base = dict(cls.MISMATCH if base is None else base)
@@ -124,21 +125,21 @@ class Actuator:
             try:
                 arr = np.array(raw, dtype=float).reshape(-1)
             except (TypeError, ValueError):
-                raise ValueError(f"actuator {f} must be a number or a list of numbers (got {raw!r})") from None
+                raise ValueError(f"{label.format(f)} must be a number or a list of numbers (got {raw!r})") from None
             if arr.size == 1:
                 arr = np.full(k, arr[0])
             if arr.size != k:
-                raise ValueError(f"actuator {f} must be one number or {k} (one per actuator {names}); "
+                raise ValueError(f"{label.format(f)} must be one number or {k} (one per actuator {names}); "
                                  f"got {arr.size}")
             for name, x in zip(names, arr):
                 if not math.isfinite(x):
-                    raise ValueError(f"actuator {f} of '{name}' must be finite (got {x})")
+                    raise ValueError(f"{label.format(f)} of '{name}' must be finite (got {x})")
                 if f == "gain" and not x > 0:
-                    raise ValueError(f"actuator gain of '{name}' must be > 0 (got {x})")
+                    raise ValueError(f"{label.format(f)} of '{name}' must be > 0 (got {x})")
                 if f in ("coulomb", "viscous") and x < 0:
-                    raise ValueError(f"actuator {f} of '{name}' must be >= 0 (got {x})")
+                    raise ValueError(f"{label.format(f)} of '{name}' must be >= 0 (got {x})")
                 if f == "coulomb_rate_scale" and not x > 0:
-                    raise ValueError(f"actuator coulomb_rate_scale of '{name}' must be > 0 (got {x})")
+                    raise ValueError(f"{label.format(f)} of '{name}' must be > 0 (got {x})")
             arr.setflags(write=False)
             out[f] = arr
         return cls(**out)
