@@ -31,7 +31,7 @@ def _torque(mech, t, q, v):
 
 
 def _run(crank, actuator, fused):
-    traj = SimulatedPlant(crank, dt=DT, seed=4, profile=_torque, actuator=actuator, sensors=["crank"]).simulate(1.5)
+    traj = SimulatedPlant(crank, dt=DT, seed=4, profile=_torque, actuator=actuator, sensors=["crank"]).simulate(1.2)
     c = int(crank.actuated[0])
     f = ReducedEKF(crank, [c], DT, 1e-3, 1e4, fused=fused)
     out = [f.step([traj.readings["crank"][k]], traj.efforts[k] if fused else None) for k in range(len(traj))]
@@ -74,3 +74,21 @@ def test_savitzky_golay_differentiates_a_cubic_exactly(crank):
         assert W[0] @ yn == pytest.approx(y[-1], abs=1e-12)
         assert W[1] @ yn / DT == pytest.approx(2.0 - 10.0 * T + 21.0 * T ** 2, abs=1e-7)
         assert W[2] @ yn / DT ** 2 == pytest.approx(-10.0 + 42.0 * T, abs=1e-4)
+
+
+def test_params_file_in_the_node_format_makes_the_estimator_config(tmp_path):
+    """bench/estimation_quality.py --params FILE: the `mbfg_estimator` section's estimator settings (sigmas
+    merged into the defaults), the scenario's dt and mode kept; a file without the section is refused."""
+    import estimation_quality as B
+    f = tmp_path / "p.yaml"
+    f.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    dt: 0.5\n    mode: fused\n    window: 7\n"
+                 "    sigmas:\n      dynamics: 0.01\n    sensor_sigmas:\n      crank: 0.002\n"
+                 "    assembly_mode: [-1]\n    publish_markers: true\n")
+    cfg = B.estimator_config_from_file(str(f), 1e-3, "estimation")
+    assert (cfg.dt, cfg.mode, cfg.window, cfg.compute_covariance) == (1e-3, "estimation", 7, True)
+    assert cfg.sigmas["dynamics"] == 0.01 and cfg.sigmas["integrator"] == B.EstimatorConfig().sigmas["integrator"]
+    assert cfg.sensor_sigmas == {"crank": 0.002} and cfg.assembly_mode == (-1,)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("/**/four_bar_sim:\n  ros__parameters:\n    dt: 0.001\n")
+    with pytest.raises(SystemExit, match="no 'mbfg_estimator: ros__parameters:' section"):
+        B.estimator_config_from_file(str(bad), 1e-3, "estimation")

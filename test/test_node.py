@@ -585,7 +585,8 @@ def test_idle_node_sleeps_until_an_input_comes():
 def test_demo_runs_end_to_end(tmp_path):
     """The README's main command (`make demo` = `python -m mbfg_ros.ros.demo`), shortened and at a 4-ms step:
     both nodes start and exit cleanly, every step is answered, the estimate follows the simulated truth,
-    the services answer during the run and the plot is written."""
+    the effort is scored against the applied effort and the command, the services answer during the run and
+    the plot is written."""
     from mbfg_ros.ros.demo import run_demo
     plot = tmp_path / "demo.png"
     r = run_demo(1.5, "four_bar_crank", dt=DT, plot=str(plot), domain_id=fresh_domain_id(), verbose=False,
@@ -593,6 +594,9 @@ def test_demo_runs_end_to_end(tmp_path):
     assert r["exit_codes"] == {"estimator": 0, "plant": 0}
     assert r["missing_percent"] < 5.0 and abs(r["output_rate_hz"] * DT - 1.0) < 0.05
     assert r["errors"]["samples"] > 10 and r["errors"]["q_max"] < 0.01, r["errors"]
+    # the plant's actuator does not apply the command (its default mismatch), and the demo scores the effort
+    # against both the applied effort (the truth) and the command
+    assert r["errors"]["applied_vs_command_rms"] > 1.0 and np.isfinite(r["errors"]["effort_vs_command_rms"])
     sv = r["services"]
     assert not sv["failures"] and len(sv["round_trip_ms"]["reinitialize"]) == 2
     assert len(sv["round_trip_ms"]["set_assembly_mode"]) == 2 and len(sv["handling_ms"]) == 4

@@ -76,3 +76,24 @@ def test_ideal_plant_applies_the_command(crank):
 def test_plant_refuses_an_actuator_of_another_mechanism(crank, robot):
     with pytest.raises(ValueError, match="actuator model has 2 actuators"):
         SimulatedPlant(crank, actuator=Actuator.ideal(robot))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-p", "actuator.gain:=0.0"], "parameter 'actuator.gain' of 'crank' must be > 0"),
+    (["-p", "actuator.viscous:=[0.1, 0.2]"], "parameter 'actuator.viscous' must be one number or 1"),
+    (["-p", "actuator.bias:=oops"], "parameter 'actuator.bias' must be a number or a list of numbers"),
+])
+def test_sim_node_refuses_bad_actuator_parameters(args, message):
+    """`four_bar_sim` with a bad actuator parameter stops at start-up: exit code 2, one line naming it."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("rclpy", reason="the plant node needs rclpy")
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1", ROS_DOMAIN_ID="97")
+    p = subprocess.run([sys.executable, "-m", "mbfg_ros.ros.sim_node", "--ros-args", *args], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=str(repo))
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert message in p.stderr and p.stderr.strip().startswith("[four_bar_sim] error:"), p.stderr
