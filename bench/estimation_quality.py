@@ -2,7 +2,7 @@
 """Estimation quality: mbfg_ros against the filters an engineer would otherwise write (one table per scenario).
 
     PYTHONPATH=. python bench/estimation_quality.py [--seeds 3] [--seconds 3] [--scenario NAME ...]
-                                                    [--params PARAMS.yaml]
+                                                    [--params PARAMS.yaml] [--json OUT.json]
 
 Scenarios (the simulated plant `mbfg_ros.sim.plant.SimulatedPlant`, encoders only, σ from the mechanism file):
 * four_bar_estimation: crank four-bar at 1 kHz, unknown smooth torque τ(t) = 20 sin 3t + 5 cos 7t − 5 N·m
@@ -310,6 +310,11 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
                   fmt(m.get("nees_effort"), digits=2), f"{np.mean(costs[key]):.0f}"]
         print(f"| {labels[key]} | " + " | ".join(cells) + " |")
     print()
+    return {"description": sc.description, "seeds": seeds, "seconds": seconds, "ekf_effort_density": density,
+            "savitzky_golay_window": window,
+            "rows": {labels[k]: {"mean": {q: float(np.mean([r[q] for r in v])) for q in v[0]},
+                                 "per_seed": v, "cpu_us_per_step": float(np.mean(costs[k]))}
+                     for k, v in rows.items()}}
 
 
 def main(argv=None) -> int:
@@ -320,6 +325,7 @@ def main(argv=None) -> int:
                     help="scenario(s) to run (repeatable; default: all)")
     ap.add_argument("--params", metavar="FILE", help="estimator parameters (node parameter-file format) for the "
                                                      "'mbfg_ros, --params' row")
+    ap.add_argument("--json", metavar="FILE", help="also write every number (per seed too) to this file")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args(argv)
     if a.seeds < 1:
@@ -332,11 +338,17 @@ def main(argv=None) -> int:
     limit_blas_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; Python {platform.python_version()}\n")
+    results = {}
     for name in a.scenario or list(SCENARIOS):
         t0 = time.monotonic()
-        run_scenario(name, SCENARIOS[name], list(range(1, a.seeds + 1)), a.seconds, a.params, not a.quiet)
+        results[name] = run_scenario(name, SCENARIOS[name], list(range(1, a.seeds + 1)), a.seconds, a.params,
+                                     not a.quiet)
         if not a.quiet:
             print(f"  {name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    if a.json:
+        import json
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(results, indent=1, allow_nan=True))
     return 0
 
 
