@@ -33,11 +33,6 @@ def four_bar():
     return load_mechanism("four_bar_crank")
 
 
-@pytest.fixture(scope="module")
-def robot():
-    return load_mechanism("pick_and_place_robot")
-
-
 # ----------------------------------------------------------------------------------------------
 def test_linear_toy_problem_matches_least_squares():
     """Trapezoid chain x_{k+1} = x_k + dt/2 (v_k + v_{k+1}) with priors: one GN step is exact."""

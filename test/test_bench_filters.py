@@ -15,15 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from ekf import CausalSavitzkyGolay, ReducedEKF  # noqa: E402
-from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant  # noqa: E402
 
 DT = 1e-3
-
-
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("four_bar_crank")
 
 
 def _torque(mech, t, q, v):

@@ -20,11 +20,6 @@ def four_bar_crank():
     return load_mechanism("mechanisms/four_bar_crank.yaml")
 
 
-@pytest.fixture(scope="module")
-def robot():
-    return load_mechanism("mechanisms/pick_and_place_robot.yaml")
-
-
 def test_four_bar_mass_matrix_and_gravity(four_bar):
     M = np.kron(np.array([[1, 1 / 3], [1 / 3, 2]]), np.eye(2))
     np.testing.assert_allclose(four_bar.mass_matrix, M, atol=1e-12)

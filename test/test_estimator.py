@@ -34,11 +34,6 @@ def four_bar_crank_98():
     return Mechanism(R.four_bar_spec(9.8, crank=True))
 
 
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("mechanisms/four_bar_crank.yaml")
-
-
 def run(est, steps, dt=1e-3, efforts=None, observations=None):
     out = []
     for k in range(steps):

@@ -18,17 +18,6 @@ from mbfg_ros.estimation.sensors import (UNCONFIRMED_REJECTIONS, InnovationGate,
 from mbfg_ros.estimation.step_factors import (DependentFactors, DependentHermiteFactors, IndependentFactors,
                                               IndependentHermiteFactors, step_factors)
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.model.mechanism import load_mechanism
-
-
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("mechanisms/four_bar_crank.yaml")
-
-
-@pytest.fixture(scope="module")
-def robot():
-    return load_mechanism("mechanisms/pick_and_place_robot.yaml")
 
 
 def _sigmas():

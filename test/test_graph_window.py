@@ -9,12 +9,6 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel
 from mbfg_ros.graph.window import FixedLagWindow
-from mbfg_ros.model.mechanism import load_mechanism
-
-
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("mechanisms/four_bar_crank.yaml")
 
 
 def _window(mech, lag=5):

@@ -11,11 +11,6 @@ from mbfg_ros.model.mechanism import load_mechanism
 from test_constraints import MECHANISMS
 
 
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("mechanisms/four_bar_crank.yaml")
-
-
 def test_position_problem_with_a_fixed_crank_angle(crank):
     col = crank.coordinate_index("crank")
     q = np.array(crank.q0)

@@ -7,18 +7,7 @@ import numpy as np
 import pytest
 
 from mbfg_ros.dynamics import constrained as dynamics
-from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
-
-
-@pytest.fixture(scope="module")
-def crank():
-    return load_mechanism("four_bar_crank")
-
-
-@pytest.fixture(scope="module")
-def robot():
-    return load_mechanism("pick_and_place_robot")
 
 
 def test_actuator_law(robot):
