@@ -134,7 +134,7 @@ def _record(monkeypatch):
 
 def _key(slot, k):
     name = slot[:-5] if slot.endswith("_prev") else slot
-    return gtsam.symbol({"q": "q", "v": "v", "a": "a", "j": "j", "tau": "t"}[name], k - 1 if slot.endswith("_prev") else k)
+    return gtsam.symbol({"q": "q", "v": "v", "a": "a", "j": "j", "tau": "t", "tau_rate": "r"}[name], k - 1 if slot.endswith("_prev") else k)
 
 
 def test_fast_path_equals_nonlinear_customfactor_smoother(four_bar, monkeypatch):
@@ -195,7 +195,7 @@ def test_estimation_window_equals_nonlinear_batch(crank, monkeypatch):
     p.setMaxIterations(20)
     sol = gtsam.GaussNewtonOptimizer(graph, ours, p).optimize()
     assert graph.error(ours) == pytest.approx(graph.error(sol), rel=1e-9)
-    tol = {"q": 1e-8, "v": 1e-5, "a": 1e-5, "tau": 1e-4}
+    tol = {"q": 1e-8, "v": 1e-5, "a": 1e-5, "tau": 1e-4, "tau_rate": 1e-4}
     for k, _ in log:
         for n in names:
             a, b = sol.atVector(_key(n, k)), ours.atVector(_key(n, k))
@@ -289,9 +289,21 @@ def test_estimation_from_gyroscope_and_encoder(crank, driven):
 
 
 def test_fused_mode_uses_commanded_efforts(crank, driven):
+    """Applied = command + disturbance: with an exact actuator fused mode beats estimation mode (measured
+    RMS τ 0.44 vs 0.82 N·m, ω 0.012 vs 0.016 rad/s), and with a small disturbance density (an actuator
+    trusted) the disturbance is a nearly constant bias estimated from the readings: τ 0.026 N·m,
+    ω 0.0036 rad/s."""
+    config = EstimatorConfig(window=5, mode="estimation")
+    unknown = _errors(_estimate_driven(crank, driven, config, efforts=True)[1], driven)
     est, out = _estimate_driven(crank, driven, EstimatorConfig(window=5, mode="fused"), efforts=True)
     err = _errors(out, driven)
-    assert err["tau"][0] < 1e-3 and err["omega"][0] < 0.01, err
+    assert err["tau"][0] < 0.6 * unknown["tau"][0] and err["omega"][0] < 0.8 * unknown["omega"][0], (err, unknown)
+    assert all(e.disturbance is not None for e in out)
+    assert np.allclose([e.efforts[0] - e.disturbance[0] for e in out], driven.tau)
+    sigmas = dict(default_sigmas(), disturbance_density=1e-2)
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(window=5, mode="fused", sigmas=sigmas), efforts=True)
+    err = _errors(out, driven)
+    assert err["tau"][0] < 0.05 and err["omega"][0] < 0.006, err
 
 
 def test_forward_dynamics_with_commanded_torque(crank, driven):
@@ -301,11 +313,13 @@ def test_forward_dynamics_with_commanded_torque(crank, driven):
     q = np.array([e.q for e in out])
     assert np.abs(q[:, 4] - driven.theta).max() < 1e-8
     assert np.allclose([e.efforts[0] for e in out], driven.tau)
-    # fused mode without readings is the same digital twin (efforts estimated under a tight prior)
+    # fused mode without readings: the disturbance is unobservable and stays near its prior mean 0 (it
+    # absorbs a share of the dependent formulation's discretization compromise: measured 3.0e-5 rad and
+    # 5.6e-4 N·m over the 2 s)
     est = FixedLagEstimator(crank, EstimatorConfig(window=5, integrator="hermite", mode="fused"))
     out = [est.step(t, efforts=[driven.tau[k]]) for k, t in enumerate(driven.t)]
-    assert np.abs(np.array([e.q[4] for e in out]) - driven.theta).max() < 1e-6
-    assert np.abs(np.array([e.efforts[0] for e in out]) - driven.tau).max() < 1e-6
+    assert np.abs(np.array([e.q[4] for e in out]) - driven.theta).max() < 1e-4
+    assert np.abs(np.array([e.efforts[0] for e in out]) - driven.tau).max() < 2e-3
 
 
 # -- robustness, modes, API -------------------------------------------------------------------------
@@ -650,7 +664,7 @@ def test_observer_started_while_moving(crank, driven):
     assert err[100:, 0].max() < 0.15 and np.sqrt(np.mean(err[100:, 1] ** 2)) < 4.0, err[100:].max(axis=0)
 
 
-@pytest.mark.parametrize("mode,efforts", [("fused", True), ("estimation", False)])
+@pytest.mark.parametrize("mode,efforts", [("estimation", False)])
 def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out(crank, driven, monkeypatch, mode,
                                                                                    efforts):
     """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
@@ -689,7 +703,9 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
 
 
 def test_prepare_next_step_declines_where_the_prediction_needs_the_inputs(crank, driven):
-    for config in (EstimatorConfig(mode="forward_dynamics"), EstimatorConfig(mode="fused", integrator="hermite")):
+    # (fused: the dynamics' known forces include the step's commands)
+    for config in (EstimatorConfig(mode="forward_dynamics"), EstimatorConfig(mode="fused"),
+                   EstimatorConfig(mode="fused", integrator="hermite")):
         est = FixedLagEstimator(crank, config)
         assert est.prepare_next_step() is False          # nothing to prepare before the first step
         est.step(0.0, efforts=[driven.tau[0]], observations={"crank": driven.theta[0]})

@@ -62,10 +62,10 @@ class EstimatorConfig:
             problems.append(f"integrator must be one of {', '.join(INTEGRATORS)} (got '{self.integrator}')")
         for k, s in {**self.sigmas, **self.sensor_sigmas}.items():
             if not (s > 0 and np.isfinite(s)):
-                problems.append(f"sigma '{k}' must be > 0 (got {s})")
+                problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:
-            problems.append(f"unknown sigma names {sorted(unknown)} (known: {sorted(default_sigmas())})")
+            problems.append(f"unknown noise parameter names {sorted(unknown)} (known: {sorted(default_sigmas())})")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -79,7 +79,8 @@ class Estimate:
     v: np.ndarray                 # generalized velocities (n)
     a: np.ndarray                 # generalized accelerations (n)
     Q: np.ndarray                 # generalized forces (n), gravity included
-    efforts: np.ndarray           # efforts on the actuated coordinates, actuator order (estimated or commanded)
+    efforts: np.ndarray           # efforts on the actuated coordinates, actuator order: estimated (estimation),
+                                  # commanded (forward_dynamics), command + estimated disturbance (fused)
     assembly_mode: np.ndarray     # ±1 per assembly-mode indicator
     constraint_residual: float    # max |Φ(q)|
     solve_time: float             # wall seconds spent in this step
@@ -88,3 +89,4 @@ class Estimate:
     covariance: Optional[np.ndarray] = None   # marginal covariance of [q, v] if requested
     step: int = -1                # id of the estimator step this estimate is of (never reused; -1: none):
                                   # late readings of that step are addressed by it
+    disturbance: Optional[np.ndarray] = None  # fused mode: estimated applied − commanded efforts (actuator order)

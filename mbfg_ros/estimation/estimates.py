@@ -28,7 +28,8 @@ class StepFailure(RuntimeError):
 def copy_estimate(e: Estimate) -> Estimate:
     return Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
                     np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
-                    None if e.covariance is None else e.covariance.copy(), e.step)
+                    None if e.covariance is None else e.covariance.copy(), e.step,
+                    None if e.disturbance is None else e.disturbance.copy())
 
 
 class Estimates:
@@ -68,7 +69,8 @@ class Estimates:
         n = mech.n
         qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
         q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
-        tau = self.efforts.reported(None if self._tau is None else x[self._tau], efforts)
+        x_tau = None if self._tau is None else x[self._tau]
+        tau = self.efforts.reported(x_tau, efforts)
         Q = self.efforts.gravity.copy()
         if tau.size:
             Q[mech.actuated] += tau
@@ -93,7 +95,8 @@ class Estimates:
                 messages.append(f"covariance unavailable ({exc})")
         if k % COORDINATE_CHECK_INTERVAL == 0:
             self._check_coordinates(q, messages)
-        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step)
+        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
+                        self.efforts.disturbance(x_tau))
 
     def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
         """The answer before any estimate: the guess q at rest."""

@@ -13,7 +13,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
-from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
 
@@ -98,9 +98,10 @@ def declare_parameters(node) -> StartupParameters:
         description="Independent coordinate names (independent formulation); empty/unset = automatic",
         read_only=True)).value or []
     sigmas = {}
+    descriptions = noise_descriptions()
     for k, v in default_sigmas().items():
         sigmas[k] = d(f"sigmas.{k}", float(v), PD(
-            description=f"Noise sigma of the '{k}' factors; changing it restarts the estimator",
+            description=f"{descriptions[k]}; > 0; changing it restarts the estimator",
             floating_point_range=_float_range(1e-15, 1e15))).value
     sensor_sigmas = {}
     for s in mech.sensors:
@@ -181,8 +182,8 @@ def declare_parameters(node) -> StartupParameters:
 
 
 def name_params(msg: str) -> str:
-    """Config errors say 'sigma 'x''; say which ROS parameter that is."""
-    return (msg.replace("sigma '", "parameter sigmas.*/sensor_sigmas.* '")
+    """Config errors say 'noise parameter 'x''; say which ROS parameter that is."""
+    return (msg.replace("noise parameter '", "parameter sigmas.*/sensor_sigmas.* '")
             .replace("dt must", "parameter 'dt' must").replace("window must", "parameter 'window' must")
             .replace("mode must", "parameter 'mode' must")
             .replace("formulation must", "parameter 'formulation' must")
