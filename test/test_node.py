@@ -156,7 +156,9 @@ def test_estimates_track_the_simulated_truth(shared, mech, traj):
     assert np.percentile(E[:, 0], 95) < 5e-3
     assert np.percentile(E[:, 1], 95) < 2e-2
     assert np.percentile(E[:, 2], 95) < 0.2
-    assert np.percentile(E[:, 3], 95) < 0.5
+    # fused: the published effort is command + the estimated disturbance (the plant's actuator is exact:
+    # the error is the disturbance estimate's, measured p95 1.6 N·m)
+    assert np.percentile(E[:, 3], 95) < 2.5
     # ~/joint_states: crank angle, rate and the inverse-dynamics torque of the same estimate
     jmap = {stamp_ns(m.header.stamp): m for _, m in js}
     i = len(st) - 1
@@ -164,6 +166,15 @@ def test_estimates_track_the_simulated_truth(shared, mech, traj):
     c = int(mech.actuated[0])
     assert m.position[0] == pytest.approx(q[i, c]) and m.velocity[0] == pytest.approx(v[i, c])
     assert m.effort[0] == pytest.approx(Q[i, c])      # relative angles carry no gravity: Q = τ there
+    # ~/disturbance (fused): applied − commanded effort by actuator name, on the estimates' stamps (this
+    # plant applies the command: the estimate stays small)
+    dist = probe.snapshot("disturbance")
+    assert dist, "no ~/disturbance"
+    assert all(list(x.name) == list(mech.actuator_names) and len(x.effort) == len(mech.actuator_names)
+               for _, x in dist)
+    assert {stamp_ns(x.header.stamp) for _, x in dist} <= set(int(s) for s in st) | {stamp_ns(x.header.stamp)
+                                                                                    for _, x in js}
+    assert np.percentile([abs(x.effort[0]) for _, x in dist[len(dist) // 2:]], 95) < 2.5   # measured 1.45
     # markers for RViz: 3 bodies + the points
     mk = probe.snapshot("markers")
     assert mk, "no ~/markers"

@@ -25,6 +25,7 @@ from mbfg_ros.cli import csvio
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
+from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.spec import MechanismError
 
 PROG = "mbfg"
@@ -101,9 +102,14 @@ def _positive(name, kind=float):
     return parse
 
 
-def _write_state_csv(path, mech, t, q, v, a, tau) -> None:
+def _write_state_csv(path, mech, t, q, v, a, tau, extra=None) -> None:
+    """The state CSV; `extra`: {column name: values} appended (e.g. the fused mode's disturbance)."""
     header = csvio.state_header(mech.coordinate_names, mech.actuator_names)
-    csvio.write_table(path, header, csvio.state_rows(t, q, v, a, tau))
+    rows = csvio.state_rows(t, q, v, a, tau)
+    if extra:
+        header = header + list(extra)
+        rows = np.hstack([rows] + [np.asarray(col, dtype=float).reshape(len(t), 1) for col in extra.values()])
+    csvio.write_table(path, header, rows)
 
 
 def _plot(path, mech, t, q, v, tau, title: str, reference=None) -> None:
@@ -211,15 +217,20 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     N = len(t)
     q, v, a = (np.empty((N, mech.n)) for _ in range(3))
     tau = np.empty((N, len(mech.actuated)))
+    disturbance = np.full_like(tau, np.nan) if config.mode == "fused" and tau.shape[1] else None
     bar = Progress(N, label)
     for k in range(N):
         e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
                      observations=None if observations is None else observations(k))
         q[k], v[k], a[k] = e.q, e.v, e.a
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
+        if disturbance is not None and e.disturbance is not None:
+            disturbance[k] = e.disturbance
         bar.update(k + 1)
     bar.close()
-    _write_state_csv(args.output, mech, t, q, v, a, tau)
+    extra = (None if disturbance is None else
+             {f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
+    _write_state_csv(args.output, mech, t, q, v, a, tau, extra)
     if args.plot:
         _plot(args.plot, mech, t, q, v, tau, title)
     return 0
@@ -278,6 +289,10 @@ def cmd_inverse_dynamics(args) -> int:
     return 0
 
 
+#: the estimate command's density options (the noise parameters of the estimation and fused modes)
+DENSITY_OPTIONS = ("acceleration_density", "effort_density", "disturbance_density")
+
+
 def cmd_estimate(args) -> int:
     from mbfg_ros.estimation.config import EstimatorConfig
     mech = _load(args.mechanism, args.gravity)
@@ -295,7 +310,12 @@ def cmd_estimate(args) -> int:
         efforts = _efforts_from_csv(mech, args.torques, t)
     elif args.mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
-    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator)
+    sigmas = default_sigmas()
+    for name in DENSITY_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            sigmas[name] = value
+    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator, sigmas=sigmas)
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -316,7 +336,8 @@ _COMMAND_TEXTS = {
         help="forward dynamics with the fixed-lag factor-graph estimator",
         description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
         "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
-        epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>."),
+        epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint> (fused: the estimated "
+               "applied effort, command + disturbance), and in fused mode disturbance_<joint>."),
     "inverse-dynamics": dict(
         help="staged batch inverse dynamics of a prescribed trajectory",
         description="Efforts that make the actuated coordinates follow a trajectory: the "
@@ -385,8 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
     s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N")
     s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default="estimation",
-                   help="estimation: efforts unknown; fused: commanded efforts as soft priors (default estimation)")
+                   help="estimation: efforts unknown; fused: applied efforts = commanded + an estimated "
+                        "disturbance (default estimation)")
     s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
+    defaults = default_sigmas()
+    for name, text in zip(DENSITY_OPTIONS, (
+            "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",
+            "estimation: spectral density of the efforts' second derivative [(N·m)²/s³ or N²/s³ per actuator]",
+            "fused: spectral density of the disturbance's second derivative [(N·m)²/s³ or N²/s³ per actuator]")):
+        opt = "--" + name.replace("_", "-")
+        s.add_argument(opt, type=_positive(opt), metavar="S", help=f"{text} (default {defaults[name]:g})")
     add_gravity_and_outputs(s, cmd_estimate)
     return p
 

@@ -35,7 +35,7 @@ def default_sigmas() -> Dict[str, float]:
         "acceleration_density": ACCELERATION_DENSITY,   # unmodelled accelerations, (unit of q)²/s³
         "effort_density": EFFORT_DENSITY,               # τ̈ of unknown efforts (estimation), (N·m)²/s³ or N²/s³
         "disturbance_density": DISTURBANCE_DENSITY,     # d̈ of the disturbance (fused), (N·m)²/s³ or N²/s³
-        "initial_effort_rate": 1000.0,  # weak prior on the effort (disturbance) rate at a window's start, N·m/s
+        "initial_effort_rate": 10.0,  # prior on the effort (disturbance) rate at a window's start, N·m/s
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
         "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
         "observed_coordinate": 1e-3, # generic observations 'q:<name>', 'v:<name>', 'a:<name>' (unless in sensor_sigmas)
