@@ -11,8 +11,10 @@ Scenarios (encoder σ = 1 mrad at 1 kHz, window 10, trapezoidal, dependent coord
   τ_applied = 0.9 τ_cmd − 1.5 N·m · tanh(θ̇ / 0.05 rad/s) − 0.3 N·m·s · θ̇, fused mode (and estimation mode on
   the same data, which fused mode must not lose to).
 
-RMSE of the crank angle, rate and effort (against the applied effort) per scenario, mean over the seeds,
-and the mean wall time of a step.  ``--param`` overrides an estimator parameter of ``EstimatorConfig.sigmas``
+RMSE of the crank angle, rate and effort (against the applied effort) per scenario, their NEES (mean
+squared error over the estimator's own marginal variance, `Estimate.std` / `efforts_std`: 1 when
+consistent), mean over the seeds, and the mean wall time of a step (with the marginal covariance of the
+newest state computed every step, `compute_covariance`).  ``--param`` overrides an estimator parameter of ``EstimatorConfig.sigmas``
 (for sweeps).  Never used in tests.
 """
 
@@ -77,7 +79,10 @@ def scores(out, times, q, v, tau, start=0.5):
     ef = np.array([e.efforts[0] for e in out])[sel] - tau[sel]
     cost = np.mean([e.solve_time for e in out[1:]]) * 1e3
     rms = lambda x: float(np.sqrt(np.mean(x ** 2)))      # noqa: E731
-    return np.array([rms(th) * 1e3, rms(w), rms(ef), cost])
+    n = len(out[-1].q)
+    sd = np.array([(e.std[CRANK], e.std[n + CRANK], e.efforts_std[0]) for e in out])[sel]
+    nees = [float(np.mean((x / s) ** 2)) for x, s in zip((th, w, ef), sd.T)]
+    return np.array([rms(th) * 1e3, rms(w), rms(ef), *nees, cost])
 
 
 def main(argv=None):
@@ -98,7 +103,8 @@ def main(argv=None):
     mech = load_mechanism(str(ROOT / "mechanisms" / "four_bar_crank.yaml"))
 
     def config(mode):
-        return EstimatorConfig(dt=dt, window=args.window, mode=mode, sigmas=dict(sigmas)).validated()
+        return EstimatorConfig(dt=dt, window=args.window, mode=mode, sigmas=dict(sigmas),
+                               compute_covariance=True).validated()
 
     scenarios = [
         ("estimation (unknown smooth torque)", lambda t, w: command(t), [("estimation", False)]),
@@ -107,8 +113,9 @@ def main(argv=None):
     print(f"window {args.window}, dt {dt * 1e3:g} ms, seeds {args.seeds}, scored after 0.5 s; "
           f"parameters {', '.join(args.param) or 'shipped defaults'}")
     print()
-    print("| scenario | mode | angle RMSE [mrad] | rate RMSE [rad/s] | effort RMSE vs applied [N·m] | step [ms] |")
-    print("|---|---|---|---|---|---|")
+    print("| scenario | mode | angle RMSE [mrad] | rate RMSE [rad/s] | effort RMSE vs applied [N·m] | "
+          "NEES angle | NEES rate | NEES effort | step incl. covariance [ms] |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for title, applied, modes in scenarios:
         times, q, v, tau = simulate(mech, args.seconds, dt, applied)
         cmd = command(times)
@@ -120,7 +127,8 @@ def main(argv=None):
                 out = run(mech, config(mode), times, readings, cmd if with_commands else None)
                 res.append(scores(out, times, q, v, tau))
             m = np.mean(res, axis=0)
-            print(f"| {title} | {mode} | {m[0]:.3f} | {m[1]:.4f} | {m[2]:.3f} | {m[3]:.3f} |")
+            print(f"| {title} | {mode} | {m[0]:.3f} | {m[1]:.4f} | {m[2]:.3f} | {m[3]:.2f} | {m[4]:.2f} | "
+                  f"{m[5]:.2f} | {m[6]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ NS = 1_000_000_000
 # Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
 # overload bound keep the checks deterministic on a busy machine; fast diagnostics keep the tests short.
 # max_backlog 0.5 s: a loaded machine must not make the node skip steps here (test_overload_* does).
-TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5}
+TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5,
+               "publish_stddev": True}
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +176,15 @@ def test_estimates_track_the_simulated_truth(shared, mech, traj):
     assert {stamp_ns(x.header.stamp) for _, x in dist} <= set(int(s) for s in st) | {stamp_ns(x.header.stamp)
                                                                                     for _, x in js}
     assert np.percentile([abs(x.effort[0]) for _, x in dist[len(dist) // 2:]], 95) < 2.5   # measured 1.45
-    # markers for RViz: 3 bodies + the points
+    # ~/joint_states_stddev: the 1σ of the same joints, on the same stamps; consistent with the errors
+    sd = {stamp_ns(x.header.stamp): x for _, x in probe.snapshot("stddev")}
+    assert sd, "no ~/joint_states_stddev"
+    m_sd = sd[int(st[i])]
+    assert list(m_sd.name) == list(m.name) and all(x > 0 for x in (*m_sd.position, *m_sd.velocity, *m_sd.effort))
+    index = {s_: k for k, s_ in enumerate(f.stamps)}
+    z = [(jmap[s_].position[0] - traj.q[index[s_], c]) / x.position[0] for s_, x in sd.items()
+         if s_ in jmap and s_ in index and index[s_] * DT >= 0.3]
+    assert len(z) > 100 and 0.2 < np.mean(np.square(z)) < 5.0, np.mean(np.square(z))
     mk = probe.snapshot("markers")
     assert mk, "no ~/markers"
     types = sorted(x.type for x in mk[-1][1].markers)

@@ -218,6 +218,7 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     q, v, a = (np.empty((N, mech.n)) for _ in range(3))
     tau = np.empty((N, len(mech.actuated)))
     disturbance = np.full_like(tau, np.nan) if config.mode == "fused" and tau.shape[1] else None
+    std = np.full((N, 3 * mech.n + 2 * tau.shape[1]), np.nan) if config.compute_covariance else None
     bar = Progress(N, label)
     for k in range(N):
         e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
@@ -226,10 +227,22 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
         if disturbance is not None and e.disturbance is not None:
             disturbance[k] = e.disturbance
+        if std is not None and e.std is not None:
+            std[k, :3 * mech.n + tau.shape[1]] = np.concatenate((e.std, e.efforts_std))
+            if e.disturbance_std is not None:
+                std[k, 3 * mech.n + tau.shape[1]:] = e.disturbance_std
         bar.update(k + 1)
     bar.close()
-    extra = (None if disturbance is None else
-             {f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
+    extra = {}
+    if disturbance is not None:
+        extra.update({f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
+    if std is not None:
+        names = list(mech.coordinate_names)
+        cols = ([f"{c}_std" for c in names] + [f"{c}_dot_std" for c in names] + [f"{c}_ddot_std" for c in names]
+                + [f"tau_{j}_std" for j in mech.actuator_names])
+        if disturbance is not None:
+            cols += [f"disturbance_{j}_std" for j in mech.actuator_names]
+        extra.update({c: std[:, i] for i, c in enumerate(cols)})
     _write_state_csv(args.output, mech, t, q, v, a, tau, extra)
     if args.plot:
         _plot(args.plot, mech, t, q, v, tau, title)
@@ -315,7 +328,8 @@ def cmd_estimate(args) -> int:
         value = getattr(args, name)
         if value is not None:
             sigmas[name] = value
-    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator, sigmas=sigmas)
+    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator, sigmas=sigmas,
+                             compute_covariance=args.std)
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -337,7 +351,8 @@ _COMMAND_TEXTS = {
         description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
         "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
         epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint> (fused: the estimated "
-               "applied effort, command + disturbance), and in fused mode disturbance_<joint>."),
+               "applied effort, command + disturbance), in fused mode disturbance_<joint>, and with --std the 1σ "
+               "columns <name>_std, <name>_dot_std, <name>_ddot_std, tau_<joint>_std (disturbance_<joint>_std)."),
     "inverse-dynamics": dict(
         help="staged batch inverse dynamics of a prescribed trajectory",
         description="Efforts that make the actuated coordinates follow a trajectory: the "
@@ -416,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
             "fused: spectral density of the disturbance's second derivative [(N·m)²/s³ or N²/s³ per actuator]")):
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="S", help=f"{text} (default {defaults[name]:g})")
+    s.add_argument("--std", action="store_true",
+                   help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
+                        "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
     add_gravity_and_outputs(s, cmd_estimate)
     return p
 
