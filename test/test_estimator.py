@@ -664,7 +664,7 @@ def test_observer_started_while_moving(crank, driven):
     assert err[100:, 0].max() < 0.15 and np.sqrt(np.mean(err[100:, 1] ** 2)) < 4.0, err[100:].max(axis=0)
 
 
-@pytest.mark.parametrize("mode,efforts", [("estimation", False)])
+@pytest.mark.parametrize("mode,efforts", [("fused", True), ("estimation", False)])
 def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out(crank, driven, monkeypatch, mode,
                                                                                    efforts):
     """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
@@ -703,9 +703,7 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
 
 
 def test_prepare_next_step_declines_where_the_prediction_needs_the_inputs(crank, driven):
-    # (fused: the dynamics' known forces include the step's commands)
-    for config in (EstimatorConfig(mode="forward_dynamics"), EstimatorConfig(mode="fused"),
-                   EstimatorConfig(mode="fused", integrator="hermite")):
+    for config in (EstimatorConfig(mode="forward_dynamics"), EstimatorConfig(mode="fused", integrator="hermite")):
         est = FixedLagEstimator(crank, config)
         assert est.prepare_next_step() is False          # nothing to prepare before the first step
         est.step(0.0, efforts=[driven.tau[0]], observations={"crank": driven.theta[0]})

@@ -82,7 +82,7 @@ def test_early_rates_correct_the_first_steps_of_a_ramp(crank):
 def test_unknown_efforts_are_an_integrated_random_walk_state(crank):
     s = _sigmas()
     m = UnknownEfforts(crank, s, rates=False)
-    assert m.has_state and m.input_free_prediction
+    assert m.has_state
     Q, Qdot, prior = m.forces(np.array([5.0]), 1e-3)          # commanded efforts ignored
     assert prior is None and Qdot is None and np.array_equal(Q, crank.gravity_forces)
     (walk,) = m.transition_units(4e-3)
@@ -104,7 +104,7 @@ def test_fused_efforts_are_commands_plus_a_disturbance_state(robot):
     m = FusedEfforts(robot, s, rates=False)
     E = robot.actuated
     na = len(E)
-    assert na >= 2 and m.has_state and not m.input_free_prediction
+    assert na >= 2 and m.has_state
     efforts = np.full(na, np.nan)
     efforts[1] = 0.7
     Q, Qdot, prior = m.forces(efforts, 1e-3)                  # the known forces: gravity + commands (unknown 0)

@@ -33,7 +33,6 @@ class EffortModel:
 
     has_state = False
     rates_from_commands = False
-    input_free_prediction = True      # with τ a state: the prediction needs none of the step's inputs
 
     def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
         self.mech = mech
@@ -216,7 +215,6 @@ class FusedEfforts(UnknownEfforts):
     state's τ block is d.  Unknown commands count as 0 (the disturbance then takes the whole effort)."""
 
     rates_from_commands = True
-    input_free_prediction = False          # the known forces are this step's commands
     density_name = "disturbance_density"
 
     def seed(self, efforts, tau_guess):

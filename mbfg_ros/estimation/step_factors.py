@@ -73,6 +73,7 @@ class StepFactors:
         self._step_models: Dict[tuple, StepModel] = {}
         self._int_cache: Dict[float, list] = {}
         self.jerk: Optional[F.Factor] = None
+        self._known_newest = self._known_before = None
 
     def _extra_blocks(self) -> list:
         return []
@@ -87,6 +88,7 @@ class StepFactors:
         self._step_models.clear()
         self._int_cache.clear()
         self.efforts.restart()
+        self._known_newest = self._known_before = None   # Q_known of the newest step and of the one before
 
     def _build(self):
         raise NotImplementedError
@@ -146,6 +148,7 @@ class StepFactors:
         seed), and the commanded-effort prior unit (or None).  Nothing is set on the units: the window puts
         a step's values on them whenever it evaluates that step."""
         Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
+        self._known_before, self._known_newest = self._known_newest, Q
         values: StepValues = {}
         jerk = self.jerk
         # with τ a state, Q is the known part (gravity, and the commands in fused mode)
@@ -216,8 +219,12 @@ class StepFactors:
         if self._tau is None:
             Q = values[dyn]["Q"]
         else:
-            Q_known = values[dyn]["Q_known"] if values is not None else dyn.Q_known
-            Q = Q_known.copy()
+            # with τ a state the predicted q̈ uses the known forces of the step predicted from (gravity; in
+            # fused mode + its commands), not the new step's: the prediction is then input-free and can be
+            # made before the step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization
+            # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
+            known = self._known_before if values is not None else self._known_newest
+            Q = (dyn.Q_known if known is None else known).copy()
             Q[dyn.actuated] += xp[self._tau]
         d = self.ctx.dynamics(qp, vp, Q)
         ap = d.a
