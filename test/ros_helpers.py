@@ -146,11 +146,15 @@ class Probe:
         self.state: List = []
         self.markers: List = []
         self.diag: List = []
+        self.disturbance: List = []
+        self.stddev: List = []
         from mbfg_ros.ros import fastloop
         grp = fastloop.DetachedCallbackGroup()
         subs = []
         for typ, topic, lst in ((JointState, f"{ns}/joint_states", self.js), (JointTrajectory, f"{ns}/state", self.state),
-                                (MarkerArray, f"{ns}/markers", self.markers), (DiagnosticArray, "/diagnostics", self.diag)):
+                                (MarkerArray, f"{ns}/markers", self.markers), (DiagnosticArray, "/diagnostics", self.diag),
+                                (JointState, f"{ns}/disturbance", self.disturbance),
+                                (JointState, f"{ns}/joint_states_stddev", self.stddev)):
             cb = (lambda lst_: (lambda m: self._rec(lst_, m)))(lst)
             subs.append((self.node.create_subscription(typ, topic, cb, rel, callback_group=grp), cb))
         self.extra_subs = subs

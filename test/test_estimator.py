@@ -129,7 +129,7 @@ def _record(monkeypatch):
 
 def _key(slot, k):
     name = slot[:-5] if slot.endswith("_prev") else slot
-    return gtsam.symbol({"q": "q", "v": "v", "a": "a", "j": "j", "tau": "t"}[name], k - 1 if slot.endswith("_prev") else k)
+    return gtsam.symbol({"q": "q", "v": "v", "a": "a", "j": "j", "tau": "t", "tau_rate": "r"}[name], k - 1 if slot.endswith("_prev") else k)
 
 
 def test_fast_path_equals_nonlinear_customfactor_smoother(four_bar, monkeypatch):
@@ -190,7 +190,7 @@ def test_estimation_window_equals_nonlinear_batch(crank, monkeypatch):
     p.setMaxIterations(20)
     sol = gtsam.GaussNewtonOptimizer(graph, ours, p).optimize()
     assert graph.error(ours) == pytest.approx(graph.error(sol), rel=1e-9)
-    tol = {"q": 1e-8, "v": 1e-5, "a": 1e-5, "tau": 1e-4}
+    tol = {"q": 1e-8, "v": 1e-5, "a": 1e-5, "tau": 1e-4, "tau_rate": 1e-4}
     for k, _ in log:
         for n in names:
             a, b = sol.atVector(_key(n, k)), ours.atVector(_key(n, k))
@@ -284,9 +284,21 @@ def test_estimation_from_gyroscope_and_encoder(crank, driven):
 
 
 def test_fused_mode_uses_commanded_efforts(crank, driven):
+    """Applied = command + disturbance: with an exact actuator fused mode beats estimation mode (measured
+    RMS τ 0.44 vs 0.82 N·m, ω 0.012 vs 0.016 rad/s), and with a small disturbance density (an actuator
+    trusted) the disturbance is a nearly constant bias estimated from the readings: τ 0.026 N·m,
+    ω 0.0036 rad/s."""
+    config = EstimatorConfig(window=5, mode="estimation")
+    unknown = _errors(_estimate_driven(crank, driven, config, efforts=True)[1], driven)
     est, out = _estimate_driven(crank, driven, EstimatorConfig(window=5, mode="fused"), efforts=True)
     err = _errors(out, driven)
-    assert err["tau"][0] < 1e-3 and err["omega"][0] < 0.01, err
+    assert err["tau"][0] < 0.6 * unknown["tau"][0] and err["omega"][0] < 0.8 * unknown["omega"][0], (err, unknown)
+    assert all(e.disturbance is not None for e in out)
+    assert np.allclose([e.efforts[0] - e.disturbance[0] for e in out], driven.tau)
+    sigmas = dict(default_sigmas(), disturbance_density=1e-2)
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(window=5, mode="fused", sigmas=sigmas), efforts=True)
+    err = _errors(out, driven)
+    assert err["tau"][0] < 0.05 and err["omega"][0] < 0.006, err
 
 
 def test_forward_dynamics_with_commanded_torque(crank, driven):
@@ -296,11 +308,13 @@ def test_forward_dynamics_with_commanded_torque(crank, driven):
     q = np.array([e.q for e in out])
     assert np.abs(q[:, 4] - driven.theta).max() < 1e-8
     assert np.allclose([e.efforts[0] for e in out], driven.tau)
-    # fused mode without readings is the same digital twin (efforts estimated under a tight prior)
+    # fused mode without readings: the disturbance is unobservable and stays near its prior mean 0 (it
+    # absorbs a share of the dependent formulation's discretization compromise: measured 3.0e-5 rad and
+    # 5.6e-4 N·m over the 2 s)
     est = FixedLagEstimator(crank, EstimatorConfig(window=5, integrator="hermite", mode="fused"))
     out = [est.step(t, efforts=[driven.tau[k]]) for k, t in enumerate(driven.t)]
-    assert np.abs(np.array([e.q[4] for e in out]) - driven.theta).max() < 1e-6
-    assert np.abs(np.array([e.efforts[0] for e in out]) - driven.tau).max() < 1e-6
+    assert np.abs(np.array([e.q[4] for e in out]) - driven.theta).max() < 1e-4
+    assert np.abs(np.array([e.efforts[0] for e in out]) - driven.tau).max() < 2e-3
 
 
 # -- robustness, modes, API -------------------------------------------------------------------------
@@ -750,3 +764,24 @@ def test_reinitialization_applied_before_the_next_step_gives_the_same_estimates(
     assert tuple(outs[True][200].assembly_mode) == (1,) and tuple(outs[True][350].assembly_mode) == (-1,)
     est = FixedLagEstimator(crank, EstimatorConfig())
     assert est.apply_reinitialization() is False             # nothing requested
+
+
+def test_reported_uncertainty_is_consistent(crank, driven):
+    """compute_covariance: the 1σ of the newest state (Estimate.std, efforts_std) against the actual errors,
+    encoder σ = 1 mrad, unknown torque: NEES of angle, rate, effort measured 0.83, 0.69, 0.56 (1 when
+    consistent); fused with an exact actuator: the effort's σ is the disturbance's."""
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode="estimation", compute_covariance=True))
+    n = crank.n
+    sel = driven.t >= 0.5
+    z = np.array([((e.q[4] - th) / e.std[4], (e.v[4] - om) / e.std[n + 4], (e.efforts[0] - ta) / e.efforts_std[0])
+                  for e, th, om, ta in zip(out, driven.theta, driven.omega, driven.tau)])[sel]
+    nees = np.mean(z ** 2, axis=0)
+    assert np.all((0.4 < nees) & (nees < 2.5)), nees
+    assert all(e.disturbance_std is None for e in out)
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode="fused", compute_covariance=True),
+                                efforts=True, steps=300)
+    e = out[-1]
+    assert e.std.shape == (3 * n,) and np.array_equal(e.efforts_std, e.disturbance_std) and e.efforts_std[0] > 0
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(window=10, mode="forward_dynamics",
+                                                               compute_covariance=True), efforts=True, steps=50)
+    assert np.array_equal(out[-1].efforts_std, [0.0]) and out[-1].disturbance_std is None

@@ -2,7 +2,6 @@
 innovation gate, the seed value and the seeder, the step factors (layout, predictor, model cache)."""
 
 import copy
-import math
 
 import numpy as np
 import pytest
@@ -69,43 +68,49 @@ def test_early_rates_correct_the_first_steps_of_a_ramp(crank):
     assert UnknownEfforts(crank, _sigmas(), rates=True).early_rates(1, h) is None   # no commanded rates
 
 
-def test_unknown_efforts_are_a_random_walk_state(crank):
+def test_unknown_efforts_are_an_integrated_random_walk_state(crank):
     s = _sigmas()
     m = UnknownEfforts(crank, s, rates=False)
     assert m.has_state
     Q, Qdot, prior = m.forces(np.array([5.0]), 1e-3)          # commanded efforts ignored
     assert prior is None and Qdot is None and np.array_equal(Q, crank.gravity_forces)
     (walk,) = m.transition_units(4e-3)
-    assert walk.slots == ("tau_prev", "tau")
-    assert walk.sigmas[0] == pytest.approx(s["effort_random_walk"] * math.sqrt(4e-3))
+    assert walk.slots == ("tau_prev", "tau", "tau_rate_prev", "tau_rate")
+    assert walk.dt == 4e-3 and np.array_equal(walk.density, [s["effort_density"]])
     tau0, Q0 = m.seed(np.array([5.0]), None)
     assert np.array_equal(tau0, [0.0]) and np.array_equal(Q0, crank.gravity_forces)
     tau0, _ = m.seed(np.array([5.0]), np.array([np.nan]))     # a non-finite guess counts as 0
     assert np.array_equal(tau0, [0.0])
-    (p,) = m.seed_units(np.array([1.5]))
+    p, pr = m.seed_units(np.array([1.5]))
     assert p.slots == ("tau",) and p.sigmas[0] == s["initial_effort"]
+    assert pr.slots == ("tau_rate",) and pr.sigmas[0] == s["initial_effort_rate"] and np.array_equal(pr.mean, [0])
     assert np.array_equal(m.reported(np.array([2.0]), np.array([5.0])), [2.0])
+    assert m.disturbance(np.array([2.0])) is None
 
 
-def test_fused_efforts_put_a_prior_on_the_known_entries(robot):
+def test_fused_efforts_are_commands_plus_a_disturbance_state(robot):
     s = _sigmas()
     m = FusedEfforts(robot, s, rates=False)
-    na = len(robot.actuated)
-    assert na >= 2
+    E = robot.actuated
+    na = len(E)
+    assert na >= 2 and m.has_state
     efforts = np.full(na, np.nan)
-    assert m.forces(efforts, 1e-3)[2] is None                 # nothing commanded: no prior
     efforts[1] = 0.7
-    _, _, (prior, mean) = m.forces(efforts, 1e-3)
-    assert prior.sigmas[0] == s["commanded_effort"] and np.array_equal(mean, [0.7])
-    x = np.zeros(na)
-    x[1] = 1.0
-    assert prior.error(x) == pytest.approx([0.3])               # on entry 1 only
-    efforts[1] = 0.9
-    again, mean = m.forces(efforts, 1e-3)[2]
-    assert again is prior and np.array_equal(mean, [0.9])        # one unit per set of known entries
-    assert np.array_equal(prior.mean, [0.7])                     # the step's mean is passed, not set
-    tau0, _ = m.seed(efforts, np.ones(na))
-    assert tau0[1] == 0.9 and np.all(np.delete(tau0, 1) == 1.0)
+    Q, Qdot, prior = m.forces(efforts, 1e-3)                  # the known forces: gravity + commands (unknown 0)
+    assert prior is None and Qdot is None
+    expected = robot.gravity_forces.copy()
+    expected[E[1]] += 0.7
+    assert np.array_equal(Q, expected)
+    (walk,) = m.transition_units(1e-3)
+    assert walk.slots == ("tau_prev", "tau", "tau_rate_prev", "tau_rate")
+    assert np.array_equal(walk.density, [s["disturbance_density"]] * na)
+    d = np.arange(1.0, na + 1)
+    assert np.array_equal(m.reported(d, efforts), np.where(np.isfinite(efforts), efforts, 0.0) + d)
+    assert np.array_equal(m.disturbance(d), d)
+    # a seed from an estimate's applied efforts: the disturbance is applied − commanded
+    d0, Q0 = m.seed(efforts, np.ones(na))
+    assert d0[1] == pytest.approx(0.3) and np.all(np.delete(d0, 1) == 1.0)
+    assert np.allclose(Q0[E], 1.0) and np.allclose(np.delete(Q0, E), np.delete(robot.gravity_forces, E))
 
 
 def test_efforts_argument_is_checked(crank):
@@ -270,10 +275,10 @@ def _same(a, b) -> bool:
 
 # -- step factors ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("formulation,integrator,cls,blocks", [
-    ("dependent", "trapezoidal", DependentFactors, ["q", "v", "a", "tau"]),
-    ("dependent", "hermite", DependentHermiteFactors, ["q", "v", "a", "tau"]),
-    ("independent", "euler", IndependentFactors, ["q", "v", "a", "z", "zd", "zdd", "tau"]),
-    ("independent", "hermite", IndependentHermiteFactors, ["q", "v", "a", "z", "zd", "zdd", "zj", "tau"])])
+    ("dependent", "trapezoidal", DependentFactors, ["q", "v", "a", "tau", "tau_rate"]),
+    ("dependent", "hermite", DependentHermiteFactors, ["q", "v", "a", "tau", "tau_rate"]),
+    ("independent", "euler", IndependentFactors, ["q", "v", "a", "z", "zd", "zdd", "tau", "tau_rate"]),
+    ("independent", "hermite", IndependentHermiteFactors, ["q", "v", "a", "z", "zd", "zdd", "zj", "tau", "tau_rate"])])
 def test_step_factors_per_formulation_and_integrator(crank, formulation, integrator, cls, blocks):
     est = FixedLagEstimator(crank, EstimatorConfig(mode="fused", formulation=formulation, integrator=integrator))
     e = est.step(0.0, efforts=[0.5], observations={"crank": 0.3})

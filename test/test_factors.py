@@ -12,7 +12,7 @@ from mbfg_ros.dynamics import constrained as D
 import mbfg_ros.factors as F
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.dynamics import kinematics as K
-from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.graph.gtsam_adapters import custom_factor
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel, linearize_step
@@ -76,6 +76,7 @@ def all_units(mech, s, rng):
         F.HermiteIntegrator("q", "v", "a", n, 1e-3), F.HermiteIntegrator("v", "a", "j", n, 1e-3),
         F.SoftEquality("q", n), F.SoftEquality("q", n, offset=rng.standard_normal(n)),
         F.SecondDifference("v", n, 1e3),
+        F.IntegratedRandomWalk("q", "v", n, 1e-3, 1e4), F.IntegratedRandomWalk("z", "zd", d, 4e-3, 2.0),
         F.ObservedCoordinate(mech, 0, 0, 0.3), F.ObservedCoordinate(mech, 1, 1, 0.3),
         F.ObservedCoordinate(mech, n - 1, 2, 0.3),
         F.CorrelatedPrior(("q", "v"), (n, n), rng.standard_normal(2 * n), rng.standard_normal((2 * n, 2 * n))),
@@ -99,6 +100,47 @@ def test_jacobians_match_finite_differences(mech):
                 Jn = fd_jacobian(unit, blocks, i)
                 scale = max(1.0, np.abs(Jn).max(initial=0.0))
                 assert np.abs(J - Jn).max(initial=0.0) <= 1e-6 * scale, (mech.name, unit.name, unit.slots[i])
+
+
+def test_integrated_random_walk_is_whitened_by_the_exact_transition_covariance():
+    """e = W r with W Q Wᵀ = I, Q = S [[h³/3, h²/2], [h²/2, h]] per component (white noise on ẍ)."""
+    h, S = 2e-3, np.array([3.0, 5e4])
+    u = F.IntegratedRandomWalk("tau", "tau_rate", 2, h, S)
+    assert u.static and u.linear and np.all(u.sigmas == 1.0) and u.dim == 4
+    W = np.hstack((u.jacobians[1], u.jacobians[3]))          # ∂e/∂x = W [I; 0], ∂e/∂ẋ = W [0; I]
+    for i in range(2):
+        rows = [i, 2 + i]
+        Wi = W[np.ix_(rows, rows)]
+        Q = S[i] * np.array([[h ** 3 / 3, h * h / 2], [h * h / 2, h]])
+        np.testing.assert_allclose(Wi @ Q @ Wi.T, np.eye(2), atol=1e-12)
+    # the residual it whitens: r = [x − x_prev − h ẋ_prev; ẋ − ẋ_prev]
+    rng = np.random.default_rng(2)
+    x0, x1, v0, v1 = (rng.standard_normal(2) for _ in range(4))
+    r = np.concatenate((x1 - x0 - h * v0, v1 - v0))
+    np.testing.assert_allclose(u.error(x0, x1, v0, v1), W @ r, rtol=1e-12)
+    with pytest.raises(ValueError, match="densities"):
+        F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 0.0)
+
+
+def test_white_acceleration_sigmas_match_a_simulated_process():
+    """The integrator rows' residuals when the acceleration is the model's plus white noise (simulated on
+    a fine grid, 4000 runs): variances S h³/12 (position row of the trapezoidal rule), S h (velocity row)."""
+    h, S, fine, runs = 1e-3, 2.0, 200, 4000
+    rng = np.random.default_rng(3)
+    dtf = h / fine
+    w = rng.standard_normal((runs, fine)) * np.sqrt(S / dtf)    # white noise: variance S/dt on a grid dt
+    v = np.concatenate((np.zeros((runs, 1)), np.cumsum(w, axis=1) * dtf), axis=1)
+    q1 = np.sum(0.5 * (v[:, 1:] + v[:, :-1]), axis=1) * dtf
+    eq = q1 - 0.5 * h * (v[:, 0] + v[:, -1])                    # the model's acceleration is 0 here
+    ev = v[:, -1] - v[:, 0]
+    sq, sv = F.white_acceleration_sigmas(S, h, "trapezoidal")
+    assert np.std(eq) == pytest.approx(sq, rel=0.05) and np.std(ev) == pytest.approx(sv, rel=0.05)
+    assert abs(np.corrcoef(eq, ev)[0, 1]) < 0.05
+    assert F.white_acceleration_sigmas(S, h, "hermite") == (sq, sv)
+    sq_e, _ = F.white_acceleration_sigmas(S, h, "euler")
+    assert np.std(q1 - h * v[:, 0]) == pytest.approx(sq_e, rel=0.05)
+    with pytest.raises(ValueError, match="acceleration density"):
+        F.white_acceleration_sigmas(-1.0, h, "euler")
 
 
 def test_correlated_prior_is_whitened_by_its_covariance():
@@ -277,6 +319,8 @@ def test_default_sigmas_come_from_table_2():
     assert np.all(F.VelocityConstraints(mech, sigma=0.5).sigmas == 0.5)
     with pytest.raises(ValueError):
         F.PositionConstraints(mech, sigma=0.0)
+    # every noise parameter is described, with its units (the node's parameter descriptions)
+    assert set(noise_descriptions()) == set(s)
 
 
 # -- adapters ---------------------------------------------------------------------------------

@@ -114,8 +114,10 @@ def test_serialized_templates_equal_rclpy_serialization(mech_name):
     n, names = mech.n, list(mech.coordinate_names)
     rng = np.random.default_rng(1)
     from sensor_msgs.msg import JointState
-    types = {"js": JointState, "state": JointTrajectory, "markers": MarkerArray}
+    types = {"js": JointState, "state": JointTrajectory, "markers": MarkerArray, "disturbance": JointState}
+    na = len(mech.actuator_names)
     builders = {
+        "disturbance": (lambda st, x: rc.joint_state(st, mech.actuator_names, (), (), x), na),
         "js": (lambda st, x: rc.joint_state(st, names[:2], x[:2], x[2:4], x[4:]), 6),
         "state": (lambda st, x: rc.trajectory_state(st, "world", names, x[:n], x[n:2 * n], x[2 * n:3 * n], x[3 * n:]),
                   4 * n),

@@ -25,6 +25,7 @@ from mbfg_ros.cli import csvio
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
+from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.spec import MechanismError
 
 PROG = "mbfg"
@@ -101,9 +102,14 @@ def _positive(name, kind=float):
     return parse
 
 
-def _write_state_csv(path, mech, t, q, v, a, tau) -> None:
+def _write_state_csv(path, mech, t, q, v, a, tau, extra=None) -> None:
+    """The state CSV; `extra`: {column name: values} appended (e.g. the fused mode's disturbance)."""
     header = csvio.state_header(mech.coordinate_names, mech.actuator_names)
-    csvio.write_table(path, header, csvio.state_rows(t, q, v, a, tau))
+    rows = csvio.state_rows(t, q, v, a, tau)
+    if extra:
+        header = header + list(extra)
+        rows = np.hstack([rows] + [np.asarray(col, dtype=float).reshape(len(t), 1) for col in extra.values()])
+    csvio.write_table(path, header, rows)
 
 
 def _plot(path, mech, t, q, v, tau, title: str, reference=None) -> None:
@@ -211,15 +217,33 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     N = len(t)
     q, v, a = (np.empty((N, mech.n)) for _ in range(3))
     tau = np.empty((N, len(mech.actuated)))
+    disturbance = np.full_like(tau, np.nan) if config.mode == "fused" and tau.shape[1] else None
+    std = np.full((N, 3 * mech.n + 2 * tau.shape[1]), np.nan) if config.compute_covariance else None
     bar = Progress(N, label)
     for k in range(N):
         e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
                      observations=None if observations is None else observations(k))
         q[k], v[k], a[k] = e.q, e.v, e.a
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
+        if disturbance is not None and e.disturbance is not None:
+            disturbance[k] = e.disturbance
+        if std is not None and e.std is not None:
+            std[k, :3 * mech.n + tau.shape[1]] = np.concatenate((e.std, e.efforts_std))
+            if e.disturbance_std is not None:
+                std[k, 3 * mech.n + tau.shape[1]:] = e.disturbance_std
         bar.update(k + 1)
     bar.close()
-    _write_state_csv(args.output, mech, t, q, v, a, tau)
+    extra = {}
+    if disturbance is not None:
+        extra.update({f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
+    if std is not None:
+        names = list(mech.coordinate_names)
+        cols = ([f"{c}_std" for c in names] + [f"{c}_dot_std" for c in names] + [f"{c}_ddot_std" for c in names]
+                + [f"tau_{j}_std" for j in mech.actuator_names])
+        if disturbance is not None:
+            cols += [f"disturbance_{j}_std" for j in mech.actuator_names]
+        extra.update({c: std[:, i] for i, c in enumerate(cols)})
+    _write_state_csv(args.output, mech, t, q, v, a, tau, extra)
     if args.plot:
         _plot(args.plot, mech, t, q, v, tau, title)
     return 0
@@ -278,6 +302,10 @@ def cmd_inverse_dynamics(args) -> int:
     return 0
 
 
+#: the estimate command's density options (the noise parameters of the estimation and fused modes)
+DENSITY_OPTIONS = ("acceleration_density", "effort_density", "disturbance_density")
+
+
 def cmd_estimate(args) -> int:
     from mbfg_ros.estimation.config import EstimatorConfig
     mech = _load(args.mechanism, args.gravity)
@@ -295,7 +323,13 @@ def cmd_estimate(args) -> int:
         efforts = _efforts_from_csv(mech, args.torques, t)
     elif args.mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
-    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator)
+    sigmas = default_sigmas()
+    for name in DENSITY_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            sigmas[name] = value
+    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator, sigmas=sigmas,
+                             compute_covariance=args.std)
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -316,7 +350,9 @@ _COMMAND_TEXTS = {
         help="forward dynamics with the fixed-lag factor-graph estimator",
         description="Forward dynamics from the YAML pose at rest, driven by optional actuator "
         "efforts, with the fixed-lag factor-graph smoother (FixedLagEstimator).",
-        epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint>."),
+        epilog="Output CSV columns: t, each coordinate, <name>_dot, <name>_ddot, tau_<joint> (fused: the estimated "
+               "applied effort, command + disturbance), in fused mode disturbance_<joint>, and with --std the 1σ "
+               "columns <name>_std, <name>_dot_std, <name>_ddot_std, tau_<joint>_std (disturbance_<joint>_std)."),
     "inverse-dynamics": dict(
         help="staged batch inverse dynamics of a prescribed trajectory",
         description="Efforts that make the actuated coordinates follow a trajectory: the "
@@ -385,8 +421,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
     s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N")
     s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default="estimation",
-                   help="estimation: efforts unknown; fused: commanded efforts as soft priors (default estimation)")
+                   help="estimation: efforts unknown; fused: applied efforts = commanded + an estimated "
+                        "disturbance (default estimation)")
     s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
+    defaults = default_sigmas()
+    for name, text in zip(DENSITY_OPTIONS, (
+            "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",
+            "estimation: spectral density of the efforts' second derivative [(N·m)²/s³ or N²/s³ per actuator]",
+            "fused: spectral density of the disturbance's second derivative [(N·m)²/s³ or N²/s³ per actuator]")):
+        opt = "--" + name.replace("_", "-")
+        s.add_argument(opt, type=_positive(opt), metavar="S", help=f"{text} (default {defaults[name]:g})")
+    s.add_argument("--std", action="store_true",
+                   help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
+                        "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
     add_gravity_and_outputs(s, cmd_estimate)
     return p
 

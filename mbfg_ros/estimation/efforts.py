@@ -2,19 +2,19 @@
 
 * `CommandedEfforts` (forward_dynamics, and any mode of a mechanism without actuators): the commanded
   efforts are known forces (unknown entries count as 0); τ is not a state.
-* `UnknownEfforts` (estimation): τ is a state block under a random walk τ_k − τ_{k−1} (sigma
-  ``effort_random_walk``·√Δt); the commanded efforts are ignored.
-* `FusedEfforts` (fused): as `UnknownEfforts`, plus the finite commanded efforts as a prior on τ (sigma
-  ``commanded_effort``).
+* `UnknownEfforts` (estimation): τ and its rate τ̇ are state blocks under an integrated random walk (white
+  noise on τ̈ of density ``effort_density`` [(N·m)²/s³ or N²/s³ per actuator], exactly discretized:
+  `factors.IntegratedRandomWalk`); the commanded efforts are ignored.
+* `FusedEfforts` (fused): applied efforts = commands + disturbance d; the dynamics' known forces include
+  the commands (per step), d and ḋ are the state's τ blocks under an integrated random walk of density
+  ``disturbance_density``; the reported efforts are command + d, the disturbance is reported too.
 
 A model answers, per step, the forces of the dynamics factors, the effort rate Q̇ of the 4th-order
-integrator's jerk, and the extra effort units (the random walk between steps, the commanded-effort
-prior); per window, the seed's efforts and their prior; per estimate, the efforts reported.
+integrator's jerk, and the extra effort units (the integrated random walk between steps); per window, the seed's efforts and their prior; per estimate, the efforts reported.
 """
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -76,6 +76,12 @@ class EffortModel:
         """(τ₀ or None, Q₀): the seed's efforts (a state) and generalized forces."""
         raise NotImplementedError
 
+    def seed_at(self, efforts: np.ndarray, x_tau: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(τ₀, Q₀) of a seed whose τ block is known (an estimate's state, `Seed.efforts_prior`)."""
+        Q0 = self.gravity.copy()
+        Q0[self.mech.actuated] += self.reported(x_tau, efforts)
+        return np.array(x_tau, dtype=float), Q0
+
     def seed_units(self, tau0) -> list:
         """The seed's prior on τ₀ (weak: the efforts are not known at the start)."""
         return [] if tau0 is None else [F.Prior("tau", tau0, self.sigmas["initial_effort"])]
@@ -98,8 +104,12 @@ class EffortModel:
         return []
 
     def reported(self, x_tau: Optional[np.ndarray], efforts: np.ndarray) -> np.ndarray:
-        """The efforts of an estimate: the state's τ block, or the commanded efforts."""
+        """The efforts of an estimate: the state's τ block, or the commanded efforts (+ the disturbance)."""
         raise NotImplementedError
+
+    def disturbance(self, x_tau: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """The estimated disturbance (applied − commanded efforts), or None (not estimated in this mode)."""
+        return None
 
     def _rate(self, tau: np.ndarray, h: float) -> np.ndarray:
         """Q̇ from the commanded efforts: second-order backward differences."""
@@ -171,63 +181,66 @@ class CommandedEfforts(EffortModel):
 
 
 class UnknownEfforts(EffortModel):
-    """τ is a state under a random walk (see the module docstring)."""
+    """τ and its rate τ̇ are states under an integrated random walk (see the module docstring)."""
 
     has_state = True
+    density_name = "effort_density"
 
     def seed(self, efforts, tau_guess):
         tau0 = np.zeros(self.na) if tau_guess is None else np.array(tau_guess, dtype=float)
-        tau0 = self._seed_commanded(tau0, efforts)
         tau0 = np.where(np.isfinite(tau0), tau0, 0.0)
         Q0 = self.gravity.copy()
         Q0[self.mech.actuated] += tau0
         return tau0, Q0
 
-    def _seed_commanded(self, tau0, efforts):
-        return tau0
+    def seed_units(self, tau0):
+        # weak priors: the efforts are not known when the window starts (the rate is not kept across windows)
+        return [F.Prior("tau", tau0, self.sigmas["initial_effort"]),
+                F.Prior("tau_rate", np.zeros(self.na), self.sigmas["initial_effort_rate"])]
 
     def forces(self, efforts, h):
-        # the random-walk model has no expected rate
+        # the effort's rate is a state: the (hermite) jerk's Q̇ neglects it (a Δt²/12 term)
         return self.gravity, (self.zero_rate if self.rates else None), None
 
     def transition_units(self, h):
-        return [F.SoftEquality("tau", self.na, self.sigmas["effort_random_walk"] * math.sqrt(h))]
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.na, h, self.sigmas[self.density_name])]
 
     def reported(self, x_tau, efforts):
         return x_tau.copy()
 
 
 class FusedEfforts(UnknownEfforts):
-    """τ is a state under a random walk and the commanded efforts are a prior on it."""
+    """The applied efforts are the commands plus a disturbance d, d and ḋ states under an integrated random
+    walk (``disturbance_density``): the dynamics' known forces are gravity + E·command (per step) and the
+    state's τ block is d.  Unknown commands count as 0 (the disturbance then takes the whole effort)."""
 
     rates_from_commands = True
+    density_name = "disturbance_density"
 
-    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
-        super().__init__(mech, sigmas, rates)
-        self._priors: dict = {}        # one prior unit per set of known entries
+    def seed(self, efforts, tau_guess):
+        cmd = self.commanded(efforts)
+        d0 = np.zeros(self.na) if tau_guess is None else np.array(tau_guess, dtype=float) - cmd
+        d0 = np.where(np.isfinite(d0), d0, 0.0)
+        Q0 = self.gravity.copy()
+        Q0[self.mech.actuated] += cmd + d0
+        return d0, Q0
 
-    def restart(self):
-        super().restart()
-        self._priors.clear()
-
-    def _seed_commanded(self, tau0, efforts):
-        known = np.isfinite(efforts)
-        if known.any():
-            tau0[known] = efforts[known]
-        return tau0
+    def seed_units(self, d0):
+        return [F.Prior("tau", d0, self.sigmas["initial_effort"]),
+                F.Prior("tau_rate", np.zeros(self.na), self.sigmas["initial_effort_rate"])]
 
     def forces(self, efforts, h):
-        # unknown entries of the commanded efforts count as constant in Q̇
-        Qdot = self._rate(self.commanded(efforts), h) if self.rates else None
-        known = np.isfinite(efforts)
-        if not known.any():
-            return self.gravity, Qdot, None
-        key = tuple(np.nonzero(known)[0])
-        prior = self._priors.get(key)
-        if prior is None:
-            prior = self._priors[key] = F.Prior("tau", efforts[known], self.sigmas["commanded_effort"],
-                                                select=np.array(key, dtype=np.intp), size=self.na)
-        return self.gravity, Qdot, (prior, efforts[known].copy())
+        cmd = self.commanded(efforts)
+        Q = self.gravity.copy()
+        Q[self.mech.actuated] += cmd
+        Qdot = self._rate(cmd, h) if self.rates else None
+        return Q, Qdot, None
+
+    def reported(self, x_d, efforts):
+        return self.commanded(efforts) + x_d
+
+    def disturbance(self, x_d):
+        return x_d.copy()
 
 
 def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool) -> EffortModel:

@@ -28,7 +28,9 @@ class StepFailure(RuntimeError):
 def copy_estimate(e: Estimate) -> Estimate:
     return Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
                     np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
-                    None if e.covariance is None else e.covariance.copy(), e.step)
+                    None if e.covariance is None else e.covariance.copy(), e.step,
+                    *(None if x is None else x.copy()
+                      for x in (e.disturbance, e.std, e.efforts_std, e.disturbance_std)))
 
 
 class Estimates:
@@ -68,7 +70,8 @@ class Estimates:
         n = mech.n
         qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
         q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
-        tau = self.efforts.reported(None if self._tau is None else x[self._tau], efforts)
+        x_tau = None if self._tau is None else x[self._tau]
+        tau = self.efforts.reported(x_tau, efforts)
         Q = self.efforts.gravity.copy()
         if tau.size:
             Q[mech.actuated] += tau
@@ -84,16 +87,23 @@ class Estimates:
             messages.append(f"assembly mode changed from {self.mode_text(self.mode)} to {self.mode_text(mode)}")
         if mode.size:
             self.mode = mode
-        cov = None
+        cov = std = efforts_std = disturbance_std = None
         if self.config.compute_covariance and window is not None:
             try:
                 P = window.marginal_covariance(k)
                 cov = P[np.ix_(self._qv, self._qv)]
+                sd = np.sqrt(np.clip(np.diagonal(P), 0.0, None))
+                std = sd[:3 * n].copy()                  # the layout starts with q, q̇, q̈
+                # the commands are known: the efforts' uncertainty is the τ block's (estimated τ or disturbance)
+                efforts_std = sd[self._tau].copy() if self._tau is not None else np.zeros(self.efforts.na)
+                if self.efforts.disturbance(x_tau) is not None:
+                    disturbance_std = efforts_std.copy()
             except Exception as exc:      # covariance is a by-product: report, do not fail
                 messages.append(f"covariance unavailable ({exc})")
         if k % COORDINATE_CHECK_INTERVAL == 0:
             self._check_coordinates(q, messages)
-        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step)
+        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
+                        self.efforts.disturbance(x_tau), std, efforts_std, disturbance_std)
 
     def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
         """The answer before any estimate: the guess q at rest."""

@@ -43,7 +43,7 @@ from mbfg_ros.dynamics.kinematics import solve_positions_on_mode
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
-from mbfg_ros.estimation.seeding import Seed, Seeder, extrapolated, marginal_prior
+from mbfg_ros.estimation.seeding import Seed, Seeder, effort_marginal, extrapolated, marginal_prior
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, observations_in
 from mbfg_ros.estimation.step_factors import step_factors
 from mbfg_ros.estimation.stepping import Stepper
@@ -332,7 +332,9 @@ class FixedLagEstimator:
         that time's readings and efforts, the last velocity and efforts)."""
         (q, obs_then, efforts_then, same_branch), self._reseed = self._reseed, None
         prior = marginal_prior(self.window, self.stepper.k, self.factors, self.sigmas, correlated=same_branch)
-        self._initialize(self.last.t, efforts_then, obs_then, Seed.requested(q, self.last, prior), "initialized",
+        efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors)
+        self._initialize(self.last.t, efforts_then, obs_then, Seed.requested(q, self.last, prior, efforts_prior),
+                         "initialized",
                          self.REINITIALIZED)
         self._reseeded = True
 
@@ -340,7 +342,8 @@ class FixedLagEstimator:
         """Re-seed the window AT the last good estimate (same time, so no extrapolation error; priors on
         its q, q̇ projected on the constraints) and integrate to t as usual."""
         last = self.last
-        self._initialize(last.t, self._last_efforts, {}, Seed.at_estimate(last), status, "")
+        efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors)
+        self._initialize(last.t, self._last_efforts, {}, Seed.at_estimate(last, efforts_prior), status, "")
         if t - self.stepper.t > 1e-9 * self.config.dt:
             return self._advance_to(t, efforts, obs, status, [message])
         est = self.last

@@ -27,13 +27,16 @@ from mbfg_ros.estimation.step_factors import StepFactors
 from mbfg_ros.graph.window import FixedLagWindow
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["Seed", "Seeder", "extrapolated", "marginal_prior", "MAX_EXTRAPOLATION"]
+__all__ = ["Seed", "Seeder", "extrapolated", "marginal_prior", "effort_marginal", "MAX_EXTRAPOLATION"]
 
 TWO_PI = 2.0 * math.pi
+EFFORT_PRIOR_FLOOR = 1e-6   # smallest σ of a carried effort prior (N·m, N·m/s): a numerical floor
 MAX_EXTRAPOLATION = 0.1    # [s] longest gap over which the last estimate is extrapolated (constant q̈)
 
 #: the prior of a re-seed from an estimate: (σ_q, σ_q̇) per coordinate, or the covariance of (q, q̇)
 SeedPrior = Union[None, Tuple[np.ndarray, np.ndarray], np.ndarray]
+#: the estimated efforts' process state (τ, τ̇) of an estimate and its covariance, carried into a re-seed
+EffortPrior = Optional[Tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ class Seed:
     velocity is a guess (with readings it gets the weak `initial_velocity` prior); fix_readings: put the
     coordinate readings into the position guess (else they only choose the coordinates held in the
     position problem); from_estimate: the seed is an estimate (the innovation gate's confirmation carries
-    over), not a guess."""
+    over), not a guess; efforts_prior: the mean and covariance of the estimated efforts' state (τ, τ̇)
+    (with τ a state; None: τ from `tau` under the weak `initial_effort` / `initial_effort_rate` priors)."""
 
     q: np.ndarray
     v: Optional[np.ndarray] = None
@@ -54,11 +58,12 @@ class Seed:
     v_uncertain: bool = False
     fix_readings: bool = True
     from_estimate: bool = False
+    efforts_prior: EffortPrior = None
 
     @classmethod
-    def at_estimate(cls, last: Estimate) -> "Seed":
+    def at_estimate(cls, last: Estimate, efforts_prior: EffortPrior = None) -> "Seed":
         """At an estimate (same time: no extrapolation error)."""
-        return cls(last.q, last.v, last.efforts, from_estimate=True)
+        return cls(last.q, last.v, last.efforts, from_estimate=True, efforts_prior=efforts_prior)
 
     @classmethod
     def extrapolated(cls, last: Estimate, t: float) -> "Seed":
@@ -68,9 +73,10 @@ class Seed:
         return cls(q, v, last.efforts, v_uncertain=True)
 
     @classmethod
-    def requested(cls, q: np.ndarray, last: Estimate, prior: SeedPrior) -> "Seed":
+    def requested(cls, q: np.ndarray, last: Estimate, prior: SeedPrior, efforts_prior: EffortPrior = None) -> "Seed":
         """At the position `reinitialize` solved at the estimate's time, under the estimate's marginal."""
-        return cls(q, last.v, last.efforts, prior, fix_readings=False, from_estimate=True)
+        return cls(q, last.v, last.efforts, prior, fix_readings=False, from_estimate=True,
+                   efforts_prior=efforts_prior)
 
 
 def extrapolated(last: Estimate, t: float) -> Tuple[np.ndarray, np.ndarray]:
@@ -109,6 +115,24 @@ def marginal_prior(window: Optional[FixedLagWindow], k: int, factors: StepFactor
     if not (np.isfinite(sq).all() and np.isfinite(sv).all()):
         return None
     return sq, sv
+
+
+def effort_marginal(window: Optional[FixedLagWindow], k: int, factors: StepFactors) -> EffortPrior:
+    """The estimated efforts' state (τ, τ̇) of step k of `window` and its marginal covariance, or None (no τ
+    state, no window, no finite covariance).  A re-seed from an estimate keeps it: under the weak initial
+    priors the effort (disturbance) and its rate would have to be learnt again, a transient of ~0.1 s."""
+    sl = factors.layout.slices
+    if window is None or "tau" not in sl:
+        return None
+    try:
+        P = window.marginal_covariance(k)
+    except Exception:      # (the window may be what failed)
+        return None
+    idx = np.r_[sl["tau"], sl["tau_rate"]]
+    P = P[np.ix_(idx, idx)]
+    if not np.isfinite(P).all():
+        return None
+    return window.estimate(k)[idx].copy(), P
 
 
 def _wrap_near(value: float, reference: float) -> float:
@@ -177,8 +201,14 @@ class Seeder:
                 fixed_v.append(coordinate)
                 vals.append(val)
         v0 = solve_velocities(mech, q0, fixed_v, vals, v_guess=v_guess)
-        tau0, Q0 = self.efforts.seed(efforts, seed.tau)
-        x0 = factors.seed_state(q0, v0, Q0, tau0)
+        effort_prior = seed.efforts_prior if self.efforts.has_state else None
+        if effort_prior is None:
+            tau0, Q0 = self.efforts.seed(efforts, seed.tau)
+            x0 = factors.seed_state(q0, v0, Q0, tau0)
+        else:
+            na = self.efforts.na
+            tau0, Q0 = self.efforts.seed_at(efforts, effort_prior[0][:na])
+            x0 = factors.seed_state(q0, v0, Q0, tau0, effort_prior[0][na:])
         # With sensors an unknown initial velocity gets a weak prior: the mechanism may be moving when the
         # observer starts (a tight "at rest" prior would take ~100 steps and huge effort errors to unlearn).
         # (Only when readings arrive: without them every v0 fits and a weak prior leaves the trajectory free
@@ -195,7 +225,12 @@ class Seeder:
             if prior is not None:
                 sigma_q0, sigma_v0 = prior
             priors = [F.Prior("q", q0, sigma_q0), F.Prior("v", v0, sigma_v0)]
-        priors += self.efforts.seed_units(tau0)
+        if effort_prior is None:
+            priors += self.efforts.seed_units(tau0)
+        else:
+            na = self.efforts.na
+            priors.append(F.CorrelatedPrior.from_covariance(("tau", "tau_rate"), (na, na), effort_prior[0],
+                                                            effort_prior[1], floor=EFFORT_PRIOR_FLOOR))
         values, effort_prior = factors.step_values(efforts, None, None)
         model = factors.seed_model(priors, effort_prior, self.sensors.step_units(obs, values))
         window = FixedLagWindow(factors.layout, c.window, self.ctx, self.threshold, c.max_relinearizations,

@@ -64,7 +64,7 @@ class StepFactors:
         n = mech.n
         blocks = [("q", n), ("v", n), ("a", n)] + self._extra_blocks()
         if efforts.has_state:
-            blocks += [("tau", efforts.na)]
+            blocks += [("tau", efforts.na), ("tau_rate", efforts.na)]
         self.layout = StateLayout(blocks)
         self.a_slice = self.layout.slices["a"]
         self._tau = self.layout.slices.get("tau")
@@ -73,6 +73,7 @@ class StepFactors:
         self._step_models: Dict[tuple, StepModel] = {}
         self._int_cache: Dict[float, list] = {}
         self.jerk: Optional[F.Factor] = None
+        self._known_newest = self._known_before = None
 
     def _extra_blocks(self) -> list:
         return []
@@ -87,11 +88,12 @@ class StepFactors:
         self._step_models.clear()
         self._int_cache.clear()
         self.efforts.restart()
+        self._known_newest = self._known_before = None   # Q_known of the newest step and of the one before
 
     def _build(self):
         raise NotImplementedError
 
-    def seed_state(self, q0, v0, Q0, tau0) -> np.ndarray:
+    def seed_state(self, q0, v0, Q0, tau0, tau_rate0=None) -> np.ndarray:
         """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0."""
         self.ctx.clear()
         d = self.ctx.dynamics(q0, v0, Q0)
@@ -99,6 +101,8 @@ class StepFactors:
         self._seed_blocks(blocks, d)
         if tau0 is not None:
             blocks["tau"] = tau0
+            if tau_rate0 is not None:
+                blocks["tau_rate"] = tau_rate0
         return self.layout.pack(**blocks)
 
     def _seed_blocks(self, blocks: dict, d):
@@ -124,9 +128,27 @@ class StepFactors:
 
     def _integrator_units(self, h: float) -> list:
         x, xd, xdd, dim = self._integrated
-        si = self.sigmas["integrator"]
+        sx, sxd = self.integrator_sigmas(h)
         integrator = F.EulerIntegrator if self.integrator == "euler" else F.TrapezoidalIntegrator
-        return [integrator(x, xd, dim, h, si), integrator(xd, xdd, dim, h, si)]
+        return [integrator(x, xd, dim, h, sx), integrator(xd, xdd, dim, h, sxd)]
+
+    def integrator_sigmas(self, h: float) -> Tuple[float, float]:
+        """(σ of the position rows, σ of the velocity rows) of the integrators over a step h.  With the
+        efforts estimated (estimation, fused) the motion's accelerations are the model's plus white noise
+        of density ``acceleration_density`` (`factors.white_acceleration_sigmas`): the integrators carry
+        that noise exactly.  Forward dynamics keeps its tight numerical sigma (the model is exact)."""
+        si = self.sigmas["integrator"]
+        if self.efforts.has_state:
+            sq, sv = F.white_acceleration_sigmas(self.sigmas["acceleration_density"], h, self.integrator)
+            if self.integrator == "euler" and not self.independent:
+                # Euler's own truncation error (h²/2 q̈ in the position rows) is systematic and far above the
+                # noise's σ at the default density; in dependent coordinates it fights the constraints (crank
+                # four-bar: NEES of the angle 550, angle RMSE 0.66 vs 0.54 mrad before; with the numerical
+                # tolerance as a floor 0.50 mrad, NEES 0.59).  (Independent coordinates: better without it,
+                # 0.56 vs 0.77 mrad.)
+                sq, sv = max(sq, si), max(sv, si)
+            return sq, sv
+        return si, si
 
     def step_values(self, efforts: np.ndarray, h: Optional[float], window: Optional[FixedLagWindow]
                     ) -> Tuple[StepValues, Optional[F.Factor]]:
@@ -134,12 +156,13 @@ class StepFactors:
         seed), and the commanded-effort prior unit (or None).  Nothing is set on the units: the window puts
         a step's values on them whenever it evaluates that step."""
         Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
+        self._known_before, self._known_newest = self._known_newest, Q
         values: StepValues = {}
         jerk = self.jerk
-        if not self.efforts.has_state:
-            values[self.dynamics] = {"Q": Q}
-            if jerk is not None:
-                values[jerk] = {"Q": Q}
+        # with τ a state, Q is the known part (gravity, and the commands in fused mode)
+        values[self.dynamics] = {"Q_known" if self.efforts.has_state else "Q": Q}
+        if jerk is not None:
+            values[jerk] = {"Q": Q}
         if jerk is not None and Qdot is not None:
             values.setdefault(jerk, {})["Qdot"] = Qdot
         unit = None
@@ -201,7 +224,16 @@ class StepFactors:
         else:
             qp += h2 * a
         dyn = self.dynamics
-        Q = dyn.forces(xp[self._tau]) if self._tau is not None else values[dyn]["Q"]
+        if self._tau is None:
+            Q = values[dyn]["Q"]
+        else:
+            # with τ a state the predicted q̈ uses the known forces of the step predicted from (gravity; in
+            # fused mode + its commands), not the new step's: the prediction is then input-free and can be
+            # made before the step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization
+            # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
+            known = self._known_before if values is not None else self._known_newest
+            Q = (dyn.Q_known if known is None else known).copy()
+            Q[dyn.actuated] += xp[self._tau]
         d = self.ctx.dynamics(qp, vp, Q)
         ap = d.a
         xp[n2:n3] = ap
@@ -252,9 +284,9 @@ class DependentHermiteFactors(DependentFactors):
         self._forces_last = None        # (Q or Q_known, Q̇) of the newest step
 
     def _integrator_units(self, h):
-        si = self.sigmas["integrator"]
-        return [F.HermiteIntegrator("q", "v", "a", self.mech.n, h, si),
-                F.HermiteVelocityIntegrator(self.mech, h, sigma=si, efforts=self.efforts.has_state)]
+        sq, sv = self.integrator_sigmas(h)
+        return [F.HermiteIntegrator("q", "v", "a", self.mech.n, h, sq),
+                F.HermiteVelocityIntegrator(self.mech, h, sigma=sv, efforts=self.efforts.has_state)]
 
     def _forces_values(self, values, Q, Qdot, h, window):
         if h is not None:
@@ -345,8 +377,8 @@ class IndependentHermiteFactors(IndependentFactors):
         self.jerk = F.Jerk(self.mech, sigma=self.sigmas["dynamics"], select=self.z, efforts=self.efforts.has_state)
 
     def _integrator_units(self, h):
-        si, d = self.sigmas["integrator"], self.dof
-        return [F.HermiteIntegrator("z", "zd", "zdd", d, h, si), F.HermiteIntegrator("zd", "zdd", "zj", d, h, si)]
+        (sz, szd), d = self.integrator_sigmas(h), self.dof
+        return [F.HermiteIntegrator("z", "zd", "zdd", d, h, sz), F.HermiteIntegrator("zd", "zdd", "zj", d, h, szd)]
 
     def _seed_blocks(self, blocks, d):
         v0, a0 = blocks["v"], blocks["a"]

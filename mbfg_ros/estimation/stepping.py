@@ -45,6 +45,7 @@ class Stepper:
         self.threshold = float(1e-3 if thr is None else thr)              # prediction steps
         self.threshold_readings = float(10.0 if thr is None else thr)     # steps with readings
         # the prediction is input-free (`prepare_next`) with estimated efforts and a jerk-free integrator
+        # (fused mode: the prediction uses the newest step's commands, `StepFactors.predict`)
         self._input_free_prediction = efforts.has_state and config.integrator != "hermite"
         self.first_id = self.next_id = 0
         self.reset()

@@ -8,12 +8,13 @@ from mbfg_ros.factors.integrators import (EulerIntegrator, HermiteIntegrator, He
                                           SecondDifference, SoftEquality, TrapezoidalIntegrator)
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.factors.priors import CorrelatedPrior, Prior
+from mbfg_ros.factors.processes import IntegratedRandomWalk, white_acceleration_sigmas
 from mbfg_ros.factors.sensors import Encoder, Gyroscope, ObservedCoordinate
 
 __all__ = [
     "Factor", "prev", "sigma_or_default", "default_sigmas", "Prior", "CorrelatedPrior",
     "EulerIntegrator", "TrapezoidalIntegrator", "HermiteIntegrator", "HermiteVelocityIntegrator", "SoftEquality",
-    "SecondDifference",
+    "SecondDifference", "IntegratedRandomWalk", "white_acceleration_sigmas",
     "PositionConstraints", "VelocityConstraints", "AccelerationConstraints", "PositionConstraintsIndep",
     "VelocityConstraintsIndep", "AccelerationConstraintsIndep", "ForwardDynamics", "InverseDynamics", "Jerk",
     "Encoder", "Gyroscope", "ObservedCoordinate",

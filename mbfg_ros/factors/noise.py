@@ -1,24 +1,67 @@
-"""The factors' default noise sigmas (paper Table 2: relative weights chosen for simulation)."""
+"""The estimator's noise parameters and their defaults.
+
+* The sigmas of the exact model's rows (paper Table 2: tight weights chosen for simulation): the integrators
+  and the dynamics in forward-dynamics mode, the constraints and priors in every mode.  They are numerical
+  tolerances, not a model of the unknown: the forward-dynamics accuracy rests on them.
+* The continuous-time white-noise densities of the estimation and fused modes, in physical units: the
+  unmodelled accelerations (they replace the integrators' sigmas, `factors.white_acceleration_sigmas`) and
+  the unknown efforts or the disturbance (their second derivative, `factors.IntegratedRandomWalk`).
+  Defaults measured with bench/stochastic_model.py (crank four-bar, encoder σ 1 mrad at 1 kHz).
+"""
 
 from __future__ import annotations
 
 from typing import Dict
 
 
+# the shipped densities of the estimation and fused modes (bench/stochastic_model.py)
+ACCELERATION_DENSITY = 1e-3
+EFFORT_DENSITY = 1e4
+DISTURBANCE_DENSITY = 3e3
+
+
 def default_sigmas() -> Dict[str, float]:
-    """Noise sigmas; defaults from the paper's Table 2 (only relative weights matter)."""
+    """The noise parameters by name (see the module docstring), units in the comments."""
     return {
         "prior_q0": 1e-5,            # f_prior on q0 (covariance 1e-10)
         "prior_v0": 1e-5,
-        "integrator": 1e-3,          # f_ti (q–q̇ and q̇–q̈)
-        "dynamics": 1e-3,            # f_dyn / f_idyn
+        "integrator": 1e-3,          # f_ti (q–q̇ and q̇–q̈), forward dynamics only
+        "dynamics": 1e-3,            # f_dyn / f_idyn rows, acceleration units (with estimated efforts τ absorbs them)
         "position_constraints": 1e-3,
         "velocity_constraints": 1e-3,
         "acceleration_constraints": 1e-3,
         "soft_equality": 10.0,       # f_eq (covariance 1e2)
-        "commanded_effort": 1e-3,    # how well the commanded efforts are applied (fused mode)
-        "effort_random_walk": 50.0,  # N·m/s/√s: how fast unknown efforts may change
+        # estimation and fused modes: continuous-time white-noise densities in physical units
+        "acceleration_density": ACCELERATION_DENSITY,   # unmodelled accelerations, (unit of q)²/s³
+        "effort_density": EFFORT_DENSITY,               # τ̈ of unknown efforts (estimation), (N·m)²/s³ or N²/s³
+        "disturbance_density": DISTURBANCE_DENSITY,     # d̈ of the disturbance (fused), (N·m)²/s³ or N²/s³
+        "initial_effort_rate": 10.0,  # prior on the effort (disturbance) rate at a window's start, N·m/s
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
         "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
         "observed_coordinate": 1e-3, # generic observations 'q:<name>', 'v:<name>', 'a:<name>' (unless in sensor_sigmas)
     }
+
+
+def noise_descriptions() -> Dict[str, str]:
+    """What each noise parameter is, with its units (the node's parameter descriptions, the README)."""
+    return {
+        "prior_q0": "σ of the prior on the initial positions (units of q: m, rad)",
+        "prior_v0": "σ of the prior on the initial velocities (m/s, rad/s)",
+        "integrator": "σ of the integrator rows, forward_dynamics mode only (a numerical tolerance; units of q, q̇)",
+        "dynamics": "σ of the equations-of-motion rows (m/s², rad/s²; a numerical tolerance)",
+        "position_constraints": "σ of the position-constraint rows (a numerical tolerance, units of Φ)",
+        "velocity_constraints": "σ of the velocity-constraint rows (a numerical tolerance, units of Φ̇)",
+        "acceleration_constraints": "σ of the acceleration-constraint rows (independent formulation; units of Φ̈)",
+        "soft_equality": "σ of the predictive soft equality on q (independent formulation; m, rad)",
+        "acceleration_density": "estimation/fused: spectral density of the unmodelled accelerations, white noise "
+                                "on every integrated coordinate [m²/s³ on point coordinates, rad²/s³ on angles]",
+        "effort_density": "estimation: spectral density of the unknown efforts' second derivative (integrated "
+                          "random walk, per actuator) [(N·m)²/s³ on revolute, N²/s³ on prismatic actuators]",
+        "disturbance_density": "fused: spectral density of the disturbance's second derivative (applied = command + "
+                               "disturbance, per actuator) [(N·m)²/s³, N²/s³]",
+        "initial_effort_rate": "σ of the prior on the effort (disturbance) rate when a window starts [N·m/s, N/s]",
+        "initial_effort": "σ of the prior on the unknown efforts (disturbance) when a window starts [N·m, N]",
+        "initial_velocity": "σ of the prior on an unknown initial velocity (estimation, fused) [m/s, rad/s]",
+        "observed_coordinate": "σ of the generic readings 'q:<name>', 'v:<name>', 'a:<name>' (units of the reading)",
+    }
+

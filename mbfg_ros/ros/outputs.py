@@ -1,5 +1,5 @@
-"""The estimator node's outputs: ~/joint_states, ~/state, ~/markers (each estimate, written into serialized
-templates) and /diagnostics."""
+"""The estimator node's outputs: ~/joint_states, ~/state, ~/markers, ~/disturbance (fused mode) (each
+estimate, written into serialized templates) and /diagnostics."""
 
 from __future__ import annotations
 
@@ -47,10 +47,15 @@ class Outputs:
         self.pub_js = node.create_publisher(JointState, "~/joint_states", OUTPUT_QOS, **qos_overriding)
         self.pub_state = node.create_publisher(JointTrajectory, "~/state", OUTPUT_QOS, **qos_overriding)
         self.pub_markers = node.create_publisher(MarkerArray, "~/markers", OUTPUT_QOS, **qos_overriding)
+        # fused mode: the estimated disturbance (applied − commanded effort) by actuator joint name, in `effort`
+        self.pub_disturbance = node.create_publisher(JointState, "~/disturbance", OUTPUT_QOS, **qos_overriding)
+        # with publish_stddev: the 1σ of ~/joint_states' angle, rate and effort (same names and order)
+        self.pub_stddev = (node.create_publisher(JointState, "~/joint_states_stddev", OUTPUT_QOS, **qos_overriding)
+                           if settings.publish_stddev else None)
         self.pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
         self.js_coords, self.js_names, self.js_effort_index = joint_state_layout(mech)
         self._listeners_checked_ns = -10 ** 19
-        self._listened = (True, True)          # (~/state, ~/joint_states) have subscribers
+        self._listened = (True, True, True)    # (~/state, ~/joint_states, ~/disturbance) have subscribers
         self.forget_markers()
         self.frame_id = None
         self.configure(settings)
@@ -76,11 +81,15 @@ class Outputs:
             rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
                                                                     x[2 * n:3 * n], x[3 * n:]), 4 * n),
             rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
-                                  2 * len(mech.spec.points)))
+                                  2 * len(mech.spec.points)),
+            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, mech.actuator_names, (), (), x),
+                                  len(mech.actuator_names)),
+            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
+                                  3 * nj))
 
     def publish(self, est: Estimate, t_k: int):
-        """The estimate of the step at t_k (ns) on ~/state, ~/joint_states and (at most every marker_period)
-        ~/markers."""
+        """The estimate of the step at t_k (ns) on ~/state, ~/joint_states, ~/disturbance (when the estimate has
+        one: fused mode) and (at most every marker_period) ~/markers."""
         q, v = est.q, est.v
         markers = self.publish_markers and t_k - self._last_marker_ns >= self.marker_period * NS
         if markers:
@@ -90,9 +99,10 @@ class Outputs:
             # served within LISTENER_CHECK_NS)
             self._listeners_checked_ns = t_k
             self._listened = (self.pub_state.get_subscription_count() > 0,
-                              self.pub_js.get_subscription_count() > 0)
-        to_state, to_js = self._listened
-        js_tpl, state_tpl, markers_tpl = self._templates
+                              self.pub_js.get_subscription_count() > 0,
+                              self.pub_disturbance.get_subscription_count() > 0)
+        to_state, to_js, to_disturbance = self._listened
+        js_tpl, state_tpl, markers_tpl, disturbance_tpl, stddev_tpl = self._templates
         if to_state:
             self.pub_state.publish(state_tpl.fill(t_k, np.concatenate((q, v, est.a, est.Q))))
         if to_js:
@@ -102,6 +112,15 @@ class Outputs:
             if np.any(has):
                 eff[has] = np.asarray(est.efforts, dtype=float)[idx[has]]
             self.pub_js.publish(js_tpl.fill(t_k, np.concatenate((q[c], v[c], eff))))
+        if self.pub_stddev is not None and est.std is not None:
+            c, idx, n = self.js_coords, self.js_effort_index, self.mech.n
+            eff = np.zeros(len(c))
+            has = idx >= 0
+            if np.any(has):
+                eff[has] = np.asarray(est.efforts_std, dtype=float)[idx[has]]
+            self.pub_stddev.publish(stddev_tpl.fill(t_k, np.concatenate((est.std[c], est.std[n + c], eff))))
+        if to_disturbance and est.disturbance is not None and len(est.disturbance):
+            self.pub_disturbance.publish(disturbance_tpl.fill(t_k, np.asarray(est.disturbance, dtype=float)))
         if markers:
             self.pub_markers.publish(markers_tpl.fill(t_k, self.mech.point_positions(q).ravel()))
 
