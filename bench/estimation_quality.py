@@ -123,9 +123,8 @@ def _collect(outputs: List[FilterOutput]) -> Run:
 
 
 def estimator_effort_std(e) -> Optional[np.ndarray]:
-    """1σ of the estimator's efforts.  None: the `Estimate` reports the [q, q̇] marginal covariance only
-    (issue 12 item 3 adds the effort's); read it here once it does."""
-    return None
+    """1σ of the estimator's (applied) efforts, when it computes its marginal covariance (None otherwise)."""
+    return e.efforts_std
 
 
 def run_mbfg(sc: Scenario, mech: Mechanism, traj: Trajectory, config: EstimatorConfig) -> Run:
