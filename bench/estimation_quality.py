@@ -19,7 +19,7 @@ Rows:
   every other setting at its shipped default (window 10);
 * "mbfg_ros, --params FILE": the same with the estimator parameters of FILE (the node's parameter-file format,
   the `mbfg_estimator` section: e.g. written by `mbfg tune`); skipped with the reason when no file is given;
-* "EKF (truth-tuned)": `bench/ekf.py`'s `ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
+* "EKF (truth-tuned)": `mbfg_ros.estimation.reduced_ekf.ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
   τ = command + d, state (z, ż, d, ḋ): a disturbance observer), the density of τ̈ (or d̈) chosen by a line
   search on a separate run of the scenario scored against its truth (seed 1000): the best this filter can do;
 * "Savitzky–Golay + ID": causal Savitzky–Golay (order 3, 0.1 s of samples: 101 at 1 kHz, 21 at 200 Hz)
@@ -51,9 +51,10 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from ekf import CausalSavitzkyGolay, FilterOutput, ReducedEKF  # noqa: E402
+from ekf import CausalSavitzkyGolay  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
+from mbfg_ros.estimation.reduced_ekf import FilterOutput, ReducedEKF  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant, Trajectory  # noqa: E402
 
