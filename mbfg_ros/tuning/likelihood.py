@@ -33,7 +33,7 @@ from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
 
 MODES = ("estimation", "fused")
-SEARCH_DECADES = 4.0     # a fitted log10 value is searched within ± this of its starting value
+SEARCH_DECADES = 6.0     # a fitted log10 value is searched within ± this of its starting value
 CURVATURE_STEP = 0.05    # [decades] of the central differences giving the log-likelihood's curvature
 
 
