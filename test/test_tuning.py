@@ -278,3 +278,12 @@ def test_doubles_are_written_as_doubles():
     for x in (4321.0, 1e-5, 2.5e7, 0.001, 123456789.0):
         text = format_double(x)
         assert isinstance(yaml.safe_load(text), float) and float(text) == pytest.approx(x, rel=1e-5), text
+
+
+def test_fitted_value_description():
+    from mbfg_ros.tuning.likelihood import FittedValue
+    assert FittedValue("x", 100.0, 0.05).describe() == "100 ± 12 % (1σ)"
+    assert FittedValue("x", 100.0, 0.5).describe() == "100 ×/÷ 3.16 (1σ)"
+    assert "flat" in FittedValue("x", 100.0, 400.0).describe()            # no overflow on a flat likelihood
+    assert "flat" in FittedValue("x", 100.0, math.nan).describe()
+    assert "search bound" in FittedValue("x", 100.0, 0.1, at_bound=True).describe()

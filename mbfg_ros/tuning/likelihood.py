@@ -95,8 +95,8 @@ class FittedValue:
 
     def describe(self) -> str:
         """'1.2e+04 ± 9 %' (1σ), '×/÷ 3.1' when the uncertainty is a large factor, with the bound flagged."""
-        if not math.isfinite(self.log10_std):
-            sd = "(1σ unknown: the log-likelihood is flat here)"
+        if not math.isfinite(self.log10_std) or self.log10_std > 3.0:
+            sd = "(1σ unknown or over 3 decades: the log-likelihood is flat here)"
         elif self.relative_std < 0.5:
             sd = f"± {100 * self.relative_std:.0f} % (1σ)"
         else:
