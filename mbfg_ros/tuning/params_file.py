@@ -4,10 +4,8 @@ config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict, Iterable, Optional
 
-from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -103,7 +101,3 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
             raise ParamsFileError(f"{where}: unknown parameter of the {NODE_NAME} node")
     return out
 
-
-def config_fields() -> set:
-    """EstimatorConfig's fields (APPLIED_KEYS must stay among them)."""
-    return {f.name for f in dataclasses.fields(EstimatorConfig)}
