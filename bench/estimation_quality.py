@@ -2,7 +2,7 @@
 """Estimation quality: mbfg_ros against the filters an engineer would otherwise write (one table per scenario).
 
     PYTHONPATH=. python bench/estimation_quality.py [--seeds 3] [--seconds 3] [--scenario NAME ...]
-                                                    [--params PARAMS.yaml] [--json OUT.json]
+                                                    [--params PARAMS.yaml | --tune] [--json OUT.json]
 
 Scenarios (the simulated plant `mbfg_ros.sim.plant.SimulatedPlant`, encoders only, σ from the mechanism file):
 * four_bar_estimation: crank four-bar at 1 kHz, unknown smooth torque τ(t) = 20 sin 3t + 5 cos 7t − 5 N·m
@@ -19,7 +19,10 @@ Rows:
   every other setting at its shipped default (window 10);
 * "mbfg_ros, --params FILE": the same with the estimator parameters of FILE (the node's parameter-file format,
   the `mbfg_estimator` section: e.g. written by `mbfg tune`); skipped with the reason when no file is given;
-* "EKF (truth-tuned)": `bench/ekf.py`'s `ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
+  with `--tune` instead, per scenario the file `mbfg tune` writes from a separate run of the scenario (seed
+  2000, never scored, no truth used): the effort (disturbance) density by maximum innovation likelihood, the
+  encoder σ held at the mechanism file's;
+* "EKF (truth-tuned)": `mbfg_ros.estimation.reduced_ekf.ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
   τ = command + d, state (z, ż, d, ḋ): a disturbance observer), the density of τ̈ (or d̈) chosen by a line
   search on a separate run of the scenario scored against its truth (seed 1000): the best this filter can do;
 * "Savitzky–Golay + ID": causal Savitzky–Golay (order 3, 0.1 s of samples: 101 at 1 kHz, 21 at 200 Hz)
@@ -51,14 +54,16 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from ekf import CausalSavitzkyGolay, FilterOutput, ReducedEKF  # noqa: E402
+from ekf import CausalSavitzkyGolay  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
+from mbfg_ros.estimation.reduced_ekf import FilterOutput, ReducedEKF  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant, Trajectory  # noqa: E402
 
 SETTLE = 0.5            # [s] scored from here on
 TUNING_SEED = 1000      # the EKF's tuning run (never a scored seed)
+MBFG_TUNE_SEED = 2000   # --tune: the recording `mbfg tune` fits (never a scored seed)
 SG_SPAN = 0.1           # [s] of samples in the Savitzky–Golay window
 QUANTITIES = ("angle", "rate", "acceleration", "effort")
 
@@ -253,13 +258,38 @@ def estimator_config_from_file(path: str, dt: float, mode: str) -> EstimatorConf
         raise SystemExit(f"--params {path}: {e}")
 
 
+def tune_params_file(name: str, sc: Scenario, mech: Mechanism, seconds: float, out_dir: Path, verbose: bool):
+    """--tune: what `mbfg tune MECH --mode MODE` writes from the scenario's seed-2000 run (readings and, fused,
+    the commands only); returns (path, fitted density, its relative 1σ)."""
+    from mbfg_ros.tuning import likelihood as tl
+    from mbfg_ros.tuning.params_file import format_params
+    traj = simulate(sc, mech, MBFG_TUNE_SEED, seconds)
+    names, z = encoded(mech)
+    rec = tl.Recording(traj.t, np.column_stack([traj.readings[nm] for nm in names]), names, z,
+                       traj.efforts if sc.mode == "fused" else None, f"{name} seed {MBFG_TUNE_SEED}")
+    t0 = time.monotonic()
+    result = tl.fit(mech, rec, sc.mode, tl.initial_values(mech), [tl.density_name(sc.mode)])
+    (f,) = result.fitted
+    if verbose:
+        print(f"  mbfg tune on seed {MBFG_TUNE_SEED}: {f.name} {f.describe()} ({result.evaluations} evaluations, "
+              f"{time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    path = out_dir / f"tuned_{name}.yaml"
+    kept = {k: v for k, v in result.sigmas.items() if k in ("acceleration_density", f.name)}
+    path.write_text(format_params(sc.mode, kept, result.sensor_sigmas, [f"bench --tune: {name}, {f.name} {f.describe()}"]))
+    return path, f
+
+
 def fmt(x, scale=1.0, digits=3):
     return "–" if x is None or not math.isfinite(x) else f"{x * scale:.{digits}g}"
 
 
 def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, params: Optional[str],
-                 verbose: bool = True):
+                 verbose: bool = True, tune_dir: Optional[Path] = None):
     mech = load_mechanism(sc.mechanism)
+    tuned = None
+    if tune_dir is not None:
+        path, tuned = tune_params_file(name, sc, mech, seconds, tune_dir, verbose)
+        params = str(path)
     names, z = encoded(mech)
     sigma = np.array([s.sigma for s in mech.sensors if s.kind == "encoder"])
     density = tune_ekf(sc, mech, seconds, sigma, verbose)
@@ -267,7 +297,8 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
     rows: Dict[str, List[Dict[str, float]]] = {}
     costs: Dict[str, List[float]] = {}
     labels = {"mbfg": "mbfg_ros, defaults",
-              "tuned": f"mbfg_ros, --params {Path(params).name}" if params else "mbfg_ros, --params FILE",
+              "tuned": (f"mbfg_ros, mbfg tune on seed {MBFG_TUNE_SEED} ({tuned.name} {tuned.value:.3g})" if tuned
+                        else f"mbfg_ros, --params {Path(params).name}" if params else "mbfg_ros, --params FILE"),
               "ekf": f"EKF (truth-tuned, ë density {density:.3g})",
               "sg": f"Savitzky–Golay ({window} samples) + ID"}
     tuned_cfg = estimator_config_from_file(params, sc.dt, sc.mode) if params else None
@@ -298,7 +329,7 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
     print("|" + "---|" * (head.count("|") - 1))
     for key in ("mbfg", "tuned", "ekf", "sg"):
         if key not in rows:
-            cells = ["skipped: no --params FILE given (e.g. from `mbfg tune`)"] + [""] * (head.count("|") - 3)
+            cells = ["skipped: no --params FILE (e.g. from `mbfg tune`) or --tune"] + [""] * (head.count("|") - 3)
             print(f"| {labels[key]} | " + " | ".join(cells) + " |")
             continue
         m = {k: float(np.mean([r[k] for r in rows[key]])) for k in rows[key][0]}
@@ -324,6 +355,8 @@ def main(argv=None) -> int:
                     help="scenario(s) to run (repeatable; default: all)")
     ap.add_argument("--params", metavar="FILE", help="estimator parameters (node parameter-file format) for the "
                                                      "'mbfg_ros, --params' row")
+    ap.add_argument("--tune", action="store_true", help="the 'mbfg_ros, --params' row with the file `mbfg tune` "
+                                                       "writes per scenario from a separate run (seed 2000)")
     ap.add_argument("--json", metavar="FILE", help="also write every number (per seed too) to this file")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args(argv)
@@ -333,6 +366,10 @@ def main(argv=None) -> int:
         ap.error(f"--seconds must be longer than the {SETTLE}-s settling time")
     if a.params and not Path(a.params).is_file():
         ap.error(f"--params: no such file: {a.params}")
+    if a.params and a.tune:
+        ap.error("--params and --tune are exclusive (--tune writes a file per scenario)")
+    import tempfile
+    tune_dir = Path(tempfile.mkdtemp(prefix="mbfg_tune_")) if a.tune else None
     from mbfg_ros.blas import limit_blas_threads
     limit_blas_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
@@ -341,7 +378,7 @@ def main(argv=None) -> int:
     for name in a.scenario or list(SCENARIOS):
         t0 = time.monotonic()
         results[name] = run_scenario(name, SCENARIOS[name], list(range(1, a.seeds + 1)), a.seconds, a.params,
-                                     not a.quiet)
+                                     not a.quiet, tune_dir)
         if not a.quiet:
             print(f"  {name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     if a.json:

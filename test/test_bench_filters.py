@@ -14,7 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from ekf import CausalSavitzkyGolay, ReducedEKF  # noqa: E402
+from ekf import CausalSavitzkyGolay  # noqa: E402
+from mbfg_ros.estimation.reduced_ekf import ReducedEKF  # noqa: E402
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant  # noqa: E402
 
 DT = 1e-3

@@ -194,7 +194,7 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", ["info", "simulate", "inverse-dynamics", "estimate"])
+@pytest.mark.parametrize("command", ["info", "simulate", "inverse-dynamics", "estimate", "tune"])
 def test_help_of_every_subcommand(capsys, command):
     rc, out, _ = run([command, "--help"], capsys)
     assert rc == 0 and out.startswith(f"usage: mbfg {command}")
@@ -210,6 +210,13 @@ def test_subprocess_each_command(tmp_path):
     p = run_subprocess(["inverse-dynamics", "four_bar_crank", "--trajectory", "traj.csv", "-o", "id.csv"], tmp_path)
     assert p.returncode == 0 and p.stderr == ""
     assert read_csv(tmp_path / "id.csv")[1][0, -1] == pytest.approx(66.0, abs=0.3)
+    # tune: a parameter file, the fitted value on stdout, no progress bar (stderr is not a terminal)
+    (tmp_path / "obs.csv").write_text("t,crank\n" + "".join(f"{0.005 * k:.3f},{0.3 * (0.005 * k) ** 2:.6f}\n"
+                                                            for k in range(40)))
+    p = run_subprocess(["tune", "four_bar_crank", "--observations", "obs.csv", "--mode", "estimation",
+                        "-o", "tuned.yaml"], tmp_path)
+    assert p.returncode == 0 and p.stderr == "" and "effort_density" in p.stdout
+    assert "mbfg_estimator:" in (tmp_path / "tuned.yaml").read_text()
     p = run_subprocess(["estimate", "four_bar_crank", "--observations", "traj.csv", "-o", "e.csv"], tmp_path)
     assert p.returncode == 0 and (tmp_path / "e.csv").exists()
     p = run_subprocess(["info", "missing.yaml"], tmp_path)

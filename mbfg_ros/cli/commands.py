@@ -3,7 +3,8 @@
     mbfg info MECH.yaml [--json]
     mbfg simulate MECH.yaml --duration T --dt DT --output OUT.csv [...]
     mbfg inverse-dynamics MECH.yaml --trajectory TRAJ.csv --output OUT.csv [--plot PNG]
-    mbfg estimate MECH.yaml --observations OBS.csv --output OUT.csv [...]
+    mbfg estimate MECH.yaml --observations OBS.csv --output OUT.csv [--params PARAMS.yaml] [...]
+    mbfg tune MECH.yaml (--observations OBS.csv [--torques CMD.csv] | --bag DIR) --mode M -o PARAMS.yaml
 
 User mistakes (missing or bad files, unknown names, bad options) print one line
 ``mbfg: error: ...`` on stderr and exit with status 2; no traceback.
@@ -27,6 +28,7 @@ from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.spec import MechanismError
+from mbfg_ros.tuning.likelihood import TuningError
 
 PROG = "mbfg"
 
@@ -306,13 +308,40 @@ def cmd_inverse_dynamics(args) -> int:
 DENSITY_OPTIONS = ("acceleration_density", "effort_density", "disturbance_density")
 
 
+def _params_from_file(args, mech) -> dict:
+    """The estimator settings of --params FILE (empty without it), the mode, window and integrator checked."""
+    if not args.params:
+        return {}
+    from mbfg_ros.tuning.params_file import ParamsFileError, read_params
+    try:
+        values = read_params(args.params, mech)
+    except ParamsFileError as exc:
+        raise UserError(str(exc)) from None
+    where = f"{args.params}: mbfg_estimator.ros__parameters"
+    estimate_modes = tuple(m for m in MODES if m != "forward_dynamics")
+    if "mode" in values and values["mode"] not in estimate_modes:
+        raise UserError(f"{where}.mode must be one of {', '.join(estimate_modes)} for mbfg estimate "
+                        f"(got {values['mode']!r})")
+    if "integrator" in values and values["integrator"] not in INTEGRATORS:
+        raise UserError(f"{where}.integrator must be one of {', '.join(INTEGRATORS)} (got {values['integrator']!r})")
+    if "window" in values and (isinstance(values["window"], bool) or not isinstance(values["window"], int)
+                               or values["window"] < 1):
+        raise UserError(f"{where}.window must be an integer ≥ 1 (got {values['window']!r})")
+    return values
+
+
 def cmd_estimate(args) -> int:
     from mbfg_ros.estimation.config import EstimatorConfig
     mech = _load(args.mechanism, args.gravity)
+    from_file = _params_from_file(args, mech)
+    # an option given on the command line wins over the file, the file over the defaults
+    mode = args.mode or from_file.get("mode", "estimation")
+    window = args.window or from_file.get("window", 10)
+    integrator = args.integrator or from_file.get("integrator", "trapezoidal")
     table = csvio.read_table(args.observations, allow_empty=True)
     names = [s.name for s in mech.sensors]
     cols = csvio.sensor_columns(table, names)
-    if not cols and args.mode == "estimation":
+    if not cols and mode == "estimation":
         raise CsvError(f"{args.observations}: no sensor columns (sensors: {', '.join(names) or 'none'})")
     t = table.t
     if len(t) < 2:
@@ -321,20 +350,114 @@ def cmd_estimate(args) -> int:
     efforts = None
     if args.torques:
         efforts = _efforts_from_csv(mech, args.torques, t)
-    elif args.mode == "fused" and len(mech.actuated):
+    elif mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
     sigmas = default_sigmas()
-    for name in DENSITY_OPTIONS:
+    sigmas.update(from_file.get("sigmas", {}))
+    for name in DENSITY_OPTIONS:        # the options given explicitly win over the file
         value = getattr(args, name)
         if value is not None:
             sigmas[name] = value
-    config = EstimatorConfig(dt=dt, window=args.window, mode=args.mode, integrator=args.integrator, sigmas=sigmas,
-                             compute_covariance=args.std)
+    config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
+                             sensor_sigmas=dict(from_file.get("sensor_sigmas", {})), compute_covariance=args.std)
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
 
-    return _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {args.mode}")
+    return _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}")
+
+
+def _tuning_recording(args, mech):
+    """The recording of `mbfg tune` from CSV files or a bag."""
+    from mbfg_ros.tuning.bag import recording_from_bag
+    from mbfg_ros.tuning.likelihood import Recording, encoder_layout
+    fused = args.mode == "fused"
+    if args.bag:
+        if args.torques:
+            raise UserError("--torques goes with --observations; with --bag use --torques-topic")
+        return recording_from_bag(mech, args.bag, args.observations_topic, args.torques_topic if fused else None)
+    names, coords, _ = encoder_layout(mech)
+    table = csvio.read_table(args.observations, allow_empty=True)
+    cols = csvio.sensor_columns(table, [s.name for s in mech.sensors])
+    missing = [n for n in names if n not in cols]
+    if missing:
+        raise CsvError(f"{args.observations}: no column for encoder(s) {', '.join(missing)}")
+    if len(table.t) < 10:
+        raise CsvError(f"{args.observations}: need at least 10 rows to fit")
+    csvio.require_uniform_time(table)
+    y = np.column_stack([cols[n] for n in names])
+    if not np.all(np.isfinite(y)):
+        row = int(np.nonzero(~np.all(np.isfinite(y), axis=1))[0][0])
+        raise CsvError(f"{args.observations}: empty encoder reading at t = {table.t[row]:g} (tuning needs every "
+                       f"encoder at every row)")
+    commands = None
+    if fused:
+        if not args.torques:
+            raise UserError("--mode fused needs --torques (the commanded efforts)")
+        commands = _efforts_from_csv(mech, args.torques, table.t)
+    return Recording(table.t, y, names, coords, commands, str(args.observations))
+
+
+def _sensor_sigma_options(items, mech) -> dict:
+    """--sensor-sigma NAME=SIGMA (repeatable) as {encoder name: σ}."""
+    from mbfg_ros.tuning.likelihood import encoder_layout
+    encoders = encoder_layout(mech)[0]
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            sigma = float(value) if eq else math.nan
+        except ValueError:
+            sigma = math.nan
+        if not (sigma > 0 and math.isfinite(sigma)):
+            raise UserError(f"--sensor-sigma takes NAME=SIGMA with SIGMA > 0 (got '{item}')")
+        if name not in encoders:
+            raise UserError(f"--sensor-sigma {item}: '{name}' is not an encoder of {mech.name} "
+                            f"(encoders: {', '.join(encoders)})")
+        out[name] = sigma
+    return out
+
+
+def cmd_tune(args) -> int:
+    from mbfg_ros.tuning import likelihood as tl
+    from mbfg_ros.tuning.params_file import format_params
+    mech = _load(args.mechanism)
+    try:
+        rec = _tuning_recording(args, mech)
+        given = {n: getattr(args, n) for n in DENSITY_OPTIONS if getattr(args, n) is not None}
+        initial = tl.initial_values(mech, given, _sensor_sigma_options(args.sensor_sigma, mech))
+        names = tl.parameter_names(mech, args.mode, args.fit_sensor_sigmas, args.fit_acceleration_density)
+        bar = Progress(tl.evaluations_budget(len(names)), "tune")
+        result = tl.fit(mech, rec, args.mode, initial, names, max_steps=args.max_steps, progress=bar.update)
+        bar.close()
+    except tl.TuningError as exc:
+        raise UserError(str(exc)) from None
+    kept = {k: v for k, v in result.sigmas.items()
+            if k == "acceleration_density" or k == tl.density_name(args.mode)}
+    header = [f"Written by: mbfg tune {mech.name} --mode {args.mode}",
+              f"Fitted from {rec.source}: {len(rec.t)} samples at dt {rec.dt:g} s"
+              + (f", decimated by {result.decimation} to {result.steps} steps at {result.dt:g} s"
+                 if result.decimation > 1 else ""),
+              "by maximum innovation likelihood of an EKF on the exact reduced model (mbfg_ros.tuning.likelihood),",
+              f"log-likelihood {result.log_likelihood:.6g} after {result.evaluations} evaluations; fitted (1σ):"]
+    header += [f"  {f.name} = {f.describe()}" for f in result.fitted]
+    held = [k for k in list(kept) + [f"sensor_sigmas.{n}" for n in result.sensor_sigmas] if k not in names]
+    if held:
+        header.append(f"held at their given/default values: {', '.join(held)}")
+    text = format_params(args.mode, kept, result.sensor_sigmas, header)
+    try:
+        with open(args.output, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UserError(f"{args.output}: cannot write ({exc.strerror})") from None
+    print(f"{mech.name}, {args.mode} mode, {rec.source}: {len(rec.t)} samples"
+          + (f" (decimated to {result.steps} at dt {result.dt:g} s)" if result.decimation > 1 else ""))
+    width = max(len(f.name) for f in result.fitted)
+    for f in result.fitted:
+        print(f"  {f.name:<{width}}  {f.describe()}")
+    print("  (1σ from the curvature of the log-likelihood)")
+    print(f"  log-likelihood {result.log_likelihood:.6g}, {result.evaluations} evaluations -> {args.output}")
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -365,6 +488,16 @@ _COMMAND_TEXTS = {
         "fixed-lag factor-graph estimator.",
         epilog="OBS.csv: column t (uniform step) and one column per sensor name (see 'mbfg info'); "
         "an empty cell is a missing reading."),
+    "tune": dict(
+        help="fit the noise densities (and encoder sigmas) to a recording: writes a parameter file",
+        description="Maximum-likelihood fit of the estimator's process densities -- the effort density "
+        "(estimation) or the disturbance density (fused), optionally the acceleration density and the encoders' "
+        "σ -- from one recording of the real system, by the innovation likelihood of an EKF on the exact "
+        "reduced model that carries the estimator's stochastic model.  Needs one encoder per degree of freedom.",
+        epilog="Writes PARAMS.yaml in the node's parameter-file format (mbfg_estimator: ros__parameters: mode, "
+               "sigmas, sensor_sigmas), read by 'mbfg estimate --params PARAMS.yaml' and by the node "
+               "(--ros-args --params-file PARAMS.yaml, with the other parameter file).  Prints each fitted value "
+               "with its 1σ from the curvature of the log-likelihood."),
 }
 
 
@@ -419,11 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("estimate")
     s.add_argument("--observations", required=True, metavar="OBS.csv")
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
-    s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N")
-    s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default="estimation",
+    s.add_argument("--params", metavar="PARAMS.yaml",
+                   help="estimator parameters from a node parameter file (e.g. written by 'mbfg tune'): its mode, "
+                        "window, integrator, sigmas and sensor_sigmas; options given here win")
+    s.add_argument("--window", type=_positive("--window", int), default=None, metavar="N", help="(default 10)")
+    s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default=None,
                    help="estimation: efforts unknown; fused: applied efforts = commanded + an estimated "
                         "disturbance (default estimation)")
-    s.add_argument("--integrator", choices=INTEGRATORS, default="trapezoidal")
+    s.add_argument("--integrator", choices=INTEGRATORS, default=None, help="(default trapezoidal)")
     defaults = default_sigmas()
     for name, text in zip(DENSITY_OPTIONS, (
             "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",
@@ -435,6 +571,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
     add_gravity_and_outputs(s, cmd_estimate)
+
+    s = command("tune")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--observations", metavar="OBS.csv", help="the recording's encoder readings (as for estimate)")
+    src.add_argument("--bag", metavar="DIR", help="a rosbag2 bag (MCAP or SQLite) instead of CSV files")
+    s.add_argument("--torques", metavar="CMD.csv", help="the commanded efforts (fused mode, with --observations)")
+    s.add_argument("--observations-topic", default="joint_observations", metavar="TOPIC",
+                   help="with --bag: sensor_msgs/JointState readings (default joint_observations)")
+    s.add_argument("--torques-topic", default="commanded_effort", metavar="TOPIC",
+                   help="with --bag in fused mode: sensor_msgs/JointState commands (default commanded_effort)")
+    s.add_argument("--mode", choices=("estimation", "fused"), required=True,
+                   help="fit the effort density (estimation) or the disturbance density (fused)")
+    s.add_argument("--fit-sensor-sigmas", action="store_true", help="also fit the encoders' σ")
+    s.add_argument("--fit-acceleration-density", action="store_true",
+                   help="also fit the acceleration density (else held at its default or the given value)")
+    for name in DENSITY_OPTIONS:
+        opt = "--" + name.replace("_", "-")
+        s.add_argument(opt, type=_positive(opt), metavar="S",
+                       help=f"starting (or held) value (default {defaults[name]:g})")
+    s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
+                   help="an encoder's starting (or held) σ in its units (repeatable; default: the mechanism file's)")
+    s.add_argument("--max-steps", type=_positive("--max-steps", int), default=2000, metavar="N",
+                   help="decimate a longer recording to at most N filter steps per likelihood evaluation "
+                        "(default 2000; the EKF costs ~1 ms a step)")
+    s.add_argument("--output", "-o", required=True, metavar="PARAMS.yaml")
+    s.set_defaults(func=cmd_tune)
     return p
 
 
@@ -448,7 +610,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(args.func(args) or 0)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    except (UserError, MechanismError, CsvError, AssemblyError) as exc:
+    except (UserError, MechanismError, CsvError, AssemblyError, TuningError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,181 @@
+"""An extended Kalman filter on a mechanism's exact reduced model, in the independent coordinates z that its
+encoders read (the crank angle of a one-DOF mechanism, the two motor angles of the pick-and-place robot): z
+determines the whole pose (a position problem with z held), ż the velocities, and the constrained dynamics give
+z̈(z, ż, τ) = q̈[z] (`forward_dynamics` on the assembled (q, q̇): on the constraint manifold the dependent
+accelerations restricted to z are z̈).
+
+It carries the same stochastic model as the factor-graph estimator (factors/processes.py), so `mbfg tune` fits
+that model's densities by this filter's innovation likelihood, and bench/estimation_quality.py compares against
+it.  `ReducedEKF`, state x = (z, ż, e, ė), one (e, ė) per actuator:
+* estimation mode: e = τ, the unknown effort; fused mode: e = d, the disturbance, τ = command + d (a disturbance
+  observer: the command is known, what the actuator adds or loses is estimated);
+* ë is white noise of density `effort_density` [effort²/s³] (an integrated random walk: smooth efforts; in
+  fused mode the estimator's `disturbance_density`), optionally z̈ gets white noise of density
+  `acceleration_density` [(coordinate/s²)²·s];
+* prediction: the mean by one RK4 step of the nonlinear model (the command held over the step, as the plant's
+  zero-order hold); the covariance by the exact discretization (Van Loan) of the model linearized at the mean,
+  the Jacobian by central differences;
+* update: the encoders read z directly (linear); each update adds log N(innovation; 0, S) to
+  `log_likelihood` (the prediction-error decomposition of the readings' likelihood).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy.linalg import expm
+
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.dynamics import kinematics
+from mbfg_ros.model.mechanism import Mechanism
+
+
+class ReducedModel:
+    """z → (q, q̇) and z̈(z, ż, τ) of a mechanism whose independent coordinates are `z` (column indices)."""
+
+    def __init__(self, mech: Mechanism, z: Sequence[int], q_guess=None):
+        self.mech = mech
+        self.z = [int(i) for i in z]
+        self.q_guess = np.array(mech.q0 if q_guess is None else q_guess, dtype=float)
+
+    def positions(self, z_values, guess=None) -> np.ndarray:
+        g = np.array(self.q_guess if guess is None else guess, dtype=float)
+        g[self.z] = z_values
+        return kinematics.solve_positions(self.mech, g, fixed=self.z, tol=1e-11).q
+
+    def velocities(self, q, z_rates) -> np.ndarray:
+        return kinematics.solve_velocities(self.mech, q, fixed=self.z, fixed_values=z_rates)
+
+    def acceleration(self, z_values, z_rates, tau, q=None) -> np.ndarray:
+        """z̈ at (z, ż) under the actuator efforts τ (q: the pose of z if already solved)."""
+        q = self.positions(z_values) if q is None else q
+        v = self.velocities(q, z_rates)
+        return dynamics.forward_dynamics(self.mech, q, v, self.mech.generalized_forces(tau))[self.z]
+
+
+@dataclass
+class FilterOutput:
+    """One step of a reference filter: the encoded coordinates' angle, rate, acceleration, the actuator
+    efforts, and 1σ of angle, rate, effort where the filter has a covariance (else None)."""
+    angle: np.ndarray
+    rate: np.ndarray
+    acceleration: np.ndarray
+    effort: np.ndarray
+    angle_std: Optional[np.ndarray] = None
+    rate_std: Optional[np.ndarray] = None
+    effort_std: Optional[np.ndarray] = None
+
+
+class ReducedEKF:
+    """The EKF described in the module docstring.  `encoder_sigma`: σ per encoded coordinate (its units), or one
+    for all."""
+
+    def __init__(self, mech: Mechanism, z: Sequence[int], dt: float, encoder_sigma, effort_density: float,
+                 fused: bool = False, acceleration_density: float = 0.0, effort_sigma0: float = 100.0,
+                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1):
+        self.model = ReducedModel(mech, z)
+        self.mech, self.dt, self.fused = mech, float(dt), bool(fused)
+        self.d = len(self.model.z)
+        self.na = len(mech.actuated)
+        d, na = self.d, self.na
+        self.nx = 2 * d + 2 * na
+        self.R = np.diag(np.broadcast_to(np.asarray(encoder_sigma, float) ** 2, (d,)))
+        self.H = np.zeros((d, self.nx))
+        self.H[:, :d] = np.eye(d)
+        # continuous white-noise input: ë (per actuator) and z̈ (per coordinate)
+        self.G = np.zeros((self.nx, d + na))
+        self.G[d:2 * d, :d] = np.eye(d)
+        self.G[2 * d + na:, d:] = np.eye(na)
+        self.Qc = np.diag(np.r_[np.full(d, float(acceleration_density)), np.full(na, float(effort_density))])
+        self.P0 = np.diag(np.r_[np.zeros(d), np.full(d, rate_sigma0 ** 2), np.full(na, effort_sigma0 ** 2),
+                                np.full(na, effort_rate_sigma0 ** 2)])
+        self.x: Optional[np.ndarray] = None
+        self.P: Optional[np.ndarray] = None
+        self.log_likelihood = 0.0         # Σ log N(innovation; 0, S) over the updates so far
+
+    # -- the model ---------------------------------------------------------------------------------------
+    def _efforts(self, x, command):
+        e = x[2 * self.d:2 * self.d + self.na]
+        return command + e if self.fused else e
+
+    def _f(self, x, command, q=None):
+        d, na = self.d, self.na
+        out = np.zeros(self.nx)
+        out[:d] = x[d:2 * d]
+        out[d:2 * d] = self.model.acceleration(x[:d], x[d:2 * d], self._efforts(x, command), q)
+        out[2 * d:2 * d + na] = x[2 * d + na:]
+        return out
+
+    def _jacobian(self, x, command):
+        """∂f/∂x by central differences (the z columns re-solve the pose, the others reuse it)."""
+        d = self.d
+        A = np.zeros((self.nx, self.nx))
+        q = self.model.positions(x[:d])
+        for j in range(2 * d + self.na):      # f does not depend on ė except through its own row
+            h = 1e-6 * max(1.0, abs(x[j]))
+            xp, xm = x.copy(), x.copy()
+            xp[j] += h
+            xm[j] -= h
+            if j < d:
+                A[:, j] = (self._f(xp, command) - self._f(xm, command)) / (2 * h)
+            else:
+                A[:, j] = (self._f(xp, command, q) - self._f(xm, command, q)) / (2 * h)
+        A[2 * d:2 * d + self.na, 2 * d + self.na:] = np.eye(self.na)
+        return A
+
+    def _rk4(self, x, command):
+        h = self.dt
+        k1 = self._f(x, command)
+        k2 = self._f(x + 0.5 * h * k1, command)
+        k3 = self._f(x + 0.5 * h * k2, command)
+        k4 = self._f(x + h * k3, command)
+        return x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+    def _discretize(self, A):
+        """F = e^{A dt} and Qd = ∫ e^{As} G Qc Gᵀ e^{Aᵀs} ds over [0, dt] (Van Loan)."""
+        n = self.nx
+        M = np.zeros((2 * n, 2 * n))
+        M[:n, :n] = -A
+        M[:n, n:] = self.G @ self.Qc @ self.G.T
+        M[n:, n:] = A.T
+        E = expm(M * self.dt)
+        F = E[n:, n:].T
+        return F, F @ E[:n, n:]
+
+    # -- the filter -------------------------------------------------------------------------------------
+    def step(self, readings: np.ndarray, command: Optional[np.ndarray] = None) -> FilterOutput:
+        """Predict to this sample (the previous sample's command held over the step), then update with the
+        encoder readings (z); the first call initializes at the readings, at rest."""
+        d, na = self.d, self.na
+        command = np.zeros(na) if command is None else np.asarray(command, float)
+        y = np.asarray(readings, float)
+        if self.x is None:
+            self.x = np.zeros(self.nx)
+            self.x[:d] = y
+            self.P = self.P0.copy()
+            self.P[:d, :d] = self.R
+        else:
+            A = self._jacobian(self.x, self._command)
+            F, Qd = self._discretize(A)
+            self.x = self._rk4(self.x, self._command)
+            self.P = F @ self.P @ F.T + Qd
+            S = self.H @ self.P @ self.H.T + self.R
+            innovation = y - self.x[:d]
+            _, logdet = np.linalg.slogdet(S)
+            self.log_likelihood -= 0.5 * (innovation @ np.linalg.solve(S, innovation) + logdet
+                                          + d * math.log(2.0 * math.pi))
+            K = np.linalg.solve(S, self.H @ self.P).T
+            self.x = self.x + K @ innovation
+            I_KH = np.eye(self.nx) - K @ self.H
+            self.P = I_KH @ self.P @ I_KH.T + K @ self.R @ K.T     # Joseph form: stays symmetric positive
+        self._command = command
+        q = self.model.positions(self.x[:d])
+        self.model.q_guess = q                      # track the branch the motion is on
+        tau = self._efforts(self.x, command)
+        acc = self.model.acceleration(self.x[:d], self.x[d:2 * d], tau, q)
+        sd = np.sqrt(np.diag(self.P))
+        return FilterOutput(self.x[:d].copy(), self.x[d:2 * d].copy(), acc, tau, sd[:d], sd[d:2 * d],
+                            sd[2 * d:2 * d + na])

@@ -1,0 +1,95 @@
+"""A tuning recording from a rosbag2 bag (MCAP or SQLite, read with the pure-Python `rosbags`): encoder
+readings from sensor_msgs/JointState `position` (by joint name = sensor name, NaN = no reading; as
+bench/make_bags.py and the node's ~/joint_observations) and commanded efforts from sensor_msgs/JointState
+`effort` (by actuator joint name), both stamped by their headers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.tuning.likelihood import Recording, TuningError, encoder_layout
+
+JOINT_STATE = "sensor_msgs/msg/JointState"
+
+
+def _topic(name: str) -> str:
+    return name if name.startswith("/") else "/" + name
+
+
+def recording_from_bag(mech: Mechanism, path, observations_topic: str = "joint_observations",
+                       torques_topic: Optional[str] = None) -> Recording:
+    """The encoders' readings at the observation messages' stamps (a uniform step, missing messages are
+    refused) and, with `torques_topic`, the newest command at or before each (zero-order hold)."""
+    try:
+        from rosbags.highlevel import AnyReader
+        from rosbags.typesys import Stores, get_typestore
+    except ImportError as exc:       # pragma: no cover - rosbags is a dependency
+        raise TuningError(f"reading a bag needs the 'rosbags' package ({exc})") from None
+    path = Path(path)
+    if not path.exists():
+        raise TuningError(f"{path}: no such bag")
+    names, coords, _ = encoder_layout(mech)
+    obs_topic = _topic(observations_topic)
+    cmd_topic = _topic(torques_topic) if torques_topic else None
+    obs_t, obs_y, cmd_t, cmd_u = [], [], [], []
+    try:
+        reader = AnyReader([path], default_typestore=get_typestore(Stores.ROS2_HUMBLE))
+        reader.open()
+    except Exception as exc:        # rosbags raises its own error types for a folder that is not a bag
+        raise TuningError(f"{path}: not a readable rosbag2 bag ({' '.join(str(exc).split())})") from None
+    try:
+        topics = {c.topic: c.msgtype for c in reader.connections}
+        for topic in filter(None, (obs_topic, cmd_topic)):
+            if topic not in topics:
+                raise TuningError(f"{path}: no topic {topic} (topics: {', '.join(sorted(topics)) or 'none'})")
+            if topics[topic] != JOINT_STATE:
+                raise TuningError(f"{path}: topic {topic} is {topics[topic]}, expected {JOINT_STATE}")
+        conns = [c for c in reader.connections if c.topic in (obs_topic, cmd_topic)]
+        actuators = list(mech.actuator_names)
+        for conn, _, raw in reader.messages(connections=conns):
+            msg = reader.deserialize(raw, conn.msgtype)
+            stamp = msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
+            index = {n: i for i, n in enumerate(msg.name)}
+            if conn.topic == obs_topic:
+                row = [float(msg.position[index[n]]) if n in index and index[n] < len(msg.position) else np.nan
+                       for n in names]
+                obs_t.append(stamp)
+                obs_y.append(row)
+            else:
+                missing = [a for a in actuators if a not in index or index[a] >= len(msg.effort)]
+                if missing:
+                    raise TuningError(f"{path}: a {cmd_topic} message has no effort for {', '.join(missing)}")
+                cmd_t.append(stamp)
+                cmd_u.append([float(msg.effort[index[a]]) for a in actuators])
+    finally:
+        reader.close()
+    if len(obs_t) < 10:
+        raise TuningError(f"{path}: {len(obs_t)} message(s) on {obs_topic}, need at least 10")
+    order = np.argsort(obs_t, kind="stable")
+    t = np.asarray(obs_t)[order]
+    y = np.asarray(obs_y)[order]
+    if not np.all(np.isfinite(y)):
+        bad = [n for j, n in enumerate(names) if not np.all(np.isfinite(y[:, j]))]
+        raise TuningError(f"{path}: {obs_topic} lacks readings of encoder(s) {', '.join(bad)} in some messages "
+                          f"(tuning needs every encoder at every sample)")
+    steps = np.diff(t)
+    dt = float(np.median(steps))
+    if not dt > 0 or np.max(np.abs(steps - dt)) > 0.05 * dt:
+        raise TuningError(f"{path}: {obs_topic} is not uniformly stamped (steps from {steps.min():.6g} to "
+                          f"{steps.max():.6g} s): tuning needs a recording without gaps")
+    commands = None
+    if cmd_topic:
+        if not cmd_t:
+            raise TuningError(f"{path}: no messages on {cmd_topic}")
+        co = np.argsort(cmd_t, kind="stable")
+        ct, cu = np.asarray(cmd_t)[co], np.asarray(cmd_u)[co]
+        idx = np.searchsorted(ct, t + 1e-9, side="right") - 1
+        if idx[0] < 0:
+            raise TuningError(f"{path}: the first command on {cmd_topic} comes after the first observation")
+        commands = cu[idx]
+    t = t[0] + dt * np.arange(len(t))
+    return Recording(t, y, names, coords, commands, f"{path} ({obs_topic}{', ' + cmd_topic if cmd_topic else ''})")

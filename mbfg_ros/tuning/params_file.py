@@ -1,0 +1,103 @@
+"""The estimator node's parameter-file format (`/**/mbfg_estimator: ros__parameters: {...}`, as
+config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` and by the node
+(`--ros-args --params-file`)."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional
+
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.model.mechanism import Mechanism
+
+NODE_NAME = "mbfg_estimator"
+#: the node's own parameters (ros/parameters.py): valid in the file, no meaning to `mbfg estimate`
+NODE_ONLY_KEYS = frozenset((
+    "mechanism", "dt", "formulation", "independent", "assembly_mode", "sensor_timeout", "max_input_delay",
+    "adaptive_input_delay", "startup_wait", "max_input_age", "future_tolerance", "publish_markers",
+    "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
+    "publish_stddev", "outlier_gate", "max_rejections", "use_sim_time"))
+#: the keys `mbfg estimate --params` applies
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas")
+
+
+class ParamsFileError(ValueError):
+    """A parameter file that cannot be used; the message names the file and the key."""
+
+
+def format_double(x: float) -> str:
+    """6 significant digits that YAML and ROS read as a double: always a '.', a signed exponent ('4321' would
+    be an INTEGER to the node, which declares these parameters DOUBLE, and '1e-05' a string to YAML 1.1)."""
+    text = f"{float(x):.6g}"
+    mantissa, _, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + ("e" + exponent if exponent else "")
+
+
+def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, float],
+                  header: Iterable[str] = (), mechanism: Optional[str] = None) -> str:
+    """The file's text: `header` lines as comments, then the `mbfg_estimator` section."""
+    descriptions = {"acceleration_density": "unmodelled accelerations [rad²/s³ on angles, m²/s³ on points]",
+                    "effort_density": "estimation: unknown efforts' second derivative [(N·m)²/s³ or N²/s³]",
+                    "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]"}
+    lines = [f"# {h}".rstrip() for h in header]
+    lines += [f"/**/{NODE_NAME}:", "  ros__parameters:"]
+    if mechanism:
+        lines.append(f"    mechanism: {mechanism}")
+    lines.append(f"    mode: {mode}")
+    lines.append("    sigmas:")
+    for k, v in sigmas.items():
+        lines.append(f"      {k}: {format_double(v):<14} # {descriptions.get(k, '')}".rstrip())
+    if sensor_sigmas:
+        lines.append("    sensor_sigmas:")
+        for k, v in sensor_sigmas.items():
+            lines.append(f"      {k}: {format_double(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def read_params(path, mech: Mechanism) -> Dict[str, object]:
+    """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas and
+    sensor_sigmas as dicts, checked against the noise parameters and the mechanism's sensors).  Keys the node
+    knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
+    import yaml
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise ParamsFileError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ParamsFileError(f"{path}: not YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(doc, dict):
+        raise ParamsFileError(f"{path}: not a ROS 2 parameter file (expected a mapping of node names)")
+    sections = [(k, v) for k, v in doc.items() if str(k).split("/")[-1] == NODE_NAME]
+    if not sections:
+        raise ParamsFileError(f"{path}: no '{NODE_NAME}' node (e.g. '/**/{NODE_NAME}: ros__parameters: ...')")
+    key, node = sections[0]
+    params = node.get("ros__parameters") if isinstance(node, dict) else None
+    if not isinstance(params, dict):
+        raise ParamsFileError(f"{path}: '{key}' has no 'ros__parameters' mapping")
+    out: Dict[str, object] = {}
+    known_sigmas = set(default_sigmas())
+    sensors = {s.name for s in mech.sensors}
+    for name, value in params.items():
+        where = f"{path}: {key}.ros__parameters.{name}"
+        if name in ("sigmas", "sensor_sigmas"):
+            if not isinstance(value, dict):
+                raise ParamsFileError(f"{where} must be a mapping of names to numbers")
+            allowed = known_sigmas if name == "sigmas" else sensors
+            table = {}
+            for k, v in value.items():
+                if k not in allowed:
+                    raise ParamsFileError(
+                        f"{where}.{k}: unknown {'noise parameter' if name == 'sigmas' else 'sensor of ' + mech.name}"
+                        f" (known: {', '.join(sorted(allowed))})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                    raise ParamsFileError(f"{where}.{k} must be a number > 0 (got {v!r})")
+                table[k] = float(v)
+            out[name] = table
+        elif name in APPLIED_KEYS:
+            out[name] = value
+        elif name not in NODE_ONLY_KEYS:
+            raise ParamsFileError(f"{where}: unknown parameter of the {NODE_NAME} node")
+    return out
+
