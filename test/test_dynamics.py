@@ -15,22 +15,17 @@ def four_bar():
     return load_mechanism("mechanisms/four_bar.yaml")
 
 
-@pytest.fixture(scope="module")
-def four_bar_crank():
-    return load_mechanism("mechanisms/four_bar_crank.yaml")
-
-
 def test_four_bar_mass_matrix_and_gravity(four_bar):
     M = np.kron(np.array([[1, 1 / 3], [1 / 3, 2]]), np.eye(2))
     np.testing.assert_allclose(four_bar.mass_matrix, M, atol=1e-12)
     np.testing.assert_allclose(four_bar.gravity_forces, [0, -14.715, 0, -29.43], atol=1e-12)
 
 
-def test_four_bar_free_fall_initial_acceleration(four_bar, four_bar_crank):
+def test_four_bar_free_fall_initial_acceleration(four_bar, crank):
     a = D.forward_dynamics(four_bar, np.array(four_bar.q0), np.zeros(4))
     np.testing.assert_allclose(a, [0, -9.69037, -6.46024, -9.69037], atol=1e-5)
-    a = D.forward_dynamics(four_bar_crank, np.array(four_bar_crank.q0), np.zeros(5))
-    np.testing.assert_allclose(a[four_bar_crank.coordinate_index("crank")], -9.69037, atol=1e-5)
+    a = D.forward_dynamics(crank, np.array(crank.q0), np.zeros(5))
+    np.testing.assert_allclose(a[crank.coordinate_index("crank")], -9.69037, atol=1e-5)
 
 
 def crank_motion(mech, t):
@@ -45,19 +40,19 @@ def crank_motion(mech, t):
     return q, v, a
 
 
-def test_four_bar_crank_inverse_dynamics_torque(four_bar_crank):
-    q, v, a = crank_motion(four_bar_crank, 0.0)
-    tau = D.inverse_dynamics(four_bar_crank, q, v, a)
+def test_four_bar_crank_inverse_dynamics_torque(crank):
+    q, v, a = crank_motion(crank, 0.0)
+    tau = D.inverse_dynamics(crank, q, v, a)
     assert tau.shape == (1,)
     assert tau[0] == pytest.approx(66.01, abs=0.01)
 
 
-def test_inverse_dynamics_reproduces_forward_dynamics(four_bar_crank):
+def test_inverse_dynamics_reproduces_forward_dynamics(crank):
     """The torque from inverse dynamics, fed to forward dynamics, gives back the prescribed q̈."""
     for t in (0.3, 1.1, 2.7):
-        q, v, a = crank_motion(four_bar_crank, t)
-        tau = D.inverse_dynamics(four_bar_crank, q, v, a)
-        a_fd = D.forward_dynamics(four_bar_crank, q, v, four_bar_crank.generalized_forces(tau))
+        q, v, a = crank_motion(crank, t)
+        tau = D.inverse_dynamics(crank, q, v, a)
+        a_fd = D.forward_dynamics(crank, q, v, crank.generalized_forces(tau))
         np.testing.assert_allclose(a_fd, a, atol=1e-9)
 
 
@@ -96,9 +91,9 @@ def test_forward_dynamics_jacobians_match_finite_differences(name):
         assert np.abs(C.jacobian(q) @ lin.a + C.jacobian_dot(q, v) @ v).max() < 1e-8
 
 
-def test_jacobians_off_the_manifold_match_finite_differences(four_bar_crank):
+def test_jacobians_off_the_manifold_match_finite_differences(crank):
     """The factor graph linearizes at predicted states that violate Φ slightly."""
-    mech = four_bar_crank
+    mech = crank
     rng = np.random.default_rng(5)
     q = np.array(mech.q0) + 0.02 * rng.normal(size=mech.n)
     v, Q = rng.normal(size=mech.n), mech.gravity_forces + rng.normal(size=mech.n)
@@ -106,9 +101,9 @@ def test_jacobians_off_the_manifold_match_finite_differences(four_bar_crank):
     np.testing.assert_allclose(lin.da_dq, fd_jacobian(lambda x: D.forward_dynamics(mech, x, v, Q), q), atol=1e-5)
 
 
-def test_independent_accelerations_equal_dependent(four_bar_crank, robot):
+def test_independent_accelerations_equal_dependent(crank, robot):
     rng = np.random.default_rng(2)
-    for mech, z in ((four_bar_crank, ["crank"]), (robot, ["motor1", "motor2"])):
+    for mech, z in ((crank, ["crank"]), (robot, ["motor1", "motor2"])):
         zi = [mech.coordinate_index(n) for n in z]
         q = np.array(mech.q0)
         v = K.solve_velocities(mech, q, zi, rng.normal(size=len(zi)))
@@ -154,7 +149,7 @@ def test_acceleration_derivatives_from_the_null_space_solver(name):
     np.testing.assert_allclose(A, ref.da_dQ, rtol=0, atol=1e-9 * max(1.0, np.abs(ref.da_dQ).max()))
 
 
-def test_third_derivatives_only_with_relative_angles(four_bar, four_bar_crank):
+def test_third_derivatives_only_with_relative_angles(four_bar, crank):
     """Distances and sliders are quadratic in q (∂(Φ̇q q̇)/∂q = 0), relative-angle rows are not."""
     assert not D.has_third_derivatives(four_bar)
-    assert D.has_third_derivatives(four_bar_crank)
+    assert D.has_third_derivatives(crank)

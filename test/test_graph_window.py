@@ -17,17 +17,29 @@ def _window(mech, lag=5):
     return FixedLagWindow(layout, lag, EvalContext(mech), relinearize_threshold=1e-6), layout
 
 
-def test_prepare_then_commit_a_step_with_or_without_a_reading(crank):
-    window, layout = _window(crank)
-    n, h = crank.n, 1e-3
-    q0 = np.array(crank.q0, dtype=float)
+def _seeded(mech):
+    """A window holding step 0 (the drawn pose at rest under tight priors): (window, layout, seed model,
+    x0, the estimate of step 0)."""
+    window, layout = _window(mech)
+    n = mech.n
+    q0 = np.array(mech.q0, dtype=float)
     x0 = layout.pack(q=q0, v=np.zeros(n), a=np.zeros(n))
     seed = StepModel(layout, [F.Prior("q", q0, 1e-6), F.Prior("v", np.zeros(n), 1e-6),
-                              F.PositionConstraints(crank), F.VelocityConstraints(crank), F.ForwardDynamics(crank)])
-    x = window.add_step(0, seed, x0)
+                              F.PositionConstraints(mech), F.VelocityConstraints(mech), F.ForwardDynamics(mech)])
+    return window, layout, seed, x0, window.add_step(0, seed, x0)
+
+
+def _step_units(mech, h):
+    """The units of a forward-dynamics step h after the previous one (no readings)."""
+    n = mech.n
+    return [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
+            F.PositionConstraints(mech), F.VelocityConstraints(mech), F.ForwardDynamics(mech)]
+
+
+def test_prepare_then_commit_a_step_with_or_without_a_reading(crank):
+    window, layout, seed, x0, x = _seeded(crank)
     assert window.steps == 1
-    core = [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
-            F.PositionConstraints(crank), F.VelocityConstraints(crank), F.ForwardDynamics(crank)]
+    core = _step_units(crank, 1e-3)
     c = crank.coordinate_index("crank")
     enc = F.Encoder(crank, c, float(x[c]) + 0.5, 1e-3)            # 500 σ off: an outlier
     with_reading, without = StepModel(layout, core + [enc]), StepModel(layout, core)
@@ -52,18 +64,10 @@ def test_each_step_is_evaluated_with_its_own_values(crank):
     """A unit shared by the models of several steps (an encoder) gets each step's reading passed with the
     step: the window keeps them per step, puts them on the unit whenever it evaluates that step, and the
     caller never sets them."""
-    window, layout = _window(crank)
-    n, h = crank.n, 1e-3
-    q0 = np.array(crank.q0, dtype=float)
-    x0 = layout.pack(q=q0, v=np.zeros(n), a=np.zeros(n))
-    seed = StepModel(layout, [F.Prior("q", q0, 1e-6), F.Prior("v", np.zeros(n), 1e-6),
-                              F.PositionConstraints(crank), F.VelocityConstraints(crank), F.ForwardDynamics(crank)])
-    x = window.add_step(0, seed, x0)
+    window, layout, _, _, x = _seeded(crank)
     c = crank.coordinate_index("crank")
     enc = F.Encoder(crank, c, 0.0, 1.0)
-    model = StepModel(layout, [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
-                               F.PositionConstraints(crank), F.VelocityConstraints(crank),
-                               F.ForwardDynamics(crank), enc])
+    model = StepModel(layout, _step_units(crank, 1e-3) + [enc])
     readings = {1: float(x[c]) + 1e-3, 2: float(x[c]) - 2e-3}
     for k in (1, 2):
         rec = window.prepare(k, model, x, x, values={enc: {"value": readings[k]}})
