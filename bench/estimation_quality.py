@@ -227,15 +227,11 @@ def estimator_config_from_file(path: str, dt: float, mode: str) -> EstimatorConf
     """EstimatorConfig(dt, mode, compute_covariance=True) with the estimator parameters of a parameter file
     in the node's format (`/**/mbfg_estimator: ros__parameters: ...`): every key that is an EstimatorConfig
     field (dict fields such as `sigmas` update the defaults); dt and mode stay the scenario's."""
-    import yaml
-    with open(path) as f:
-        doc = yaml.safe_load(f)
-    if not isinstance(doc, dict):
-        raise SystemExit(f"--params {path}: not a ROS 2 parameter file (a mapping of node names)")
-    section = next((v.get("ros__parameters") for k, v in doc.items()
-                    if str(k).endswith("mbfg_estimator") and isinstance(v, dict)), None)
-    if not isinstance(section, dict):
-        raise SystemExit(f"--params {path}: no 'mbfg_estimator: ros__parameters:' section")
+    from mbfg_ros.tuning.params_file import ParamsFileError, node_parameters
+    try:
+        section = node_parameters(path)[1]
+    except ParamsFileError as e:
+        raise SystemExit(f"--params {e}") from None
     fields = {f.name: f for f in dataclasses.fields(EstimatorConfig)}
     base = EstimatorConfig(dt=dt, mode=mode, compute_covariance=True)
     kwargs, ignored = {}, []

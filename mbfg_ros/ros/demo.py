@@ -333,10 +333,8 @@ def _publish_times(S) -> np.ndarray:
 
 def estimator_parameters(cfg) -> Dict[str, object]:
     """The estimator node's `ros__parameters` in a parameter file (e.g. config/four_bar.yaml)."""
-    import yaml
-    with open(cfg) as f:
-        y = yaml.safe_load(f)
-    return next(v["ros__parameters"] for k, v in y.items() if k.endswith("mbfg_estimator"))
+    from mbfg_ros.tuning.params_file import node_parameters
+    return node_parameters(cfg)[1]
 
 
 def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:

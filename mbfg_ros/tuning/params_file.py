@@ -4,7 +4,7 @@ config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` 
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
@@ -55,10 +55,9 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def read_params(path, mech: Mechanism) -> Dict[str, object]:
-    """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas and
-    sensor_sigmas as dicts, checked against the noise parameters and the mechanism's sensors).  Keys the node
-    knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
+def node_parameters(path) -> Tuple[str, Dict[str, object]]:
+    """(the node key, its `ros__parameters` mapping) of the estimator node in a parameter file; a
+    ParamsFileError naming the file when it has none."""
     import yaml
     try:
         with open(path) as f:
@@ -71,11 +70,20 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
         raise ParamsFileError(f"{path}: not a ROS 2 parameter file (expected a mapping of node names)")
     sections = [(k, v) for k, v in doc.items() if str(k).split("/")[-1] == NODE_NAME]
     if not sections:
-        raise ParamsFileError(f"{path}: no '{NODE_NAME}' node (e.g. '/**/{NODE_NAME}: ros__parameters: ...')")
+        raise ParamsFileError(f"{path}: no '{NODE_NAME}' node (no '{NODE_NAME}: ros__parameters:' section, "
+                              f"e.g. '/**/{NODE_NAME}: ros__parameters: ...')")
     key, node = sections[0]
     params = node.get("ros__parameters") if isinstance(node, dict) else None
     if not isinstance(params, dict):
         raise ParamsFileError(f"{path}: '{key}' has no 'ros__parameters' mapping")
+    return key, params
+
+
+def read_params(path, mech: Mechanism) -> Dict[str, object]:
+    """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas and
+    sensor_sigmas as dicts, checked against the noise parameters and the mechanism's sensors).  Keys the node
+    knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
+    key, params = node_parameters(path)
     out: Dict[str, object] = {}
     known_sigmas = set(default_sigmas())
     sensors = {s.name for s in mech.sensors}
