@@ -72,20 +72,22 @@ class Outputs:
         self._last_marker_ns = -10 ** 19
 
     def _make_templates(self):
-        """Serialized templates of the three outputs (see `conversions.SerializedTemplate`)."""
+        """Serialized templates of the outputs (see `conversions.SerializedTemplate`)."""
         mech, n, nj, frame = self.mech, self.mech.n, len(self.js_coords), self.frame_id
         names, coords = self.js_names, mech.coordinate_names
+
+        def joints():        # ~/joint_states and its 1σ: angle, rate and effort of the same joints
+            return rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
+                                         3 * nj)
         self._templates = (
-            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
-                                  3 * nj),
+            joints(),
             rc.SerializedTemplate(lambda st, x: rc.trajectory_state(st, frame, coords, x[:n], x[n:2 * n],
                                                                     x[2 * n:3 * n], x[3 * n:]), 4 * n),
             rc.SerializedTemplate(lambda st, x: rc.mechanism_markers(mech, None, st, frame, xy=x.reshape(-1, 2)),
                                   2 * len(mech.spec.points)),
             rc.SerializedTemplate(lambda st, x: rc.joint_state(st, mech.actuator_names, (), (), x),
                                   len(mech.actuator_names)),
-            rc.SerializedTemplate(lambda st, x: rc.joint_state(st, names, x[:nj], x[nj:2 * nj], x[2 * nj:]),
-                                  3 * nj))
+            joints())
 
     def publish(self, est: Estimate, t_k: int):
         """The estimate of the step at t_k (ns) on ~/state, ~/joint_states, ~/disturbance (when the estimate has
@@ -106,23 +108,25 @@ class Outputs:
         if to_state:
             self.pub_state.publish(state_tpl.fill(t_k, np.concatenate((q, v, est.a, est.Q))))
         if to_js:
-            c, idx = self.js_coords, self.js_effort_index
-            eff = np.zeros(len(c))
-            has = idx >= 0
-            if np.any(has):
-                eff[has] = np.asarray(est.efforts, dtype=float)[idx[has]]
-            self.pub_js.publish(js_tpl.fill(t_k, np.concatenate((q[c], v[c], eff))))
+            c = self.js_coords
+            self.pub_js.publish(js_tpl.fill(t_k, np.concatenate((q[c], v[c], self._joint_efforts(est.efforts)))))
         if self.pub_stddev is not None and est.std is not None:
-            c, idx, n = self.js_coords, self.js_effort_index, self.mech.n
-            eff = np.zeros(len(c))
-            has = idx >= 0
-            if np.any(has):
-                eff[has] = np.asarray(est.efforts_std, dtype=float)[idx[has]]
-            self.pub_stddev.publish(stddev_tpl.fill(t_k, np.concatenate((est.std[c], est.std[n + c], eff))))
+            c, n = self.js_coords, self.mech.n
+            self.pub_stddev.publish(stddev_tpl.fill(t_k, np.concatenate(
+                (est.std[c], est.std[n + c], self._joint_efforts(est.efforts_std)))))
         if to_disturbance and est.disturbance is not None and len(est.disturbance):
             self.pub_disturbance.publish(disturbance_tpl.fill(t_k, np.asarray(est.disturbance, dtype=float)))
         if markers:
             self.pub_markers.publish(markers_tpl.fill(t_k, self.mech.point_positions(q).ravel()))
+
+    def _joint_efforts(self, efforts) -> np.ndarray:
+        """Per-actuator values (actuator order) on the published joints (0 on an unactuated one)."""
+        idx = self.js_effort_index
+        eff = np.zeros(len(idx))
+        has = idx >= 0
+        if np.any(has):
+            eff[has] = np.asarray(efforts, dtype=float)[idx[has]]
+        return eff
 
     def publish_diagnostics(self, stamp_ns: int, statuses):
         self.pub_diag.publish(rc.encode_diagnostic_array(stamp_ns, statuses))
