@@ -26,6 +26,13 @@ core that fast (the error columns then mean nothing).  E.g. the machine's floor,
 real core interleaved with them:
 
     python bench/node_latency.py --cases four_bar_1ms --core-cost 0,100:30,200:55,300:80,400:110,real
+
+`--consumers` adds, in processes of their own, the subscribers of a real deployment (`bench/consumer.py`:
+a controller on `~/joint_states`, reliable, and a recorder on `~/state`), and reports per consumer the
+estimates it saw (distinct stamps against one per dt over its span: missing %) and its stamp-to-receipt
+delay.  The stand-in core against the real one, both with consumers, interleaved in one run:
+
+    python bench/node_latency.py --cases four_bar_1ms --core-cost 0,real --consumers --rounds 3
 """
 
 from __future__ import annotations
@@ -40,11 +47,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# (topic, message type, reliability) of each consumer `--consumers` starts
+CONSUMERS = (("/mbfg_estimator/joint_states", "JointState", "reliable"),
+             ("/mbfg_estimator/state", "JointTrajectory", "reliable"))
+
 CASES = {
     "four_bar_1ms": dict(mechanism="four_bar_crank", dt=0.001),
     "four_bar_2ms": dict(mechanism="four_bar_crank", dt=0.002),
     "four_bar_1ms_fd": dict(mechanism="four_bar_crank", dt=0.001, mode="forward_dynamics"),
     "robot_5ms": dict(mechanism="pick_and_place_robot", dt=0.005),
+    "robot_2ms": dict(mechanism="pick_and_place_robot", dt=0.002),
 }
 
 
@@ -90,6 +102,40 @@ def node_overhead(steps: int = 400) -> float:
         rclpy.shutdown()
 
 
+def _start_consumers(domain_id: int, folder: Path) -> list:
+    import subprocess
+    from mbfg_ros.ros.demo import ros_env
+    procs = []
+    for i, (topic, kind, rel) in enumerate(CONSUMERS):
+        out = folder / f"consumer_{i}.json"
+        out.unlink(missing_ok=True)
+        procs.append((subprocess.Popen([sys.executable, str(REPO / "bench" / "consumer.py"), "--topic", topic,
+                                        "--type", kind, "--reliability", rel, "--out", str(out)],
+                                       env=ros_env(domain_id), cwd=str(REPO)), out, topic))
+    time.sleep(1.0)         # discovery: the consumers are matched before the plant starts
+    return procs
+
+
+def _stop_consumers(procs, dt: float) -> list:
+    import json
+    import signal
+    seen = []
+    for p, out, topic in procs:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(15)
+        except Exception:
+            p.kill()
+            p.wait(5)
+        r = json.loads(out.read_text()) if out.exists() else {"received": 0, "distinct": 0}
+        span = ((r["last_stamp"] - r["first_stamp"]) / 1e9) if r.get("first_stamp") is not None else 0.0
+        expected = int(round(span / dt)) + 1 if span > 0 else 0
+        r["missing_percent"] = 100.0 * max(0, expected - r["distinct"]) / expected if expected else float("nan")
+        r["topic"] = topic
+        seen.append(r)
+    return seen
+
+
 def _parse_costs(text: str, error) -> list:
     """`--core-cost` as [(step_us, prepare_us) or None (the real core: item `real`), ...]; [None] when
     empty."""
@@ -131,6 +177,11 @@ def main(argv=None) -> int:
     ap.add_argument("--core-cost", default="", metavar="STEP_US[:PREPARE_US],...",
                     help="run each case with the core replaced by a stand-in burning this much CPU per step "
                          "(see the module doc), once per listed cost ('real': the real core)")
+    ap.add_argument("--consumers", action="store_true",
+                    help="also run the consumers of a real deployment in processes of their own (see the module "
+                         "doc) and report what each saw")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the list of core costs this many times, "
+                    "interleaved (one row per run)")
     a = ap.parse_args(argv)
     costs = _parse_costs(a.core_cost, ap.error)
     import subprocess
@@ -138,9 +189,12 @@ def main(argv=None) -> int:
     from mbfg_ros.ros.demo import ESTIMATOR_NODE, parse_params, run_with_plant
     params = parse_params(a.param, ap.error)
     rows = []
+    import random
+    import tempfile
+    consumer_rows = []
     for case in a.cases.split(","):
         c = CASES[case.strip()]
-        for cost in costs:
+        for cost in costs * max(1, a.rounds):
             name = case if cost is None else f"{case}, stub core {cost[0]:g}+{cost[1]:g} µs"
             print(f"=== {name}")
             plot = str(Path(a.plots) / f"node_latency_{case}.png") if a.plots and cost is None else None
@@ -149,13 +203,20 @@ def main(argv=None) -> int:
                 module = "bench.stub_core_node"
                 os.environ["MBFG_STUB_STEP_US"], os.environ["MBFG_STUB_PREPARE_US"] = str(cost[0]), str(cost[1])
             busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+            domain_id = random.randint(1, 100)
+            consumers = (_start_consumers(domain_id, Path(tempfile.mkdtemp(prefix="mbfg_consumers_")))
+                         if a.consumers else [])
             try:
                 r = run_with_plant(module, a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
-                                   service_calls=a.services, params=params, verbose=cost is None)
+                                   service_calls=a.services, params=params, verbose=cost is None,
+                                   domain_id=domain_id)
             finally:
                 for b in busy:
                     b.kill()
                     b.wait()
+                seen = _stop_consumers(consumers, c["dt"])
+            for s in seen:
+                consumer_rows.append((name, s))
             if cost is not None:
                 r["errors"] = {}          # a constant pose: its errors mean nothing
             rows.append((name, r))
@@ -175,6 +236,13 @@ def main(argv=None) -> int:
             f"{e.get('effort_rms', float('nan')):.1e} | "
             f"{cpu['estimator'] * 100:.0f} / {cpu['plant'] * 100:.0f} / {cpu['probe'] * 100:.0f} % |")
     table = "\n".join(lines)
+    if consumer_rows:
+        table += ("\n\n| case | consumer (own process) | received | distinct estimates | missing | "
+                  "stamp -> receipt median / p99 |\n|---|---|---|---|---|---|")
+        for name, s in consumer_rows:
+            table += (f"\n| {name} | {s['topic']} | {s['received']} | {s['distinct']} | "
+                      f"{s['missing_percent']:.1f} % | {s.get('delay_ms_median') or float('nan'):.2f} / "
+                      f"{s.get('delay_ms_p99') or float('nan'):.2f} ms |")
     if a.services:
         table += ("\n\n| case | service | calls | round trip median / max (client) | handling median / max "
                   "(node) |\n|---|---|---|---|---|")
