@@ -58,17 +58,19 @@ def test_parse_observations_reports_bad_content(msg, kind, limits):
 
 
 def test_parse_observations_judges_encoders_against_the_estimate(limits):
-    """An angle 1000 turns from the drawn pose is plausible only once the estimate is there too (a
-    multi-turn encoder the estimator has followed)."""
-    far = 2 * math.pi * 1000 + 0.5
-    q = np.array([1.0, 0.0, 1.0, 2.0, far - 0.2])
+    """A multi-turn reading 500 turns from the estimate is implausible once there is one, not before (a
+    multi-turn count at start-up); a single-turn encoder's reading is plausible whatever turn the estimate
+    is on."""
+    far = 2 * math.pi * 500 + 0.5
+    q = np.array([1.0, 0.0, 1.0, 2.0, 0.2])
     vals, problems = rc.parse_observations(js(["crank"], [far]), SENSORS, limits)
-    assert vals == {} and problems[0][0] == "implausible_position" and "no estimate yet" in problems[0][1]
-    vals, problems = rc.parse_observations(js(["crank"], [far]), SENSORS, limits, q)
     assert vals == {"crank": far} and not problems
-    # a single-turn encoder's reading is plausible whatever turn the estimate is on
-    vals, problems = rc.parse_observations(js(["crank"], [0.3]), SENSORS, limits, q)
-    assert vals == {"crank": 0.3} and not problems
+    vals, problems = rc.parse_observations(js(["crank"], [far]), SENSORS, limits, q)
+    assert vals == {} and problems[0][0] == "implausible_position" and "from the estimate" in problems[0][1]
+    q[4] = far - 0.2
+    vals, problems = rc.parse_observations(js(["crank", "coupler_gyro"], [0.3, math.nan], [math.nan, 1.0]),
+                                           SENSORS, limits, q)
+    assert vals == {"crank": 0.3, "coupler_gyro": 1.0} and not problems
 
 
 def test_parse_efforts():

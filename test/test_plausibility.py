@@ -9,8 +9,8 @@ import pytest
 
 from mbfg_ros.model.loader import load_spec_from_string
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
-from mbfg_ros.model.plausibility import (DEFAULT_MAX_RATE, POSITION_SPAN_REACHES, POSITION_SPAN_TURNS, InputLimits,
-                                         default_effort_limit, mechanism_reach)
+from mbfg_ros.model.plausibility import (DEFAULT_MAX_RATE, ESTIMATE_SPAN_TURNS, POSITION_SPAN_REACHES,
+                                         START_SPAN_TURNS, InputLimits, default_effort_limit, mechanism_reach)
 from mbfg_ros.model.spec import MechanismError
 
 # a pendulum on a slider: the angle `swing` (actuated, encoder) and the slider point's x (actuated, encoder),
@@ -78,32 +78,43 @@ def test_effort_limits_at_their_boundary():
     assert limits.efforts_problem([1.0, -1e300])[0] == "implausible_effort"
 
 
-def test_encoder_readings_within_turns_or_reaches_of_the_drawn_pose_or_the_estimate():
+def test_encoder_readings_near_the_drawn_pose_before_and_near_the_estimate_after_the_start():
     mech = slider_pendulum()
     limits = InputLimits(mech)
     swing = mech.coordinate_index("swing")
     swing0 = -math.pi / 2                                   # the drawn angle of P0 -> P1
     assert mech.q0[swing] == pytest.approx(swing0)
-    span = 2 * math.pi * POSITION_SPAN_TURNS
-    assert limits.reading_problem("swing", swing0 + span) is None
-    assert limits.reading_problem("swing", swing0 - span) is None
-    kind, detail = limits.reading_problem("swing", swing0 + span * 1.0001)
+    # before the first estimate: within START_SPAN_TURNS turns of the drawn pose (a multi-turn count)
+    start = 2 * math.pi * START_SPAN_TURNS
+    assert limits.reading_problem("swing", swing0 + start) is None
+    assert limits.reading_problem("swing", swing0 - start) is None
+    kind, detail = limits.reading_problem("swing", swing0 + start * 1.0001)
     assert kind == "implausible_position" and "'swing'" in detail and "no estimate yet" in detail
-    # around the estimate: q[swing] is 1000 turns away from the drawing (a multi-turn encoder followed so far)
+    assert limits.reading_problem("swing", 1e300)[0] == "implausible_position"
+    # with an estimate: within ESTIMATE_SPAN_TURNS turns of it, or within a turn of zero (a single-turn encoder)
+    span = 2 * math.pi * ESTIMATE_SPAN_TURNS
     q = np.array(mech.q0)
-    q[swing] = 2 * math.pi * 1000
+    q[swing] = 2 * math.pi * 1000                           # a multi-turn encoder followed to 1000 turns
     assert limits.reading_problem("swing", q[swing] + span, q) is None
-    assert limits.reading_problem("swing", q[swing] + span * 1.0001, q)[0] == "implausible_position"
-    assert limits.reading_problem("swing", 0.3, q) is None          # a single-turn encoder: always near the drawing
+    assert limits.reading_problem("swing", q[swing] - span, q) is None
+    kind, detail = limits.reading_problem("swing", q[swing] + span * 1.0001, q)
+    assert kind == "implausible_position" and "from the estimate (6283 rad)" in detail
+    for single_turn in (0.3, -math.pi, 2 * math.pi):
+        assert limits.reading_problem("swing", single_turn, q) is None
+    assert limits.reading_problem("swing", 2 * math.pi * 1.0001, np.array(mech.q0)) is None   # near the estimate
+    q[swing] = 0.1
+    assert limits.reading_problem("swing", 2 * math.pi * 500, q)[0] == "implausible_position"  # a jump of 500 turns
     assert limits.reading_problem("swing", 1e300, q)[0] == "implausible_position"
-    # a length: reaches of the mechanism (2 m)
+    # a length: POSITION_SPAN_REACHES reaches of the mechanism (2 m) from the drawn pose or the estimate
     span_m = POSITION_SPAN_REACHES * 2.0
     assert limits.reading_problem("cart_position", span_m) is None
     kind, detail = limits.reading_problem("cart_position", -span_m * 1.0001)
     assert kind == "implausible_position" and detail.split("reads ")[1].split(" ")[1] == "m,"
+    q[mech.coordinate_index("x0")] = span_m
+    assert limits.reading_problem("cart_position", span_m * 1.5, q) is None
     assert limits.reading_problem("swing", -math.inf)[0] == "non_finite"
     # the same rule for a coordinate by index (prescribed trajectories)
-    assert limits.coordinate_problem(swing, swing0 + span) is None
+    assert limits.coordinate_problem(swing, swing0 + start) is None
     assert limits.coordinate_problem(swing, 1e300)[0] == "implausible_position"
     assert limits.coordinate_problem(mech.coordinate_index("y1"), 1e3)[0] == "implausible_position"
     assert limits.coordinate_problem(0, math.nan)[0] == "non_finite"
@@ -181,8 +192,8 @@ def test_efforts_and_trajectories_are_checked_too(tmp_path, capsys):
     assert err.startswith(f"mbfg: error: {torques}: row 3, column 'tau_crank': implausible effort: effort 2e+04 N·m "
                           f"for actuator 'crank' beyond its effort_limit 1.395e+04 N·m"), err
     traj = tmp_path / "traj.csv"
-    traj.write_text("t,crank\n0,0\n0.01,0.001\n0.02,-1e6\n")
+    traj.write_text("t,crank\n0,0\n0.01,0.001\n0.02,-1e7\n")
     code, err = _run(["inverse-dynamics", "four_bar_crank", "--trajectory", traj, "-o", tmp_path / "id.csv"], capsys)
     assert code == 2
     assert err.startswith(f"mbfg: error: {traj}: row 4, column 'crank': implausible position: coordinate 'crank' is "
-                          f"-1e+06 rad"), err
+                          f"-1e+07 rad"), err

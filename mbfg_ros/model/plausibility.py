@@ -10,12 +10,15 @@ the command line refuses the CSV cell.  One set of rules for both (`InputLimits`
 The rules (README, "Mechanism YAML format"; docs/decisions.md has the reasons):
 
 * every value must be finite (``non_finite``);
-* an encoder reading (a coordinate: an angle, or a length for a point coordinate) must lie within
-  `POSITION_SPAN_TURNS` turns (angles) or `POSITION_SPAN_REACHES` times the mechanism's reach (lengths)
-  of the coordinate's value in the drawn pose, or of the current estimate when there is one
-  (``implausible_position``): an angle counted by a multi-turn encoder may go far from the drawing while
-  the estimate follows it, and a single-turn encoder's reading stays near the drawing's turn whatever
-  turn the estimate is on (the encoder factor wraps an angle's residual);
+* an encoder reading (a coordinate: an angle, or a length for a point coordinate) must be near where the
+  coordinate can be (``implausible_position``).  An angle: before the first estimate, within
+  `START_SPAN_TURNS` turns of the drawn pose (a 32-bit count of a 4096-count multi-turn encoder spans
+  ±5.2e5 turns); once there is an estimate, within `ESTIMATE_SPAN_TURNS` turns of it, or within one turn
+  of zero (a single-turn encoder reads in [−π, π) or [0, 2π) whatever turn the estimate is on; the
+  encoder factor wraps an angle's residual).  A length: within `POSITION_SPAN_REACHES` times the
+  mechanism's reach of the drawn pose, or (once there is one) of the estimate.  Should an estimate ever
+  be more than 100 turns off a multi-turn encoder, that encoder's readings are refused until the
+  estimator starts again (the node's ``~/reset``), which the start rule then allows;
 * a gyroscope reading must not exceed its sensor's ``max_rate`` (YAML, default `DEFAULT_MAX_RATE`)
   (``implausible_rate``);
 * a commanded effort must not exceed its actuator's ``effort_limit`` in magnitude (YAML, default
@@ -34,15 +37,19 @@ from mbfg_ros.model.spec import MechanismSpec
 if TYPE_CHECKING:  # pragma: no cover
     from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", "POSITION_SPAN_TURNS",
-           "POSITION_SPAN_REACHES", "DEFAULT_MAX_RATE", "EFFORT_LIMIT_GRAVITY_FACTOR",
+__all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", "START_SPAN_TURNS",
+           "ESTIMATE_SPAN_TURNS", "POSITION_SPAN_REACHES", "DEFAULT_MAX_RATE", "EFFORT_LIMIT_GRAVITY_FACTOR",
            "EFFORT_LIMIT_ACCELERATION", "KINDS"]
 
 Problem = Tuple[str, str]
 
-#: an angle reading farther than this many turns from both the drawn pose and the estimate is implausible
-POSITION_SPAN_TURNS = 100.0
-#: a length reading farther than this many reaches (`mechanism_reach`) from both is implausible
+#: before the first estimate, an angle reading farther than this many turns from the drawn pose is implausible
+START_SPAN_TURNS = 1e6
+#: once there is an estimate, an angle reading farther than this many turns from it (and outside the single
+#: turn around zero) is implausible
+ESTIMATE_SPAN_TURNS = 100.0
+#: a length reading farther than this many reaches (`mechanism_reach`) from the drawn pose (and from the
+#: estimate) is implausible
 POSITION_SPAN_REACHES = 100.0
 #: default `max_rate` of a gyroscope [rad/s]: 100 turns a second (6000 rpm)
 DEFAULT_MAX_RATE = 2.0 * math.pi * 100.0
@@ -54,9 +61,10 @@ EFFORT_LIMIT_ACCELERATION = 100.0          # rad/s² (× reach: m/s² on a lengt
 #: the problem kinds these rules report, and what they mean (the node's `rejected.<kind>` diagnostics)
 KINDS = {
     "non_finite": "NaN or Inf value",
-    "implausible_position": f"encoder reading more than {POSITION_SPAN_TURNS:g} turns (angle) or "
-                            f"{POSITION_SPAN_REACHES:g} × the mechanism's reach (length) away from both the drawn "
-                            f"pose and the current estimate",
+    "implausible_position": f"encoder reading of an angle more than {START_SPAN_TURNS:g} turns from the drawn pose "
+                            f"(before the first estimate) or more than {ESTIMATE_SPAN_TURNS:g} turns from the "
+                            f"estimate and outside one turn of zero; of a length, more than "
+                            f"{POSITION_SPAN_REACHES:g} reaches of the mechanism from the drawn pose and the estimate",
     "implausible_rate": "gyroscope reading faster than the sensor's max_rate",
     "implausible_effort": "commanded effort larger in magnitude than the actuator's effort_limit",
 }
@@ -96,11 +104,34 @@ def _text(x: float) -> str:
 
 
 class _Coordinate:
-    """The rule of an encoder: its coordinate, the drawn value, the span, the unit."""
-    __slots__ = ("coordinate", "drawn", "span", "unit")
+    """The rule of a coordinate's readings: [start_centre ± start_span] before the first estimate; then
+    [estimate ± estimate_span] or [fixed_centre ± fixed_span] (see the module docstring)."""
+    __slots__ = ("coordinate", "drawn", "start_span", "estimate_span", "fixed_centre", "fixed_span", "unit")
 
-    def __init__(self, coordinate: int, drawn: float, span: float, unit: str):
-        self.coordinate, self.drawn, self.span, self.unit = coordinate, drawn, span, unit
+    def __init__(self, coordinate: int, drawn: float, angle: bool, reach: float):
+        self.coordinate, self.drawn = coordinate, drawn
+        if angle:
+            self.start_span = 2.0 * math.pi * START_SPAN_TURNS
+            self.estimate_span = 2.0 * math.pi * ESTIMATE_SPAN_TURNS
+            self.fixed_centre, self.fixed_span, self.unit = 0.0, 2.0 * math.pi, "rad"
+        else:
+            self.start_span = self.estimate_span = self.fixed_span = POSITION_SPAN_REACHES * reach
+            self.fixed_centre, self.unit = drawn, "m"
+
+    def problem(self, value: float, q, what: str) -> Optional[Problem]:
+        if q is None:
+            if abs(value - self.drawn) <= self.start_span:
+                return None
+            return ("implausible_position", f"{what} {_text(value)} {self.unit}, more than {_text(self.start_span)} "
+                                            f"{self.unit} from the drawn pose ({_text(self.drawn)} {self.unit}); "
+                                            f"no estimate yet")
+        estimate = q[self.coordinate]
+        if abs(value - estimate) <= self.estimate_span or abs(value - self.fixed_centre) <= self.fixed_span:
+            return None
+        return ("implausible_position", f"{what} {_text(value)} {self.unit}, more than {_text(self.estimate_span)} "
+                                        f"{self.unit} from the estimate ({_text(float(estimate))} {self.unit}) and "
+                                        f"{_text(self.fixed_span)} {self.unit} from {_text(self.fixed_centre)} "
+                                        f"{self.unit}")
 
 
 class InputLimits:
@@ -123,9 +154,7 @@ class InputLimits:
         self.effort_units = tuple("N·m" if int(c) in angles else "N" for c in mech.actuated)
         self.max_rates: Dict[str, float] = {
             g.name: (g.max_rate if g.max_rate is not None else DEFAULT_MAX_RATE) for g in spec.gyroscopes}
-        self._coordinates = [
-            _Coordinate(c, float(mech.q0[c]), 2.0 * math.pi * POSITION_SPAN_TURNS, "rad") if c in angles
-            else _Coordinate(c, float(mech.q0[c]), POSITION_SPAN_REACHES * self.reach, "m") for c in range(mech.n)]
+        self._coordinates = [_Coordinate(c, float(mech.q0[c]), c in angles, self.reach) for c in range(mech.n)]
         self._encoders = {s.name: self._coordinates[s.coordinate] for s in mech.sensors if s.kind == "encoder"}
         self._limits_list = self.effort_limits.tolist()
 
@@ -140,7 +169,7 @@ class InputLimits:
             return ("non_finite", f"non-finite reading {value} of sensor '{sensor}'")
         rule = self._encoders.get(sensor)
         if rule is not None:
-            return self._position_problem(rule, value, q, f"encoder '{sensor}' reads")
+            return rule.problem(value, q, f"encoder '{sensor}' reads")
         limit = self.max_rates.get(sensor)
         if limit is not None and abs(value) > limit:
             return ("implausible_rate", f"gyroscope '{sensor}' reads {_text(value)} rad/s, beyond its max_rate "
@@ -154,19 +183,8 @@ class InputLimits:
         if not math.isfinite(value):
             return ("non_finite", f"non-finite value {value} of coordinate "
                                   f"'{self.mech.coordinate_names[coordinate]}'")
-        return self._position_problem(self._coordinates[coordinate], value, q,
-                                      f"coordinate '{self.mech.coordinate_names[coordinate]}' is")
-
-    @staticmethod
-    def _position_problem(rule: _Coordinate, value: float, q, what: str) -> Optional[Problem]:
-        if abs(value - rule.drawn) <= rule.span:
-            return None
-        if q is not None and abs(value - q[rule.coordinate]) <= rule.span:
-            return None
-        est = (f" and from the estimate ({_text(float(q[rule.coordinate]))} {rule.unit})" if q is not None
-               else " (no estimate yet)")
-        return ("implausible_position", f"{what} {_text(value)} {rule.unit}, more than {_text(rule.span)} "
-                                        f"{rule.unit} from the drawn pose ({_text(rule.drawn)} {rule.unit}){est}")
+        return self._coordinates[coordinate].problem(value, q,
+                                                     f"coordinate '{self.mech.coordinate_names[coordinate]}' is")
 
     def effort_problem(self, k: int, value: float) -> Optional[Problem]:
         """Is `value` a plausible command of actuator k (actuator order)?"""
