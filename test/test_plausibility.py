@@ -50,7 +50,7 @@ def test_default_effort_limit_is_the_documented_formula():
     limits = InputLimits(mech)
     assert limits.effort_limits.tolist() == pytest.approx([10 * M * g * R + M * R ** 2 * 100, 10 * M * g + M * R * 100])
     assert limits.effort_units == ("N·m", "N")
-    # the shipped mechanisms: far above what their controllers command (four-bar 46 N·m RMS, robot ~120 N·m)
+    # the shipped mechanisms: far above what their simulated controllers command (peaks 117 N·m, 290 N·m)
     assert InputLimits(load_mechanism("four_bar_crank")).effort_limits[0] == pytest.approx(13946.8)
     assert InputLimits(load_mechanism("pick_and_place_robot")).effort_limits == pytest.approx([82278.8] * 2, rel=1e-5)
     # without gravity the inertia term still bounds the efforts

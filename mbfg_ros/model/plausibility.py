@@ -89,9 +89,9 @@ def default_effort_limit(spec: MechanismSpec, angle: bool) -> float:
     M·g·R bounds the static gravity torque of the whole mass held at full reach and M·R² the moment of
     inertia of the whole mass about a point within reach (a closed chain's transmission can exceed them
     near its singular poses, hence the factor 10); 100 rad/s² takes a link of the mechanism's size from
-    rest to 10 rad/s in 0.1 s.  The crank four-bar gets 1.39e4 N·m (its controller's efforts: 46 N·m RMS),
-    the pick-and-place robot 8.2e4 N·m (its motors: ~120 N·m).  Set `effort_limit` to the actuator's real
-    peak to catch more than absurd values."""
+    rest to 10 rad/s in 0.1 s.  The crank four-bar gets 1.39e4 N·m, 119× the simulated controller's peak,
+    the pick-and-place robot 8.2e4 N·m, 284× (bench/input_limits.py).  Set `effort_limit` to the actuator's
+    real peak to catch more than absurd values."""
     mass = float(sum(b.mass for b in spec.bodies))
     reach = mechanism_reach(spec)
     g = math.hypot(*spec.gravity)
