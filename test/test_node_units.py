@@ -16,7 +16,15 @@ T0 = 1_000_000 * MS          # an arbitrary positive node-clock time
 
 
 # -- parsers ------------------------------------------------------------------------------------
-SENSORS = {"crank": ("position", "crank"), "coupler_gyro": ("velocity", "coupler_gyro")}
+SENSORS = {"crank": "position", "coupler_gyro": "velocity"}
+
+
+@pytest.fixture(scope="module")
+def limits():
+    """The crank four-bar's plausibility limits (crank: an angle encoder and an actuator; coupler_gyro)."""
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.model.plausibility import InputLimits
+    return InputLimits(load_mechanism("four_bar_crank"))
 
 
 def js(names, position=(), velocity=(), effort=()):
@@ -25,8 +33,9 @@ def js(names, position=(), velocity=(), effort=()):
     return m
 
 
-def test_parse_observations_reads_the_field_each_sensor_needs():
-    vals, problems = rc.parse_observations(js(["crank", "coupler_gyro"], [0.5, math.nan], [math.nan, 2.0]), SENSORS)
+def test_parse_observations_reads_the_field_each_sensor_needs(limits):
+    vals, problems = rc.parse_observations(js(["crank", "coupler_gyro"], [0.5, math.nan], [math.nan, 2.0]),
+                                           SENSORS, limits)
     assert vals == {"crank": 0.5, "coupler_gyro": 2.0} and problems == []
 
 
@@ -35,26 +44,76 @@ def test_parse_observations_reads_the_field_each_sensor_needs():
     (js(["crank"], [math.inf]), "non_finite"),
     (js(["crank", "coupler_gyro"], [0.1, 0.2], [1.0]), "bad_size"),
     (js(["crank", "crank"], [0.1, 0.2]), "bad_size"),
+    (js([]), "empty"),
+    (js([], [0.1]), "empty"),
+    (js(["crank"]), "empty"),                                   # names, but no position field
+    (js(["crank", "coupler_gyro"], [0.1, math.nan]), "empty"),  # the gyroscope's velocity field is missing
+    (js(["crank"], [1e300]), "implausible_position"),
+    (js(["coupler_gyro"], [], [-1e300]), "implausible_rate"),
 ])
-def test_parse_observations_reports_bad_content(msg, kind):
-    vals, problems = rc.parse_observations(msg, SENSORS)
+def test_parse_observations_reports_bad_content(msg, kind, limits):
+    vals, problems = rc.parse_observations(msg, SENSORS, limits)
     assert kind in [p[0] for p in problems]
-    assert all(math.isfinite(v) for v in vals.values())
+    assert all(math.isfinite(v) and abs(v) < 1e3 for v in vals.values())
+
+
+def test_parse_observations_judges_encoders_against_the_estimate(limits):
+    """A multi-turn reading 500 turns from the estimate is implausible once there is one, not before (a
+    multi-turn count at start-up); a single-turn encoder's reading is plausible whatever turn the estimate
+    is on."""
+    far = 2 * math.pi * 500 + 0.5
+    q = np.array([1.0, 0.0, 1.0, 2.0, 0.2])
+    vals, problems = rc.parse_observations(js(["crank"], [far]), SENSORS, limits)
+    assert vals == {"crank": far} and not problems
+    vals, problems = rc.parse_observations(js(["crank"], [far]), SENSORS, limits, q)
+    assert vals == {} and problems[0][0] == "implausible_position" and "from the estimate" in problems[0][1]
+    q[4] = far - 0.2
+    vals, problems = rc.parse_observations(js(["crank", "coupler_gyro"], [0.3, math.nan], [math.nan, 1.0]),
+                                           SENSORS, limits, q)
+    assert vals == {"crank": 0.3, "coupler_gyro": 1.0} and not problems
 
 
 def test_parse_efforts():
-    tau, problems = rc.parse_effort_joint_state(js(["b", "a"], effort=[2.0, 1.0]), {"a": 0, "b": 1}, 2)
+    from mbfg_ros.model.loader import load_spec_from_string
+    from mbfg_ros.model.mechanism import Mechanism
+    from mbfg_ros.model.plausibility import InputLimits
+    two = InputLimits(Mechanism(load_spec_from_string("""
+points: [{x: 0, y: 0, fixed: true}, {x: 1, y: 0}, {x: 2, y: 0}]
+planar_bodies:
+  - {points: [0, 1], length: auto, mass: 1, I0: 1, cog: [0.5, 0]}
+  - {points: [1, 2], length: auto, mass: 1, I0: 1, cog: [0.5, 0]}
+relative_coordinates:
+  - {type: RelativeAngleAbsoluteDOF, points: [0, 1], name: a}
+  - {type: RelativeAngleAbsoluteDOF, points: [1, 2], name: b}
+actuators: [{coordinate: a, effort_limit: 10}, {coordinate: b, effort_limit: 5}]
+""", "two.yaml")))
+    one = {"a": 0}
+    tau, problems = rc.parse_effort_joint_state(js(["b", "a"], effort=[2.0, 1.0]), {"a": 0, "b": 1}, two)
     assert tau.tolist() == [1.0, 2.0] and problems == []
-    tau, problems = rc.parse_effort_joint_state(js(["a", "x"], effort=[1.0, 3.0]), {"a": 0, "b": 1}, 2)
+    tau, problems = rc.parse_effort_joint_state(js(["a", "x"], effort=[1.0, 3.0]), {"a": 0, "b": 1}, two)
     assert tau[0] == 1.0 and math.isnan(tau[1]) and problems[0][0] == "unknown_joint"
-    for msg, kind in ((js(["a"], effort=[math.nan]), "non_finite"), (js(["a"], effort=[]), "bad_size"),
-                      (js(["x"], effort=[1.0]), "unknown_joint")):
-        tau, problems = rc.parse_effort_joint_state(msg, {"a": 0}, 1)
-        assert tau is None and problems[0][0] == kind
-    tau, problems = rc.parse_effort_array([1.0, 2.0], 2)
-    assert tau.tolist() == [1.0, 2.0] and not problems
-    assert rc.parse_effort_array([1.0], 2)[1][0][0] == "bad_size"
-    assert rc.parse_effort_array([1.0, math.inf], 2)[1][0][0] == "non_finite"
+    tau, problems = rc.parse_effort_joint_state(js(["a", "b"], effort=[1.0, 5.5]), {"a": 0, "b": 1}, two)
+    assert tau[0] == 1.0 and math.isnan(tau[1]) and problems[0][0] == "implausible_effort"
+    assert "'b'" in problems[0][1] and "effort_limit 5" in problems[0][1]
+    for msg, kind in ((js(["a"], effort=[math.nan]), "non_finite"), (js(["a", "b"], effort=[1.0]), "bad_size"),
+                      (js(["a"], effort=[]), "empty"), (js([]), "empty"), (js([], effort=[1.0]), "empty"),
+                      (js(["x"], effort=[1.0]), "unknown_joint"), (js(["a"], effort=[-1e300]), "implausible_effort")):
+        tau, problems = rc.parse_effort_joint_state(msg, one, two)
+        assert tau is None and [p[0] for p in problems] == [kind], (msg, problems)
+    tau, problems = rc.parse_effort_array([-10.0, 5.0], two)             # the limits themselves are plausible
+    assert tau.tolist() == [-10.0, 5.0] and not problems
+    assert rc.parse_effort_array([1.0], two)[1][0][0] == "bad_size"
+    assert rc.parse_effort_array([], two)[1][0][0] == "empty"
+    assert rc.parse_effort_array([1.0, math.inf], two)[1][0][0] == "non_finite"
+    tau, problems = rc.parse_effort_array([1.0, 1e300], two)
+    assert tau is None and problems[0][0] == "implausible_effort"
+
+
+def test_every_problem_kind_is_a_diagnostics_kind(limits):
+    """The node counts each problem under rejected.<kind>: every kind a parser reports is declared."""
+    from mbfg_ros.model.plausibility import KINDS
+    from mbfg_ros.ros.diagnostics import REJECT_KINDS
+    assert set(KINDS) <= set(REJECT_KINDS) and "empty" in REJECT_KINDS
 
 
 def test_float_array_and_stamps():
@@ -84,7 +143,7 @@ def test_decode_joint_state_matches_rclpy(seed):
         assert list(getattr(r, f)) == list(getattr(m, f))
 
 
-def test_decode_joint_state_big_endian_and_bad_buffers():
+def test_decode_joint_state_big_endian_and_bad_buffers(limits):
     import struct
     be = (b"\x00\x00\x00\x00" + struct.pack(">iI", 3, 4) + struct.pack(">I", 1) + b"\x00\x00\x00\x00"
           + struct.pack(">I", 1) + struct.pack(">I", 2) + b"a\x00\x00\x00"
@@ -96,7 +155,7 @@ def test_decode_joint_state_big_endian_and_bad_buffers():
     for bad in (b"", b"\x01\x01\x00\x00" + good[4:], good[:-9], good[:20], good[:4] + b"\xff" * (len(good) - 4)):
         with pytest.raises(ValueError):
             rc.decode_joint_state(bad)
-    vals, _ = rc.parse_observations(rc.decode_joint_state(good), SENSORS)
+    vals, _ = rc.parse_observations(rc.decode_joint_state(good), SENSORS, limits)
     assert vals == {"crank": 0.5}
 
 

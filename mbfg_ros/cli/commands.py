@@ -27,6 +27,7 @@ from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
 from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.model.spec import MechanismError
 from mbfg_ros.tuning.likelihood import TuningError
 
@@ -168,6 +169,9 @@ def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
     if unknown:
         raise CsvError(f"{path}: unknown column(s) {', '.join(unknown)} "
                        f"(actuators: {', '.join(mech.actuator_names) or 'none'})")
+    limits = InputLimits(mech)
+    for k, name in enumerate(names):        # the actuators' effort_limit, as the node's
+        csvio.check_cells(table, name, lambda value, k=k: limits.effort_problem(k, value))
     return csvio.interpolate(table, names, t)
 
 
@@ -184,8 +188,9 @@ def cmd_info(args) -> int:
                         + (f"on {s['coordinate']}" if s["type"] == "encoder" else f"body {s['body']}") + ")"
                         for s in info["sensors"]) or "none"
     modes = ", ".join(f"{k}={v:+d}" for k, v in info["assembly_modes"].items()) or "none"
-    acts = ", ".join(f"{c}" + (f" (joint {j})" if j != c else "")
-                     for c, j in zip(info["actuated"], info["actuator_joints"])) or "none"
+    acts = ", ".join(f"{c} (" + (f"joint {j}, " if j != c else "") + f"|effort| ≤ {limit:.5g} {unit})"
+                     for c, j, limit, unit in zip(info["actuated"], info["actuator_joints"], info["effort_limits"],
+                                                  info["effort_units"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
@@ -282,6 +287,10 @@ def trajectory_from_csv(mech, path):
     if len(table.t) < 3:
         raise CsvError(f"{path}: need at least 3 rows")
     dt = csvio.require_uniform_time(table)
+    limits = InputLimits(mech)
+    for c in act:                           # the limits of an encoder on the coordinate
+        index = mech.coordinate_index(c)
+        csvio.check_cells(table, c, lambda value, index=index: limits.coordinate_problem(index, value))
     return table.t, dt, np.column_stack([table.column(c) for c in act])
 
 
@@ -340,7 +349,7 @@ def cmd_estimate(args) -> int:
     integrator = args.integrator or from_file.get("integrator", "trapezoidal")
     table = csvio.read_table(args.observations, allow_empty=True)
     names = [s.name for s in mech.sensors]
-    cols = csvio.sensor_columns(table, names)
+    cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols and mode == "estimation":
         raise CsvError(f"{args.observations}: no sensor columns (sensors: {', '.join(names) or 'none'})")
     t = table.t
@@ -378,7 +387,7 @@ def _tuning_recording(args, mech):
         return recording_from_bag(mech, args.bag, args.observations_topic, args.torques_topic if fused else None)
     names, coords, _ = encoder_layout(mech)
     table = csvio.read_table(args.observations, allow_empty=True)
-    cols = csvio.sensor_columns(table, [s.name for s in mech.sensors])
+    cols = csvio.sensor_columns(table, InputLimits(mech))
     missing = [n for n in names if n not in cols]
     if missing:
         raise CsvError(f"{args.observations}: no column for encoder(s) {', '.join(missing)}")

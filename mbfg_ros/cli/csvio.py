@@ -12,12 +12,14 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros.model.plausibility import InputLimits, Problem
+
 __all__ = ["CsvError", "Table", "read_table", "write_table", "state_header", "state_rows",
-           "interpolate", "require_uniform_time"]
+           "interpolate", "require_uniform_time", "sensor_columns", "check_cells"]
 
 
 class CsvError(ValueError):
@@ -146,11 +148,26 @@ def write_table(path, header: Sequence[str], rows: Iterable[Sequence[float]], pr
         raise CsvError(f"{path}: cannot write file: {exc.strerror or exc}") from None
 
 
-def sensor_columns(table: Table, sensor_names: Sequence[str]) -> Dict[str, np.ndarray]:
-    """Columns of `table` that are sensor names; an unknown column is an error."""
+def sensor_columns(table: Table, limits: InputLimits) -> Dict[str, np.ndarray]:
+    """Columns of `table` that are sensor names (`limits.sensor_names`); an unknown column or an
+    implausible reading (`limits.reading_problem`, no estimate yet) is an error."""
+    sensor_names = limits.sensor_names
     unknown = [c for c in table.columns if c not in sensor_names]
     if unknown:
         raise CsvError(f"{table.source}: unknown sensor column(s) {', '.join(unknown)} "
                        f"(sensors: {', '.join(sensor_names) or 'none'})")
+    for c in table.columns:
+        check_cells(table, c, lambda value, name=c: limits.reading_problem(name, value))
     return {c: table.column(c) for c in table.columns}
+
+
+def check_cells(table: Table, column: str, check: Callable[[float], Optional[Problem]]) -> None:
+    """CsvError naming the row and column of the first non-empty cell of `column` that `check(value)`
+    refuses (it returns a `(kind, detail)` problem of `model.plausibility`, None if the value is fine)."""
+    for i, value in enumerate(table.column(column).tolist()):
+        if math.isfinite(value):              # empty cells are NaN: a missing value, judged by the reader
+            problem = check(value)
+            if problem is not None:
+                kind, detail = problem
+                raise CsvError(f"{table.source}: row {i + 2}, column '{column}': {kind.replace('_', ' ')}: {detail}")
 

@@ -46,9 +46,9 @@ _RELCOORD_TYPES = ("RelativeAngleAbsoluteDOF",)
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint")
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name"), ("type", "coordinate", "sigma")),
-                   "gyroscope": (("type", "body", "sigma", "name"), ("type", "body", "sigma"))}
+                   "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
 _ASSEMBLY_KEYS = ("name", "points")
 
 # Geometric tolerances.
@@ -574,7 +574,9 @@ class _Builder:
             coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)
             self.check_unique(actuated, coord, f"{path}.coordinate", "actuated coordinate")
             joint = self.unique_name(entry, path, joints, coord, "joint", key="joint")
-            out.append(ActuatorSpec(coordinate=coord, joint=joint))
+            # None: the default from the mechanism's scale (model.plausibility.default_effort_limit)
+            limit = self.positive(entry["effort_limit"], f"{path}.effort_limit") if "effort_limit" in entry else None
+            out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit))
         return out
 
     def coordinate(self, value: Any, path: str, coords: List[str]) -> str:
@@ -603,7 +605,8 @@ class _Builder:
                 body = self.index(entry["body"], f"{path}.body", nbodies, what="body")
                 sigma = self.positive(entry["sigma"], f"{path}.sigma")
                 sname = self.unique_name(entry, path, names, f"gyro{body}", "sensor")
-                gyros.append(GyroscopeSpec(name=sname, body=body, sigma=sigma))
+                max_rate = self.positive(entry["max_rate"], f"{path}.max_rate") if "max_rate" in entry else None
+                gyros.append(GyroscopeSpec(name=sname, body=body, sigma=sigma, max_rate=max_rate))
         return encoders, gyros
 
     def assembly_modes(self, doc: Dict[str, Any]) -> List[AssemblyModeSpec]:

@@ -306,6 +306,8 @@ class Mechanism:
 
     def describe(self) -> dict:
         """Summary used by `mbfg info`."""
+        from mbfg_ros.model.plausibility import InputLimits   # (it reads a Mechanism)
+        limits = InputLimits(self)
         Phi, J = self.constraints.phi_and_jacobian(np.array(self.q0))
         rank = self.constraint_rank()
         return {
@@ -318,9 +320,11 @@ class Mechanism:
             "coordinates": list(self.coordinate_names),
             "actuated": [self.coordinate_names[i] for i in self.actuated],
             "actuator_joints": list(self.actuator_names),
+            "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
+            "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,
                          **({"coordinate": self.coordinate_names[s.coordinate]} if s.kind == "encoder"
-                            else {"body": s.body})} for s in self.sensors],
+                            else {"body": s.body, "max_rate": limits.max_rates[s.name]})} for s in self.sensors],
             "assembly_modes": {nm: int(v) for nm, v in zip(self.assembly_mode_names, self.assembly_mode(self.q0))},
             "mass": self.total_mass,
             "gravity": list(map(float, self.gravity)),

@@ -61,6 +61,7 @@ class ActuatorSpec:
     """A commanded generalized force (torque on an angle, force on a point coordinate) on `coordinate`."""
     coordinate: str           # a coordinate name, as `Mechanism.coordinate_names` lists it
     joint: str                # the name used on ROS topics (defaults to the coordinate name)
+    effort_limit: Optional[float] = None   # |command| above it is implausible; None: from the mechanism's scale
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class GyroscopeSpec:
     name: str
     body: int
     sigma: float
+    max_rate: Optional[float] = None       # |reading| above it is implausible [rad/s]; None: the default
 
 
 @dataclass(frozen=True)

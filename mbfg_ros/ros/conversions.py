@@ -24,6 +24,8 @@ from std_msgs.msg import ColorRGBA
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from visualization_msgs.msg import Marker, MarkerArray
 
+from mbfg_ros.model.plausibility import InputLimits, Problem
+
 # Humble's rclpy has no ExternalShutdownException; both nodes catch it on shutdown.
 try:
     from rclpy.executors import ExternalShutdownException
@@ -52,8 +54,6 @@ def close_node(node) -> None:
         node.destroy_node()
     if rclpy.ok():
         rclpy.shutdown()
-
-Problem = Tuple[str, str]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,74 +150,99 @@ def decode_joint_state(buf: bytes) -> RawJointState:
     return RawJointState(sec * NS + nanosec, frame_id, names, *arrays)
 
 
-def sensor_fields(mech) -> Dict[str, Tuple[str, str]]:
-    """The `sensors` map of `parse_observations` for a mechanism's sensors."""
-    return {s.name: ("position" if s.kind == "encoder" else "velocity", s.name) for s in mech.sensors}
+def sensor_fields(mech) -> Dict[str, str]:
+    """The `sensors` map of `parse_observations` for a mechanism's sensors: joint name -> the field that
+    carries its reading."""
+    return {s.name: ("position" if s.kind == "encoder" else "velocity") for s in mech.sensors}
 
 
-def parse_observations(msg, sensors: Dict[str, Tuple[str, int]]
+def parse_observations(msg, sensors: Dict[str, str], limits: InputLimits, q=None
                        ) -> Tuple[Dict[str, float], List[Problem]]:
     """Sensor readings from a JointState (a message object or a `RawJointState`).
 
-    `sensors` maps a joint name to (field, sensor name): field 'position' for encoders, 'velocity'
+    `sensors` maps a joint name (= the sensor's name) to its field: 'position' for encoders, 'velocity'
     for gyroscopes.  Only the fields a known joint needs are read, so NaN in unused fields (a common
-    driver convention) is fine.  Returns the readings and the problems found."""
+    driver convention) is fine.  Each reading must be plausible (`limits`; q: the current estimate's
+    coordinates, None before there is one).  Returns the usable readings and the problems found."""
+    names = msg.name
+    if not names:
+        return {}, [("empty", "JointState without joint names")]
+    if len(set(names)) != len(names):
+        return {}, [("bad_size", "JointState repeats a joint name")]
     problems: List[Problem] = []
     out: Dict[str, float] = {}
-    if len(set(msg.name)) != len(msg.name):
-        return out, [("bad_size", "JointState repeats a joint name")]
-    for i, name in enumerate(msg.name):
-        spec = sensors.get(name)
-        if spec is None:
+    missing = None                    # fields a known joint needs that the message does not carry
+    for i, name in enumerate(names):
+        fld = sensors.get(name)
+        if fld is None:
             problems.append(("unknown_joint", f"unknown joint '{name}' (known: {', '.join(sorted(sensors))})"))
             continue
-        fld, sensor = spec
         values = getattr(msg, fld)
-        if len(values) != len(msg.name):
-            problems.append(("bad_size", f"JointState has {len(msg.name)} names but {len(values)} {fld} values "
-                                         f"(joint '{name}' needs {fld})"))
+        if len(values) != len(names):
+            if not values:
+                missing = missing or {}
+                missing.setdefault(fld, []).append(name)
+            else:
+                problems.append(("bad_size", f"JointState has {len(names)} names but {len(values)} {fld} values "
+                                             f"(joint '{name}' needs {fld})"))
             continue
         val = float(values[i])
-        if not math.isfinite(val):
-            problems.append(("non_finite", f"non-finite {fld} {val} for joint '{name}'"))
+        problem = limits.reading_problem(name, val, q)
+        if problem is not None:
+            problems.append(problem)
             continue
-        out[sensor] = val
+        out[name] = val
+    if missing:
+        problems += [("empty", f"JointState has no {fld} values (joint(s) {', '.join(joints)} need {fld})")
+                     for fld, joints in missing.items()]
     return out, problems
 
 
-def parse_effort_joint_state(msg, actuators: Dict[str, int], n_actuators: int
+def parse_effort_joint_state(msg, actuators: Dict[str, int], limits: InputLimits
                              ) -> Tuple[Optional[np.ndarray], List[Problem]]:
-    """Efforts (actuator order, NaN where the message does not say) from a JointState's `effort`."""
-    problems: List[Problem] = []
-    if len(msg.effort) != len(msg.name):
-        return None, [("bad_size", f"JointState has {len(msg.name)} names but {len(msg.effort)} effort values")]
-    if len(set(msg.name)) != len(msg.name):
+    """Efforts (actuator order, NaN where the message does not say) from a JointState's `effort`; each
+    must be plausible (`limits`).  None if no effort is usable."""
+    names = msg.name
+    if not names:
+        return None, [("empty", "JointState without joint names")]
+    if not msg.effort:
+        return None, [("empty", f"JointState names {', '.join(names)} but has no effort values")]
+    if len(msg.effort) != len(names):
+        return None, [("bad_size", f"JointState has {len(names)} names but {len(msg.effort)} effort values")]
+    if len(set(names)) != len(names):
         return None, [("bad_size", "JointState repeats a joint name")]
-    tau = [math.nan] * n_actuators
+    problems: List[Problem] = []
+    tau = [math.nan] * len(limits.effort_limits)
     found = False
-    for name, val in zip(msg.name, msg.effort):
+    for name, val in zip(names, msg.effort):
         k = actuators.get(name)
         if k is None:
             problems.append(("unknown_joint", f"unknown actuator joint '{name}' (known: {', '.join(actuators)})"))
             continue
-        if not math.isfinite(val):
-            problems.append(("non_finite", f"non-finite effort {val} for joint '{name}'"))
+        val = float(val)
+        problem = limits.effort_problem(k, val)
+        if problem is not None:
+            problems.append(problem)
             continue
-        tau[k] = float(val)
+        tau[k] = val
         found = True
-    if not found:
-        return None, problems or [("unknown_joint", "no actuator joint in the effort message")]
-    return np.array(tau), problems
+    # not found: every joint was refused, each with its problem
+    return (np.array(tau) if found else None), problems
 
 
-def parse_effort_array(data: Sequence[float], n_actuators: int) -> Tuple[Optional[np.ndarray], List[Problem]]:
-    """Efforts from a Float64MultiArray's data in actuator order (forward_command_controller)."""
+def parse_effort_array(data: Sequence[float], limits: InputLimits) -> Tuple[Optional[np.ndarray], List[Problem]]:
+    """Efforts from a Float64MultiArray's data in actuator order (forward_command_controller); the whole
+    message is refused if one of them is not plausible (`limits`)."""
+    n_actuators = len(limits.effort_limits)
     if len(data) != n_actuators:
+        if not len(data):
+            return None, [("empty", f"Float64MultiArray without values (expected {n_actuators}, one per actuator)")]
         return None, [("bad_size", f"Float64MultiArray has {len(data)} values, expected {n_actuators} "
                                    f"(one per actuator, in actuator order)")]
     tau = np.array(data, dtype=float)
-    if not np.all(np.isfinite(tau)):
-        return None, [("non_finite", f"non-finite values in Float64MultiArray {list(tau)}")]
+    problem = limits.efforts_problem(tau)
+    if problem is not None:
+        return None, [problem]
     return tau, []
 
 

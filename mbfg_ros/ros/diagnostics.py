@@ -13,15 +13,18 @@ from diagnostic_msgs.msg import DiagnosticStatus
 
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.plausibility import KINDS
 from mbfg_ros.ros.parameters import Settings
 from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
 
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
     "bad_message": "serialized message that does not decode as a JointState",
+    "empty": "JointState without joint names, or without the values (position / velocity / effort) its topic "
+             "needs; Float64MultiArray without values",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
     "unknown_joint": "joint name matches no sensor / actuator of the mechanism",
-    "non_finite": "NaN or Inf value",
+    **KINDS,       # non_finite, implausible_position / _rate / _effort (the mechanism's plausibility limits)
     "bad_stamp": "zero or negative header stamp",
     "no_clock": "node clock not valid yet (use_sim_time without /clock)",
     "future": "stamp later than node clock + future_tolerance",

@@ -6,8 +6,8 @@ given): stamped inputs become calls `core.step(t, efforts, observations)` on a f
 estimate is published by `outputs`, stamped t_k.  `parameters` and `diagnostics` hold the rest; see
 docs/ros2_interfaces.md for the parameters, topics and services.
 
-Everything bad (malformed messages, unknown joints, NaN/Inf, bad stamps, impossible branches,
-solver failures, clock jumps) is counted, logged once per kind (throttled) and shown on
+Everything bad (malformed or empty messages, unknown joints, NaN/Inf, implausible values
+(`model.plausibility`), bad stamps, impossible branches, solver failures, clock jumps) is counted, logged once per kind (throttled) and shown on
 /diagnostics; the node never dies of it.
 """
 
@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover
 
 from mbfg_ros.estimation.config import Estimate
 from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import fastloop
 from mbfg_ros.ros import parameters as P
@@ -79,6 +80,7 @@ class EstimatorNode(Node):
         self.diag = Diagnostics(self.get_logger(), self.mech)
         self.sensor_map = rc.sensor_fields(self.mech)
         self.actuator_map = {nm: i for i, nm in enumerate(self.mech.actuator_names)}
+        self.limits = InputLimits(self.mech)     # what a reading or a command can be at all
         self.state = "waiting"        # waiting | running
         self.last_estimate: Optional[Estimate] = None
         self.last_k: Optional[int] = None
@@ -168,7 +170,12 @@ class EstimatorNode(Node):
         now = self.now_ns()
         self._check_time(now)          # a clock jump resets before inputs of the new time are judged
         msg = self._decoded(raw, "joint_observations")
-        values, problems = rc.parse_observations(msg, self.sensor_map) if msg is not None else ({}, ())
+        # encoder readings are judged against the drawn pose and the newest estimate: an implausible one
+        # is dropped here, so it can never start, move or re-initialize the estimate
+        last = self.last_estimate
+        values, problems = (rc.parse_observations(msg, self.sensor_map, self.limits,
+                                                  last.q if last is not None else None)
+                            if msg is not None else ({}, ()))
         if problems:
             self.diag.reject_all(problems)
         if values:
@@ -199,7 +206,7 @@ class EstimatorNode(Node):
         now = self.now_ns()
         self._check_time(now)
         msg = self._decoded(raw, "commanded_effort")
-        tau, problems = (rc.parse_effort_joint_state(msg, self.actuator_map, len(self.mech.actuated))
+        tau, problems = (rc.parse_effort_joint_state(msg, self.actuator_map, self.limits)
                          if msg is not None else (None, ()))
         self._add_efforts(now, msg.stamp_ns if tau is not None else now, tau, problems)
 
@@ -207,7 +214,7 @@ class EstimatorNode(Node):
         """Efforts on commanded_effort_array: unstamped, stamped on receipt."""
         now = self.now_ns()
         self._check_time(now)
-        tau, problems = rc.parse_effort_array(msg.data, len(self.mech.actuated))
+        tau, problems = rc.parse_effort_array(msg.data, self.limits)
         self._add_efforts(now, now, tau, problems)
 
     def _add_efforts(self, now: int, stamp: int, tau, problems):
