@@ -280,7 +280,7 @@ def test_bad_inputs_are_rejected_counted_and_harmless(shared, mech, traj):
             now = time.time_ns()
             neg = joint_state(now, ["crank"], [0.1])
             neg.header.stamp.sec = -5
-            obs = [joint_state(now, ["crank"], []),                                 # bad_size
+            obs = [joint_state(now, ["crank"], []),                                 # empty
                    joint_state(now, ["crank", "crank"], [0.1, 0.2]),                  # bad_size (repeated name)
                    joint_state(now, ["no_such_joint"], [0.1]),                        # unknown_joint
                    joint_state(now, ["crank"], [float("nan")]),                       # non_finite
@@ -297,7 +297,7 @@ def test_bad_inputs_are_rejected_counted_and_harmless(shared, mech, traj):
             probe.pub_eff_arr.publish(Float64MultiArray(data=[1.0, 2.0]))                # bad_size
             probe.pub_eff_arr.publish(Float64MultiArray(data=[float("inf")]))            # non_finite
 
-        kinds = ("bad_size", "unknown_joint", "non_finite", "bad_stamp", "future", "stale")
+        kinds = ("empty", "bad_size", "unknown_joint", "non_finite", "bad_stamp", "future", "stale")
 
         def all_counted():     # best-effort inputs: repeat until every kind has been seen
             publish_bad()
