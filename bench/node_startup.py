@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Start-up time of the estimator node: from starting its process to its first estimate on
+"""Start-up time of the estimator node over DDS (`bench/startup.py`: the core alone, by stage): from starting its process to its first estimate on
 `~/joint_states`, while the simulated plant is already publishing (the situation of a node restarted
 on a running robot).
 
-    python bench/startup.py [--rounds 5] [--mechanism four_bar_crank] [--param NAME=VALUE ...]
+    python bench/node_startup.py [--rounds 5] [--mechanism four_bar_crank] [--param NAME=VALUE ...]
 
 Each round starts `python -m mbfg_ros.ros.node` anew (imports, mechanism load, assembly, the first
 window; any compilation cache is kept across rounds as it would be across runs) and stops it with
