@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Start-up time of the estimator node over DDS (`bench/startup.py`: the core alone, by stage): from starting its process to its first estimate on
+"""Start-up time of the estimator node over DDS: from starting its process to its first estimate on
 `~/joint_states`, while the simulated plant is already publishing (the situation of a node restarted
-on a running robot).
+on a running robot).  `bench/startup.py` times the core alone, by stage.
 
     python bench/node_startup.py [--rounds 5] [--mechanism four_bar_crank] [--param NAME=VALUE ...]
 
