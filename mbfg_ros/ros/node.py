@@ -43,6 +43,7 @@ from mbfg_ros.estimation.config import Estimate
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import fastloop
+from mbfg_ros.ros import lifecycle
 from mbfg_ros.ros import parameters as P
 from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text
@@ -483,8 +484,8 @@ class EstimatorNode(Node):
 # ---------------------------------------------------------------------------------------------
 def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
     sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
-    rclpy.init(args=args)
-    node = None
+    stop = lifecycle.init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
+    node = executor = None
     try:
         try:
             node = EstimatorNode(core_factory=core_factory)
@@ -492,16 +493,16 @@ def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
                 rclpy.exceptions.InvalidParameterTypeException) as e:
             print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
             return 2
-        executor = rclpy.executors.SingleThreadedExecutor()
-        executor.add_node(node)
-        rc.start_node(node)
-        try:
-            executor.spin()
-        except (KeyboardInterrupt, rc.ExternalShutdownException):
-            pass
+        if not stop.is_set():
+            executor = rclpy.executors.SingleThreadedExecutor()
+            executor.add_node(node)
+            lifecycle.start_node(node)
+            lifecycle.spin_until_stopped(executor, stop)
+        node.get_logger().info(f"stopping ({stop.reason()})")
         return 0
     finally:
-        rc.close_node(node)
+        lifecycle.close_node(node, executor)
+        stop.ignore_further()
 
 
 if __name__ == "__main__":

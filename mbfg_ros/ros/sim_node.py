@@ -30,7 +30,7 @@ import math
 import sys
 import threading
 import time
-from typing import Deque
+from typing import Callable, Deque
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from mbfg_ros.ros import conversions as rc
+from mbfg_ros.ros import lifecycle
 from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 
@@ -59,8 +60,12 @@ class ConfigError(ValueError):
 
 
 class SimNode(Node):
-    def __init__(self, **kwargs):
+    """See the module docstring.  `stop_requested()` (e.g. a signal came) cuts the integration ahead of
+    publishing short at start-up: with a long `duration` it takes many seconds."""
+
+    def __init__(self, stop_requested: Callable[[], bool] = lambda: False, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
+        self.stop_requested = stop_requested
         PD = ParameterDescriptor
         fr = lambda lo, hi: [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]  # noqa: E731
         d = self.declare_parameter
@@ -167,7 +172,9 @@ class SimNode(Node):
                                + (f"; {self.duration} s" if self.duration else ""))
 
     def _fill(self, n):
-        for _ in range(n):
+        for i in range(n):
+            if i % 1000 == 999 and self.stop_requested():
+                return
             self.queue.append(self.plant.step())
 
     def start(self):
@@ -247,27 +254,28 @@ class SimNode(Node):
                                                              s.q, s.v, s.a, s.Q))
 
 
-def main(args=None):
+def main(args=None) -> int:
     sys.setswitchinterval(5e-4)   # quick GIL hand-over to the publishing thread
-    rclpy.init(args=args)
-    node = None
+    stop = lifecycle.init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
+    node = executor = None
     try:
         try:
-            node = SimNode()
+            node = SimNode(stop_requested=stop.is_set)
         except (ConfigError, rclpy.exceptions.InvalidParameterValueException,
                 rclpy.exceptions.InvalidParameterTypeException) as e:
             print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
             return 2
-        rc.start_node(node)
-        executor = rclpy.executors.SingleThreadedExecutor()
-        executor.add_node(node)
-        while rclpy.ok() and not node.finished.is_set():
-            executor.spin_once(timeout_sec=0.1)
-    except (KeyboardInterrupt, rc.ExternalShutdownException):
-        pass
+        if not stop.is_set():
+            executor = rclpy.executors.SingleThreadedExecutor()
+            executor.add_node(node)
+            lifecycle.start_node(node)
+            lifecycle.spin_until_stopped(executor, stop, done=node.finished.is_set)
+        if stop.is_set():
+            node.get_logger().info(f"stopping ({stop.reason()})")
+        return 0
     finally:
-        rc.close_node(node)
-    return 0
+        lifecycle.close_node(node, executor)
+        stop.ignore_further()
 
 
 if __name__ == "__main__":
