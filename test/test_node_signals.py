@@ -163,3 +163,72 @@ def test_signals_while_running(group_factory, signals, spacing_s):
                          ids=["SIGINT", "SIGINTx3-20ms", "SIGTERM+SIGINT"])
 def test_signals_during_startup(group_factory, signals, spacing_s):
     _run_and_signal(group_factory, signals, spacing_s, during_startup=True)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def test_plant_lateness_statistics_do_not_grow():
+    """The plant's publish-lateness statistics keep a fixed-size histogram, not every sample (a list grew
+    the plant by ~24 kB/s at 1 kHz), and still give the median and p99 to within a bin."""
+    import numpy as np
+    from mbfg_ros.ros.sim_node import LatenessStats
+    stats = LatenessStats()
+    size = len(stats.counts)
+    values = np.random.default_rng(3).exponential(150_000, 200_000).astype(np.int64)   # ns
+    for v in values.tolist():
+        stats.add(v)
+    assert len(stats.counts) == size and stats.n == len(values) and stats.max_ns == values.max()
+    for p in (50, 99):
+        exact = float(np.percentile(values, p, method="inverted_cdf"))
+        assert exact <= stats.percentile_ns(p) <= exact + LatenessStats.BIN_NS, p
+    stats.add(10 ** 12)    # beyond the bins: counted, and the maximum is exact
+    assert stats.percentile_ns(100) == 10 ** 12 and len(stats.counts) == size
+
+
+SOAK_S = 24.0
+# The plant's resident memory over the second half of a short soak at dt 2 ms.  Measured (bench/soak.py,
+# 60 s at dt 2 ms): the plant that kept every lateness sample grew 680–800 kB/min, the bounded one 0–70
+# (page-granular noise); the bound is between them with room for a busy machine.
+PLANT_GROWTH_BOUND_KB_PER_MIN = 300.0
+
+
+def test_plant_memory_flat_over_a_short_soak(tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    from soak import run_soak
+    res = run_soak(seconds=SOAK_S, every=1.0, dt=0.002, domain_id=fresh_domain_id(), log_dir=tmp_path,
+                   verbose=False)
+    growth = res["growth_kb_per_min"]
+    table = "\n".join(f"{r[0]:6.1f} s  plant {r[1]:9.0f} kB  estimator {r[2]:9.0f} kB  {r[3]:5.0f} estimates/s"
+                      for r in res["rows"])
+    assert res["exit_codes"] == {"estimator": 0, "plant": 0}, res
+    assert growth["plant"]["second_half"] < PLANT_GROWTH_BOUND_KB_PER_MIN, f"{growth}\n{table}"
+
+
+# ------------------------------------------------------------------------------------------ service bursts
+BURST = 100
+
+
+def test_burst_of_service_requests_all_answered(group_factory):
+    """100 ~/reset requests sent at once by one client (whose own response queue holds them all) are all
+    answered, and the node keeps estimating."""
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_srvs.srv import Trigger
+    group = group_factory()
+    probe = Probe(group.domain_id)
+    try:
+        assert wait_until(lambda: len(probe.snapshot("state")) >= 20, 60), group.output("estimator")[-2000:]
+        client = probe.node.create_client(Trigger, "/mbfg_estimator/reset",
+                                          qos_profile=QoSProfile(depth=BURST, reliability=ReliabilityPolicy.RELIABLE))
+        assert client.wait_for_service(timeout_sec=20.0)
+        futures = [client.call_async(Trigger.Request()) for _ in range(BURST)]
+        wait_until(lambda: all(f.done() for f in futures), 60.0, 0.05)
+        answered = [f.result() for f in futures if f.done() and f.result() is not None]
+        assert len(answered) == BURST, f"{len(answered)} of {BURST} requests answered"
+        assert all(r.success for r in answered)
+        n_after = len(probe.snapshot("state"))
+        assert wait_until(lambda: len(probe.snapshot("state")) >= n_after + 20, 30), \
+            f"no estimates after the burst:\n{group.output('estimator')[-2000:]}"
+        group.signal_group([signal.SIGINT], 0.0)
+        codes = group.wait()
+    finally:
+        probe.close()
+    _check_clean_exit(group, codes, "a burst of service requests and SIGINT")

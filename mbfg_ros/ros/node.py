@@ -56,6 +56,14 @@ NODE_NAME = "mbfg_estimator"
 # node must not lose samples); overridable with the qos_overrides.<topic>.* parameters.
 INPUT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST,
                        durability=DurabilityPolicy.VOLATILE)
+# Services: a request queue deep enough for a burst (rclpy's default, 10, silently dropped all but 35-49 of
+# 200 requests sent at once by one client).  KEEP_LAST, not KEEP_ALL: with KEEP_ALL a client that stops
+# taking its responses could block the fast loop's send_response (a reliable writer with a full history
+# waits); with KEEP_LAST the oldest of more than 1000 waiting requests is dropped instead.  The client's
+# own response queue (its QoS depth) bounds how many answers it can receive at once: see
+# docs/ros2_interfaces.md.
+SERVICE_QOS = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                         durability=DurabilityPolicy.VOLATILE)
 LATE_STEPS_KEPT = 256              # grid steps whose core step ids are kept for late readings (> any window)
 
 
@@ -122,7 +130,8 @@ class EstimatorNode(Node):
         srv_group = hot if self._fast else ctl
         services = [(Trigger, "~/reinitialize", self._srv_reinitialize), (Trigger, "~/reset", self._srv_reset),
                     (SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode)]
-        services = [(self.create_service(t, name, self._locked(handler), callback_group=srv_group), handler)
+        services = [(self.create_service(t, name, self._locked(handler), qos_profile=SERVICE_QOS,
+                                         callback_group=srv_group), handler)
                     for t, name, handler in services]
         self.diag_timer = self.create_timer(self.settings.diagnostics_period, self._on_diagnostics_timer,
                                             callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
