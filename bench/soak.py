@@ -7,9 +7,10 @@ Starts both nodes as processes (as `make demo` does: loopback discovery, a rando
 running without end), samples the resident memory (VmRSS in /proc/<pid>/status) of both every `--every`
 seconds, and the estimator's own counters from /diagnostics, and prints one row per sample:
 
-    t [s] | RSS plant [MB] | RSS estimator [MB] | estimates/s | inputs/s
+    t [s] | RSS plant [MB] | RSS estimator [MB] | estimates/s | readings/s
 
-(estimates/s: the node's `steps` counter over the interval; inputs/s: the readings it received).  At the
+(estimates/s: the node's `steps` counter over the interval; readings/s: the observation messages it accepted,
+`input.observations.received`: on an overloaded machine the node skips ahead and refuses stale ones).  At the
 end: each process's growth in kB/min, a least-squares slope over the second half of the run (the first
 half holds the warm-up: allocator arenas, DDS buffers and the estimator's caches filling), and over the
 whole run; then both nodes are stopped with SIGINT and their exit codes printed.  `--code DIR` runs the
@@ -125,7 +126,7 @@ def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, cod
              domain_id: Optional[int] = None, log_dir: Optional[Path] = None, verbose: bool = True,
              startup_timeout: float = 60.0) -> Dict[str, object]:
     """Run both nodes for `seconds` after the first estimate; returns {"rows": [(t, rss plant kB, rss
-    estimator kB, estimates/s, inputs/s)], "growth_kb_per_min": {process: {"second_half", "whole"}},
+    estimator kB, estimates/s, readings/s)], "growth_kb_per_min": {process: {"second_half", "whole"}},
     "exit_codes", "logs"}."""
     say = print if verbose else (lambda *a, **k: None)
     domain_id = domain_id if domain_id is not None else random.randint(1, 100)
@@ -148,7 +149,7 @@ def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, cod
             raise RuntimeError(f"no estimates within {startup_timeout} s; logs in {logs}")
         say(f"[soak] ROS_DOMAIN_ID={domain_id}, dt={dt} s, {seconds:g} s, nodes of {code}; logs in {logs}")
         say(f"{'t [s]':>8} | {'RSS plant [MB]':>14} | {'RSS estimator [MB]':>18} | {'estimates/s':>11} | "
-            f"{'inputs/s':>8}")
+            f"{'readings/s':>10}")
         t0 = time.monotonic()
         last = (t0, probe.counter("steps"), probe.counter("input.observations.received"))
         k = 0
@@ -159,7 +160,7 @@ def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, cod
             row = (now - t0, rss_kb(procs["plant"].pid), rss_kb(procs["estimator"].pid),
                    (steps - last[1]) / span if k else float("nan"), (received - last[2]) / span if k else float("nan"))
             rows.append(row)
-            say(f"{row[0]:8.1f} | {row[1] / 1024:14.2f} | {row[2] / 1024:18.2f} | {row[3]:11.0f} | {row[4]:8.0f}")
+            say(f"{row[0]:8.1f} | {row[1] / 1024:14.2f} | {row[2] / 1024:18.2f} | {row[3]:11.0f} | {row[4]:10.0f}")
             last = (now, steps, received)
             k += 1
             if now - t0 >= seconds or any(p.poll() is not None for p in procs.values()):
