@@ -65,6 +65,7 @@ class DiagnosticsCounters:
     """The estimator's latest /diagnostics counters, from a probe node in this process."""
 
     def __init__(self, domain_id: int):
+        os.environ.update(ros_env(domain_id))      # loopback discovery for this process's probe too
         import rclpy
         from rclpy.context import Context
         from rclpy.executors import SingleThreadedExecutor
