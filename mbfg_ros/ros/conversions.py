@@ -1,4 +1,4 @@
-"""Helpers between ROS 2 messages and numpy (no estimation), and the start/close of the package's nodes.
+"""Helpers between ROS 2 messages and numpy (no estimation).
 
 The conversions take and return plain message objects, serialized bytes and numpy arrays so that they
 can be unit tested without DDS.  Input parsers never raise on bad content: they return the usable part plus a
@@ -8,14 +8,12 @@ list of `(kind, detail)` problems that the node counts and reports in its diagno
 from __future__ import annotations
 
 import array
-import gc
 import math
 import struct
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import rclpy
 from builtin_interfaces.msg import Duration as DurationMsg
 from builtin_interfaces.msg import Time as TimeMsg
 from geometry_msgs.msg import Point
@@ -26,34 +24,7 @@ from visualization_msgs.msg import Marker, MarkerArray
 
 from mbfg_ros.model.plausibility import InputLimits, Problem
 
-# Humble's rclpy has no ExternalShutdownException; both nodes catch it on shutdown.
-try:
-    from rclpy.executors import ExternalShutdownException
-except ImportError:  # pragma: no cover
-    class ExternalShutdownException(Exception):
-        pass
-
 NS = 1_000_000_000
-
-
-# ---------------------------------------------------------------------------------------------
-# node life cycle (shared by the estimator and the simulated plant)
-def start_node(node) -> None:
-    """Start a node's own thread after freezing everything built so far out of the garbage collector's
-    full collections: it lives as long as the node, and those pauses (growing with it) would stall the
-    1 kHz thread; the hot paths make little cyclic garbage."""
-    gc.collect()
-    gc.freeze()
-    node.start()
-
-
-def close_node(node) -> None:
-    """Stop a node's thread, destroy the node and shut rclpy down (safe after an external shutdown)."""
-    if node is not None:
-        node.stop()
-        node.destroy_node()
-    if rclpy.ok():
-        rclpy.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ on localhost on a random ROS_DOMAIN_ID.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -218,6 +219,19 @@ def _stop(p: subprocess.Popen, timeout=10.0) -> Optional[int]:
     return p.returncode
 
 
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT (Ctrl-C) is held back until the block is done, then raised as KeyboardInterrupt."""
+    came = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if came:
+        raise KeyboardInterrupt
+
+
 ESTIMATOR_NODE = "mbfg_ros.ros.node"
 
 
@@ -294,10 +308,11 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
         sim.wait(duration + 60)
         time.sleep(settle)
     finally:
-        codes = {"estimator": _stop(est)}
-        if sim is not None:
-            codes["plant"] = _stop(sim)
-        rec.close()
+        with _interrupts_deferred():    # a Ctrl-C now would leave the nodes running in their own sessions
+            codes = {"estimator": _stop(est)}
+            if sim is not None:
+                codes["plant"] = _stop(sim)
+            rec.close()
     res = _analyse(rec, mech, cfg, dt, duration)
     res["cpu_share"] = cpu
     if services is not None:
@@ -526,7 +541,11 @@ def main(argv=None) -> int:
         print("mbfg demo: rclpy is not installed (pip install the ROS 2 wheels, see docs/ros2_interfaces.md)",
               file=sys.stderr)
         return 2
-    res = run_demo(a.duration, a.mechanism, a.config, a.mode, a.dt, a.window, a.plot, a.domain_id, params=params)
+    try:
+        res = run_demo(a.duration, a.mechanism, a.config, a.mode, a.dt, a.window, a.plot, a.domain_id, params=params)
+    except KeyboardInterrupt:     # the nodes are stopped by then (run_with_plant's clean-up)
+        print("mbfg demo: interrupted", file=sys.stderr)
+        return 130
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({k: v for k, v in res.items() if not k.startswith("_")}, indent=2))

@@ -44,6 +44,7 @@ from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import fastloop
+from mbfg_ros.ros import lifecycle
 from mbfg_ros.ros import parameters as P
 from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text
@@ -56,6 +57,14 @@ NODE_NAME = "mbfg_estimator"
 # node must not lose samples); overridable with the qos_overrides.<topic>.* parameters.
 INPUT_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST,
                        durability=DurabilityPolicy.VOLATILE)
+# Services: a request queue deep enough for a burst (rclpy's default, 10, silently dropped all but 35-49 of
+# 200 requests sent at once by one client).  KEEP_LAST, not KEEP_ALL: with KEEP_ALL a client that stops
+# taking its responses could block the fast loop's send_response (a reliable writer with a full history
+# waits); with KEEP_LAST the oldest of more than 1000 waiting requests is dropped instead.  The client's
+# own response queue (its QoS depth) bounds how many answers it can receive at once: see
+# docs/ros2_interfaces.md.
+SERVICE_QOS = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                         durability=DurabilityPolicy.VOLATILE)
 LATE_STEPS_KEPT = 256              # grid steps whose core step ids are kept for late readings (> any window)
 
 
@@ -123,7 +132,8 @@ class EstimatorNode(Node):
         srv_group = hot if self._fast else ctl
         services = [(Trigger, "~/reinitialize", self._srv_reinitialize), (Trigger, "~/reset", self._srv_reset),
                     (SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode)]
-        services = [(self.create_service(t, name, self._locked(handler), callback_group=srv_group), handler)
+        services = [(self.create_service(t, name, self._locked(handler), qos_profile=SERVICE_QOS,
+                                         callback_group=srv_group), handler)
                     for t, name, handler in services]
         self.diag_timer = self.create_timer(self.settings.diagnostics_period, self._on_diagnostics_timer,
                                             callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
@@ -490,8 +500,8 @@ class EstimatorNode(Node):
 # ---------------------------------------------------------------------------------------------
 def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
     sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
-    rclpy.init(args=args)
-    node = None
+    stop = lifecycle.init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
+    node = executor = None
     try:
         try:
             node = EstimatorNode(core_factory=core_factory)
@@ -499,16 +509,16 @@ def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
                 rclpy.exceptions.InvalidParameterTypeException) as e:
             print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
             return 2
-        executor = rclpy.executors.SingleThreadedExecutor()
-        executor.add_node(node)
-        rc.start_node(node)
-        try:
-            executor.spin()
-        except (KeyboardInterrupt, rc.ExternalShutdownException):
-            pass
+        if not stop.is_set():
+            executor = rclpy.executors.SingleThreadedExecutor()
+            executor.add_node(node)
+            lifecycle.start_node(node)
+            lifecycle.spin_until_stopped(executor, stop)
+        node.get_logger().info(f"stopping ({stop.reason()})")
         return 0
     finally:
-        rc.close_node(node)
+        lifecycle.close_node(node, executor)
+        stop.ignore_further()
 
 
 if __name__ == "__main__":
