@@ -251,6 +251,12 @@ class ConstraintSet:
         # fast path: only angle types, and their angles are coordinates (not fixed values)
         self._all_angle = (len(self._angle) == len(self._nonlinear)
                            and all(bool(np.all(a[2] < n)) for a in self._angle))
+        # On the fast path no second derivative touches a fixed value, so the Hessian products need only the
+        # coordinates' part of H: no extended vector to build, no columns to drop.
+        Hn = np.ascontiguousarray(H[:, :n, :n])
+        self._Hn_rows = Hn.reshape(m * n, n)
+        self._Hn_flat = Hn.reshape(m, n * n)
+        self._angle_n = [(t, r, col, col * n + col, distinct, memo) for t, r, col, _, distinct, memo in self._angle]
 
     @property
     def quadratic_form(self):
@@ -311,6 +317,11 @@ class ConstraintSet:
 
     def hessian_vector(self, q: np.ndarray, w: np.ndarray) -> np.ndarray:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
+        if self._all_angle or not self._nonlinear:
+            out = self._Hn_rows.dot(w).reshape(self.m, self.n)
+            for t, r, col, _, _, memo in self._angle_n:
+                out[r, col] = self._curv(t, q[col], memo)[0] * w[col]
+            return out
         we = np.concatenate((w, self._zeros_fixed))
         out = self._H_rows.dot(we).reshape(self.m, self.n_extended)
         if self._nonlinear:
@@ -329,6 +340,12 @@ class ConstraintSet:
 
     def jacobian_dot_times_v_derivative(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
         """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
+        if self._all_angle or not self._nonlinear:
+            out = np.zeros((self.m, self.n))
+            for t, r, col, _, _, memo in self._angle_n:
+                w = v[col]
+                out[r, col] = self._curv(t, q[col], memo)[1] * (w * w)
+            return out
         out = np.zeros((self.m, self.n_extended))
         if self._nonlinear:
             if self._all_angle:
@@ -343,6 +360,16 @@ class ConstraintSet:
 
     def weighted_hessian(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q, shape (n, n)."""
+        if self._all_angle or not self._nonlinear:
+            n = self.n
+            out = lam.dot(self._Hn_flat) if self.m else np.zeros(n * n)
+            for t, r, col, flat, distinct, memo in self._angle_n:
+                vals = self._curv(t, q[col], memo)[0] * lam[r]
+                if distinct:
+                    out[flat] += vals
+                else:
+                    np.add.at(out, flat, vals)
+            return out.reshape(n, n)
         ne = self.n_extended
         out = lam.dot(self._H_flat) if self.m else np.zeros(ne * ne)
         if self._nonlinear:
