@@ -142,6 +142,7 @@ class RelativeAngleConstraints(ConstraintType):
         super().__init__(index, names)
         self.lengths = np.asarray(lengths, dtype=float).reshape(self.size)
         self._L = [float(x) for x in self.lengths]
+        self._idx = [tuple(int(i) for i in row) for row in self.index]
 
     def _forms(self, u):
         """Per instance: (x-form?, L, sin θ, cos θ)."""
@@ -182,6 +183,22 @@ class RelativeAngleConstraints(ConstraintType):
                 phi.append(r[3] - r[1] - L * s)
                 grad.append([0.0, -1.0, 0.0, 1.0, -L * c])
         return np.array(phi), np.array(grad)
+
+    def put_phi_gradient(self, x, rows, phi, T=None):
+        """Write φ of every instance into phi[rows] and, with T, its gradient into T[rows, index], `x` being the
+        extended coordinates as a list (scalar stores: the same numbers as `phi_gradient`, without its
+        arrays)."""
+        switch = self._SWITCH
+        for row, (i0, i1, i2, i3, i4), L in zip(rows, self._idx, self._L):
+            s, c = math.sin(x[i4]), math.cos(x[i4])
+            if abs(s) > switch:
+                phi[row] = x[i2] - x[i0] - L * c
+                if T is not None:
+                    T[row, i0], T[row, i1], T[row, i2], T[row, i3], T[row, i4] = -1.0, 0.0, 1.0, 0.0, L * s
+            else:
+                phi[row] = x[i3] - x[i1] - L * s
+                if T is not None:
+                    T[row, i0], T[row, i1], T[row, i2], T[row, i3], T[row, i4] = 0.0, -1.0, 0.0, 1.0, -L * c
 
     def curvatures(self, theta):
         """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`."""
@@ -257,6 +274,7 @@ class ConstraintSet:
         self._Hn_rows = Hn.reshape(m * n, n)
         self._Hn_flat = Hn.reshape(m, n * n)
         self._angle_n = [(t, r, col, col * n + col, distinct, memo) for t, r, col, _, distinct, memo in self._angle]
+        self._angle_rows = [(t, [int(i) for i in r]) for t, r, _ in self._nonlinear] if self._all_angle else None
 
     @property
     def quadratic_form(self):
@@ -292,6 +310,12 @@ class ConstraintSet:
         qe1 = np.concatenate((q, self._tail1))
         phi = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1).dot(qe1)
         phi *= 0.5
+        if self._angle_rows is not None:
+            if self._angle_rows:
+                x = qe1.tolist()
+                for t, rows in self._angle_rows:
+                    t.put_phi_gradient(x, rows, phi)
+            return phi
         for t, r, _ in self._nonlinear:
             phi[r] = t.phi(qe1[t.index])
         return phi
@@ -305,6 +329,12 @@ class ConstraintSet:
         T = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1)
         phi = T.dot(qe1)
         phi *= 0.5
+        if self._angle_rows is not None:
+            if self._angle_rows:
+                x = qe1.tolist()
+                for t, rows in self._angle_rows:
+                    t.put_phi_gradient(x, rows, phi, T)
+            return phi, T[:, :self.n]
         for t, r, _ in self._nonlinear:
             u = qe1[t.index]
             if self._all_angle:
