@@ -16,6 +16,7 @@ step + prepare over the median update of the same run (issue 14's target: ≤ 2)
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,20 +44,24 @@ class TimedSmoother:
         return getattr(self._smoother, name)
 
 
-def step_costs(est, samples, dt: float):
-    """Thread CPU of `step()` + `prepare_next_step()` and of the iSAM2 updates inside it, per sample (s)."""
+def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf, min_steps: int = 30):
+    """Thread CPU of `step()` + `prepare_next_step()` and of the iSAM2 updates inside it, per sample (s); sample
+    k is stepped at time (first + k)·dt.  Stops early once `min_steps` steps have taken `budget` s."""
     step_cpu, update_cpu = [], []
-    timed = None
     for k, s in enumerate(samples):
         w = est.window
         if w is not None and not isinstance(w.smoother, TimedSmoother):   # (a new window after a re-seed)
-            timed = w.smoother = TimedSmoother(w.smoother)
+            w.smoother = TimedSmoother(w.smoother)
+        timed = w.smoother if w is not None else None
         before = timed.spent if timed is not None else 0.0
         t = time.thread_time()
-        est.step(k * dt, efforts=s.efforts, observations=s.readings)
+        est.step((first + k) * dt, efforts=s.efforts, observations=s.readings)
         est.prepare_next_step()
         step_cpu.append(time.thread_time() - t)
-        update_cpu.append((timed.spent if timed is not None else 0.0) - before)
+        # (a step that re-seeds replaces the window: its update is not counted)
+        update_cpu.append((timed.spent - before) if timed is not None and est.window is w else 0.0)
+        if len(step_cpu) >= min_steps and sum(step_cpu) >= budget:
+            break
     return step_cpu, update_cpu
 
 
