@@ -42,7 +42,8 @@ class StepFactors:
 
     independent = False          # the state has independent coordinates z (chosen per window)
     # does the prediction read the dynamics' derivatives at the predicted state (`_predicted`'s d)?  If not,
-    # it takes q̈ alone, and the step's dynamics factor linearizes there under the step's own forces
+    # and the step's forces may differ from the prediction's (fused), it takes q̈ alone, and the step's
+    # dynamics factor linearizes there under its own forces on the same factorization
     prediction_uses_linearization = False
     soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
@@ -237,10 +238,12 @@ class StepFactors:
             known = self._known_before if values is not None else self._known_newest
             Q = (dyn.Q_known if known is None else known).copy()
             Q[dyn.actuated] += xp[self._tau]
-        if self.prediction_uses_linearization:
+        if self.prediction_uses_linearization or self._tau is None or not self.efforts.known_forces_vary:
+            # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
             ap = d.a
         else:
+            # (fused: the step's own commands differ; its factor reuses this factorization for them)
             d, ap = None, self.ctx.predicted_acceleration(qp, vp, Q)
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
