@@ -132,7 +132,8 @@ class StepModel:
                             zip(self._check_plan, offs[:-1], offs[1:])]
         # The dynamic units write their raw errors and Jacobians into buffers of their own, whitened with one
         # product per buffer after all are written (a product per Jacobian block was a visible share of a
-        # 1-kHz step; the numbers are the same).  Blocks no unit writes stay zero.
+        # 1-kHz step; the numbers are the same, except for blocks that several slots of a unit share, whose
+        # terms are now summed before the whitening).  Blocks no unit writes stay zero.
         rd = self.rows - rows_s
         self._e_raw = np.zeros(rd)
         self._J_raw_cur = np.zeros((rd, D))
