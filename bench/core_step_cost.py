@@ -3,9 +3,10 @@
 
     python bench/core_step_cost.py [--steps 4000] [--repeat 3] [--mode fused estimation] [--window 10]
 
-The four-bar with crank, dt = 1 ms, window 10 (`--window`), encoder + gyroscope, as `config/four_bar.yaml` sets the node
-up (fused mode there; `--mode` runs the given modes interleaved, repetition by repetition, so that they
-see the same machine load; the simulated plant's readings and commanded efforts, fed in process: no ROS):
+The four-bar with crank, dt = 1 ms, window 10 (`--window`), encoder + gyroscope, as `config/four_bar.yaml`
+sets the node up (fused mode there; `--mode` runs the given modes interleaved, repetition by repetition, so
+that they see the same machine load; the simulated plant's readings and commanded efforts, fed in process:
+no ROS):
 `step()` + `prepare_next_step()` per 1-ms step, and inside it the `IncrementalFixedLagSmoother.update`
 calls (the new step's factor and, now and then, a relinearized one).  Thread CPU time, mean / median
 per step over the steps after the first 200, one line per repetition and mode; `ratio` is the median
