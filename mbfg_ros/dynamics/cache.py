@@ -162,7 +162,7 @@ class EvalContext:
         x = None if fac is None else self._solution(fac[0], fac[4], Q)
         if x is None:
             return self.dynamics(q, v, Q).a
-        return x[:self._n].copy()
+        return x[:self._n]
 
     def linearize(self, q, v, Q):
         """The dynamics linearization at (q, q̇, Q), not memoized: one LU of K and its explicit inverse (K is
