@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """CPU per step of the estimator's core as the node runs it, and the iSAM2 update's share of it.
 
-    python bench/core_step_cost.py [--steps 4000] [--repeat 3]
+    python bench/core_step_cost.py [--steps 4000] [--repeat 3] [--mode fused estimation] [--window 10]
 
-The four-bar with crank, fused mode, dt = 1 ms, window 10, encoder + gyroscope, as `config/four_bar.yaml`
-sets the node up (the simulated plant's readings and commanded efforts, fed in process: no ROS):
+The four-bar with crank, dt = 1 ms, window 10 (`--window`), encoder + gyroscope, as `config/four_bar.yaml`
+sets the node up (fused mode there; `--mode` runs the given modes interleaved, repetition by repetition, so
+that they see the same machine load; the simulated plant's readings and commanded efforts, fed in process:
+no ROS):
 `step()` + `prepare_next_step()` per 1-ms step, and inside it the `IncrementalFixedLagSmoother.update`
 calls (the new step's factor and, now and then, a relinearized one).  Thread CPU time, mean / median
-per step over the steps after the first 200, one line per repetition.  `bench/node_latency.py
+per step over the steps after the first 200, one line per repetition and mode; `ratio` is the median
+step + prepare over the median update of the same run (issue 14's target: ≤ 2).  `bench/node_latency.py
 --core-cost` says what a core of a given cost means for the node's latency.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,7 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-class _TimedSmoother:
+class TimedSmoother:
     """Forwards to the smoother, adding the thread CPU of each `update` call to `spent`."""
 
     def __init__(self, smoother):
@@ -41,7 +45,29 @@ class _TimedSmoother:
         return getattr(self._smoother, name)
 
 
-def run(steps: int):
+def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf, min_steps: int = 30):
+    """Thread CPU of `step()` + `prepare_next_step()` and of the iSAM2 updates inside it, per sample (s); sample
+    k is stepped at time (first + k)·dt.  Stops early once `min_steps` steps have taken `budget` s."""
+    step_cpu, update_cpu = [], []
+    for k, s in enumerate(samples):
+        w = est.window
+        if w is not None and not isinstance(w.smoother, TimedSmoother):   # (a new window after a re-seed)
+            w.smoother = TimedSmoother(w.smoother)
+        timed = w.smoother if w is not None else None
+        before = timed.spent if timed is not None else 0.0
+        t = time.thread_time()
+        est.step((first + k) * dt, efforts=s.efforts, observations=s.readings)
+        est.prepare_next_step()
+        step_cpu.append(time.thread_time() - t)
+        # (a step that re-seeds replaces the window: its update is not counted)
+        update_cpu.append((timed.spent - before) if timed is not None and est.window is w else 0.0)
+        if len(step_cpu) >= min_steps and sum(step_cpu) >= budget:
+            break
+    return step_cpu, update_cpu
+
+
+def run(steps: int, mode: str = "fused", window: int = 10):
+    """(mean, median) step + prepare and (mean, median) update in µs over the steps after the first 200."""
     import numpy as np
     from mbfg_ros.ros.demo import estimator_parameters
     from mbfg_ros.estimation.config import EstimatorConfig
@@ -53,24 +79,12 @@ def run(steps: int):
     p = estimator_parameters(REPO / "config" / "four_bar.yaml")
     mech = load_mechanism(p["mechanism"])
     dt = float(p["dt"])
-    cfg = EstimatorConfig(dt=dt, window=int(p["window"]), mode=p["mode"], formulation=p["formulation"],
+    cfg = EstimatorConfig(dt=dt, window=window, mode=mode, formulation=p["formulation"],
                           integrator=p["integrator"], sensor_sigmas=dict(p["sensor_sigmas"]), max_substeps=1,
                           assembly_mode=tuple(p["assembly_mode"])).validated()
     plant = SimulatedPlant(mech, dt=dt, seed=1, actuator=Actuator.ideal(mech))   # the measured inputs of before
     samples = [plant.step() for _ in range(steps)]
-    est = FixedLagEstimator(mech, cfg)
-    step_cpu, update_cpu = [], []
-    timed = None
-    for k, s in enumerate(samples):
-        w = est.window
-        if w is not None and not isinstance(w.smoother, _TimedSmoother):   # (a new window after a re-seed)
-            timed = w.smoother = _TimedSmoother(w.smoother)
-        before = timed.spent if timed is not None else 0.0
-        t = time.thread_time()
-        est.step(k * dt, efforts=s.efforts, observations=s.readings)
-        est.prepare_next_step()
-        step_cpu.append(time.thread_time() - t)
-        update_cpu.append((timed.spent if timed is not None else 0.0) - before)
+    step_cpu, update_cpu = step_costs(FixedLagEstimator(mech, cfg), samples, dt)
     a, b = 1e6 * np.array(step_cpu[200:]), 1e6 * np.array(update_cpu[200:])
     return a.mean(), np.median(a), b.mean(), np.median(b)
 
@@ -79,13 +93,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mode", nargs="+", default=["fused"], choices=["fused", "estimation", "forward_dynamics"],
+                    help="modes to run, interleaved (default: fused)")
+    ap.add_argument("--window", type=int, default=10)
     a = ap.parse_args(argv)
-    print("| run | step + prepare, mean / median | iSAM2 update, mean / median | update share |")
-    print("|---|---|---|---|")
+    if a.steps <= 200:
+        ap.error("--steps must be over 200 (the first 200 steps are not counted)")
+    print("| run | mode | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio |")
+    print("|---|---|---|---|---|---|")
     for i in range(a.repeat):
-        sm, smed, um, umed = run(a.steps)
-        print(f"| {i + 1} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | {100 * um / sm:.0f} % |")
-    print("\nfour-bar with crank, fused, dt 1 ms, window 10, encoder + gyroscope; thread CPU per step")
+        for mode in a.mode:
+            sm, smed, um, umed = run(a.steps, mode, a.window)
+            print(f"| {i + 1} | {mode} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | "
+                  f"{100 * um / sm:.0f} % | {smed / umed:.2f} |", flush=True)
+    print(f"\nfour-bar with crank, dt 1 ms, window {a.window}, encoder + gyroscope; thread CPU per step; "
+          f"ratio = median step + prepare / median update")
     return 0
 
 

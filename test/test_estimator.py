@@ -663,10 +663,11 @@ def test_observer_started_while_moving(crank, driven):
 def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out(crank, driven, monkeypatch, mode,
                                                                                    efforts):
     """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
-    bit for bit, and the step itself no longer linearizes the dynamics at the prediction."""
-    from mbfg_ros.dynamics.cache import EvalContext
+    bit for bit, and the step itself no longer evaluates the constraints (nor factorizes the dynamics) at the
+    prediction."""
     calls = {"in_step": 0}
-    lean = EvalContext.linearize
+    constraints = type(crank.constraints)
+    lean = constraints.phi_and_jacobian
     inside = {"on": False}
 
     def counting(self, *a):
@@ -674,7 +675,7 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
             calls["in_step"] += 1
         return lean(self, *a)
 
-    monkeypatch.setattr(EvalContext, "linearize", counting)
+    monkeypatch.setattr(constraints, "phi_and_jacobian", counting)
     res = {}
     for prepare in (False, True):
         rng = np.random.default_rng(0)

@@ -30,7 +30,7 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_rows", "_n", "_third", "_older")
+                 "_K", "_b", "_rows", "_n", "_third", "_older", "_fac_key", "_fac")
 
     def __init__(self, mech: Mechanism):
         self.mech = mech
@@ -45,8 +45,8 @@ class EvalContext:
         self.clear()
 
     def clear(self):
-        self._pj_key = self._dyn_key = self._acc_key = self._jd_key = None
-        self._pj = self._dyn = self._acc = self._jd = None
+        self._pj_key = self._dyn_key = self._acc_key = self._jd_key = self._fac_key = None
+        self._pj = self._dyn = self._acc = self._jd = self._fac = None
         self._older = {}                 # key -> linearization: the ones before the newest (at most 2)
 
     def phi_and_jacobian(self, q):
@@ -125,20 +125,61 @@ class EvalContext:
         np.negative(Jd.dot(v), out=b[n:])
         return K, b, J_all, Jd_all, Jd
 
-    def linearize(self, q, v, Q):
-        """The dynamics linearization at (q, q̇, Q), not memoized: one LU of K and its explicit inverse (K is
-        small; its top rows Kᵢₙᵥ[:n] = [A B] turn the derivatives into the two products of
-        `acceleration_derivatives`); None where K is singular or the solution is not sane."""
-        mech, n, C = self.mech, self._n, self.mech.constraints
-        K, b, J_all, Jd_all, Jd = self._system(q, v, Q)
+    def _factorization(self, q, v):
+        """What the dynamics linearization at (q, q̇) needs besides the forces: (K⁻¹, Φq, Φ̇q, Φ̇q of the
+        independent rows, −Φ̇q q̇ of those rows, ∂(Φ̇q q̇)/∂q or None), kept for the last (q, q̇); None where K
+        is singular."""
+        key = q.tobytes() + v.tobytes()
+        if key == self._fac_key:
+            return self._fac
+        K, b, J_all, Jd_all, Jd = self._system(q, v, self._b[:self._n])
         lu, piv, info = _lapack.dgetrf(K)
         if info != 0:
             return None
         Kinv, info = _lapack.dgetri(lu, piv, overwrite_lu=1)
         if info != 0:
             return None
+        third = self.mech.constraints.jacobian_dot_times_v_derivative(q, v) if self._third else None
+        self._fac_key, self._fac = key, (Kinv, J_all, Jd_all, Jd, b[self._n:].copy(), third)
+        return self._fac
+
+    def _solution(self, Kinv, g, Q):
+        """[q̈; λ of the independent rows] = K⁻¹ [Q; −Φ̇q q̇], or None when not sane."""
+        n, b = self._n, self._b
+        b[:n] = Q
+        b[n:] = g
         x = Kinv.dot(b)
-        if not is_sane(x):
+        return x if is_sane(x) else None
+
+    def predicted_acceleration(self, q, v, Q):
+        """q̈(q, q̇, Q) as `dynamics` would give it (the same K⁻¹ and product; the same numbers), without the
+        derivatives: a prediction needs q̈ alone, and the step's dynamics factor, linearized at the same
+        (q, q̇) under its own forces, then reuses K⁻¹ (`linearize`)."""
+        key = q.tobytes() + v.tobytes() + Q.tobytes()
+        if key == self._dyn_key:
+            return self._dyn.a
+        fac = self._factorization(q, v)
+        x = None if fac is None else self._solution(fac[0], fac[4], Q)
+        if x is None:
+            return self.dynamics(q, v, Q).a
+        return x[:self._n]
+
+    def linearize(self, q, v, Q):
+        """The dynamics linearization at (q, q̇, Q), not memoized: one LU of K and its explicit inverse (K is
+        small; its top rows Kᵢₙᵥ[:n] = [A B] turn the derivatives into the two products of
+        `acceleration_derivatives`); None where K is singular or the solution is not sane.
+
+        Everything but Q's contribution depends on (q, q̇) only (K⁻¹, Φq, Φ̇q, −Φ̇q q̇, ∂(Φ̇q q̇)/∂q): that part is
+        kept for the last (q, q̇) (`_factorization`), so a second linearization there under other forces (fused
+        mode: the prediction under the previous step's commands, the step's dynamics factor under its own)
+        costs only q̈, λ and the two derivative products, with the same numbers as a full one."""
+        mech, n, C = self.mech, self._n, self.mech.constraints
+        fac = self._factorization(q, v)
+        if fac is None:
+            return None
+        Kinv, J_all, Jd_all, Jd, g, third = fac
+        x = self._solution(Kinv, g, Q)
+        if x is None:
             return None
         a = x[:n]
         if self._rows is None:
@@ -148,8 +189,8 @@ class EvalContext:
             lam[self._rows] = x[n:]
         top = Kinv[:n]
         low = C.hessian_vector(q, a)
-        if self._third:
-            low = low + C.jacobian_dot_times_v_derivative(q, v)
+        if third is not None:
+            low = low + third
         if self._rows is not None:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]

@@ -33,6 +33,8 @@ class EffortModel:
 
     has_state = False
     rates_from_commands = False
+    #: with τ a state, do the dynamics' known forces change from step to step (with the commands)?
+    known_forces_vary = False
 
     def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
         self.mech = mech
@@ -215,6 +217,7 @@ class FusedEfforts(UnknownEfforts):
     state's τ block is d.  Unknown commands count as 0 (the disturbance then takes the whole effort)."""
 
     rates_from_commands = True
+    known_forces_vary = True
     density_name = "disturbance_density"
 
     def seed(self, efforts, tau_guess):

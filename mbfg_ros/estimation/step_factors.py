@@ -41,6 +41,10 @@ class StepFactors:
     """Base of the per-formulation × integrator step factors (see the module docstring)."""
 
     independent = False          # the state has independent coordinates z (chosen per window)
+    # does the prediction read the dynamics' derivatives at the predicted state (`_predicted`'s d)?  If not,
+    # and the step's forces may differ from the prediction's (fused), it takes q̈ alone, and the step's
+    # dynamics factor linearizes there under its own forces on the same factorization
+    prediction_uses_linearization = False
     soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
@@ -205,10 +209,10 @@ class StepFactors:
                 values: Optional[StepValues] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """Continuity predictor of the state h after x: Taylor expansion of q, q̇ (through q̈ and the jerk:
         a backward difference with the previous q̈ `a_prev` h_prev earlier, or the model's) from x, then
-        q̈ from the dynamics at the predicted (q, q̇) — the same dynamics linearization the step's factors
-        use (shared through the context), so it costs nothing extra.  `values`: the step's `step_values`
-        (the forces; not needed with estimated efforts and a jerk-free integrator: the prediction is then
-        input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
+        q̈ from the dynamics at the predicted (q, q̇), through the same factorization the step's dynamics
+        factor then uses there (shared through the context), so it costs little extra.  `values`: the step's
+        `step_values` (the forces; not needed with estimated efforts and a jerk-free integrator: the
+        prediction is then input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
         q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
@@ -234,8 +238,13 @@ class StepFactors:
             known = self._known_before if values is not None else self._known_newest
             Q = (dyn.Q_known if known is None else known).copy()
             Q[dyn.actuated] += xp[self._tau]
-        d = self.ctx.dynamics(qp, vp, Q)
-        ap = d.a
+        if self.prediction_uses_linearization or self._tau is None or not self.efforts.known_forces_vary:
+            # the step's dynamics factor linearizes under these same forces: the whole linearization now
+            d = self.ctx.dynamics(qp, vp, Q)
+            ap = d.a
+        else:
+            # (fused: the step's own commands differ; its factor reuses this factorization for them)
+            d, ap = None, self.ctx.predicted_acceleration(qp, vp, Q)
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
 
@@ -368,6 +377,8 @@ class IndependentFactors(StepFactors):
 
 class IndependentHermiteFactors(IndependentFactors):
     """X_k = [q, q̇, q̈, z, ż, z̈, z⃛ (, τ)], the 4th-order integrators on (z, ż, z̈, z⃛) and the jerk factor."""
+
+    prediction_uses_linearization = True     # the predicted jerk z⃛
 
     def _extra_blocks(self):
         return super()._extra_blocks() + [("zj", self.dof)]

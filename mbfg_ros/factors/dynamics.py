@@ -84,6 +84,10 @@ class InverseDynamics(Factor):
         self.mech = mech
         self.Q_known = np.array(mech.gravity_forces if Q_known is None else Q_known, dtype=float)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
+        # consecutive actuated coordinates (the usual layout: relative angles last) as a slice: views, not copies
+        act = self.actuated
+        self._act = (slice(int(act[0]), int(act[-1]) + 1)
+                     if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
         self.z = None if z is None else np.asarray(z, dtype=np.intp)
         self.slots = ("q", "v", "a", "tau") if self.z is None else ("q", "v", "zdd", "tau")
         self.dim = mech.n if self.z is None else self.z.size
@@ -93,15 +97,15 @@ class InverseDynamics(Factor):
 
     def forces(self, tau):
         Q = self.Q_known.copy()
-        Q[self.actuated] += tau
+        Q[self._act] += tau
         return Q
 
     def evaluate(self, q, v, a, tau, ctx=None):
         d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau))
         z = self.z
         if z is None:
-            return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self.actuated]]
-        return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self.actuated]]
+            return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self._act]]
+        return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self._act]]
 
     def error(self, q, v, a, tau, ctx=None):
         acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau))

@@ -49,7 +49,7 @@ class Encoder(_CoordinateReading):
         self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
 
     def evaluate(self, q, ctx=None):
-        d = q[self.coordinate] - self.value
+        d = q.item(self.coordinate) - self.value       # (a plain float: cheaper arithmetic)
         if self.angle:
             d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
         return np.array([d]), [self._J]
@@ -96,35 +96,32 @@ class Gyroscope(Factor):
         self.n = mech.n
         self.name = f"gyroscope(body {self.body})"
 
-    def _point(self, x, cols, fixed, rate):
-        if fixed is not None:
-            return (0.0, 0.0) if rate else (fixed.x, fixed.y)
-        return x[cols[0]], x[cols[1]]
-
     def evaluate(self, q, v, ctx=None):
-        xi, yi = self._point(q, self._ci, self.fixed_i, False)
-        xj, yj = self._point(q, self._cj, self.fixed_j, False)
-        vxi, vyi = self._point(v, self._ci, self.fixed_i, True)
-        vxj, vyj = self._point(v, self._cj, self.fixed_j, True)
+        # plain floats (one `tolist` per block) and scalar stores: this runs at every step of a 1 kHz loop
+        ql, vl = q.tolist(), v.tolist()
+        fi, fj = self.fixed_i, self.fixed_j
+        if fi is None:
+            cx, cy = self._ci
+            xi, yi, vxi, vyi = ql[cx], ql[cy], vl[cx], vl[cy]
+        else:
+            xi, yi, vxi, vyi = fi.x, fi.y, 0.0, 0.0
+        if fj is None:
+            cx, cy = self._cj
+            xj, yj, vxj, vyj = ql[cx], ql[cy], vl[cx], vl[cy]
+        else:
+            xj, yj, vxj, vyj = fj.x, fj.y, 0.0, 0.0
         dx, dy, ddx, ddy = xj - xi, yj - yi, vxj - vxi, vyj - vyi
         r = dx * dx + dy * dy
         w = (dx * ddy - dy * ddx) / r
         gqx, gqy = (ddy - 2.0 * w * dx) / r, (-ddx - 2.0 * w * dy) / r     # ∂ω/∂Δ
         gvx, gvy = -dy / r, dx / r                                          # ∂ω/∂Δ̇
-        # new arrays at every call (the step model keeps the ones it has written by identity);
-        # plain scalar stores: this runs at every step of a 1 kHz loop
+        # new arrays at every call (the step model keeps the ones it has written by identity)
         Jq, Jv = np.zeros((1, self.n)), np.zeros((1, self.n))
         jq, jv = Jq[0], Jv[0]
-        if self.fixed_j is None:
+        if fj is None:
             cx, cy = self._cj
-            jq[cx] += gqx
-            jq[cy] += gqy
-            jv[cx] += gvx
-            jv[cy] += gvy
-        if self.fixed_i is None:
+            jq[cx], jq[cy], jv[cx], jv[cy] = gqx, gqy, gvx, gvy
+        if fi is None:
             cx, cy = self._ci
-            jq[cx] -= gqx
-            jq[cy] -= gqy
-            jv[cx] -= gvx
-            jv[cy] -= gvy
+            jq[cx], jq[cy], jv[cx], jv[cy] = -gqx, -gqy, -gvx, -gvy
         return np.array([w - self.value]), [Jq, Jv]

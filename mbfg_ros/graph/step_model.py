@@ -130,15 +130,26 @@ class StepModel:
         offs = np.cumsum([0] + [u.dim for u, _, _ in self._check_plan])
         self._check_plan = [(u, slots, w, int(a), int(b)) for (u, slots, w), a, b in
                             zip(self._check_plan, offs[:-1], offs[1:])]
+        # The dynamic units write their raw errors and Jacobians into buffers of their own, whitened with one
+        # product per buffer after all are written (a product per Jacobian block was a visible share of a
+        # 1-kHz step; the numbers are the same, except for blocks that several slots of a unit share, whose
+        # terms are now summed before the whitening).  Blocks no unit writes stay zero.
+        rd = self.rows - rows_s
+        self._e_raw = np.zeros(rd)
+        self._J_raw_cur = np.zeros((rd, D))
+        self._J_raw_prev = np.zeros((rd, D)) if self.dynamic_prev else None
+        self._w_dyn = np.concatenate([p[2] for p in self._plan]) if self._plan else np.zeros(0)
+        self._w_dyn_col = self._w_dyn[:, None]
         # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
-        # per unit: its slots, its residual rows, its weights, the views of the blocks it writes (made once:
-        # slicing at every linearization costs a visible share of a 1-kHz step), whether those are distinct
-        self._views = [(u, slots, self.r[row:row + u.dim], w, w[:, None],
-                        [(self.A_cur if which else self.A_prev)[row:row + u.dim, cols] for which, cols in slots],
-                        last, distinct)
-                       for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J)]
+        # per unit: its slots, its raw error rows, the raw views of the blocks it writes (made once: slicing at
+        # every linearization costs a visible share of a 1-kHz step), whether those are distinct
+        self._views = []
+        for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J):
+            a, b = row - rows_s, row - rows_s + u.dim
+            outs = [(self._J_raw_cur if which else self._J_raw_prev)[a:b, cols] for which, cols in slots]
+            self._views.append((u, slots, self._e_raw[a:b], outs, last, distinct))
 
     def whitened_rows(self, unit) -> np.ndarray:
         """The rows of a (non-static) `unit` in the last linearization's whitened residual (a view of the
@@ -178,25 +189,30 @@ class StepModel:
             xp, xc = (x_prev, x_cur) if static_at is None else static_at
             self._S.dot(xc if A_prev is None else np.concatenate((xp, xc)), out=r[:rs])
         if not self._all_distinct:
-            A_cur[rs:] = 0.0
-            if A_prev is not None:
-                A_prev[rs:] = 0.0
+            self._J_raw_cur[:] = 0.0
+            if self._J_raw_prev is not None:
+                self._J_raw_prev[:] = 0.0
             for last in self._last_J:
                 last[:] = [None] * len(last)
-        mul = np.multiply
-        for u, slots, r_rows, w, wc, outs, last, distinct in self._views:
+        for u, slots, e_rows, outs, last, distinct in self._views:
             e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
-            mul(e, w, out=r_rows)
+            e_rows[:] = e
             if distinct:         # every block of these rows is overwritten; the others stay zero
                 i = 0
                 for J in Js:
                     if J is not last[i]:
-                        mul(J, wc, out=outs[i])
+                        outs[i][:] = J
                         last[i] = J
                     i += 1
             else:                # (blocks shared by several slots: the sum of their terms)
                 for out, J in zip(outs, Js):
-                    out += J * wc
+                    out += J
+        if self._views:
+            mul = np.multiply
+            mul(self._e_raw, self._w_dyn, out=r[rs:])
+            mul(self._J_raw_cur, self._w_dyn_col, out=A_cur[rs:])
+            if self._J_raw_prev is not None:
+                mul(self._J_raw_prev, self._w_dyn_col, out=A_prev[rs:])
         return A_prev, A_cur, r
 
     def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):

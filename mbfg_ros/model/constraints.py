@@ -142,6 +142,7 @@ class RelativeAngleConstraints(ConstraintType):
         super().__init__(index, names)
         self.lengths = np.asarray(lengths, dtype=float).reshape(self.size)
         self._L = [float(x) for x in self.lengths]
+        self._idx = [tuple(int(i) for i in row) for row in self.index]
 
     def _forms(self, u):
         """Per instance: (x-form?, L, sin θ, cos θ)."""
@@ -171,17 +172,21 @@ class RelativeAngleConstraints(ConstraintType):
     # -- one-pass forms used by `ConstraintSet` (only ∂²φ/∂θ² is non-zero among the second derivatives)
     angle_only = True
 
-    def phi_gradient(self, u):
-        """(phi(u), gradient(u)) in one pass."""
-        phi, grad = [], []
-        for xf, L, s, c, r in self._forms(u):
-            if xf:
-                phi.append(r[2] - r[0] - L * c)
-                grad.append([-1.0, 0.0, 1.0, 0.0, L * s])
+    def put_phi_gradient(self, x, rows, phi, T=None):
+        """Write φ of every instance into phi[rows] and, with T, its gradient into T[rows, index], `x` being the
+        extended coordinates as a list (scalar stores: the same numbers as `phi` and `gradient`, without their
+        arrays)."""
+        switch = self._SWITCH
+        for row, (i0, i1, i2, i3, i4), L in zip(rows, self._idx, self._L):
+            s, c = math.sin(x[i4]), math.cos(x[i4])
+            if abs(s) > switch:
+                phi[row] = x[i2] - x[i0] - L * c
+                if T is not None:
+                    T[row, i0], T[row, i1], T[row, i2], T[row, i3], T[row, i4] = -1.0, 0.0, 1.0, 0.0, L * s
             else:
-                phi.append(r[3] - r[1] - L * s)
-                grad.append([0.0, -1.0, 0.0, 1.0, -L * c])
-        return np.array(phi), np.array(grad)
+                phi[row] = x[i3] - x[i1] - L * s
+                if T is not None:
+                    T[row, i0], T[row, i1], T[row, i2], T[row, i3], T[row, i4] = 0.0, -1.0, 0.0, 1.0, -L * c
 
     def curvatures(self, theta):
         """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`."""
@@ -242,15 +247,21 @@ class ConstraintSet:
         self._Ht_rows = Ht.reshape(m * (ne + 1), ne + 1)
         self._tail1 = np.concatenate((self.fixed_values, [1.0]))
         # types whose only non-zero second derivative is ∂²φ/∂θ² of one local coordinate (relative angles):
-        # (type, rows, extended column of θ, flat (θ, θ) index, are those indices distinct?, memo)
+        # (type, rows, column of θ, flat (θ, θ) index in an n × n matrix, are those indices distinct?, memo)
         self._angle = []
         for t, r, _ in self._nonlinear:
             if getattr(t, "angle_only", False):
                 col = np.ascontiguousarray(t.index[:, 4])
-                self._angle.append((t, r, col, col * ne + col, len(set(col.tolist())) == col.size, [None]))
-        # fast path: only angle types, and their angles are coordinates (not fixed values)
+                self._angle.append((t, r, col, col * n + col, len(set(col.tolist())) == col.size, [None]))
+        # fast path: only angle types, and their angles are coordinates (not fixed values).  There no second
+        # derivative touches a fixed value, so the Hessian products need only the coordinates' part of H (no
+        # extended vector to build, no columns to drop), and φ, ∂φ of the angles are scalar stores.
         self._all_angle = (len(self._angle) == len(self._nonlinear)
                            and all(bool(np.all(a[2] < n)) for a in self._angle))
+        Hn = np.ascontiguousarray(H[:, :n, :n])
+        self._Hn_rows = Hn.reshape(m * n, n)
+        self._Hn_flat = Hn.reshape(m, n * n)
+        self._angle_rows = [(t, [int(i) for i in r]) for t, r, _ in self._nonlinear] if self._all_angle else None
 
     @property
     def quadratic_form(self):
@@ -286,6 +297,12 @@ class ConstraintSet:
         qe1 = np.concatenate((q, self._tail1))
         phi = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1).dot(qe1)
         phi *= 0.5
+        if self._angle_rows is not None:
+            if self._angle_rows:
+                x = qe1.tolist()
+                for t, rows in self._angle_rows:
+                    t.put_phi_gradient(x, rows, phi)
+            return phi
         for t, r, _ in self._nonlinear:
             phi[r] = t.phi(qe1[t.index])
         return phi
@@ -299,28 +316,31 @@ class ConstraintSet:
         T = self._Ht_rows.dot(qe1).reshape(self.m, self.n_extended + 1)
         phi = T.dot(qe1)
         phi *= 0.5
+        if self._angle_rows is not None:
+            if self._angle_rows:
+                x = qe1.tolist()
+                for t, rows in self._angle_rows:
+                    t.put_phi_gradient(x, rows, phi, T)
+            return phi, T[:, :self.n]
         for t, r, _ in self._nonlinear:
             u = qe1[t.index]
-            if self._all_angle:
-                p, g = t.phi_gradient(u)
-            else:
-                p, g = t.phi(u), t.gradient(u)
+            p, g = t.phi(u), t.gradient(u)
             phi[r] = p
             T[r[:, None], t.index] = g
         return phi, T[:, :self.n]
 
     def hessian_vector(self, q: np.ndarray, w: np.ndarray) -> np.ndarray:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
+        if self._all_angle or not self._nonlinear:
+            out = self._Hn_rows.dot(w).reshape(self.m, self.n)
+            for t, r, col, _, _, memo in self._angle:
+                out[r, col] = self._curv(t, q[col], memo)[0] * w[col]
+            return out
         we = np.concatenate((w, self._zeros_fixed))
         out = self._H_rows.dot(we).reshape(self.m, self.n_extended)
-        if self._nonlinear:
-            if self._all_angle:
-                for t, r, col, _, _, memo in self._angle:
-                    out[r, col] = self._curv(t, q[col], memo)[0] * w[col]
-            else:
-                qe = self._extended(q)
-                for t, r, _ in self._nonlinear:
-                    self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
+        qe = self._extended(q)
+        for t, r, _ in self._nonlinear:
+            self._put(out, t, r, np.einsum("kij,kj->ki", t.hessian(qe[t.index]), we[t.index]))
         return out[:, :self.n]
 
     def jacobian_dot(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -329,33 +349,34 @@ class ConstraintSet:
 
     def jacobian_dot_times_v_derivative(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
         """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
+        if self._all_angle or not self._nonlinear:
+            out = np.zeros((self.m, self.n))
+            for t, r, col, _, _, memo in self._angle:
+                w = v[col]
+                out[r, col] = self._curv(t, q[col], memo)[1] * (w * w)
+            return out
         out = np.zeros((self.m, self.n_extended))
-        if self._nonlinear:
-            if self._all_angle:
-                for t, r, col, _, _, memo in self._angle:
-                    w = v[col]
-                    out[r, col] = self._curv(t, q[col], memo)[1] * (w * w)
-            else:
-                qe, ve = self._extended(q), self._extended_rate(v)
-                for t, r, _ in self._nonlinear:
-                    self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
+        qe, ve = self._extended(q), self._extended_rate(v)
+        for t, r, _ in self._nonlinear:
+            self._put(out, t, r, t.third(qe[t.index], ve[t.index]))
         return out[:, :self.n]
 
     def weighted_hessian(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
         """Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q, shape (n, n)."""
+        if self._all_angle or not self._nonlinear:
+            n = self.n
+            out = lam.dot(self._Hn_flat) if self.m else np.zeros(n * n)
+            for t, r, col, flat, distinct, memo in self._angle:
+                vals = self._curv(t, q[col], memo)[0] * lam[r]
+                if distinct:
+                    out[flat] += vals
+                else:
+                    np.add.at(out, flat, vals)
+            return out.reshape(n, n)
         ne = self.n_extended
         out = lam.dot(self._H_flat) if self.m else np.zeros(ne * ne)
-        if self._nonlinear:
-            if self._all_angle:
-                for t, r, col, flat, distinct, memo in self._angle:
-                    vals = self._curv(t, q[col], memo)[0] * lam[r]
-                    if distinct:
-                        out[flat] += vals
-                    else:
-                        np.add.at(out, flat, vals)
-            else:
-                qe = self._extended(q)
-                for t, r, flat in self._nonlinear:
-                    weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
-                    out = out + np.bincount(flat, weights, minlength=ne * ne)
+        qe = self._extended(q)
+        for t, r, flat in self._nonlinear:
+            weights = (t.hessian(qe[t.index]) * lam[r][:, None, None]).ravel()
+            out = out + np.bincount(flat, weights, minlength=ne * ne)
         return out.reshape(ne, ne)[:self.n, :self.n]
