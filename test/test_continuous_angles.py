@@ -106,22 +106,52 @@ def test_start_and_reinitialization_on_request(crank, plant):
 def test_reinitialization_from_readings_a_turn_and_more_away(crank, plant):
     """The encoder jumps by 2π + 0.5 (outside the gate even modulo 2π) for good: after max_rejections the
     window is re-initialized from the readings, on their turn (it used to be the prediction's turn, 0.5 rad
-    from it modulo 2π); a later jump of exactly one turn passes the wrapped gate, and re-initializes at
-    once on the reading's turn (the estimate used to stay a turn from every reading that followed)."""
+    from it modulo 2π).  Then the encoder is silent for 0.1 s and comes back a turn further than the
+    prediction (the crank went round once more meanwhile): its first reading passes the wrapped gate and
+    re-initializes at once on its turn (the estimate used to stay a turn from every reading that followed)."""
     est = estimator(crank)
-    jumped = plant.readings["crank"].copy()
-    jumped[500:] += TWO_PI + 0.5
-    jumped[1000:] -= TWO_PI
+    readings = plant.readings["crank"].copy()
+    readings[500:] += TWO_PI + 0.5
+    readings[1100:] += TWO_PI
     out = {}
     c = crank.coordinate_index("crank")
     for k in range(1500):
-        out[k] = est.step(float(plant.t[k]), observations={"crank": float(jumped[k])})
+        out[k] = est.step(float(plant.t[k]), observations={} if 1000 <= k < 1100 else {"crank": float(readings[k])})
     believed = 500 + est.config.max_rejections
-    assert [k for k in range(500, 1500) if out[k].status == "recovered"] == [believed, 1000]
-    assert "disagreed" in out[believed].message and "turn(s) from the predicted" in out[1000].message
-    errors = np.array([out[k].q[c] - jumped[k] for k in range(1500)])
+    assert [k for k in range(500, 1500) if out[k].status == "recovered"] == [believed, 1100]
+    assert "disagreed" in out[believed].message and "turn(s) from the predicted" in out[1100].message
+    errors = np.array([out[k].q[c] - readings[k] for k in range(1500) if not 1000 <= k < 1100])
     assert np.abs(errors[:500]).max() < 0.01 and np.abs(errors[believed:]).max() < 0.05
-    assert np.abs(errors[believed + 100:1000]).max() < 0.01 and np.abs(errors[1400:]).max() < 0.01
+    assert np.abs(errors[believed + 100:1000]).max() < 0.01 and np.abs(errors[-100:]).max() < 0.01
+    assert not est.stepper.single_turn
+
+
+def test_a_single_turn_encoder_keeps_the_estimate_continuous(crank, turning):
+    """A single-turn encoder (readings in [-π, π)) on a turning crank: the estimate starts on the reading and
+    stays continuous with its own past where the readings wrap (each wrap is the reading's jump, right
+    after readings on the estimate's turn: no re-initialization), and a re-initialization on request or
+    from the readings and a reset keep it on its own turn."""
+    c = crank.coordinate_index("crank")
+    wrapped = {"crank": np.remainder(turning.readings["crank"] + math.pi, TWO_PI) - math.pi,
+               "coupler_gyro": turning.readings["coupler_gyro"]}
+    est = estimator(crank)
+    out = {}
+    for k in range(2000):
+        if k == 900:
+            est.reinitialize()
+        if k == 1300:
+            est.reset()
+        obs = {n: float(v[k]) for n, v in wrapped.items()}
+        if 1500 <= k < 1510:
+            obs["crank"] += 0.5         # 10 glitches: rejected, as on any encoder
+        out[k] = est.step(float(turning.t[k]), observations=obs)
+    assert est.stepper.single_turn == {c}
+    q = np.array([out[k].q[c] for k in range(2000)])
+    assert np.abs(np.diff(q)).max() < 0.1                         # continuous: never a jump of a turn
+    truth = turning.q[:2000, c]
+    offset = q - truth                                            # a whole number of turns, always the same
+    assert np.abs(offset - offset[0]).max() < 0.02 and abs(offset[0] - TWO_PI * round(offset[0] / TWO_PI)) < 0.01
+    assert [k for k in range(1, 2000) if out[k].status == "recovered"] == []
 
 
 def test_reset(crank, plant):

@@ -94,8 +94,8 @@ class FixedLagEstimator:
 
     Relative angles stay continuous through every path (a seed at start-up, after a reset, a gap, a
     disagreement, a failure, on request or on another branch): an angle read by an encoder is on the turn
-    of its reading, turns included, and any other angle on the turn of its last estimate (kept over a
-    reset); see `seeding` and `stepping.Stepper`.
+    of its reading, turns included (a single-turn encoder, once seen to wrap, only modulo 2π), and any
+    other angle on the turn of its last estimate (kept over a reset); see `seeding` and `stepping.Stepper`.
     """
 
     REINITIALIZED = "re-initialized on request"
@@ -119,7 +119,7 @@ class FixedLagEstimator:
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             self.stepper.threshold, q0, v0)
+                             self.stepper.threshold, q0, v0, self.stepper.single_turn)
         self.last: Optional[Estimate] = None
         self.reset()
 

@@ -11,17 +11,18 @@ Turns of the relative angles: a pose has one value of each angle per turn, and t
 encoders (their residual is wrapped) and the gyroscopes accept them all, so a new window would stay on
 whatever turn its seed is on.  A seed is therefore on the turns of what it follows: an angle read by an
 encoder or a 'q:' reading that the seed fixes is the reading itself, turns included (an encoder reports
-the angle, not the angle modulo 2π); every other angle is on the turn of the guess, which is the last
-estimate (extrapolated over a short gap, or solved on request), and for a fresh start (the drawn pose or
-the q0 argument) the last estimate before the reset (`Seeder.published`).  `Seeder.position` solves every
-seed's position problem and puts its angles back on the guess's turns (`unwrap_angles`): Newton and the
-branch changes move an angle by at most a fraction of a turn from the guess, but nothing else guarantees
-it.  (While steps follow readings, `stepping.Stepper` re-initializes from them when an estimate ends up a
-whole turn from a reading.)
+the angle, not the angle modulo 2π; a single-turn encoder, once seen to wrap, only modulo 2π); every
+other angle is on the turn of the guess, which is the last estimate (extrapolated over a short gap, or
+solved on request), and for a fresh start (the drawn pose or the q0 argument) the last estimate before
+the reset (`Seeder.published`).  `Seeder.position` solves every seed's position problem and puts its
+angles back on the guess's turns (`unwrap_angles`): Newton and the branch changes move an angle by at
+most a fraction of a turn from the guess, but nothing else guarantees it.  (While steps follow readings,
+`stepping.Stepper` re-initializes from them when an estimate ends up a whole turn from a reading.)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple, Union
 
@@ -40,6 +41,7 @@ from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["Seed", "Seeder", "extrapolated", "marginal_prior", "effort_marginal", "MAX_EXTRAPOLATION"]
 
+TWO_PI = 2.0 * math.pi
 EFFORT_PRIOR_FLOOR = 1e-6   # smallest σ of a carried effort prior (N·m, N·m/s): a numerical floor
 MAX_EXTRAPOLATION = 0.1    # [s] longest gap over which the last estimate is extrapolated (constant q̈)
 
@@ -151,7 +153,7 @@ class Seeder:
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, sensors: Sensors,
                  gate: InnovationGate, factors: StepFactors, efforts: EffortModel, ctx: EvalContext,
                  threshold: float, q0: Optional[np.ndarray] = None,
-                 v0: Optional[np.ndarray] = None):
+                 v0: Optional[np.ndarray] = None, single_turn: Optional[set] = None):
         self.mech, self.config, self.sigmas = mech, config, sigmas
         self.sensors, self.gate, self.factors, self.efforts, self.ctx = sensors, gate, factors, efforts, ctx
         self.threshold = threshold
@@ -160,6 +162,9 @@ class Seeder:
         self.pending_q: Optional[np.ndarray] = None   # position solved on request before the first estimate
         # q of the last estimate before a reset (None: none yet): the turns a fresh start's angles are on
         self.published: Optional[np.ndarray] = None
+        # coordinates read by single-turn encoders (seen to wrap by `stepping.Stepper`): their readings' turns
+        # say nothing, a seed puts them on the guess's turn
+        self.single_turn = set() if single_turn is None else single_turn
 
     def initial_guess(self) -> np.ndarray:
         """The position guess of a start: the position solved on request, the q0 argument or the drawn pose,
@@ -180,11 +185,11 @@ class Seeder:
         return Seed(self.initial_guess(), self.v0 if first else None)
 
     def fix_readings(self, q_guess: np.ndarray, obs) -> List[int]:
-        """Put encoder / 'q:' readings into q_guess (an angle's reading with its turns: the seed follows it);
-        return the coordinates they fix."""
+        """Put encoder / 'q:' readings into q_guess (an angle's reading with its turns: the seed follows it;
+        a single-turn encoder's on the guess's turn); return the coordinates they fix."""
         readings = self.sensors.read_coordinates(obs)
         for c, val in readings:
-            q_guess[c] = val
+            q_guess[c] = val + TWO_PI * round((q_guess[c] - val) / TWO_PI) if c in self.single_turn else val
         return sorted({c for c, _ in readings})
 
     def seed(self, seed: Seed, efforts: np.ndarray, obs, mode) -> Tuple[FixedLagWindow, np.ndarray]:

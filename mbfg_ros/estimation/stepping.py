@@ -9,7 +9,11 @@ An encoder's residual is wrapped (a reading matches its angle on any turn), so a
 gone a whole turn away from the readings (a long gap bridged without them, a diverging step) would stay
 there with every reading accepted: a step whose angle reading passed the gate but is a whole turn from
 the prediction raises `ReadingsDisagree`, and the facade re-initializes from the readings, on their turn
-(see `seeding`)."""
+(see `seeding`).  Unless it is the reading that jumped: when the sensor's previous reading, at most
+``outage_steps`` steps before and none rejected since, was on the estimate's turn, the estimate cannot have
+moved a whole turn in between; the encoder is a single-turn one that wrapped (its coordinate goes into
+``single_turn``): its readings' turns say nothing from then on, and the estimate stays continuous with its
+own past."""
 
 from __future__ import annotations
 
@@ -59,6 +63,10 @@ class Stepper:
         # the encoders of relative angles (unit -> (sensor name, coordinate)): their readings' turns are checked
         self._angle_encoders = {u: (name, u.coordinate) for name, u in sensors.units.items()
                                 if getattr(u, "angle", False)}
+        self.outage_steps = config.outage_steps
+        # coordinates whose encoder was seen to wrap (a single-turn encoder); kept over resets: the sensor
+        # does not change.  Shared with the seeder (`seeding.Seeder.single_turn`).
+        self.single_turn: set = set()
         self.first_id = self.next_id = 0
         self.reset()
 
@@ -70,12 +78,14 @@ class Stepper:
         self.relinearizations = 0       # of the current window
         self._prediction = None         # (x, h, q̈ before, (prediction, offset)) made by `prepare_next`
         self.a_prev, self.h_prev = None, self.dt
+        self._on_turn: Dict[str, int] = {}   # angle encoder -> step of its last reading on the estimate's turn
 
     def start(self, window: FixedLagWindow, x: np.ndarray, t: float):
         """A new window (seeded at t, first estimate x)."""
         self.window, self.x, self.k, self.t = window, x, 0, t
         self.first_id = self.next_id
         self.a_prev, self.h_prev = None, self.dt
+        self._on_turn = {}
 
     def estimated(self):
         """The newest step's estimate was made: its id is taken."""
@@ -116,9 +126,12 @@ class Stepper:
             kept = self.gate.screen(readings, rec.model.whitened_rows, k)
             if len(kept) != len(readings):
                 rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None, values)
+                for u in readings:
+                    if u not in kept and u in self._angle_encoders:
+                        self._on_turn.pop(self._angle_encoders[u][0], None)
             readings = kept
         if readings and self._angle_encoders:
-            self._check_turns(readings, obs, xp)
+            self._check_turns(readings, obs, xp, k)
         x = window.commit(rec)
         self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
         rates = self.efforts.early_rates(k, h)
@@ -133,17 +146,24 @@ class Stepper:
                               f"{rec.relinearizations} relinearizations)")
         self.k, self.x = k, x
 
-    def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray):
-        """Raise ReadingsDisagree if an angle encoder's reading among the step's `units` is a whole turn (or
-        more than half a turn) from its angle in x."""
+    def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray, k: int):
+        """Raise ReadingsDisagree if an angle encoder's reading among step k's `units` is a whole turn (or more
+        than half a turn) from its angle in x, unless the reading wrapped (see the module docstring)."""
         for u in units:
             encoder = self._angle_encoders.get(u)
-            if encoder is not None:
-                name, c = encoder
-                turns = round((obs[name] - x[c]) / TWO_PI)
-                if turns:
-                    raise ReadingsDisagree(f"{name} reads {obs[name]:.6g} rad, {turns:+d} turn(s) from the "
-                                           f"predicted {x[c]:.6g} rad")
+            if encoder is None:
+                continue
+            name, c = encoder
+            if c in self.single_turn:
+                continue
+            turns = round((obs[name] - x[c]) / TWO_PI)
+            if not turns:
+                self._on_turn[name] = k
+            elif k - self._on_turn.get(name, -self.outage_steps - 1) <= self.outage_steps:
+                self.single_turn.add(c)
+            else:
+                raise ReadingsDisagree(f"{name} reads {obs[name]:.6g} rad, {turns:+d} turn(s) from the "
+                                       f"predicted {x[c]:.6g} rad")
 
     def _predicted(self, x, h, values):
         """The prediction of the step h after x: the one `prepare_next` made, if for this step."""
