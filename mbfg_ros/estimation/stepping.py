@@ -147,8 +147,8 @@ class Stepper:
         self.k, self.x = k, x
 
     def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray, k: int):
-        """Raise ReadingsDisagree if an angle encoder's reading among step k's `units` is a whole turn (or more
-        than half a turn) from its angle in x, unless the reading wrapped (see the module docstring)."""
+        """Raise ReadingsDisagree if an angle encoder's reading among step k's `units` is whole turns (within a
+        quarter turn) from its angle in x, unless the reading wrapped (see the module docstring)."""
         for u in units:
             encoder = self._angle_encoders.get(u)
             if encoder is None:
@@ -156,7 +156,10 @@ class Stepper:
             name, c = encoder
             if c in self.single_turn:
                 continue
-            turns = round((obs[name] - x[c]) / TWO_PI)
+            d = obs[name] - x[c]
+            turns = round(d / TWO_PI)
+            if abs(d - TWO_PI * turns) > 0.25 * TWO_PI:
+                continue        # far from any whole turn: a disagreement, not a turn (only with the gate off)
             if not turns:
                 self._on_turn[name] = k
             elif k - self._on_turn.get(name, -self.outage_steps - 1) <= self.outage_steps:
