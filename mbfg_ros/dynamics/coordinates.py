@@ -1,13 +1,30 @@
-"""The choice of independent coordinates of a mechanism at a configuration."""
+"""The choice of independent coordinates of a mechanism at a configuration, and the turn count of its
+relative angles."""
 
 from __future__ import annotations
 
+import math
 from typing import List, Sequence
 
 import numpy as np
 
 from mbfg_ros.dynamics.constrained import null_space_basis
 from mbfg_ros.model.mechanism import Mechanism
+
+TWO_PI = 2.0 * math.pi
+
+
+def unwrap_angles(mech: Mechanism, q: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """q with each relative angle moved by the whole turns (2πk) that bring it within half a turn of its
+    value in `reference` (a NaN there: left as it is); the point coordinates (lengths) are never moved.
+    Every pose has one value per turn of each angle, all equally valid for the constraints, the encoders
+    and the gyroscopes; which turn an angle is on is only set by what it must stay continuous with."""
+    q = np.array(q, dtype=float)
+    for c in mech.relative_angle_columns:
+        ref = reference[c]
+        if math.isfinite(ref) and math.isfinite(q[c]):
+            q[c] += TWO_PI * round((ref - q[c]) / TWO_PI)
+    return q
 
 
 def choose_independent(mech: Mechanism, q: np.ndarray, prefer: Sequence[int] = (), return_basis: bool = False):

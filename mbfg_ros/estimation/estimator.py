@@ -39,7 +39,6 @@ import numpy as np
 
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
-from mbfg_ros.dynamics.kinematics import solve_positions_on_mode
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
@@ -89,9 +88,14 @@ class FixedLagEstimator:
     ``reinitialize(assembly_mode=None) -> (mode, max |Φ|)`` re-solves the position problem on the
     requested (or current) assembly mode from the latest estimate and readings; the next step re-seeds
     the window from that solution at the latest estimate's time and advances it;
-    ``reset()`` forgets everything.  Attributes: ``layout`` (the stacked state), ``independent_coordinates``,
-    ``relinearizations``, ``recoveries``, ``last`` (latest Estimate), ``window`` (the current
-    `FixedLagWindow` or None), ``relinearize_threshold``.
+    ``reset()`` forgets everything but the turns of the angles.  Attributes: ``layout`` (the stacked
+    state), ``independent_coordinates``, ``relinearizations``, ``recoveries``, ``last`` (latest Estimate),
+    ``window`` (the current `FixedLagWindow` or None), ``relinearize_threshold``.
+
+    Relative angles stay continuous through every path (a seed at start-up, after a reset, a gap, a
+    disagreement, a failure, on request or on another branch): an angle read by an encoder is on the turn
+    of its reading, turns included (a single-turn encoder, once seen to wrap, only modulo 2π), and any
+    other angle on the turn of its last estimate (kept over a reset); see `seeding` and `stepping.Stepper`.
     """
 
     REINITIALIZED = "re-initialized on request"
@@ -115,14 +119,18 @@ class FixedLagEstimator:
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             self.stepper.threshold, q0, v0)
+                             self.stepper.threshold, q0, v0, self.stepper.single_turn)
+        self.last: Optional[Estimate] = None
         self.reset()
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
-        """Forget everything: the next `step` re-initializes (position problem, priors)."""
+        """Forget everything but the turns of the angles: the next `step` re-initializes (position problem,
+        priors) with its angles on the turns of the readings, else of the last estimate before the reset."""
+        if self.last is not None:
+            self.seeder.published = self.last.q
         self.stepper.reset()
-        self.last: Optional[Estimate] = None
+        self.last = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.efforts.na, np.nan)
         self.estimates.reset()
@@ -207,7 +215,7 @@ class FixedLagEstimator:
         else:
             q_guess = (last.q if self._reseed is None else self._reseed[0]).copy()
             fixed = [] if same_branch else self.sensors.read_coordinate_indices(self._last_obs)
-        sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
+        sol = self.seeder.position(q_guess, fixed, mode)
         if assembly_mode is not None:
             modes.requested = np.array(mode, dtype=int)
         modes.mode = np.array(sol.assembly_mode, dtype=int)

@@ -6,20 +6,32 @@ how readings are used); `Seeder.seed` solves the position problem on the assembl
 of coordinates fixed), the velocity problem (independent velocities and 'v:' readings fixed), q̈ from
 the dynamics, and makes the new window with its first step: priors on q0, q̇0 (and a weak one on τ0),
 constraints, dynamics and the readings.
+
+Turns of the relative angles: a pose has one value of each angle per turn, and the constraints, the
+encoders (their residual is wrapped) and the gyroscopes accept them all, so a new window would stay on
+whatever turn its seed is on.  A seed is therefore on the turns of what it follows: an angle read by an
+encoder or a 'q:' reading that the seed fixes is the reading itself, turns included (an encoder reports
+the angle, not the angle modulo 2π; a single-turn encoder, once seen to wrap, only modulo 2π); every
+other angle is on the turn of the guess, which is the last estimate (extrapolated over a short gap, or
+solved on request), and for a fresh start (the drawn pose or the q0 argument) the last estimate before
+the reset (`Seeder.published`).  `Seeder.position` solves every seed's position problem and puts its
+angles back on the guess's turns (`unwrap_angles`): Newton and the branch changes move an angle by at
+most a fraction of a turn from the guess, but nothing else guarantees it.  (While steps follow readings,
+`stepping.Stepper` re-initializes from them when an estimate ends up a whole turn from a reading.)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.dynamics.cache import EvalContext
-from mbfg_ros.dynamics.coordinates import choose_independent
-from mbfg_ros.dynamics.kinematics import AssemblyError, solve_positions_on_mode, solve_velocities
+from mbfg_ros.dynamics.coordinates import choose_independent, unwrap_angles
+from mbfg_ros.dynamics.kinematics import AssemblyError, PositionSolution, solve_positions_on_mode, solve_velocities
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import EffortModel
 from mbfg_ros.estimation.sensors import InnovationGate, Sensors
@@ -135,41 +147,49 @@ def effort_marginal(window: Optional[FixedLagWindow], k: int, factors: StepFacto
     return window.estimate(k)[idx].copy(), P
 
 
-def _wrap_near(value: float, reference: float) -> float:
-    """value + 2πk closest to reference."""
-    return value + TWO_PI * round((reference - value) / TWO_PI)
-
-
 class Seeder:
     """Makes new windows from seeds (see the module docstring)."""
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, sensors: Sensors,
                  gate: InnovationGate, factors: StepFactors, efforts: EffortModel, ctx: EvalContext,
                  threshold: float, q0: Optional[np.ndarray] = None,
-                 v0: Optional[np.ndarray] = None):
+                 v0: Optional[np.ndarray] = None, single_turn: Optional[set] = None):
         self.mech, self.config, self.sigmas = mech, config, sigmas
         self.sensors, self.gate, self.factors, self.efforts, self.ctx = sensors, gate, factors, efforts, ctx
         self.threshold = threshold
         self.init_residual = float("nan")      # max |Φ| of the last position problem solved
         self.q0, self.v0 = q0, v0                # guesses for the first position / velocity problem
         self.pending_q: Optional[np.ndarray] = None   # position solved on request before the first estimate
+        # q of the last estimate before a reset (None: none yet): the turns a fresh start's angles are on
+        self.published: Optional[np.ndarray] = None
+        # coordinates read by single-turn encoders (seen to wrap by `stepping.Stepper`): their readings' turns
+        # say nothing, a seed puts them on the guess's turn
+        self.single_turn = set() if single_turn is None else single_turn
 
     def initial_guess(self) -> np.ndarray:
-        """The position guess of a start: the position solved on request, the q0 argument or the drawn pose."""
+        """The position guess of a start: the position solved on request, the q0 argument or the drawn pose,
+        its angles on the turns of the last estimate before a reset (see the module docstring)."""
         if self.pending_q is not None:
             return self.pending_q.copy()
-        return np.array(self.q0 if self.q0 is not None else self.mech.q0, dtype=float)
+        q = np.array(self.q0 if self.q0 is not None else self.mech.q0, dtype=float)
+        return q if self.published is None else unwrap_angles(self.mech, q, self.published)
+
+    def position(self, q_guess: np.ndarray, fixed, mode) -> PositionSolution:
+        """The position problem of a seed from q_guess (coordinates `fixed` held) on assembly `mode` (None:
+        any), its angles on the turns of q_guess.  Raises AssemblyError."""
+        sol = solve_positions_on_mode(self.mech, q_guess, fixed, mode)
+        return replace(sol, q=unwrap_angles(self.mech, sol.q, q_guess))
 
     def fresh(self, first: bool) -> Seed:
         """A start from the initial guess (the v0 argument only for the `first` window)."""
         return Seed(self.initial_guess(), self.v0 if first else None)
 
     def fix_readings(self, q_guess: np.ndarray, obs) -> List[int]:
-        """Put encoder / 'q:' readings into q_guess; return the coordinates they fix."""
-        first = self.mech.n_point_coordinates
+        """Put encoder / 'q:' readings into q_guess (an angle's reading with its turns: the seed follows it;
+        a single-turn encoder's on the guess's turn); return the coordinates they fix."""
         readings = self.sensors.read_coordinates(obs)
         for c, val in readings:
-            q_guess[c] = _wrap_near(val, q_guess[c]) if c >= first else val
+            q_guess[c] = val + TWO_PI * round((q_guess[c] - val) / TWO_PI) if c in self.single_turn else val
         return sorted({c for c, _ in readings})
 
     def seed(self, seed: Seed, efforts: np.ndarray, obs, mode) -> Tuple[FixedLagWindow, np.ndarray]:
@@ -180,12 +200,12 @@ class Seeder:
         fixed = (self.fix_readings(q_guess, obs) if seed.fix_readings
                  else self.sensors.read_coordinate_indices(obs))
         try:
-            sol = solve_positions_on_mode(mech, q_guess, fixed, mode)
+            sol = self.position(q_guess, fixed, mode)
         except AssemblyError:
             if not fixed:
                 raise
             # readings out of reach of the guess's branch / inconsistent: fall back to the guess alone
-            sol = solve_positions_on_mode(mech, q_guess, (), mode)
+            sol = self.position(q_guess, (), mode)
         q0 = sol.q
         self.init_residual = float(sol.residual)
         factors = self.factors

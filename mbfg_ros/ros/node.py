@@ -401,9 +401,15 @@ class EstimatorNode(Node):
 
     def _change_branch(self, am):
         """Use branch `am` (None: automatic) from now on, re-initializing on it if running: (done, message)."""
-        if self.state == "running" and am is not None:
+        if am is not None:
             try:
-                message = self._reinitialize(am)
+                if self.state == "running":
+                    message = self._reinitialize(am)
+                else:
+                    # the core keeps the branch it was last asked for over a reset: without an estimate its
+                    # `reinitialize` solves the start on `am`, which its next initialization then uses
+                    self.core.reinitialize(assembly_mode=am)
+                    message = f"branch {branch_text(self.mech, am)} will be used at the next initialization"
             except Exception as e:
                 reason = (f"parameter 'assembly_mode' {list(am)}: impossible here ({type(e).__name__}: {e}); "
                           f"keeping {branch_text(self.mech, self.assembly_mode or ())}")
