@@ -1,7 +1,8 @@
 """Maximum-likelihood fit of the process densities (and optionally the encoder sigmas) from one recording.
 
 Method (Mehra's innovation likelihood): for given parameters θ, `ReducedEKF` — the exact reduced model with the
-estimator's stochastic model: ë white of the effort density (estimation) or disturbance density (fused), z̈
+estimator's stochastic model: ë white of the effort density (estimation) or disturbance density (fused, damped
+with the disturbance time constant), z̈
 white of the acceleration density, encoders with σ — runs over the recording; its innovations ν_k with
 covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k).  θ is searched in
 log10 space (densities span decades; the likelihood is smooth there): a bounded Brent search for one
@@ -138,7 +139,8 @@ def log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str,
     the mean leaves the mechanism's workspace)."""
     sigma = [values[f"sensor_sigmas.{n}"] for n in rec.encoders]
     ekf = ReducedEKF(mech, rec.coordinates, rec.dt, sigma, values[density_name(mode)], fused=mode == "fused",
-                     acceleration_density=values["acceleration_density"])
+                     acceleration_density=values["acceleration_density"],
+                     time_constant=values["disturbance_time_constant"] if mode == "fused" else math.inf)
     fused = mode == "fused"
     try:
         with np.errstate(all="raise"):
@@ -233,7 +235,8 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
     σ from the mechanism file (updated by `sensor_sigmas`)."""
     d = default_sigmas()
     d.update(sigmas or {})
-    out = {k: float(d[k]) for k in ("acceleration_density", "effort_density", "disturbance_density")}
+    out = {k: float(d[k]) for k in ("acceleration_density", "effort_density", "disturbance_density",
+                                    "disturbance_time_constant")}
     names, _, sig = encoder_layout(mech)
     ss = dict(sensor_sigmas or {})
     for n, s in zip(names, sig):
