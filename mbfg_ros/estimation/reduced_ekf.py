@@ -98,6 +98,8 @@ class ReducedEKF:
         self.x: Optional[np.ndarray] = None
         self.P: Optional[np.ndarray] = None
         self.log_likelihood = 0.0         # Σ log N(innovation; 0, S) over the updates so far
+        self.innovation: Optional[np.ndarray] = None              # the last update's y − ẑ and its covariance S
+        self.innovation_covariance: Optional[np.ndarray] = None
 
     # -- the model ---------------------------------------------------------------------------------------
     def _efforts(self, x, command):
@@ -171,6 +173,7 @@ class ReducedEKF:
             self.P = F @ self.P @ F.T + Qd
             S = self.H @ self.P @ self.H.T + self.R
             innovation = y - self.x[:d]
+            self.innovation, self.innovation_covariance = innovation, S
             _, logdet = np.linalg.slogdet(S)
             self.log_likelihood -= 0.5 * (innovation @ np.linalg.solve(S, innovation) + logdet
                                           + d * math.log(2.0 * math.pi))
