@@ -96,10 +96,12 @@ def test_tune_recovers_the_disturbance_density_and_estimate_reads_the_file(crank
     (tmp_path / "short").mkdir()
     short_obs, short_cmd = write_csvs(tmp_path / "short", t[:61], y[:61], u[:61])
     a = fitted(text, "sigmas.acceleration_density")
+    T = fitted(text, "sigmas.disturbance_time_constant")        # fitted with the density: 1 s in the data
+    assert 0.4 < T < 2.5, T
     outs = {}
     for label, extra in (("file", ["--params", str(params)]),
                          ("options", ["--mode", "fused", f"--disturbance-density={d!r}",
-                                      f"--acceleration-density={a!r}"]),
+                                      f"--acceleration-density={a!r}", f"--disturbance-time-constant={T!r}"]),
                          ("defaults", ["--mode", "fused"]),
                          ("file, option wins", ["--params", str(params), "--disturbance-density=3000"])):
         out = tmp_path / f"{label}.csv"

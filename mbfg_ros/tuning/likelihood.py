@@ -126,7 +126,13 @@ class TuningResult:
 
 
 def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acceleration_density: bool):
+    """What `mbfg tune` fits: the effort density (estimation), or the disturbance's density and time constant
+    (fused: together they are its prior, stationary σ √(S T³/4); on the four-bar with a mismatched actuator the
+    likelihood peaks near T = 0.3 s, and so does the error), optionally the acceleration density and the
+    encoders' σ."""
     names = [density_name(mode)]
+    if mode == "fused":
+        names.append("disturbance_time_constant")
     if fit_acceleration_density:
         names.append("acceleration_density")
     if fit_sensor_sigmas:
@@ -164,6 +170,10 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     full_len = len(rec.t)
     rec = rec.decimated(max_steps)
     names = list(names)
+    bad = [n for n in names if not (0 < initial[n] < math.inf)]
+    if bad:
+        raise TuningError(f"cannot fit {', '.join(bad)} from a start that is not a positive finite number "
+                          f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
     cache: Dict[tuple, float] = {}
 
