@@ -9,6 +9,10 @@ difference between two such files.  For refactorings that must not change a numb
     (cd /tmp/before && PYTHONPATH=. python bench/estimate_identity.py --out /tmp/before.npz)
     PYTHONPATH=. python bench/estimate_identity.py --out /tmp/after.npz
     python bench/estimate_identity.py --compare /tmp/before.npz /tmp/after.npz
+
+Changes of the estimates on purpose (compare across them only with that in mind): the fused scenarios
+change where the disturbance became damped back to 0 (`disturbance_time_constant`, default 1 s; before: an
+undamped integrated random walk).
 """
 import argparse
 import sys

@@ -20,8 +20,8 @@ Rows:
 * "mbfg_ros, --params FILE": the same with the estimator parameters of FILE (the node's parameter-file format,
   the `mbfg_estimator` section: e.g. written by `mbfg tune`); skipped with the reason when no file is given;
   with `--tune` instead, per scenario the file `mbfg tune` writes from a separate run of the scenario (seed
-  2000, never scored, no truth used): the effort (disturbance) density by maximum innovation likelihood, the
-  encoder σ held at the mechanism file's;
+  2000, never scored, no truth used): the effort density (fused: the disturbance's density and time constant)
+  by maximum innovation likelihood, the encoder σ held at the mechanism file's;
 * "EKF (truth-tuned)": `mbfg_ros.estimation.reduced_ekf.ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
   τ = command + d, state (z, ż, d, ḋ): a disturbance observer), the density of τ̈ (or d̈) chosen by a line
   search on a separate run of the scenario scored against its truth (seed 1000): the best this filter can do;
@@ -264,15 +264,16 @@ def tune_params_file(name: str, sc: Scenario, mech: Mechanism, seconds: float, o
     rec = tl.Recording(traj.t, np.column_stack([traj.readings[nm] for nm in names]), names, z,
                        traj.efforts if sc.mode == "fused" else None, f"{name} seed {MBFG_TUNE_SEED}")
     t0 = time.monotonic()
-    result = tl.fit(mech, rec, sc.mode, tl.initial_values(mech), [tl.density_name(sc.mode)])
-    (f,) = result.fitted
+    result = tl.fit(mech, rec, sc.mode, tl.initial_values(mech), tl.parameter_names(mech, sc.mode, False, False))
+    described = ", ".join(f"{f.name} {f.describe()}" for f in result.fitted)
     if verbose:
-        print(f"  mbfg tune on seed {MBFG_TUNE_SEED}: {f.name} {f.describe()} ({result.evaluations} evaluations, "
+        print(f"  mbfg tune on seed {MBFG_TUNE_SEED}: {described} ({result.evaluations} evaluations, "
               f"{time.monotonic() - t0:.0f} s)", file=sys.stderr)
     path = out_dir / f"tuned_{name}.yaml"
-    kept = {k: v for k, v in result.sigmas.items() if k in ("acceleration_density", f.name)}
-    path.write_text(format_params(sc.mode, kept, result.sensor_sigmas, [f"bench --tune: {name}, {f.name} {f.describe()}"]))
-    return path, f
+    fitted = {f.name for f in result.fitted}
+    kept = {k: v for k, v in result.sigmas.items() if k == "acceleration_density" or k in fitted}
+    path.write_text(format_params(sc.mode, kept, result.sensor_sigmas, [f"bench --tune: {name}, {described}"]))
+    return path, result.fitted
 
 
 def fmt(x, scale=1.0, digits=3):
@@ -293,7 +294,8 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
     rows: Dict[str, List[Dict[str, float]]] = {}
     costs: Dict[str, List[float]] = {}
     labels = {"mbfg": "mbfg_ros, defaults",
-              "tuned": (f"mbfg_ros, mbfg tune on seed {MBFG_TUNE_SEED} ({tuned.name} {tuned.value:.3g})" if tuned
+              "tuned": (f"mbfg_ros, mbfg tune on seed {MBFG_TUNE_SEED} ("
+                        + ", ".join(f"{f.name} {f.value:.3g}" for f in tuned) + ")" if tuned
                         else f"mbfg_ros, --params {Path(params).name}" if params else "mbfg_ros, --params FILE"),
               "ekf": f"EKF (truth-tuned, ë density {density:.3g})",
               "sg": f"Savitzky–Golay ({window} samples) + ID"}

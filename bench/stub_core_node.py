@@ -64,6 +64,9 @@ class StubCore:
     def add_late_observations(self, step, observations):
         return list(observations), []
 
+    def joint_covariance(self, coordinates):
+        return None                     # no covariance: ~/joint_states_covariance stays silent
+
     def step(self, t, efforts=None, observations=None) -> Estimate:
         t0 = time.perf_counter()
         _burn(self.step_cost)

@@ -104,6 +104,7 @@ def test_fused_efforts_are_commands_plus_a_disturbance_state(robot):
     (walk,) = m.transition_units(1e-3)
     assert walk.slots == ("tau_prev", "tau", "tau_rate_prev", "tau_rate")
     assert np.array_equal(walk.density, [s["disturbance_density"]] * na)
+    assert walk.time_constant == s["disturbance_time_constant"]
     d = np.arange(1.0, na + 1)
     assert np.array_equal(m.reported(d, efforts), np.where(np.isfinite(efforts), efforts, 0.0) + d)
     assert np.array_equal(m.disturbance(d), d)

@@ -77,6 +77,7 @@ def all_units(mech, s, rng):
         F.SoftEquality("q", n), F.SoftEquality("q", n, offset=rng.standard_normal(n)),
         F.SecondDifference("v", n, 1e3),
         F.IntegratedRandomWalk("q", "v", n, 1e-3, 1e4), F.IntegratedRandomWalk("z", "zd", d, 4e-3, 2.0),
+        F.IntegratedRandomWalk("z", "zd", d, 4e-3, 2.0, time_constant=0.05),
         F.ObservedCoordinate(mech, 0, 0, 0.3), F.ObservedCoordinate(mech, 1, 1, 0.3),
         F.ObservedCoordinate(mech, n - 1, 2, 0.3),
         F.CorrelatedPrior(("q", "v"), (n, n), rng.standard_normal(2 * n), rng.standard_normal((2 * n, 2 * n))),
@@ -120,6 +121,49 @@ def test_integrated_random_walk_is_whitened_by_the_exact_transition_covariance()
     np.testing.assert_allclose(u.error(x0, x1, v0, v1), W @ r, rtol=1e-12)
     with pytest.raises(ValueError, match="densities"):
         F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 0.0)
+
+
+@pytest.mark.parametrize("h, T", [(1e-3, 1.0), (5e-3, 0.01), (0.1, 0.02), (1e-3, 1e-4)])
+def test_damped_random_walk_is_the_exact_transition_of_its_sde(h, T):
+    """Damped walk ẍ = −(2/T) ẋ − x/T² + w: the factor's mean transition is e^{Ah} and it whitens the
+    Van Loan covariance ∫ e^{As} G S Gᵀ e^{Aᵀs} ds (computed here independently with expm, including the
+    small-ωh regime where the closed form switches to its series)."""
+    from scipy.linalg import expm
+    S = np.array([3.0, 5e4])
+    u = F.IntegratedRandomWalk("tau", "tau_rate", 2, h, S, time_constant=T)
+    w = 1.0 / T
+    A = np.array([[0.0, 1.0], [-w * w, -2.0 * w]])
+    M = np.zeros((4, 4))
+    M[:2, :2] = -A
+    M[1, 3] = 1.0
+    M[2:, 2:] = A.T
+    E = expm(M * h)
+    Phi = E[2:, 2:].T
+    C = Phi @ E[:2, 2:]
+    np.testing.assert_allclose(u.transition, Phi, rtol=1e-12, atol=1e-14)
+    W = np.hstack((u.jacobians[1], u.jacobians[3]))
+    for i in range(2):
+        rows = [i, 2 + i]
+        Wi = W[np.ix_(rows, rows)]
+        np.testing.assert_allclose(Wi @ (S[i] * C) @ Wi.T, np.eye(2), atol=1e-8)
+    rng = np.random.default_rng(4)
+    x0, x1, v0, v1 = (rng.standard_normal(2) for _ in range(4))
+    r = np.concatenate((x1 - Phi[0, 0] * x0 - Phi[0, 1] * v0, v1 - Phi[1, 0] * x0 - Phi[1, 1] * v0))
+    np.testing.assert_allclose(u.error(x0, x1, v0, v1), W @ r, rtol=1e-10)
+    # without readings the prior's mean returns to 0 (the undamped walk keeps the rate: unbounded drift)
+    m = np.array([1.0, 5.0])
+    for _ in range(int(round(10 * T / h))):
+        m = Phi @ m
+    assert abs(m[0]) < 1e-2 * (1.0 + 5.0 * T)
+    with pytest.raises(ValueError, match="time constant"):
+        F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 1.0, time_constant=0.0)
+
+
+def test_undamped_walk_is_the_infinite_time_constant():
+    a = F.IntegratedRandomWalk("tau", "tau_rate", 1, 1e-3, 7.0)
+    b = F.IntegratedRandomWalk("tau", "tau_rate", 1, 1e-3, 7.0, time_constant=1e300)
+    for Ja, Jb in zip(a.jacobians, b.jacobians):
+        np.testing.assert_allclose(Ja, Jb, rtol=1e-12)
 
 
 def test_white_acceleration_sigmas_match_a_simulated_process():

@@ -1,6 +1,6 @@
 """`mbfg tune` (mbfg_ros.tuning): on recordings generated from the estimator's own stochastic model with known
 densities — the crank four-bar at dt 5 ms, efforts (estimation) or a disturbance added to a known PD command
-(fused) that are integrated random walks of a known density, encoder noise of known σ — the maximum innovation
+(fused; damped with the default time constant) that are integrated random walks of a known density, encoder noise of known σ — the maximum innovation
 likelihood recovers the density (and the encoder σ when asked) within 30 %; the parameter file it writes is read
 by `mbfg estimate --params` and by the node; bad inputs give one-line errors."""
 
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from mbfg_ros.cli.commands import main
+from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.factors.processes import damped_walk_transition
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 from mbfg_ros.tuning.likelihood import Recording, TuningError, encoder_layout, fit, initial_values
 from mbfg_ros.tuning.params_file import ParamsFileError, format_params, read_params
@@ -22,10 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 DT = 5e-3
 
 
-def integrated_random_walk(density: float, n: int, rng) -> np.ndarray:
-    """n samples at DT of x with ẍ white of `density` (exact discretization of (x, ẋ)), from rest."""
-    F = np.array([[1.0, DT], [0.0, 1.0]])
-    C = np.linalg.cholesky(density * np.array([[DT ** 3 / 3, DT ** 2 / 2], [DT ** 2 / 2, DT]]))
+def integrated_random_walk(density: float, n: int, rng, time_constant: float = math.inf) -> np.ndarray:
+    """n samples at DT of x with ẍ white of `density` (exact discretization of (x, ẋ)), from rest; with a finite
+    time constant T damped back to 0: ẍ = −(2/T) ẋ − x/T² + w (the fused mode's disturbance)."""
+    F, C = damped_walk_transition(DT, time_constant)
+    C = np.linalg.cholesky(density * C)
     x, out = np.zeros(2), np.empty(n)
     for k in range(n):
         out[k] = x[0]
@@ -38,7 +41,9 @@ def synthetic(crank, mode: str, density: float, sigma: float, seconds: float, se
     command (known, recorded) keeps the crank near 1 rad and the applied torque is command + the random walk."""
     rng = np.random.default_rng(seed)
     n = int(round(seconds / DT)) + 1
-    walk = integrated_random_walk(density, n + 2, rng)
+    # fused: the disturbance process of the estimator's model, the default time constant
+    walk = integrated_random_walk(density, n + 2, rng,
+                                  default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf)
     c = int(crank.actuated[0])
     commands = np.zeros((n + 2, 1))
 
@@ -91,10 +96,12 @@ def test_tune_recovers_the_disturbance_density_and_estimate_reads_the_file(crank
     (tmp_path / "short").mkdir()
     short_obs, short_cmd = write_csvs(tmp_path / "short", t[:61], y[:61], u[:61])
     a = fitted(text, "sigmas.acceleration_density")
+    T = fitted(text, "sigmas.disturbance_time_constant")        # fitted with the density: 1 s in the data
+    assert 0.4 < T < 2.5, T
     outs = {}
     for label, extra in (("file", ["--params", str(params)]),
                          ("options", ["--mode", "fused", f"--disturbance-density={d!r}",
-                                      f"--acceleration-density={a!r}"]),
+                                      f"--acceleration-density={a!r}", f"--disturbance-time-constant={T!r}"]),
                          ("defaults", ["--mode", "fused"]),
                          ("file, option wins", ["--params", str(params), "--disturbance-density=3000"])):
         out = tmp_path / f"{label}.csv"

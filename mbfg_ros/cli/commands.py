@@ -314,7 +314,7 @@ def cmd_inverse_dynamics(args) -> int:
 
 
 #: the estimate command's density options (the noise parameters of the estimation and fused modes)
-DENSITY_OPTIONS = ("acceleration_density", "effort_density", "disturbance_density")
+DENSITY_OPTIONS = ("acceleration_density", "effort_density", "disturbance_density", "disturbance_time_constant")
 
 
 def _params_from_file(args, mech) -> dict:
@@ -441,8 +441,10 @@ def cmd_tune(args) -> int:
         bar.close()
     except tl.TuningError as exc:
         raise UserError(str(exc)) from None
+    # fused: the disturbance's time constant, fitted with its density
     kept = {k: v for k, v in result.sigmas.items()
-            if k == "acceleration_density" or k == tl.density_name(args.mode)}
+            if k == "acceleration_density" or k == tl.density_name(args.mode)
+            or (k == "disturbance_time_constant" and args.mode == "fused" and v < 1e15)}   # the node's range
     header = [f"Written by: mbfg tune {mech.name} --mode {args.mode}",
               f"Fitted from {rec.source}: {len(rec.t)} samples at dt {rec.dt:g} s"
               + (f", decimated by {result.decimation} to {result.steps} steps at {result.dt:g} s"
@@ -573,9 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in zip(DENSITY_OPTIONS, (
             "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",
             "estimation: spectral density of the efforts' second derivative [(N·m)²/s³ or N²/s³ per actuator]",
-            "fused: spectral density of the disturbance's second derivative [(N·m)²/s³ or N²/s³ per actuator]")):
+            "fused: spectral density of the disturbance's second derivative [(N·m)²/s³ or N²/s³ per actuator]",
+            "fused: time constant over which the disturbance's prior returns to 0 [s]")):
         opt = "--" + name.replace("_", "-")
-        s.add_argument(opt, type=_positive(opt), metavar="S", help=f"{text} (default {defaults[name]:g})")
+        s.add_argument(opt, type=_positive(opt), metavar="T" if name.endswith("time_constant") else "S",
+                       help=f"{text} (default {defaults[name]:g})")
     s.add_argument("--std", action="store_true",
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
@@ -591,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--torques-topic", default="commanded_effort", metavar="TOPIC",
                    help="with --bag in fused mode: sensor_msgs/JointState commands (default commanded_effort)")
     s.add_argument("--mode", choices=("estimation", "fused"), required=True,
-                   help="fit the effort density (estimation) or the disturbance density (fused)")
+                   help="fit the effort density (estimation) or the disturbance density and time constant (fused)")
     s.add_argument("--fit-sensor-sigmas", action="store_true", help="also fit the encoders' σ")
     s.add_argument("--fit-acceleration-density", action="store_true",
                    help="also fit the acceleration density (else held at its default or the given value)")

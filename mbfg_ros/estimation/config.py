@@ -62,7 +62,8 @@ class EstimatorConfig:
         if self.integrator not in INTEGRATORS:
             problems.append(f"integrator must be one of {', '.join(INTEGRATORS)} (got '{self.integrator}')")
         for k, s in {**self.sigmas, **self.sensor_sigmas}.items():
-            if not (s > 0 and np.isfinite(s)):
+            # a time constant may be infinite (no damping)
+            if not (s > 0 and (np.isfinite(s) or k == "disturbance_time_constant")):
                 problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:

@@ -7,7 +7,8 @@
   `factors.IntegratedRandomWalk`); the commanded efforts are ignored.
 * `FusedEfforts` (fused): applied efforts = commands + disturbance d; the dynamics' known forces include
   the commands (per step), d and ḋ are the state's τ blocks under an integrated random walk of density
-  ``disturbance_density``; the reported efforts are command + d, the disturbance is reported too.
+  ``disturbance_density``, damped back to 0 with ``disturbance_time_constant`` [s]; the reported efforts are
+  command + d, the disturbance is reported too.
 
 A model answers, per step, the forces of the dynamics factors, the effort rate Q̇ of the 4th-order
 integrator's jerk, and the extra effort units (the integrated random walk between steps); per window, the seed's efforts and their prior; per estimate, the efforts reported.
@@ -213,12 +214,20 @@ class UnknownEfforts(EffortModel):
 
 class FusedEfforts(UnknownEfforts):
     """The applied efforts are the commands plus a disturbance d, d and ḋ states under an integrated random
-    walk (``disturbance_density``): the dynamics' known forces are gravity + E·command (per step) and the
+    walk (``disturbance_density``) damped back to 0 (``disturbance_time_constant``): the dynamics' known
+    forces are gravity + E·command (per step) and the
     state's τ block is d.  Unknown commands count as 0 (the disturbance then takes the whole effort)."""
 
     rates_from_commands = True
     known_forces_vary = True
     density_name = "disturbance_density"
+
+    def transition_units(self, h):
+        # damped back to 0 (the command is right on average): without readings the disturbance's prediction
+        # stays bounded instead of following its last rate (an undamped walk drifted over robot steps without
+        # readings in bag replays)
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.na, h, self.sigmas[self.density_name],
+                                       self.sigmas["disturbance_time_constant"])]
 
     def seed(self, efforts, tau_guess):
         cmd = self.commanded(efforts)

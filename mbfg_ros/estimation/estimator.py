@@ -33,7 +33,7 @@ stepper / seeder → step factors, effort model, sensors, gate → graph), never
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
+from mbfg_ros.estimation.joint_covariance import joint_covariance
 from mbfg_ros.estimation.seeding import Seed, Seeder, effort_marginal, extrapolated, marginal_prior
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, observations_in
 from mbfg_ros.estimation.step_factors import step_factors
@@ -181,6 +182,15 @@ class FixedLagEstimator:
             est = self._recover(t, efforts, obs, exc)
         est.solve_time = time.perf_counter() - t_start
         return est
+
+    def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
+        """The full covariance of the newest estimate's [angles, rates, efforts] of the coordinate columns
+        `coordinates` (3m × 3m; see `joint_covariance.joint_covariance`), computed now (a marginal of the
+        window: about the cost of ``compute_covariance`` for one step); None before the first estimate."""
+        if self.window is None or self.last is None:
+            return None
+        P = self.window.marginal_covariance(self.stepper.k)
+        return joint_covariance(P, self.layout, self.mech, coordinates)
 
     def prepare_next_step(self) -> bool:
         """Do now the part of the next step (one dt after the newest) that does not depend on its inputs:

@@ -10,7 +10,8 @@ it.  `ReducedEKF`, state x = (z, ż, e, ė), one (e, ė) per actuator:
 * estimation mode: e = τ, the unknown effort; fused mode: e = d, the disturbance, τ = command + d (a disturbance
   observer: the command is known, what the actuator adds or loses is estimated);
 * ë is white noise of density `effort_density` [effort²/s³] (an integrated random walk: smooth efforts; in
-  fused mode the estimator's `disturbance_density`), optionally z̈ gets white noise of density
+  fused mode the estimator's `disturbance_density`, optionally damped back to 0 with `time_constant` [s], the
+  estimator's `disturbance_time_constant`: ë = −(2/T) ė − e/T² + w), optionally z̈ gets white noise of density
   `acceleration_density` [(coordinate/s²)²·s];
 * prediction: the mean by one RK4 step of the nonlinear model (the command held over the step, as the plant's
   zero-order hold); the covariance by the exact discretization (Van Loan) of the model linearized at the mean,
@@ -75,8 +76,10 @@ class ReducedEKF:
 
     def __init__(self, mech: Mechanism, z: Sequence[int], dt: float, encoder_sigma, effort_density: float,
                  fused: bool = False, acceleration_density: float = 0.0, effort_sigma0: float = 100.0,
-                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1):
+                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1, time_constant: float = math.inf):
         self.model = ReducedModel(mech, z)
+        # e damped back to 0 with this time constant [s] (ë = −(2/T) ė − e/T² + w; inf: undamped)
+        self.damping = 0.0 if math.isinf(time_constant) else 1.0 / float(time_constant)
         self.mech, self.dt, self.fused = mech, float(dt), bool(fused)
         self.d = len(self.model.z)
         self.na = len(mech.actuated)
@@ -95,6 +98,8 @@ class ReducedEKF:
         self.x: Optional[np.ndarray] = None
         self.P: Optional[np.ndarray] = None
         self.log_likelihood = 0.0         # Σ log N(innovation; 0, S) over the updates so far
+        self.innovation: Optional[np.ndarray] = None              # the last update's y − ẑ and its covariance S
+        self.innovation_covariance: Optional[np.ndarray] = None
 
     # -- the model ---------------------------------------------------------------------------------------
     def _efforts(self, x, command):
@@ -107,6 +112,9 @@ class ReducedEKF:
         out[:d] = x[d:2 * d]
         out[d:2 * d] = self.model.acceleration(x[:d], x[d:2 * d], self._efforts(x, command), q)
         out[2 * d:2 * d + na] = x[2 * d + na:]
+        if self.damping:
+            w = self.damping
+            out[2 * d + na:] = -w * w * x[2 * d:2 * d + na] - 2.0 * w * x[2 * d + na:]
         return out
 
     def _jacobian(self, x, command):
@@ -124,6 +132,7 @@ class ReducedEKF:
             else:
                 A[:, j] = (self._f(xp, command, q) - self._f(xm, command, q)) / (2 * h)
         A[2 * d:2 * d + self.na, 2 * d + self.na:] = np.eye(self.na)
+        A[2 * d + self.na:, 2 * d + self.na:] = -2.0 * self.damping * np.eye(self.na)
         return A
 
     def _rk4(self, x, command):
@@ -164,6 +173,7 @@ class ReducedEKF:
             self.P = F @ self.P @ F.T + Qd
             S = self.H @ self.P @ self.H.T + self.R
             innovation = y - self.x[:d]
+            self.innovation, self.innovation_covariance = innovation, S
             _, logdet = np.linalg.slogdet(S)
             self.log_likelihood -= 0.5 * (innovation @ np.linalg.solve(S, innovation) + logdet
                                           + d * math.log(2.0 * math.pi))

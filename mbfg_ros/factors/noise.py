@@ -5,7 +5,8 @@
   tolerances, not a model of the unknown: the forward-dynamics accuracy rests on them.
 * The continuous-time white-noise densities of the estimation and fused modes, in physical units: the
   unmodelled accelerations (they replace the integrators' sigmas, `factors.white_acceleration_sigmas`) and
-  the unknown efforts or the disturbance (their second derivative, `factors.IntegratedRandomWalk`).
+  the unknown efforts or the disturbance (their second derivative, `factors.IntegratedRandomWalk`), and the
+  disturbance's time constant (its prior damped back to 0, seconds).
   Defaults measured with bench/stochastic_model.py (crank four-bar, encoder σ 1 mrad at 1 kHz).
 """
 
@@ -18,6 +19,7 @@ from typing import Dict
 ACCELERATION_DENSITY = 1e-3
 EFFORT_DENSITY = 5e4        # robust across the bench scenarios: ≤ 1.3× the truth-tuned EKF (docs/decisions.md)
 DISTURBANCE_DENSITY = 3e3
+DISTURBANCE_TIME_CONSTANT = 1.0   # [s]
 
 
 def default_sigmas() -> Dict[str, float]:
@@ -35,6 +37,7 @@ def default_sigmas() -> Dict[str, float]:
         "acceleration_density": ACCELERATION_DENSITY,   # unmodelled accelerations, (unit of q)²/s³
         "effort_density": EFFORT_DENSITY,               # τ̈ of unknown efforts (estimation), (N·m)²/s³ or N²/s³
         "disturbance_density": DISTURBANCE_DENSITY,     # d̈ of the disturbance (fused), (N·m)²/s³ or N²/s³
+        "disturbance_time_constant": DISTURBANCE_TIME_CONSTANT,  # s: the disturbance damped back to 0 (inf: not)
         "initial_effort_rate": 10.0,  # prior on the effort (disturbance) rate at a window's start, N·m/s
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
         "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
@@ -59,6 +62,9 @@ def noise_descriptions() -> Dict[str, str]:
                           "random walk, per actuator) [(N·m)²/s³ on revolute, N²/s³ on prismatic actuators]",
         "disturbance_density": "fused: spectral density of the disturbance's second derivative (applied = command + "
                                "disturbance, per actuator) [(N·m)²/s³, N²/s³]",
+        "disturbance_time_constant": "fused: time constant over which the disturbance's prior returns to 0 "
+                                     "(critically damped; bounds its prediction without readings; a very large "
+                                     "value: an undamped integrated random walk) [s]",
         "initial_effort_rate": "σ of the prior on the effort (disturbance) rate when a window starts [N·m/s, N/s]",
         "initial_effort": "σ of the prior on the unknown efforts (disturbance) when a window starts [N·m, N]",
         "initial_velocity": "σ of the prior on an unknown initial velocity (estimation, fused) [m/s, rad/s]",

@@ -2,7 +2,8 @@
 estimation and fused modes; densities in physical units).
 
 * `IntegratedRandomWalk`: a block x (e.g. the unknown efforts) and its rate ẋ under white noise on ẍ of
-  spectral density S (per component, units of x² / s³): a static linear factor between two steps.
+  spectral density S (per component, units of x² / s³), optionally damped back to 0 with a time constant
+  (the disturbance of fused mode): a static linear factor between two steps.
 * `white_acceleration_sigmas`: the sigmas of the integrator rows when the coordinates' accelerations carry
   white noise of density S (units of q² / s³) — the unmodelled part of the dynamics.
 """
@@ -24,38 +25,83 @@ def _densities(density, d: int, what: str) -> np.ndarray:
     return s
 
 
+def _exponential_moments(rate: float, h: float) -> Tuple[float, float, float]:
+    """(J0, J1, J2), Jn = ∫₀ʰ sⁿ e^{−rate·s} ds, without cancellation for small rate·h (a series there)."""
+    x = rate * h
+    if x < 1.0:
+        # ∫₀¹ uⁿ e^{−xu} du = Σ_k (−x)^k / (k! (n + k + 1)); 25 terms: x^25/25! < 1e-25
+        g = [0.0, 0.0, 0.0]
+        term = 1.0                                   # (−x)^k / k!
+        for k in range(25):
+            for n in range(3):
+                g[n] += term / (n + k + 1)
+            term *= -x / (k + 1)
+    else:
+        e = math.exp(-x)
+        g = [(1.0 - e) / x, (1.0 - e * (1.0 + x)) / x ** 2, (2.0 - e * (2.0 + 2.0 * x + x * x)) / x ** 3]
+    return g[0] * h, g[1] * h * h, g[2] * h ** 3
+
+
+def damped_walk_transition(h: float, time_constant: float):
+    """(Φ, C): the exact transition over h of (x, ẋ) under ẍ = −(2/T) ẋ − x/T² + w (critically damped,
+    ω = 1/T; T = ∞: the integrated random walk ẍ = w), and the covariance C of its noise for a unit density,
+    per component: x(h) = Φ (x, ẋ)(0) + ∫ Φ(h − s) [0, 1]ᵀ w ds, C = ∫₀ʰ φ(s) φ(s)ᵀ ds with
+    φ(s) = e^{−ωs} (s, 1 − ωs)."""
+    w = 0.0 if math.isinf(time_constant) else 1.0 / float(time_constant)
+    e = math.exp(-w * h)
+    Phi = e * np.array([[1.0 + w * h, h], [-w * w * h, 1.0 - w * h]])
+    J0, J1, J2 = _exponential_moments(2.0 * w, h)
+    c11 = J2
+    c12 = J1 - w * J2
+    c22 = J0 - 2.0 * w * J1 + w * w * J2
+    return Phi, np.array([[c11, c12], [c12, c22]])
+
+
 class IntegratedRandomWalk(Factor):
-    """GP prior of white noise on ẍ between two steps h apart (slots x_prev, x, xd_prev, xd):
+    """GP prior of white noise on ẍ between two steps h apart (slots x_prev, x, xd_prev, xd), optionally
+    damped back to 0 with a time constant T (critically damped: ẍ = −(2/T) ẋ − x/T² + w):
 
-        r = [x − x_prev − h ẋ_prev;  ẋ − ẋ_prev] ~ N(0, S ⊗ [[h³/3, h²/2], [h²/2, h]])   (per component),
+        r = [x; ẋ] − Φ(h) [x_prev; ẋ_prev] ~ N(0, S ⊗ C(h))   (per component),
 
-    the exact transition of ẍ = w, E[w(t) w(s)] = S δ(t − s).  The rows are whitened by the inverse Cholesky
-    factor of that covariance (unit sigmas), so the factor stays static and linear: e = W r.  Row order:
-    the d position rows, then the d rate rows."""
+    the exact transition of that linear SDE with E[w(t) w(s)] = S δ(t − s) (`damped_walk_transition`).
+    T = ∞ (the default) is the integrated random walk: Φ = [[1, h], [0, 1]], C = [[h³/3, h²/2], [h²/2, h]];
+    its prediction without readings keeps x's rate, so x drifts without bound.  A finite T keeps the
+    prior bounded (stationary σ_x = √(S T³/4), σ_ẋ = √(S T/4)) and pulls x back to 0 over a few T: for a
+    quantity whose expected value is 0, such as the disturbance of a trusted actuator.
+    The rows are whitened by the inverse Cholesky factor of S C (unit sigmas), so the factor stays static and
+    linear: e = W r.  Row order: the d position rows, then the d rate rows."""
 
     linear = True
     static = True
 
-    def __init__(self, x: str, xd: str, d: int, dt: float, density):
+    def __init__(self, x: str, xd: str, d: int, dt: float, density, time_constant: float = math.inf):
         self.dim = 2 * int(d)
         self.dt = h = float(dt)
         self.density = _densities(density, int(d), "IntegratedRandomWalk")
+        if not (time_constant > 0):
+            raise ValueError(f"IntegratedRandomWalk: the time constant must be > 0 seconds or inf "
+                             f"(got {time_constant})")
+        self.time_constant = float(time_constant)
         self.slots = (prev(x), x, prev(xd), xd)
         self.sigmas = np.ones(self.dim)
-        # per component: L = chol(S [[h³/3, h²/2], [h²/2, h]]) = √S [[l11, 0], [l21, l22]], W = L⁻¹
-        l11 = math.sqrt(h ** 3 / 3.0)
-        l21 = (h * h / 2.0) / l11
-        l22 = math.sqrt(h - l21 * l21)             # = √(h/4)
+        Phi, C = damped_walk_transition(h, self.time_constant)
+        self.transition = Phi
+        # per component: chol(S C) = √S [[l11, 0], [l21, l22]], W = its inverse
+        l11 = math.sqrt(C[0, 0])
+        l21 = C[0, 1] / l11
+        l22 = math.sqrt(C[1, 1] - l21 * l21)
         root = np.sqrt(self.density)
         w11 = 1.0 / (root * l11)
         w21 = -l21 / (root * l11 * l22)
         w22 = 1.0 / (root * l22)
         D = np.diag
-        Z = np.zeros((int(d), int(d)))
-        # ∂r/∂(x_prev, x, ẋ_prev, ẋ) = [[−I, I, −hI, 0], [0, 0, −I, I]], then e = W r
-        self.jacobians = [np.vstack((D(-w11), D(-w21))), np.vstack((D(w11), D(w21))),
-                          np.vstack((D(-h * w11), D(-h * w21 - w22))), np.vstack((Z, D(w22)))]
-        self.name = f"integrated_random_walk({x},{xd})"
+        # ∂r/∂(x_prev, x, ẋ_prev, ẋ) = [[−Φ11 I, I, −Φ12 I, 0], [−Φ21 I, 0, −Φ22 I, I]], then e = W r
+        (f11, f12), (f21, f22) = Phi
+        self.jacobians = [np.vstack((D(-w11 * f11), D(-w21 * f11 - w22 * f21))), np.vstack((D(w11), D(w21))),
+                          np.vstack((D(-w11 * f12), D(-w21 * f12 - w22 * f22))),
+                          np.vstack((np.zeros((int(d), int(d))), D(w22)))]
+        damped = "" if math.isinf(self.time_constant) else f",T={self.time_constant:g}"
+        self.name = f"integrated_random_walk({x},{xd}{damped})"
 
     def evaluate(self, x0, x1, xd0, xd1, ctx=None):
         J = self.jacobians

@@ -1,5 +1,6 @@
 """The estimator node's outputs: ~/joint_states, ~/state, ~/markers, ~/disturbance (fused mode) (each
-estimate, written into serialized templates) and /diagnostics."""
+estimate, written into serialized templates), optionally ~/joint_states_stddev and ~/joint_states_covariance,
+and /diagnostics."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory
 from visualization_msgs.msg import MarkerArray
 
@@ -39,6 +41,18 @@ def joint_state_layout(mech: Mechanism):
     return coords, names, effort_index
 
 
+def covariance_message(joint_names) -> Float64MultiArray:
+    """~/joint_states_covariance's message without its data: a 3m × 3m row-major matrix whose rows and columns
+    are the m joints' position, then velocity, then effort (~/joint_states' names and order), each dimension
+    labelled with that order: 'position/crank,velocity/crank,effort/crank'."""
+    order = ",".join(f"{field}/{name}" for field in ("position", "velocity", "effort") for name in joint_names)
+    size = 3 * len(joint_names)
+    msg = Float64MultiArray()
+    msg.layout.dim = [MultiArrayDimension(label=order, size=size, stride=size * size),
+                      MultiArrayDimension(label=order, size=size, stride=size)]
+    return msg
+
+
 class Outputs:
     """The node's publishers and what they publish."""
 
@@ -54,6 +68,14 @@ class Outputs:
                            if settings.publish_stddev else None)
         self.pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
         self.js_coords, self.js_names, self.js_effort_index = joint_state_layout(mech)
+        # with publish_covariance: the full covariance of ~/joint_states' angle, rate and effort, asked of the
+        # node's current core (`EstimatorCore.joint_covariance`) after each estimate
+        self.node = node
+        self.pub_covariance = None
+        if settings.publish_covariance:
+            self.pub_covariance = node.create_publisher(Float64MultiArray, "~/joint_states_covariance", OUTPUT_QOS,
+                                                        **qos_overriding)
+            self._covariance_msg = covariance_message(self.js_names)
         self._listeners_checked_ns = -10 ** 19
         self._listened = (True, True, True)    # (~/state, ~/joint_states, ~/disturbance) have subscribers
         self.forget_markers()
@@ -114,6 +136,12 @@ class Outputs:
             c, n = self.js_coords, self.mech.n
             self.pub_stddev.publish(stddev_tpl.fill(t_k, np.concatenate(
                 (est.std[c], est.std[n + c], self._joint_efforts(est.efforts_std)))))
+        if self.pub_covariance is not None:
+            P = self.node.core.joint_covariance(self.js_coords)
+            if P is not None:
+                msg = self._covariance_msg
+                msg.data = P.ravel().tolist()
+                self.pub_covariance.publish(msg)
         if to_disturbance and est.disturbance is not None and len(est.disturbance):
             self.pub_disturbance.publish(disturbance_tpl.fill(t_k, np.asarray(est.disturbance, dtype=float)))
         if markers:

@@ -46,6 +46,7 @@ class Settings:
     max_backlog: float
     fast_loop: bool
     publish_stddev: bool = False          # read-only: ~/joint_states_stddev (the core computes the marginal)
+    publish_covariance: bool = False      # read-only: ~/joint_states_covariance (the core's joint_covariance)
 
 
 @dataclass
@@ -161,6 +162,11 @@ def declare_parameters(node) -> StartupParameters:
         description="Publish ~/joint_states_stddev (1σ of the angle, rate and effort of ~/joint_states, from the "
                     "newest state's marginal covariance; costs ~0.06 ms a step on the crank four-bar)",
         read_only=True)).value
+    publish_covariance = d("publish_covariance", False, PD(
+        description="Publish ~/joint_states_covariance (std_msgs/Float64MultiArray: the full covariance of the "
+                    "angle, rate and effort of ~/joint_states' joints, row-major, labelled in its layout; costs "
+                    "a marginal of the newest state a step, ~0.06 ms on the crank four-bar)",
+        read_only=True)).value
 
     try:
         # The node calls step() on every grid step (gaps only when it skips ahead on overload, where the
@@ -184,7 +190,8 @@ def declare_parameters(node) -> StartupParameters:
                         max_input_age=max_input_age, future_tolerance=future_tolerance,
                         publish_markers=publish_markers, marker_period=marker_period, frame_id=frame_id,
                         diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
-                        max_backlog=max_backlog, fast_loop=fast_loop, publish_stddev=bool(publish_stddev))
+                        max_backlog=max_backlog, fast_loop=fast_loop, publish_stddev=bool(publish_stddev),
+                        publish_covariance=bool(publish_covariance))
     return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
 
 

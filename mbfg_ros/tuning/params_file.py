@@ -39,7 +39,8 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     """The file's text: `header` lines as comments, then the `mbfg_estimator` section."""
     descriptions = {"acceleration_density": "unmodelled accelerations [rad²/s³ on angles, m²/s³ on points]",
                     "effort_density": "estimation: unknown efforts' second derivative [(N·m)²/s³ or N²/s³]",
-                    "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]"}
+                    "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]",
+                    "disturbance_time_constant": "fused: the disturbance's prior returns to 0 over this [s]"}
     lines = [f"# {h}".rstrip() for h in header]
     lines += [f"/**/{NODE_NAME}:", "  ros__parameters:"]
     if mechanism:

@@ -1,0 +1,43 @@
+"""The full covariance of named joints at the newest step, on request (`FixedLagEstimator.joint_covariance`).
+
+For the coordinates c₁ … c_m (columns of q) it is the covariance of the stacked vector
+[q_c₁ … q_c_m, q̇_c₁ … q̇_c_m, τ_c₁ … τ_c_m], where τ_c is the effort published on coordinate c: the effort of
+the actuator on c (estimated τ in estimation mode; command + disturbance in fused mode, whose uncertainty is the
+disturbance's, the command being known), and 0 — with zero rows and columns — on a coordinate without an
+actuator or when the efforts are the commands (forward dynamics).  It is a marginal of the newest step's state
+in the window (one `marginalCovariance` of the smoother, about as costly as `compute_covariance`'s per step),
+so it is computed only when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mbfg_ros.graph.layout import StateLayout
+from mbfg_ros.model.mechanism import Mechanism
+
+
+def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordinates: Sequence[int]) -> np.ndarray:
+    """The (3m × 3m) covariance described in the module docstring, from the newest step's state marginal P
+    (ordered as `layout`)."""
+    cols = [int(c) for c in coordinates]
+    for c in cols:
+        if not 0 <= c < mech.n:
+            raise ValueError(f"coordinate column {c} out of range (the mechanism has {mech.n} coordinates)")
+    m = len(cols)
+    q, v = layout.slices["q"], layout.slices["v"]
+    tau = layout.slices.get("tau")
+    index = [q.start + c for c in cols] + [v.start + c for c in cols]
+    actuator_of = {int(a): j for j, a in enumerate(mech.actuated)}
+    effort_rows = []                   # (row in the output, index in the state) of the efforts with a state
+    for i, c in enumerate(cols):
+        j = actuator_of.get(c)
+        if tau is not None and j is not None:
+            effort_rows.append((2 * m + i, tau.start + j))
+    rows = list(range(2 * m)) + [r for r, _ in effort_rows]
+    index += [s for _, s in effort_rows]
+    out = np.zeros((3 * m, 3 * m))
+    out[np.ix_(rows, rows)] = P[np.ix_(index, index)]
+    return 0.5 * (out + out.T)
