@@ -173,8 +173,9 @@ def test_a_branch_set_while_waiting_is_where_the_next_start_is(node, mech, traj)
 
 
 def test_numerical_trouble_keeps_the_crank_on_its_encoders_turn(node, mech, traj):
-    """Readings that contradict the model (the crank jumps half a turn, the gyroscope 50 rad/s, for 80 ms)
-    make the core recover; the published crank never ends up a turn from its reading."""
+    """Readings that contradict the model (the crank jumps half a turn, the gyroscope 50 rad/s) for 280 ms,
+    longer than the innovation gate refuses them (max_rejections steps), make the core re-initialize from
+    them and back when they return; the published crank never ends up a turn from its reading."""
     from std_srvs.srv import Trigger
     from mbfg_ros.sim.plant import Trajectory
     est, probe = node
@@ -182,8 +183,8 @@ def test_numerical_trouble_keeps_the_crank_on_its_encoders_turn(node, mech, traj
     probe.clear()
     d0 = probe.wait_diag(lambda d: True, 3.0)
     jumped = {n: v.copy() for n, v in traj.readings.items()}
-    jumped["crank"][150:170] += math.pi
-    jumped["coupler_gyro"][150:170] += 50.0
+    jumped["crank"][150:220] += math.pi
+    jumped["coupler_gyro"][150:220] += 50.0
     bad = Trajectory(traj.t, traj.q, traj.v, traj.a, traj.efforts, traj.Q, jumped)
     f = Feeder(probe, bad, DT, mech).start()
     f.join()
