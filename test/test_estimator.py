@@ -402,6 +402,41 @@ def test_nan_state_triggers_recovery(four_bar, monkeypatch):
     assert est.step(52e-3).status == "ok"
 
 
+def test_a_diverged_estimate_does_not_seed_recoveries_forever(crank, driven, monkeypatch):
+    """A diverged last estimate (what sustained overload left a node with) that makes every step from it fail:
+    the recoveries re-seed at it and extrapolate it a few times, then start afresh from the readings, and
+    the estimate is back on the truth (before, every retry started from the diverged estimate again)."""
+    from mbfg_ros.estimation import stepping
+    orig = stepping.Stepper.advance
+
+    first = []
+
+    def advance(self, h, efforts, obs):
+        if not first:
+            first.append(True)
+            raise stepping.StepFailure("numerical failure (injected)")
+        orig(self, h, efforts, obs)
+        if np.abs(self.x).max() > 1e3:
+            raise stepping.StepFailure("diverged (injected)")
+
+    diverged = {}
+
+    def corrupt(est, k):
+        if k == 399:
+            est.last.v = np.full_like(est.last.v, 3000.0)
+            monkeypatch.setattr(stepping.Stepper, "advance", advance)
+            diverged["recoveries"] = est.recoveries
+
+    est, out = _estimate_driven(crank, driven, EstimatorConfig(mode="estimation", window=10), steps=800,
+                                after_step=corrupt)
+    statuses = [e.status for e in out[400:]]
+    assert "recovered" in statuses and "started afresh from the readings" in " ".join(e.message for e in out[400:])
+    assert est.recoveries - diverged["recoveries"] <= FixedLagEstimator.TRUST_LAST_FAILURES + 2, est.recoveries
+    assert all(s == "ok" for s in statuses[50:])
+    theta = np.array([e.q[4] for e in out[500:800]])
+    assert np.abs(theta - driven.theta[500:800]).max() < 0.01
+
+
 def test_missing_nan_and_unknown_observations(crank):
     est = FixedLagEstimator(crank, EstimatorConfig(window=3, mode="estimation"))
     est.step(0.0, observations={"crank": 0.0})

@@ -100,6 +100,8 @@ class FixedLagEstimator:
     """
 
     REINITIALIZED = "re-initialized on request"
+    # failures in a row (no usual step between) after which recoveries stop starting from the last estimate
+    TRUST_LAST_FAILURES = 4
 
     def __init__(self, mech: Mechanism, config: Optional[EstimatorConfig] = None, q0=None, v0=None):
         self.mech = mech
@@ -270,7 +272,7 @@ class FixedLagEstimator:
             return self._advance_or_resync(t, efforts, obs, "initialized", [self.REINITIALIZED])
         if self.window is None:
             retry, self._retry = self._retry, None
-            if retry is not None and self.last is not None:
+            if retry is not None and self.last is not None and self._failures <= self.TRUST_LAST_FAILURES:
                 # an earlier recovery could not re-initialize: try again from the last good estimate
                 return self._reseed_and_advance(t, efforts, obs, "recovered", f"re-initialized after: {retry}")
             return self._initialize(t, efforts, obs, self.seeder.fresh(self.last is None), "initialized", "initialized")
@@ -320,7 +322,10 @@ class FixedLagEstimator:
         self.estimates.check(est)
         self.last = est
         self._last_efforts = efforts
-        self._failures = 0
+        if est.status == "ok":
+            # only a step advanced as usual shows the state sane again: a recovery's own estimate (re-seeded
+            # at a possibly diverged estimate) must not reset the escalation of `_recover`
+            self._failures = 0
         return est
 
     # -- seeding and recovery -------------------------------------------------------------------
@@ -378,14 +383,24 @@ class FixedLagEstimator:
         self._failures += 1
         errors = []
         if last is not None:
-            for reseed in ([True] if self._failures <= 2 else []) + [False]:
+            # the last estimate is trusted less with each failure not separated by a usual step: re-seed at it,
+            # then re-initialize at its extrapolation, then start afresh from the readings (a diverged estimate
+            # would otherwise seed every retry, failing forever: seen under sustained overload at 1 kHz)
+            n = self._failures
+            attempts = ((["reseed"] if n <= 2 else []) + (["extrapolated"] if n <= self.TRUST_LAST_FAILURES else [])
+                        + ["fresh"])
+            for attempt in attempts:
                 try:
-                    if reseed:
+                    if attempt == "reseed":
                         return self._reseed_and_advance(
                             t, efforts, obs, "recovered",
                             f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})")
-                    return self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
-                                            f"numerical failure ({reason}): re-initialized at t={t:.6g}")
+                    if attempt == "extrapolated":
+                        return self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
+                                                f"numerical failure ({reason}): re-initialized at t={t:.6g}")
+                    return self._initialize(t, efforts, obs, self.seeder.fresh(False), "recovered",
+                                            f"numerical failure ({reason}): started afresh from the readings "
+                                            f"at t={t:.6g} ({n} failures in a row)")
                 except Exception as exc2:
                     errors.append(f"{type(exc2).__name__}: {exc2}")
         self.stepper.window = None   # retry the initialization at the next step
