@@ -222,6 +222,32 @@ def test_tune_from_a_bag(tmp_path, capsys):
     assert err.count("\n") == 1 and "no topic /cmd" in err and "/commanded_effort" in err
 
 
+def test_tune_refuses_an_implausible_bag_message(tmp_path, capsys):
+    """A command beyond the actuator's effort_limit in a bag is a one-line error naming the topic and the
+    message, as an implausible CSV cell is (the node would refuse it too)."""
+    pytest.importorskip("rosbags")
+    from rosbags.rosbag2 import Writer
+    from rosbags.typesys import Stores, get_typestore
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    T = ts.types
+    Time, Header, JointState = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"], T["sensor_msgs/msg/JointState"]
+    bag, empty = tmp_path / "bag", np.zeros(0)
+    with Writer(bag, version=9) as w:
+        c_obs = w.add_connection("/joint_observations", JointState.__msgtype__, typestore=ts)
+        c_eff = w.add_connection("/commanded_effort", JointState.__msgtype__, typestore=ts)
+        for k in range(20):
+            t_ns = 10**9 + k * 10**6
+            hdr = Header(stamp=Time(sec=t_ns // 10**9, nanosec=t_ns % 10**9), frame_id="")
+            obs = JointState(header=hdr, name=["crank"], position=np.array([0.01 * k]), velocity=empty, effort=empty)
+            eff = JointState(header=hdr, name=["crank"], position=empty, velocity=empty,
+                             effort=np.array([1e300 if k == 7 else 1.0]))
+            w.write(c_obs, t_ns, ts.serialize_cdr(obs, JointState.__msgtype__))
+            w.write(c_eff, t_ns, ts.serialize_cdr(eff, JointState.__msgtype__))
+    assert main(["tune", "four_bar_crank", "--bag", str(bag), "--mode", "fused", "-o", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "/commanded_effort message 8" in err and "implausible effort" in err, err
+
+
 @pytest.mark.parametrize("case, expected", [
     ("no_encoder_column", "no column for encoder(s) crank"),
     ("fused_without_torques", "--mode fused needs --torques"),

@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.tuning.likelihood import Recording, TuningError, encoder_layout
 
 JOINT_STATE = "sensor_msgs/msg/JointState"
@@ -18,6 +19,15 @@ JOINT_STATE = "sensor_msgs/msg/JointState"
 
 def _topic(name: str) -> str:
     return name if name.startswith("/") else "/" + name
+
+
+def _check(path, topic: str, index: int, stamp: float, problems) -> None:
+    """TuningError naming the message of the first problem (`model.plausibility`) among `problems`."""
+    for problem in problems:
+        if problem is not None:
+            kind, detail = problem
+            raise TuningError(f"{path}: {topic} message {index + 1} (stamp {stamp:.9f} s): "
+                              f"{kind.replace('_', ' ')}: {detail}")
 
 
 def recording_from_bag(mech: Mechanism, path, observations_topic: str = "joint_observations",
@@ -33,6 +43,7 @@ def recording_from_bag(mech: Mechanism, path, observations_topic: str = "joint_o
     if not path.exists():
         raise TuningError(f"{path}: no such bag")
     names, coords, _ = encoder_layout(mech)
+    limits = InputLimits(mech)
     obs_topic = _topic(observations_topic)
     cmd_topic = _topic(torques_topic) if torques_topic else None
     obs_t, obs_y, cmd_t, cmd_u = [], [], [], []
@@ -57,14 +68,18 @@ def recording_from_bag(mech: Mechanism, path, observations_topic: str = "joint_o
             if conn.topic == obs_topic:
                 row = [float(msg.position[index[n]]) if n in index and index[n] < len(msg.position) else np.nan
                        for n in names]
+                _check(path, obs_topic, len(obs_t), stamp,
+                       [limits.reading_problem(n, v) for n, v in zip(names, row) if not np.isnan(v)])
                 obs_t.append(stamp)
                 obs_y.append(row)
             else:
                 missing = [a for a in actuators if a not in index or index[a] >= len(msg.effort)]
                 if missing:
                     raise TuningError(f"{path}: a {cmd_topic} message has no effort for {', '.join(missing)}")
+                u = [float(msg.effort[index[a]]) for a in actuators]
+                _check(path, cmd_topic, len(cmd_t), stamp, [limits.effort_problem(k, v) for k, v in enumerate(u)])
                 cmd_t.append(stamp)
-                cmd_u.append([float(msg.effort[index[a]]) for a in actuators])
+                cmd_u.append(u)
     finally:
         reader.close()
     if len(obs_t) < 10:
