@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import gc
 import signal
+import sys
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import rclpy
+import rclpy.executors
 from rclpy.signals import SignalHandlerOptions
 
 # Humble's rclpy has no ExternalShutdownException (another part of the process shut the context down)
@@ -114,3 +116,29 @@ def close_node(node, executor=None) -> None:
         node.destroy_node()
     if rclpy.ok():
         rclpy.shutdown()
+
+
+def run_node(args, build: Callable[[StopRequest], object], config_errors: tuple, name: str,
+             done: Optional[Callable[[object], Callable[[], bool]]] = None) -> int:
+    """A node's `main()`: rclpy under this module's signal handling, the node built by `build(stop)` (a
+    bad configuration, one of `config_errors`: one line `[name] error: ...` on stderr, exit code 2),
+    served until a signal (or `done(node)()`), closed once; exit code 0."""
+    stop = init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
+    node = executor = None
+    try:
+        try:
+            node = build(stop)
+        except config_errors as e:
+            print(f"[{name}] error: {e}", file=sys.stderr)
+            return 2
+        if not stop.is_set():
+            executor = rclpy.executors.SingleThreadedExecutor()
+            executor.add_node(node)
+            start_node(node)
+            spin_until_stopped(executor, stop, done=done(node) if done is not None else None)
+        if stop.is_set():
+            node.get_logger().info(f"stopping ({stop.reason()})")
+        return 0
+    finally:
+        close_node(node, executor)
+        stop.ignore_further()

@@ -506,25 +506,9 @@ class EstimatorNode(Node):
 # ---------------------------------------------------------------------------------------------
 def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
     sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
-    stop = lifecycle.init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
-    node = executor = None
-    try:
-        try:
-            node = EstimatorNode(core_factory=core_factory)
-        except (P.ConfigError, rclpy.exceptions.InvalidParameterValueException,
-                rclpy.exceptions.InvalidParameterTypeException) as e:
-            print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
-            return 2
-        if not stop.is_set():
-            executor = rclpy.executors.SingleThreadedExecutor()
-            executor.add_node(node)
-            lifecycle.start_node(node)
-            lifecycle.spin_until_stopped(executor, stop)
-        node.get_logger().info(f"stopping ({stop.reason()})")
-        return 0
-    finally:
-        lifecycle.close_node(node, executor)
-        stop.ignore_further()
+    return lifecycle.run_node(args, lambda stop: EstimatorNode(core_factory=core_factory),
+                              (P.ConfigError, rclpy.exceptions.InvalidParameterValueException,
+                               rclpy.exceptions.InvalidParameterTypeException), NODE_NAME)
 
 
 if __name__ == "__main__":

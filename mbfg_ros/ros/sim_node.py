@@ -290,26 +290,10 @@ class SimNode(Node):
 
 def main(args=None) -> int:
     sys.setswitchinterval(5e-4)   # quick GIL hand-over to the publishing thread
-    stop = lifecycle.init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
-    node = executor = None
-    try:
-        try:
-            node = SimNode(stop_requested=stop.is_set)
-        except (ConfigError, rclpy.exceptions.InvalidParameterValueException,
-                rclpy.exceptions.InvalidParameterTypeException) as e:
-            print(f"[{NODE_NAME}] error: {e}", file=sys.stderr)
-            return 2
-        if not stop.is_set():
-            executor = rclpy.executors.SingleThreadedExecutor()
-            executor.add_node(node)
-            lifecycle.start_node(node)
-            lifecycle.spin_until_stopped(executor, stop, done=node.finished.is_set)
-        if stop.is_set():
-            node.get_logger().info(f"stopping ({stop.reason()})")
-        return 0
-    finally:
-        lifecycle.close_node(node, executor)
-        stop.ignore_further()
+    return lifecycle.run_node(args, lambda stop: SimNode(stop_requested=stop.is_set),
+                              (ConfigError, rclpy.exceptions.InvalidParameterValueException,
+                               rclpy.exceptions.InvalidParameterTypeException), NODE_NAME,
+                              done=lambda node: node.finished.is_set)
 
 
 if __name__ == "__main__":
