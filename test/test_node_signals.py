@@ -203,6 +203,27 @@ def test_plant_memory_flat_over_a_short_soak(tmp_path):
     assert growth["plant"]["second_half"] < PLANT_GROWTH_BOUND_KB_PER_MIN, f"{growth}\n{table}"
 
 
+def test_a_long_run_starts_at_once_and_publishes_every_sample(tmp_path):
+    """A `duration` longer than the plant integrates before publishing (PREINTEGRATED_MAX_S) starts without
+    integrating it all first (a 600-s run took minutes) and still publishes every sample: 40 s at dt 10 ms,
+    10× faster than real time on its own clock."""
+    from mbfg_ros.ros.demo import ros_env
+    from mbfg_ros.ros.sim_node import PREINTEGRATED_MAX_S
+    duration, dt = 40.0, 0.01
+    assert duration > PREINTEGRATED_MAX_S
+    log = tmp_path / "plant.log"
+    with open(log, "w") as f:
+        p = subprocess.run([sys.executable, "-m", "mbfg_ros.ros.sim_node", "--ros-args", "--params-file", str(CONFIG),
+                            "-p", "mechanism:=four_bar_crank", "-p", f"duration:={duration}", "-p", f"dt:={dt}",
+                            "-p", "publish_clock:=true", "-p", "real_time_factor:=10.0"],
+                           stdout=f, stderr=subprocess.STDOUT, env=ros_env(fresh_domain_id()), cwd=str(REPO),
+                           timeout=120)
+    text = log.read_text()
+    assert p.returncode == 0, text
+    assert f"({PREINTEGRATED_MAX_S:g} s integrated before publishing)" in text, text
+    assert f"({int(round(duration / dt)) + 1} samples;" in text, text
+
+
 # ------------------------------------------------------------------------------------------ service bursts
 BURST = 100
 

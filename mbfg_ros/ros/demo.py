@@ -288,7 +288,7 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
         if est.poll() is not None or not rec.estimator_ready():
             raise RuntimeError(f"estimator did not start:\n{(logs / 'estimator.log').read_text()[-3000:]}")
         sim = _start("mbfg_ros.ros.sim_node", sim_args, env, logs / "sim.log")
-        say(f"[demo] {mechanism}: estimator up; simulating {duration} s (the plant integrates it first)...")
+        say(f"[demo] {mechanism}: estimator up; simulating {duration} s (the plant integrates its first seconds before publishing)...")
         # wait for the data to flow, then sample CPU over the run
         t_end = time.monotonic() + 120
         while not rec.has_state() and time.monotonic() < t_end and sim.poll() is None:

@@ -19,8 +19,9 @@ per actuator; default a realistic mismatch, `actuator.ideal:=true` applies the c
 applied effort of the truth differs from the command as on a real machine.
 
 Samples are stamped on a fixed grid (t_start + k·dt, or the simulated time with `publish_clock`).
-The plant is integrated ahead of time (`lookahead` seconds, or the whole `duration`) so publishing
-keeps to the grid even though one RK4 step costs a sizeable part of a millisecond in Python.
+The plant is integrated ahead of time (`lookahead` seconds, or a whole `duration` of up to
+PREINTEGRATED_MAX_S) so publishing keeps to the grid even though one RK4 step costs a sizeable part of a
+millisecond in Python.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 NODE_NAME = "four_bar_sim"
 NS = rc.NS
 SPIN_S = 1.5e-4          # the last part of each wait is spent spinning (see SimNode._loop)
+# A run of `duration` is integrated before publishing up to this long (short demos and tests then cost no
+# CPU for the plant while they are measured); a longer one integrates the rest just ahead while it publishes,
+# as an endless run does (all of a 600-s run first took minutes of start-up and ~600 000 samples of memory).
+PREINTEGRATED_MAX_S = 10.0
 QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
@@ -174,8 +179,11 @@ class SimNode(Node):
         self.sensor_names = [s.name for s in self.plant.sensors]
         self._gyro = [s.kind == "gyroscope" for s in self.plant.sensors]
         self.n_total = int(round(self.duration / self.dt)) + 1 if self.duration > 0 else None
-        n_ahead = self.n_total if self.n_total else max(1, int(round(self.lookahead / self.dt)))
+        n_ahead = max(1, int(round(self.lookahead / self.dt)))
+        if self.n_total:
+            n_ahead = max(n_ahead, min(self.n_total, int(round(PREINTEGRATED_MAX_S / self.dt))))
         self.queue: Deque[PlantSample] = collections.deque()
+        self.n_filled = 0
         self._fill(n_ahead)
         self.k = 0
         self.finished = threading.Event()
@@ -202,13 +210,18 @@ class SimNode(Node):
         self.get_logger().info(f"simulating {self.mech.name} at dt={self.dt} s; sensors {self.sensor_names}, "
                                f"actuators {list(self.mech.actuator_names)} "
                                f"({self.plant.actuator.describe()})"
-                               + (f"; {self.duration} s" if self.duration else ""))
+                               + (f"; {self.duration} s ({self.n_filled * self.dt:g} s integrated before publishing)"
+                                  if self.duration else ""))
 
     def _fill(self, n):
         for i in range(n):
             if i % 1000 == 999 and self.stop_requested():
                 return
             self.queue.append(self.plant.step())
+            self.n_filled += 1
+
+    def _more_to_integrate(self) -> bool:
+        return not self.n_total or self.n_filled < self.n_total
 
     def start(self):
         self._thread.start()
@@ -240,7 +253,7 @@ class SimNode(Node):
             due_ns = wall_start + int(round(self.k * dt_wall * NS))
             wait = (due_ns - time.time_ns()) / NS
             if wait > 0:
-                if not self.n_total and len(self.queue) < n_ahead and wait > 0.6 * dt_wall:
+                if self._more_to_integrate() and len(self.queue) < n_ahead and wait > 0.6 * dt_wall:
                     self._fill(1)      # integrate ahead while there is time
                     continue
                 # time.sleep overshoots by ~0.1 ms: sleep to just before the due time, then spin, so the
@@ -260,7 +273,7 @@ class SimNode(Node):
     def _publish_next(self) -> bool:
         """Publish the next sample (False: none left, the run of `duration` is over)."""
         if not self.queue:
-            if self.n_total:
+            if not self._more_to_integrate():
                 self.done = True
                 return False
             self._fill(1)
@@ -279,7 +292,7 @@ class SimNode(Node):
         if self.publish_effort_array:
             self.pub_eff_arr.publish(Float64MultiArray(data=rc.float_array(s.efforts)))
         # (the last sample's truth always: it marks the end of the inputs for whoever compares)
-        if self.publish_truth and ((self.k - 1) % self.truth_decimation == 0 or (self.n_total and not self.queue)):
+        if self.publish_truth and ((self.k - 1) % self.truth_decimation == 0 or (not self.queue and not self._more_to_integrate())):
             eff = np.zeros(self.mech.n)
             eff[self.mech.actuated] = s.applied
             self.pub_truth.publish(rc.joint_state(stamp, self.mech.coordinate_names, s.q, s.v, eff))
