@@ -6,6 +6,7 @@ Every test that starts ROS nodes uses its own ROS_DOMAIN_ID and keeps discovery 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import signal
@@ -97,6 +98,26 @@ def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str,
     for a, b in (remaps or {}).items():
         args += ["-r", f"{a}:={b}"]
     return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env)
+
+
+# A step far below the solve time (dt 0.2 ms with these): the node cannot keep up and skips ahead.
+OVERLOAD_PARAMS = {"max_backlog": 0.05, "max_input_delay": 0.001}
+
+
+@contextlib.contextmanager
+def running_estimator(log_path: Path, **kwargs):
+    """An estimator node (`estimator_process`, keyword arguments as there) and a `Probe` on a fresh
+    domain, yielded as (est, probe) once the node is up; on exit the probe is closed and the node stopped
+    with SIGINT (its exit code then in `est.proc.returncode`)."""
+    dom = fresh_domain_id()
+    est = estimator_process(dom, log_path, **kwargs)
+    probe = Probe(dom)
+    try:
+        assert probe.wait_for_node(40), f"estimator did not come up:\n{est.output()}"
+        yield est, probe
+    finally:
+        probe.close()
+        est.stop()
 
 
 def _param_text(v) -> str:

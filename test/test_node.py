@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, Feeder, Probe, estimator_process, fresh_domain_id, joint_state,
-                         rclpy_available, stamp_ns, wait_until)
+from ros_helpers import (CONFIG, OVERLOAD_PARAMS, Feeder, estimator_process, fresh_domain_id, joint_state,
+                         rclpy_available, running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -46,17 +46,9 @@ def traj(mech):
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    dom = fresh_domain_id()
-    log = tmp_path_factory.mktemp("node") / "estimator.log"
-    est = estimator_process(dom, log, params=TEST_PARAMS)
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), f"estimator did not come up:\n{est.output()}"
+    with running_estimator(tmp_path_factory.mktemp("node") / "estimator.log", params=TEST_PARAMS) as (est, probe):
         yield est, probe
-    finally:
-        probe.close()
-        code = est.stop()
-        shared.exit_code = code
+    shared.exit_code = est.proc.returncode
 
 
 def _reset(probe):
@@ -444,11 +436,7 @@ def test_clean_shutdown_on_sigint(shared):
 # ---------------------------------------------------------------------------------------------
 def test_sim_time_and_backward_time_jump_reset(tmp_path, mech, traj):
     """use_sim_time: /clock drives the node; a bag loop (clock jumps back) resets cleanly."""
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "use_sim_time": True})
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), est.output()
+    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, "use_sim_time": True}) as (est, probe):
         # inputs before any /clock: time is not valid yet
         def rejected():   # (re)publish: the first sample after discovery may not be matched yet
             probe.pub_obs.publish(joint_state(1000 * NS, ["crank"], [0.0]))
@@ -473,9 +461,7 @@ def test_sim_time_and_backward_time_jump_reset(tmp_path, mech, traj):
         E = _errors(f2, traj, mech, st, q, v, Q)
         assert len(E) > 100 and np.percentile(E[:, 0], 95) < 5e-3     # estimating again after the loop
         assert int(d["rejected.too_old"]) + int(d["rejected.late"]) < 20
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0
 
 
 def test_bad_parameters_fail_fast_with_a_clear_message(tmp_path):
@@ -500,13 +486,9 @@ def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp
                         "  - {name: elbow, points: [1, 2, 3]}\n  - {name: crank_side, points: [0, 1, 2]}")
     mech_file = tmp_path / "four_bar_two_indicators.yaml"
     mech_file.write_text(text)
-    dom = fresh_domain_id()
     # the four-bar parameter file requests [-1] (one indicator): this mechanism needs two values
-    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "mechanism": str(mech_file),
-                                                               "assembly_mode": [-1, 1]})
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), est.output()
+    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, "mechanism": str(mech_file),
+                                                         "assembly_mode": [-1, 1]}) as (est, probe):
         res, _ = probe.call(SetBool, "/mbfg_estimator/set_assembly_mode", SetBool.Request(data=True))
         assert not res.success and "assembly_mode" in res.message and "2 assembly-mode indicators" in res.message
         current = list(probe.get_params(["assembly_mode"])[0])
@@ -515,9 +497,7 @@ def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp
         assert r.successful, r.reason
         r = probe.set_params({"assembly_mode": [1]})[0]
         assert not r.successful and "needs 2 values" in r.reason
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0
 
 
 def test_stock_executor_fallback(tmp_path, mech, traj):
@@ -525,11 +505,7 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
     Less robust under load (the stock executor runs a due timer before queued inputs, so a stalled node
     may predict a few steps whose inputs are already waiting): the accuracy check is on the median."""
     from std_srvs.srv import Trigger
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "fast_loop": False})
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), est.output()
+    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, "fast_loop": False}) as (est, probe):
         f = Feeder(probe, traj.head(250), DT, mech).start()
         f.join()
         assert wait_until(lambda: probe.snapshot("state") and
@@ -539,9 +515,7 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
         assert len(E) > 100 and np.median(E[:, 0]) < 5e-3
         res, _ = probe.call(Trigger, "/mbfg_estimator/reinitialize", Trigger.Request())
         assert res.success
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0
 
 
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
@@ -550,12 +524,7 @@ def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     dt = 0.0002
     fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(1.0)
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "dt": dt, "max_backlog": 0.05,
-                                                               "max_input_delay": 0.001})
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), est.output()
+    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
         f = Feeder(probe, fast_traj, dt, mech).start()
         f.join()
         time.sleep(0.3)
@@ -569,9 +538,7 @@ def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
         d = probe.wait_diag(lambda d: int(d["overruns"]) > 0, 3.0)
         assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0
         assert est.alive()
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0
 
 
 def test_idle_node_sleeps_until_an_input_comes():

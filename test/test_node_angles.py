@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import Feeder, Probe, estimator_process, fresh_domain_id, rclpy_available, stamp_ns, wait_until
+from ros_helpers import OVERLOAD_PARAMS, Feeder, rclpy_available, running_estimator, stamp_ns, wait_until
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -50,15 +50,9 @@ def traj(mech):
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path_factory.mktemp("angles") / "estimator.log", params=TEST_PARAMS)
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), f"estimator did not come up:\n{est.output()}"
+    with running_estimator(tmp_path_factory.mktemp("angles") / "estimator.log", params=TEST_PARAMS) as (est, probe):
         yield est, probe
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0
 
 
 def published_offsets(probe, feeder, traj, t_from=0.0):
@@ -207,12 +201,7 @@ def test_overload_skip_ahead_keeps_the_crank_on_its_encoders_turn(tmp_path, mech
     published crank is on its reading's turn."""
     dt = 0.0002
     fast = turned_plant(mech, dt, 1.0, seed=2)
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path / "est.log", params={**TEST_PARAMS, "dt": dt, "max_backlog": 0.05,
-                                                               "max_input_delay": 0.001})
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), est.output()
+    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
         f = Feeder(probe, fast, dt, mech).start()
         f.join()
         time.sleep(0.3)
@@ -227,6 +216,4 @@ def test_overload_skip_ahead_keeps_the_crank_on_its_encoders_turn(tmp_path, mech
         assert_never_a_turn_away(offsets, "overload")
         assert np.median(np.abs(offsets[:, 1])) < 0.05
         assert est.alive()
-    finally:
-        probe.close()
-        assert est.stop() == 0
+    assert est.proc.returncode == 0

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from ros_helpers import Feeder, Probe, estimator_process, fresh_domain_id, rclpy_available, wait_until
+from ros_helpers import Feeder, rclpy_available, running_estimator, wait_until
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -25,20 +25,15 @@ def test_joint_states_covariance_is_published_labelled_and_matches_the_stddev(tm
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     mech = load_mechanism("four_bar_crank")
     traj = SimulatedPlant(mech, dt=DT, seed=9, actuator=Actuator.ideal(mech)).simulate(1.5)
-    dom = fresh_domain_id()
-    est = estimator_process(dom, tmp_path / "estimator.log",
-                            params={"dt": DT, "max_input_delay": 0.03, "max_backlog": 0.5, "publish_stddev": True,
-                                    "publish_covariance": True})
-    probe = Probe(dom)
     covs, lock = [], threading.Lock()
 
     def record(msg):
         with lock:
             covs.append(msg)
-    probe.node.create_subscription(Float64MultiArray, "/mbfg_estimator/joint_states_covariance", record,
-                                   QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
-    try:
-        assert probe.wait_for_node(40), est.output()
+    params = {"dt": DT, "max_input_delay": 0.03, "max_backlog": 0.5, "publish_stddev": True, "publish_covariance": True}
+    with running_estimator(tmp_path / "estimator.log", params=params) as (est, probe):
+        probe.node.create_subscription(Float64MultiArray, "/mbfg_estimator/joint_states_covariance", record,
+                                       QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
         assert wait_until(lambda: probe.node.count_publishers("/mbfg_estimator/joint_states_covariance") > 0, 20)
         f = Feeder(probe, traj, DT, mech).start()
         f.join()
@@ -63,6 +58,4 @@ def test_joint_states_covariance_is_published_labelled_and_matches_the_stddev(tm
             assert np.min(np.linalg.eigvalsh(P[:2 * m, :2 * m])) > 0.0      # angles and rates: positive definite
             matched += tuple(np.round(np.sqrt(np.diag(P)), 12)) in by_sigma
         assert matched >= 0.9 * len(C), (matched, len(C))
-    finally:
-        probe.close()
-        assert est.stop() == 0, est.output()[-3000:]
+    assert est.proc.returncode == 0, est.output()[-3000:]

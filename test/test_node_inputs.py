@@ -15,8 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import Feeder, Probe, estimator_process, fresh_domain_id, joint_state, rclpy_available, stamp_ns, \
-    wait_until
+from ros_helpers import Feeder, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -35,16 +34,8 @@ def mech():
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    dom = fresh_domain_id()
-    log = tmp_path_factory.mktemp("node_inputs") / "estimator.log"
-    est = estimator_process(dom, log, params=TEST_PARAMS)
-    probe = Probe(dom)
-    try:
-        assert probe.wait_for_node(40), f"estimator did not come up:\n{est.output()}"
-        yield est, probe
-    finally:
-        probe.close()
-        est.stop()
+    with running_estimator(tmp_path_factory.mktemp("node_inputs") / "estimator.log", params=TEST_PARAMS) as node:
+        yield node
 
 
 def _reset(probe):
