@@ -118,15 +118,10 @@ def _start_consumers(domain_id: int, folder: Path) -> list:
 
 def _stop_consumers(procs, dt: float) -> list:
     import json
-    import signal
+    from mbfg_ros.ros.demo import stop_process
     seen = []
     for p, out, topic in procs:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(15)
-        except Exception:
-            p.kill()
-            p.wait(5)
+        stop_process(p, timeout=15.0)
         r = json.loads(out.read_text()) if out.exists() else {"received": 0, "distinct": 0}
         span = ((r["last_stamp"] - r["first_stamp"]) / 1e9) if r.get("first_stamp") is not None else 0.0
         expected = int(round(span / dt)) + 1 if span > 0 else 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ def main(argv=None) -> int:
                     help="another estimator parameter, as for -p NAME:=VALUE (repeatable)")
     a = ap.parse_args(argv)
     import numpy as np
-    from mbfg_ros.ros.demo import parse_params, ros_env
+    from mbfg_ros.ros.demo import parse_params, ros_env, start_node_process, stop_process
     params = parse_params(a.param, ap.error)
     domain_id = random.randint(1, 100)
     env = ros_env(domain_id)
@@ -45,10 +44,9 @@ def main(argv=None) -> int:
 
     cfg = REPO / "config" / ("four_bar.yaml" if "four_bar" in a.mechanism else "pick_and_place.yaml")
     logs = Path(tempfile.mkdtemp(prefix="mbfg_startup_"))
-    plant = subprocess.Popen([sys.executable, "-m", "mbfg_ros.ros.sim_node", "--ros-args", "--params-file", str(cfg),
-                              "-p", f"mechanism:={a.mechanism}", "-p", "duration:=0.0"],   # 0: runs until stopped
-                             stdout=open(logs / "plant.log", "w"), stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                             start_new_session=True)
+    plant = start_node_process("mbfg_ros.ros.sim_node", ["--params-file", str(cfg), "-p", f"mechanism:={a.mechanism}",
+                                                         "-p", "duration:=0.0"],   # 0: runs until stopped
+                               env, logs / "plant.log", cwd=REPO)
     rclpy.init()
     node = rclpy.create_node("mbfg_bench_startup")
     qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
@@ -74,26 +72,18 @@ def main(argv=None) -> int:
                                            lambda m: seen.__setitem__("est", seen["est"] + 1), qos)
             log = logs / f"estimator_{i}.log"
             t0 = time.monotonic()
-            est = subprocess.Popen([sys.executable, "-m", "mbfg_ros.ros.node", "--ros-args", *est_args,
-                                    "-r", f"__node:={name}"],
-                                   stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                   start_new_session=True)
+            est = start_node_process("mbfg_ros.ros.node", [*est_args, "-r", f"__node:={name}"], env, log, cwd=REPO)
             while not seen["est"] and time.monotonic() < t0 + 60 and est.poll() is None:
                 rclpy.spin_once(node, timeout_sec=0.005)
             t1 = time.monotonic()
-            est.send_signal(2)
-            est.wait(20)
+            stop_process(est, timeout=20.0)
             node.destroy_subscription(sub)
             if not seen["est"]:
                 raise RuntimeError(f"no estimate from round {i}:\n{log.read_text()[-2000:]}")
             rows.append(t1 - t0)
             print(f"round {i + 1}: {t1 - t0:.2f} s", flush=True)
     finally:
-        plant.send_signal(2)
-        try:
-            plant.wait(20)
-        except subprocess.TimeoutExpired:
-            plant.kill()
+        stop_process(plant, timeout=20.0)
         node.destroy_node()
         rclpy.try_shutdown()
     print(f"\n| mechanism | rounds | process start -> first estimate: median / max |\n|---|---|---|\n"

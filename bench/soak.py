@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mbfg_ros.ros.demo import ros_env  # noqa: E402
+from mbfg_ros.ros.demo import ros_env, start_node_process, stop_process  # noqa: E402
 
 
 def rss_kb(pid: int) -> float:
@@ -106,21 +105,9 @@ class DiagnosticsCounters:
 
 
 def _start(code: Path, module: str, args: List[str], env: Dict[str, str], log: Path) -> subprocess.Popen:
+    """The node of checkout `code` (its package first on the path)."""
     env = dict(env, PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", module, "--ros-args", *args], stdout=f,
-                                stderr=subprocess.STDOUT, env=env, cwd=str(code), start_new_session=True)
-
-
-def _stop(p: subprocess.Popen, timeout: float = 20.0) -> Optional[int]:
-    if p.poll() is None:
-        p.send_signal(signal.SIGINT)
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-    return p.returncode
+    return start_node_process(module, args, env, log, cwd=code)
 
 
 def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, code: Path = REPO,
@@ -168,7 +155,7 @@ def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, cod
                 break
             time.sleep(max(0.0, t0 + k * every - time.monotonic()))
     finally:
-        codes = {name: _stop(p) for name, p in procs.items()}
+        codes = {name: stop_process(p, timeout=20.0) for name, p in procs.items()}
         probe.close()
     t = [r[0] for r in rows]
     half = [i for i, ti in enumerate(t) if ti >= t[-1] / 2]

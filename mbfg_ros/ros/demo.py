@@ -202,13 +202,15 @@ class _Recorder:
         self.rclpy.shutdown(context=self.ctx)
 
 
-def _start(module: str, args, env, log: Path) -> subprocess.Popen:
-    f = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", module, "--ros-args", *args], stdout=f, stderr=subprocess.STDOUT,
-                            env=env, cwd=str(PKG_ROOT), start_new_session=True)
+def start_node_process(module: str, args, env, log: Path, cwd: Path = PKG_ROOT) -> subprocess.Popen:
+    """`python -m module --ros-args args` in a session of its own, its output to `log`."""
+    with open(log, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", module, "--ros-args", *args], stdout=f,
+                                stderr=subprocess.STDOUT, env=env, cwd=str(cwd), start_new_session=True)
 
 
-def _stop(p: subprocess.Popen, timeout=10.0) -> Optional[int]:
+def stop_process(p: subprocess.Popen, timeout: float = 10.0) -> Optional[int]:
+    """SIGINT, then a kill if it has not exited within `timeout` s; its exit code."""
     if p.poll() is None:
         p.send_signal(signal.SIGINT)
         try:
@@ -279,7 +281,7 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
     say = print if verbose else (lambda *a, **k: None)
     say(f"[demo] ROS_DOMAIN_ID={domain_id}; logs in {logs}")
     rec = _Recorder(domain_id)
-    est = _start(estimator_module, est_args, env, logs / "estimator.log")
+    est = start_node_process(estimator_module, est_args, env, logs / "estimator.log")
     sim = None
     try:
         t_end = time.monotonic() + 30
@@ -287,7 +289,7 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
             time.sleep(0.02)
         if est.poll() is not None or not rec.estimator_ready():
             raise RuntimeError(f"estimator did not start:\n{(logs / 'estimator.log').read_text()[-3000:]}")
-        sim = _start("mbfg_ros.ros.sim_node", sim_args, env, logs / "sim.log")
+        sim = start_node_process("mbfg_ros.ros.sim_node", sim_args, env, logs / "sim.log")
         say(f"[demo] {mechanism}: estimator up; simulating {duration} s (the plant integrates its first seconds before publishing)...")
         # wait for the data to flow, then sample CPU over the run
         t_end = time.monotonic() + 120
@@ -309,9 +311,9 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
         time.sleep(settle)
     finally:
         with _interrupts_deferred():    # a Ctrl-C now would leave the nodes running in their own sessions
-            codes = {"estimator": _stop(est)}
+            codes = {"estimator": stop_process(est)}
             if sim is not None:
-                codes["plant"] = _stop(sim)
+                codes["plant"] = stop_process(sim)
             rec.close()
     res = _analyse(rec, mech, cfg, dt, duration)
     res["cpu_share"] = cpu
