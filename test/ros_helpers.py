@@ -302,7 +302,30 @@ def joint_state(stamp_ns_: int, names, position=(), velocity=(), effort=()):
     return m
 
 
-class Feeder:
+class PublisherThread:
+    """A publisher running `_run` in a daemon thread: `start()` (returns self), `join()`, `stop()`
+    (`_run` checks `self._stop`)."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def join(self, timeout=60):
+        self.thread.join(timeout)
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(10)
+
+    def _run(self):
+        raise NotImplementedError
+
+
+class Feeder(PublisherThread):
     """Publishes a plant trajectory as the node's inputs in real time from a thread: observations
     (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
     node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth."""
@@ -314,19 +337,7 @@ class Feeder:
         self.t_start_ns = t_start_ns
         self.stamps: List[int] = []
         self.lateness_ns: List[int] = []      # publish time - due time, per sample
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self._stop = threading.Event()
-
-    def start(self):
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(10)
-
-    def join(self, timeout=60):
-        self.thread.join(timeout)
+        super().__init__()
 
     def _run(self):
         # A full collection of the test process's garbage collector (tens of thousands of objects left by
@@ -390,7 +401,7 @@ def message_class(type_name: str):
     return getattr(importlib.import_module(f"{pkg}.msg"), name)
 
 
-class BagPlayer:
+class BagPlayer(PublisherThread):
     """Replays a rosbag2 folder (read with `rosbags`) into the ROS graph with the recorded timing, like
     `ros2 bag play --clock`: the serialized messages are published unchanged, and the recorded /clock
     (one tick per sample) drives the nodes' sim time.  `rate` scales the playback speed."""
@@ -410,20 +421,11 @@ class BagPlayer:
                     self.pubs[c.topic] = probe.node.create_publisher(message_class(c.msgtype), c.topic, qos)
             for c, t, raw in r.messages(connections=conns):
                 self.records.append((t, c.topic, bytes(raw)))
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self._stop = threading.Event()
         self.published = 0
-
-    def start(self):
-        self.thread.start()
-        return self
+        super().__init__()
 
     def join(self, timeout=120):
-        self.thread.join(timeout)
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(10)
+        super().join(timeout)
 
     def _run(self):
         t_first = self.records[0][0]

@@ -9,13 +9,12 @@ garbage, and records the outputs.  Waits poll the diagnostics generously: the ma
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from ros_helpers import Feeder, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until
+from ros_helpers import Feeder, PublisherThread, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -61,7 +60,7 @@ def _fresh_counts(probe) -> dict:
     return _counts(probe, t)
 
 
-class Garbage:
+class Garbage(PublisherThread):
     """Publishes 1e300 on the chosen topics at about `rate` Hz from a thread, stamped now."""
 
     def __init__(self, probe, readings=True, efforts=True, effort_array=True, rate=1000.0):
@@ -70,16 +69,7 @@ class Garbage:
         self.period = 1.0 / rate
         self.array = Float64MultiArray(data=[ABSURD])
         self.sent = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self):
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self.thread.join(10)
+        super().__init__()
 
     def _run(self):
         next_t = time.monotonic()
