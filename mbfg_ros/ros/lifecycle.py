@@ -39,8 +39,8 @@ SPIN_PERIOD_S = 0.1     # the main loop looks at the stop flag at least this oft
 
 
 class StopRequest:
-    """The stop flag set by SIGINT and SIGTERM: `is_set()`, `wait(timeout)` as a `threading.Event`;
-    `received` names the signals that came (the first few), for the log."""
+    """The stop flag set by SIGINT and SIGTERM (`is_set()`); `received` names the signals that came (the
+    first few), for the log."""
 
     KEPT = 8
 
@@ -57,15 +57,8 @@ class StopRequest:
             self.received.append(signal.Signals(signum).name)
         self._event.set()
 
-    def set(self) -> None:
-        """Ask for a stop from the program itself (e.g. the plant at the end of its run)."""
-        self._event.set()
-
     def is_set(self) -> bool:
         return self._event.is_set()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._event.wait(timeout)
 
     def reason(self) -> str:
         return ", ".join(self.received) if self.received else "no signal"
