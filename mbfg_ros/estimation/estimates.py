@@ -43,10 +43,6 @@ class Estimates:
         self.requested = (None if config.assembly_mode is None
                           else np.array(self.check_mode(config.assembly_mode), dtype=int))
         self._tau = factors.layout.slices.get("tau")
-        # the actuated coordinates as a slice when consecutive (the usual layout: relative angles last)
-        act = mech.actuated
-        self._act = (slice(int(act[0]), int(act[-1]) + 1)
-                     if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
         self.reset()
 
@@ -77,7 +73,7 @@ class Estimates:
         tau = self.efforts.reported(x_tau, efforts)
         Q = self.efforts.gravity.copy()
         if tau.size:
-            Q[self._act] += tau
+            Q[mech.actuated_index] += tau
         phi = self.ctx.phi(q)
         # (a few values: plain floats are cheaper than numpy's reductions; a NaN or inf in q or q̇ is caught by
         # the norm of x in `check` before these are looked at)

@@ -237,7 +237,7 @@ class StepFactors:
             # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
             known = self._known_before if values is not None else self._known_newest
             Q = (dyn.Q_known if known is None else known).copy()
-            Q[dyn.actuated] += xp[self._tau]
+            Q[self.mech.actuated_index] += xp[self._tau]
         if self.prediction_uses_linearization or self._tau is None or not self.efforts.known_forces_vary:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
