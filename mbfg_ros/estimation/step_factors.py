@@ -226,9 +226,8 @@ class StepFactors:
         xl = x[:n3].tolist()
         ql, vl, al = xl[:n], xl[n:n2], xl[n2:]
         if j is not None:
-            jl = j.tolist()
-            xp[:n2] = ([qi + h * vi + (h2 * ai + h3 * ji) for qi, vi, ai, ji in zip(ql, vl, al, jl)]
-                       + [vi + h * ai + h2 * ji for vi, ai, ji in zip(vl, al, jl)])
+            xp[:n2] = ([qi + h * vi + (h2 * ai + h3 * ji) for qi, vi, ai, ji in zip(ql, vl, al, j)]
+                       + [vi + h * ai + h2 * ji for vi, ai, ji in zip(vl, al, j)])
         else:
             xp[:n2] = ([qi + h * vi + h2 * ai for qi, vi, ai in zip(ql, vl, al)]
                        + [vi + h * ai for vi, ai in zip(vl, al)])
@@ -254,10 +253,12 @@ class StepFactors:
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
 
-    def _jerk_before(self, x, h, a_prev, h_prev, values):
+    def _jerk_before(self, x, h, a_prev, h_prev, values) -> Optional[list]:
+        """The jerk at x (plain floats, see `predict`): the backward difference of q̈, or None before a
+        previous q̈."""
         if a_prev is not None:
             n = self.mech.n
-            return (x[2 * n:3 * n] - a_prev) / h_prev
+            return [(ai - pi) / h_prev for ai, pi in zip(x[2 * n:3 * n].tolist(), a_prev.tolist())]
         return None
 
     def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
@@ -321,7 +322,7 @@ class DependentHermiteFactors(DependentFactors):
         hv = self.integrators(h)[1]
         own = values[hv]
         d = hv.dynamics_at(self.ctx, own["Q_prev"], own["lin_prev"], x[:n], x[n:2 * n])
-        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"])
+        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"]).tolist()
 
     def correct_early_rates(self, window, k, h, rates):
         # step j's velocity integrator reads Q̇ at steps j − 1 and j
