@@ -10,8 +10,11 @@ no ROS):
 `step()` + `prepare_next_step()` per 1-ms step, and inside it the `IncrementalFixedLagSmoother.update`
 calls (the new step's factor and, now and then, a relinearized one).  Thread CPU time, mean / median
 per step over the steps after the first 200, one line per repetition and mode; `ratio` is the median
-step + prepare over the median update of the same run (issue 14's target: ≤ 2).  `bench/node_latency.py
---core-cost` says what a core of a given cost means for the node's latency.
+step + prepare over the median update of the same run (issue 14's target: ≤ 2).  `estimate reads`: the
+median thread CPU of the step's `calculateEstimateVector` calls, inside step + prepare: iSAM2 defers an
+update's back-substitution to the first estimate read after it, so this is solver work the Python around
+the solver does not control.  `bench/node_latency.py --core-cost` says what a core of a given cost means
+for the node's latency.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ if str(REPO) not in sys.path:
 
 
 class TimedSmoother:
-    """Forwards to the smoother, adding the thread CPU of each `update` call to `spent`."""
+    """Forwards to the smoother, adding the thread CPU of each `update` call to `spent` and of each
+    `calculateEstimateVector` call to `estimate_spent` (iSAM2 defers the back-substitution of an update to the
+    first estimate read after it: solver work, not the Python around it)."""
 
     def __init__(self, smoother):
         self._smoother = smoother
         self.spent = 0.0
+        self.estimate_spent = 0.0
 
     def update(self, *args):
         t = time.thread_time()
@@ -41,29 +47,40 @@ class TimedSmoother:
         finally:
             self.spent += time.thread_time() - t
 
+    def calculateEstimateVector(self, *args):
+        t = time.thread_time()
+        try:
+            return self._smoother.calculateEstimateVector(*args)
+        finally:
+            self.estimate_spent += time.thread_time() - t
+
     def __getattr__(self, name):
         return getattr(self._smoother, name)
 
 
 def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf, min_steps: int = 30):
-    """Thread CPU of `step()` + `prepare_next_step()` and of the iSAM2 updates inside it, per sample (s); sample
-    k is stepped at time (first + k)·dt.  Stops early once `min_steps` steps have taken `budget` s."""
-    step_cpu, update_cpu = [], []
+    """Thread CPU of `step()` + `prepare_next_step()`, of the iSAM2 updates inside it and of its estimate reads
+    (`TimedSmoother`), per sample (s); sample k is stepped at time (first + k)·dt.  Stops early once
+    `min_steps` steps have taken `budget` s."""
+    step_cpu, update_cpu, estimate_cpu = [], [], []
     for k, s in enumerate(samples):
         w = est.window
         if w is not None and not isinstance(w.smoother, TimedSmoother):   # (a new window after a re-seed)
             w.smoother = TimedSmoother(w.smoother)
         timed = w.smoother if w is not None else None
         before = timed.spent if timed is not None else 0.0
+        before_estimate = timed.estimate_spent if timed is not None else 0.0
         t = time.thread_time()
         est.step((first + k) * dt, efforts=s.efforts, observations=s.readings)
         est.prepare_next_step()
         step_cpu.append(time.thread_time() - t)
         # (a step that re-seeds replaces the window: its update is not counted)
-        update_cpu.append((timed.spent - before) if timed is not None and est.window is w else 0.0)
+        same = timed is not None and est.window is w
+        update_cpu.append((timed.spent - before) if same else 0.0)
+        estimate_cpu.append((timed.estimate_spent - before_estimate) if same else 0.0)
         if len(step_cpu) >= min_steps and sum(step_cpu) >= budget:
             break
-    return step_cpu, update_cpu
+    return step_cpu, update_cpu, estimate_cpu
 
 
 def run(steps: int, mode: str = "fused", window: int = 10):
@@ -84,9 +101,9 @@ def run(steps: int, mode: str = "fused", window: int = 10):
                           assembly_mode=tuple(p["assembly_mode"])).validated()
     plant = SimulatedPlant(mech, dt=dt, seed=1, actuator=Actuator.ideal(mech))   # the measured inputs of before
     samples = [plant.step() for _ in range(steps)]
-    step_cpu, update_cpu = step_costs(FixedLagEstimator(mech, cfg), samples, dt)
-    a, b = 1e6 * np.array(step_cpu[200:]), 1e6 * np.array(update_cpu[200:])
-    return a.mean(), np.median(a), b.mean(), np.median(b)
+    step_cpu, update_cpu, estimate_cpu = step_costs(FixedLagEstimator(mech, cfg), samples, dt)
+    a, b, c = (1e6 * np.array(x[200:]) for x in (step_cpu, update_cpu, estimate_cpu))
+    return a.mean(), np.median(a), b.mean(), np.median(b), np.median(c)
 
 
 def main(argv=None) -> int:
@@ -99,15 +116,17 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.steps <= 200:
         ap.error("--steps must be over 200 (the first 200 steps are not counted)")
-    print("| run | mode | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| run | mode | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio "
+          "| estimate reads, median |")
+    print("|---|---|---|---|---|---|---|")
     for i in range(a.repeat):
         for mode in a.mode:
-            sm, smed, um, umed = run(a.steps, mode, a.window)
+            sm, smed, um, umed, emed = run(a.steps, mode, a.window)
             print(f"| {i + 1} | {mode} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | "
-                  f"{100 * um / sm:.0f} % | {smed / umed:.2f} |", flush=True)
+                  f"{100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |", flush=True)
     print(f"\nfour-bar with crank, dt 1 ms, window {a.window}, encoder + gyroscope; thread CPU per step; "
-          f"ratio = median step + prepare / median update")
+          f"ratio = median step + prepare / median update; estimate reads = the step's calculateEstimateVector "
+          f"calls (the first after an update does iSAM2's deferred back-substitution)")
     return 0
 
 

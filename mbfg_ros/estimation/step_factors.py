@@ -215,7 +215,7 @@ class StepFactors:
         prediction is then input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
-        q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
+        q = x[:n]                                   # the layout starts with q, q̇, q̈
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
