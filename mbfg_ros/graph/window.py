@@ -164,7 +164,7 @@ class FixedLagWindow:
         if old is not None and old.x_prev is not None:
             del records[k - self.lag]
         records.pop(k - self.lag - 1, None)
-        x_est = self.smoother.calculateEstimateVector(key)
+        x_est = self.estimate(k)
         if check:
             x_est = self.safeguard(x_est)
         return x_est
