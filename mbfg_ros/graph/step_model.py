@@ -153,10 +153,10 @@ class StepModel:
         # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
-        # per unit: its slots, its raw error rows, the raw views of the blocks it writes (made once: slicing at
-        # every linearization costs a visible share of a 1-kHz step), whether those are distinct
-        # The blocks the dynamic units read, each sliced once per linearization ((which, columns); several units
-        # read q, q̇), and per unit a getter of its own among them, in slot order
+        # The blocks the dynamic units read, each sliced once per linearization ((which, columns): several units
+        # read q and q̇); per unit: a getter of its blocks among them (in slot order), its raw error rows, the raw
+        # views of the blocks it writes (made once: slicing at every linearization costs a visible share of a
+        # 1-kHz step), whether those are distinct
         self._blocks = []
         for _, _, _, slots, _ in self._plan:
             for which, cols in slots:
