@@ -77,11 +77,12 @@ class EstimatorNode(Node):
     estimation core (an `EstimatorCore`), at start-up and whenever the node must rebuild it."""
 
     def __init__(self, core_factory: CoreFactory = FixedLagEstimator,
-                 startup: Optional[lifecycle.StartupTimes] = None, **kwargs):
+                 startup_times: Optional[lifecycle.StartupTimes] = None, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
         # start-up stages, logged at the first estimate (then None); the DDS participant exists from here on
-        self.startup = startup if startup is not None else lifecycle.StartupTimes(time.monotonic())
-        self.startup.mark("node")
+        self.startup_times = (startup_times if startup_times is not None
+                              else lifecycle.StartupTimes(time.monotonic()))
+        self.startup_times.mark("node")
         self._lock = threading.RLock()
         self._loop: Optional[fastloop.FastLoop] = None
         self.now_ns = rc.clock_reader(self.get_clock())   # node clock (sim time when use_sim_time), ns
@@ -91,9 +92,9 @@ class EstimatorNode(Node):
         self.assembly_mode = startup.assembly_mode
         self.core_factory = core_factory
         self._set_config(startup.config)
-        self.startup.mark("parameters")
+        self.startup_times.mark("parameters")
         self.core = core_factory(self.mech, self.config)
-        self.startup.mark("core")
+        self.startup_times.mark("core")
         self.sched = InputScheduler(self.config.dt, self.config.window, len(self.mech.actuated))
         P.configure_scheduler(self.sched, self.settings)
         self.diag = Diagnostics(self.get_logger(), self.mech)
@@ -109,7 +110,7 @@ class EstimatorNode(Node):
         self._branch_applied = None   # a branch ~/set_assembly_mode has applied and now stores as the parameter
         self._setup_interfaces()
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.startup.mark("interfaces")
+        self.startup_times.mark("interfaces")
         self.get_logger().info(
             f"{self.mech.name}: mode={self.config.mode} formulation={self.config.formulation} "
             f"integrator={self.config.integrator} dt={self.config.dt} window={self.config.window}; "
@@ -166,8 +167,8 @@ class EstimatorNode(Node):
     def start(self):
         if self._loop is not None:
             self._loop.start()
-        if self.startup is not None:
-            self.startup.mark("started")
+        if self.startup_times is not None:
+            self.startup_times.mark("started")
 
     def stop(self):
         if self._loop is not None:
@@ -296,8 +297,8 @@ class EstimatorNode(Node):
             self._skip_ahead(now_ns)
         expected = self._expected
         if not sched.started:
-            if self.startup is not None:
-                self.startup.mark("first input")
+            if self.startup_times is not None:
+                self.startup_times.mark("first input")
             k0 = sched.start_step(now_ns, expected)
             if k0 is not None and k0 > sched.k_next:
                 sched.skip_to(k0)
@@ -360,10 +361,10 @@ class EstimatorNode(Node):
             del steps[next(iter(steps))]
         diag.last_message = est.message
         self._publish(est, t_k)
-        if self.startup is not None:
-            self.startup.mark("first estimate")
-            self.get_logger().info(self.startup.summary())
-            self.startup = None
+        if self.startup_times is not None:
+            self.startup_times.mark("first estimate")
+            self.get_logger().info(self.startup_times.summary())
+            self.startup_times = None
         lat = self.now_ns() - t_k
         ps = diag.period_stats
         ps["steps"] += 1
@@ -524,14 +525,14 @@ class EstimatorNode(Node):
 
 # ---------------------------------------------------------------------------------------------
 def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
-    startup = lifecycle.StartupTimes(IMPORTS_STARTED)
-    startup.mark("interpreter", IMPORTS_STARTED)
-    startup.mark("imports")
+    startup_times = lifecycle.StartupTimes(IMPORTS_STARTED)
+    startup_times.mark("interpreter", IMPORTS_STARTED)
+    startup_times.mark("imports")
     sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
 
     def build(stop):
-        startup.mark("rclpy.init")
-        return EstimatorNode(core_factory=core_factory, startup=startup)
+        startup_times.mark("rclpy.init")
+        return EstimatorNode(core_factory=core_factory, startup_times=startup_times)
 
     return lifecycle.run_node(args, build,
                               (P.ConfigError, rclpy.exceptions.InvalidParameterValueException,
