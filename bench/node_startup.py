@@ -136,6 +136,13 @@ def main(argv=None) -> int:
         print(f"| {i + 1} | " + " | ".join(f"{r[c]:.2f}" if c in r else "" for c in columns) + " |")
     print("| median | " + " | ".join(f"{np.median([r[c] for r in rows if c in r]):.2f}" for c in columns) + " |")
     total = [r["probe received"] for r in rows]
+    # what discovery adds once the node is ready: its wait for the plant, and the probe's for the node
+    node_wait = [max(0.0, r["first input"] - r["started"]) for r in rows if "first input" in r and "started" in r]
+    probe_wait = [max(0.0, r["probe received"] - r["first estimate"]) for r in rows if "first estimate" in r]
+    if node_wait and probe_wait:
+        print(f"\nwaiting for discovery, median / max: the node for its first input after `started` "
+              f"{np.median(node_wait):.2f} / {max(node_wait):.2f} s; the probe for the first estimate after "
+              f"it was published {np.median(probe_wait):.2f} / {max(probe_wait):.2f} s")
     print(f"\n| mechanism | rounds | process start -> first estimate: median / max |\n|---|---|---|\n"
           f"| {a.mechanism} | {len(rows)} | {np.median(total):.2f} / {max(total):.2f} s |")
     print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (1 min)")
