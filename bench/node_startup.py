@@ -128,7 +128,8 @@ def main(argv=None) -> int:
         rclpy.try_shutdown()
     # the stages in the order they came (by median: the loop's thread can take its first input before the
     # main thread stamps `started`)
-    columns = sorted({k for r in rows for k in r}, key=lambda c: np.median([r[c] for r in rows if c in r]))
+    columns = sorted(dict.fromkeys(k for r in rows for k in r),      # (ties: in the order first seen)
+                     key=lambda c: np.median([r[c] for r in rows if c in r]))
     print(f"\n{a.mechanism}, DDS profile: {env.get(PROFILE_VARIABLE, 'none (Fast DDS defaults)')}")
     print("\ns after the estimator's process started:\n")
     print("| round | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns))
