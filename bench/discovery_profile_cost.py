@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the package's Fast DDS profile (config/fastdds_discovery.xml: an announcement every 0.5 s instead
+"""What the package's Fast DDS profile (config/fastdds_discovery.xml: an announcement every 0.25 s instead
 of 3 s) costs an idle process: CPU time of idle rclpy nodes on one domain, with and without it.
 
     python bench/discovery_profile_cost.py [--nodes 3] [--seconds 20] [--repeat 2]
