@@ -39,28 +39,18 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from mbfg_ros.ros.package_files import PKG_ROOT, config_file, discovery_profile_env
+
 NS = 1_000_000_000
 TRUTH_DECIMATION = 10     # the plant publishes its truth with every 10th sample (enough to score the estimates)
-PKG_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _config_path(name: str) -> Path:
-    for base in (PKG_ROOT / "config", Path(sys.prefix) / "share" / "mbfg_ros" / "config"):
-        p = base / name
-        if p.exists():
-            return p
-    try:
-        from ament_index_python.packages import get_package_share_directory
-        p = Path(get_package_share_directory("mbfg_ros")) / "config" / name
-        if p.exists():
-            return p
-    except Exception:
-        pass
-    raise FileNotFoundError(f"config file {name} not found")
 
 
 def ros_env(domain_id: int) -> Dict[str, str]:
+    """This process's environment for a node (or probe) of the demo, a bench or a test: domain
+    `domain_id`, discovery on loopback, the package's Fast DDS discovery profile (unless one is set:
+    `package_files.discovery_profile_env`), the package on PYTHONPATH."""
     env = dict(os.environ)
+    env.update(discovery_profile_env(env))
     env.update(ROS_DOMAIN_ID=str(domain_id), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1",
                PYTHONUNBUFFERED="1", RCUTILS_COLORIZED_OUTPUT="0")
     env["PYTHONPATH"] = str(PKG_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -259,8 +249,8 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
     node with the estimator node's interface, e.g. bench/stub_core_node.py (the node with a stand-in core)."""
     from mbfg_ros.model.mechanism import load_mechanism
     mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
-    cfg = Path(config) if config else _config_path("four_bar.yaml" if "four_bar" in mechanism
-                                                   else "pick_and_place.yaml")
+    cfg = Path(config) if config else config_file("four_bar.yaml" if "four_bar" in mechanism
+                                                  else "pick_and_place.yaml")
     domain_id = domain_id if domain_id is not None else random.randint(1, 100)
     env = ros_env(domain_id)
     logs = Path(log_dir or tempfile.mkdtemp(prefix="mbfg_demo_"))

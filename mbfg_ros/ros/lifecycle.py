@@ -12,15 +12,19 @@ So the nodes take the signals over: `init_ros` installs SIGINT and SIGTERM handl
 (`StopRequest`) BEFORE initializing rclpy without its handlers; the main loop polls the flag, the first
 signal ends the loop, and every further one only sets the flag again while `close_node` cleans up (node
 thread stopped, node destroyed, context shut down once).  Nothing ever raises out of a signal handler.
+
+`StartupTimes` stamps a node's start-up stages for one log line (where start-up time goes).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 import threading
-from typing import Callable, List, Optional
+import time
+from typing import Callable, List, Optional, Tuple
 
 import rclpy
 import rclpy.executors
@@ -36,6 +40,41 @@ except ImportError:  # pragma: no cover
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SPIN_PERIOD_S = 0.1     # the main loop looks at the stop flag at least this often (a signal does not
                         # interrupt rcl_wait: Python runs its handler when the main thread is back in Python)
+
+
+def process_start_monotonic() -> Optional[float]:
+    """When this process was started (its start time in /proc/self/stat, one clock tick = 10 ms
+    resolution), on `time.monotonic()`'s clock, which is system-wide: another process's stamps compare
+    with it.  None where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")     # field 22: clock ticks after boot
+        return time.monotonic() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, IndexError, ValueError, AttributeError):
+        return None
+
+
+class StartupTimes:
+    """A node's start-up stages, each stamped (monotonic clock) when first marked, and logged once in one
+    line as seconds after the process started (`process_start_monotonic`; where that is unknown, after
+    `fallback_origin`, e.g. when the node's module began to import)."""
+
+    def __init__(self, fallback_origin: float):
+        start = process_start_monotonic()
+        self.origin_name = "the process started" if start is not None else "the node's module began to import"
+        self.origin = start if start is not None else fallback_origin
+        self.stages: List[Tuple[str, float]] = []
+
+    def mark(self, stage: str, at: Optional[float] = None) -> None:
+        """Stamp `stage` now (or at monotonic time `at`); a stage already stamped keeps its first stamp."""
+        if all(name != stage for name, _ in self.stages):
+            self.stages.append((stage, time.monotonic() if at is None else at))
+
+    def summary(self) -> str:
+        """`start-up, s after the process started: imports 0.52, ..., first estimate 1.23`."""
+        return (f"start-up, s after {self.origin_name}: "
+                + ", ".join(f"{name} {at - self.origin:.2f}" for name, at in self.stages))
 
 
 class StopRequest:

@@ -13,9 +13,13 @@ Everything bad (malformed or empty messages, unknown joints, NaN/Inf, implausibl
 
 from __future__ import annotations
 
+import time
+
+# stamped before the imports below, which the start-up log then tells from the interpreter's own start
+IMPORTS_STARTED = time.monotonic()
+
 import sys
 import threading
-import time
 import traceback
 from dataclasses import replace
 from typing import Dict, Optional
@@ -72,8 +76,13 @@ class EstimatorNode(Node):
     """See the module docstring and docs/ros2_interfaces.md.  `core_factory(mech, config)` builds the
     estimation core (an `EstimatorCore`), at start-up and whenever the node must rebuild it."""
 
-    def __init__(self, core_factory: CoreFactory = FixedLagEstimator, **kwargs):
+    def __init__(self, core_factory: CoreFactory = FixedLagEstimator,
+                 startup_times: Optional[lifecycle.StartupTimes] = None, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
+        # start-up stages, logged at the first estimate (then None); the DDS participant exists from here on
+        self.startup_times = (startup_times if startup_times is not None
+                              else lifecycle.StartupTimes(time.monotonic()))
+        self.startup_times.mark("node")
         self._lock = threading.RLock()
         self._loop: Optional[fastloop.FastLoop] = None
         self.now_ns = rc.clock_reader(self.get_clock())   # node clock (sim time when use_sim_time), ns
@@ -83,7 +92,9 @@ class EstimatorNode(Node):
         self.assembly_mode = startup.assembly_mode
         self.core_factory = core_factory
         self._set_config(startup.config)
+        self.startup_times.mark("parameters")
         self.core = core_factory(self.mech, self.config)
+        self.startup_times.mark("core")
         self.sched = InputScheduler(self.config.dt, self.config.window, len(self.mech.actuated))
         P.configure_scheduler(self.sched, self.settings)
         self.diag = Diagnostics(self.get_logger(), self.mech)
@@ -99,6 +110,7 @@ class EstimatorNode(Node):
         self._branch_applied = None   # a branch ~/set_assembly_mode has applied and now stores as the parameter
         self._setup_interfaces()
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.startup_times.mark("interfaces")
         self.get_logger().info(
             f"{self.mech.name}: mode={self.config.mode} formulation={self.config.formulation} "
             f"integrator={self.config.integrator} dt={self.config.dt} window={self.config.window}; "
@@ -155,6 +167,8 @@ class EstimatorNode(Node):
     def start(self):
         if self._loop is not None:
             self._loop.start()
+        if self.startup_times is not None:
+            self.startup_times.mark("started")
 
     def stop(self):
         if self._loop is not None:
@@ -283,6 +297,8 @@ class EstimatorNode(Node):
             self._skip_ahead(now_ns)
         expected = self._expected
         if not sched.started:
+            if self.startup_times is not None:
+                self.startup_times.mark("first input")
             k0 = sched.start_step(now_ns, expected)
             if k0 is not None and k0 > sched.k_next:
                 sched.skip_to(k0)
@@ -345,6 +361,10 @@ class EstimatorNode(Node):
             del steps[next(iter(steps))]
         diag.last_message = est.message
         self._publish(est, t_k)
+        if self.startup_times is not None:
+            self.startup_times.mark("first estimate")
+            self.get_logger().info(self.startup_times.summary())
+            self.startup_times = None
         lat = self.now_ns() - t_k
         ps = diag.period_stats
         ps["steps"] += 1
@@ -505,8 +525,16 @@ class EstimatorNode(Node):
 
 # ---------------------------------------------------------------------------------------------
 def main(args=None, core_factory: CoreFactory = FixedLagEstimator) -> int:
+    startup_times = lifecycle.StartupTimes(IMPORTS_STARTED)
+    startup_times.mark("interpreter", IMPORTS_STARTED)
+    startup_times.mark("imports")
     sys.setswitchinterval(5e-4)   # quick GIL hand-over between the fast loop and the executor thread
-    return lifecycle.run_node(args, lambda stop: EstimatorNode(core_factory=core_factory),
+
+    def build(stop):
+        startup_times.mark("rclpy.init")
+        return EstimatorNode(core_factory=core_factory, startup_times=startup_times)
+
+    return lifecycle.run_node(args, build,
                               (P.ConfigError, rclpy.exceptions.InvalidParameterValueException,
                                rclpy.exceptions.InvalidParameterTypeException), NODE_NAME)
 
