@@ -231,11 +231,30 @@ class EstimatorNode(Node):
         if problems:
             self.diag.reject_all(problems)
         if tau is not None:
-            bad = self.sched.add_efforts(stamp, tau, now)
+            sched = self.sched
+            bad = sched.add_efforts(stamp, tau, now)
             if bad:
-                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
+                self.diag.reject(bad, sched.stamp_detail(stamp, now))
+            elif sched.command_corrections:
+                self._correct_commands(sched.take_command_corrections())
         if not self._fast:
             self._pump(now, max_steps=1000)
+
+    def _correct_commands(self, corrections):
+        """A command of a step already estimated but still in the window replaces the one that step (and the
+        later ones it covers) was estimated with, in their factors: the smoother revises the window, so the
+        next outputs use it (as with late readings)."""
+        steps = self._estimate_steps
+        by_id = [(steps[k], efforts) for k, efforts in corrections if k in steps]
+        if not by_id:
+            return
+        try:
+            done = self.core.correct_commands(by_id)
+        except Exception as e:  # never let a late command break the node
+            self.get_logger().debug(f"late command not applied: {e!r}")
+            return
+        if done:
+            self.diag.events["late_commands_applied"] += 1
 
     def after_batch(self) -> bool:
         """After the inputs that arrived together: estimate the steps they complete (True: more are ready)."""

@@ -10,7 +10,8 @@ All times are integer nanoseconds on the node clock.  Never imports rclpy (test/
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -92,6 +93,11 @@ class InputScheduler:
         self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
         self.held_effort = np.full(self.n_actuators, np.nan)
         self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
+        # the commands each step of the window was handed (a zero-order hold, see `pop`): (step, efforts,
+        # their stamps, the largest age a held command could have then), so that a command arriving after
+        # its step was estimated can replace the stale hold in the steps it covers (`command_corrections`)
+        self.used_commands: Deque[Tuple[int, list, list, int]] = deque(maxlen=max(1, self.window))
+        self.command_corrections: List[Tuple[int, np.ndarray]] = []   # (step, its whole new command)
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
             s.clear()
@@ -154,17 +160,49 @@ class InputScheduler:
         if bad:
             return bad
         if k < self.k_next:
-            # a command is valid until replaced: a newer one that arrives a little late still applies now
-            known = ~np.isnan(tau)
-            if np.all(stamp_ns > self.held_effort_stamp[known]):
-                self.held_effort[known] = tau[known]
-                self.held_effort_stamp[known] = stamp_ns
-                self.streams["efforts"].note(self.k_next - 1, stamp_ns, now_ns)
-                return None
-            return self._late_kind(k)
+            return self._late_efforts(k, stamp_ns, tau, now_ns)
         self.pending_efforts.append((k, stamp_ns, tau))
         self.streams["efforts"].note(k, stamp_ns, now_ns)
         return None
+
+    def _late_efforts(self, k: int, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
+        """A command for step k that was already estimated.  A command is valid until replaced (zero-order
+        hold): it applies from step k to the step before the next command, so every step of the window from
+        k on that was handed an older command for an actuator (the stale hold, or "unknown" when the hold
+        was too old) gets this one instead, within the age a held command may have at that step; each such
+        step's whole new command goes to `command_corrections` (the node has the core replace it in that
+        step's factor).  It is also held for the next steps if newer than the held one.  None if it was used
+        anywhere, else why not ('late': older than what its steps used; 'too_old': its step left the window)."""
+        vals = tau.tolist()
+        known = [i for i, v in enumerate(vals) if v == v]
+        used = False
+        t0, dt = self.t0_ns, self.dt_ns
+        for entry in self.used_commands:
+            j, eff, stamps, max_age = entry
+            if j < k or t0 + j * dt - stamp_ns > max_age:
+                continue
+            changed = False
+            for i in known:
+                if stamps[i] < stamp_ns:
+                    eff[i], stamps[i] = vals[i], stamp_ns
+                    changed = True
+            if changed:
+                self.command_corrections.append((j, np.array(eff)))
+                used = True
+        newer = ~np.isnan(tau) & (stamp_ns > self.held_effort_stamp)
+        if newer.any():
+            self.held_effort[newer] = tau[newer]
+            self.held_effort_stamp[newer] = stamp_ns
+            used = True
+        if used:
+            self.streams["efforts"].note(self.k_next - 1, stamp_ns, now_ns)
+            return None
+        return self._late_kind(k)
+
+    def take_command_corrections(self) -> List[Tuple[int, np.ndarray]]:
+        """The (step, whole command in actuator order) pairs late commands replaced since the last call."""
+        out, self.command_corrections = self.command_corrections, []
+        return out
 
     def waited_streams(self, now_ns: int, expected) -> List[Stream]:
         out = []
@@ -215,8 +253,8 @@ class InputScheduler:
         that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
 
         Delays up to input_delay + (window − 2)·dt cost nothing to wait out in accuracy: the step is
-        predicted, its readings are fused into the window when they come (a late command is replaced by the
-        held one for that step), and the latency stays low.  Longer ones would be dropped as too old."""
+        predicted, its readings are fused into the window when they come (and a late command replaces the
+        one the step was estimated with: `command_corrections`), and the latency stays low.  Longer ones would be dropped as too old."""
         base = self.input_delay_ns
         if not self.adaptive_input_delay:
             return base
@@ -252,9 +290,11 @@ class InputScheduler:
             s = self.streams["efforts"]
             if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
                 max_age = min(max_age, self.dt_ns // 2)
+        stamps = self.held_effort_stamp.tolist()
         eff = [v if st >= 0 and t_k - st <= max_age else math.nan
-               for v, st in zip(self.held_effort.tolist(), self.held_effort_stamp.tolist())]
+               for v, st in zip(self.held_effort.tolist(), stamps)]
         efforts = np.array(eff) if any(v == v for v in eff) else None
+        self.used_commands.append((k, eff, stamps, max_age))
         self.started = True
         obs = self.obs.pop(k, None)
         self.k_next = k + 1
