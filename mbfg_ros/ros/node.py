@@ -107,7 +107,6 @@ class EstimatorNode(Node):
     def _set_config(self, config):
         self.config = config
         self._expected = EXPECTED_STREAMS[config.mode]
-        self._hold_missing = config.mode == "forward_dynamics"
 
     # ---------------------------------------------------------------------------- interfaces
     def _setup_interfaces(self):
@@ -309,7 +308,7 @@ class EstimatorNode(Node):
         while sched.ready(now_ns, expected):
             if n == max_steps:
                 return True
-            k, efforts, obs = sched.pop(hold_missing=self._hold_missing)
+            k, efforts, obs = sched.pop()
             self._step(k, efforts, obs)
             n += 1
         if n:

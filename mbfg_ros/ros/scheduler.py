@@ -94,9 +94,9 @@ class InputScheduler:
         self.held_effort = np.full(self.n_actuators, np.nan)
         self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
         # the commands each step of the window was handed (a zero-order hold, see `pop`): (step, efforts,
-        # their stamps, the largest age a held command could have then), so that a command arriving after
+        # their stamps), so that a command arriving after
         # its step was estimated can replace the stale hold in the steps it covers (`command_corrections`)
-        self.used_commands: Deque[Tuple[int, list, list, int]] = deque(maxlen=max(1, self.window))
+        self.used_commands: Deque[Tuple[int, list, list]] = deque(maxlen=max(1, self.window))
         self.command_corrections: List[Tuple[int, np.ndarray]] = []   # (step, its whole new command)
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
@@ -169,16 +169,15 @@ class InputScheduler:
         """A command for step k that was already estimated.  A command is valid until replaced (zero-order
         hold): it applies from step k to the step before the next command, so every step of the window from
         k on that was handed an older command for an actuator (the stale hold, or "unknown" when the hold
-        was too old) gets this one instead, within the age a held command may have at that step; each such
+        was too old) gets this one instead, within the age a held command may have (sensor_timeout); each such
         step's whole new command goes to `command_corrections` (the node has the core replace it in that
         step's factor).  It is also held for the next steps if newer than the held one.  None if it was used
         anywhere, else why not ('late': older than what its steps used; 'too_old': its step left the window)."""
         vals = tau.tolist()
         known = [i for i, v in enumerate(vals) if v == v]
         used = False
-        t0, dt = self.t0_ns, self.dt_ns
-        for entry in self.used_commands:
-            j, eff, stamps, max_age = entry
+        t0, dt, max_age = self.t0_ns, self.dt_ns, self.sensor_timeout_ns
+        for j, eff, stamps in self.used_commands:
             if j < k or t0 + j * dt - stamp_ns > max_age:
                 continue
             changed = False
@@ -263,15 +262,16 @@ class InputScheduler:
             return base
         return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
 
-    def pop(self, hold_missing: bool = True):
+    def pop(self):
         """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
 
-        Efforts are commands, held (zero-order hold) until replaced or older than sensor_timeout.  With
-        `hold_missing` false, a command stream that normally delivers every step but missed this one
-        gives "unknown" instead of the previous value (the estimator then estimates the effort)."""
+        Efforts are commands, held (zero-order hold, as an actuator holds its last command) until replaced
+        or older than sensor_timeout, also when a command stream that delivers every step misses one (its
+        command is late): in fused mode "unknown" would be a zero command, the disturbance having to take the
+        whole effort, while the held one is off by one step's change (and the late command replaces it when
+        it comes: `command_corrections`)."""
         k = self.k_next
         t_k = self.t_of(k)
-        fresh = False
         if self.pending_efforts:
             keep = []
             for (ke, st, tau) in self.pending_efforts:
@@ -280,21 +280,16 @@ class InputScheduler:
                     newer = known & (st >= self.held_effort_stamp)
                     self.held_effort[newer] = tau[newer]
                     self.held_effort_stamp[newer] = st
-                    fresh = fresh or ke == k
                 else:
                     keep.append((ke, st, tau))
             self.pending_efforts = keep
         # a handful of actuators: plain Python is faster than numpy here (this runs at every step)
         max_age = self.sensor_timeout_ns
-        if not hold_missing and not fresh:
-            s = self.streams["efforts"]
-            if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
-                max_age = min(max_age, self.dt_ns // 2)
         stamps = self.held_effort_stamp.tolist()
         eff = [v if st >= 0 and t_k - st <= max_age else math.nan
                for v, st in zip(self.held_effort.tolist(), stamps)]
         efforts = np.array(eff) if any(v == v for v in eff) else None
-        self.used_commands.append((k, eff, stamps, max_age))
+        self.used_commands.append((k, eff, stamps))
         self.started = True
         obs = self.obs.pop(k, None)
         self.k_next = k + 1
