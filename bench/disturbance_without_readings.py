@@ -4,7 +4,7 @@ commands cost.
 
     PYTHONPATH=. python bench/disturbance_without_readings.py [--seeds 3] [--seconds 1.5]
         [--time-constant T ...] [--gap-steps 10 ...] [--commands in_time|unknown|held|held+corrected ...]
-        [--never-deliver]
+        [--start-step N ...] [--seed N ...] [--never-deliver]
 
 The setting of test/test_bag_replay.py's robot, in the core (no DDS): the pick-and-place robot at 200 Hz
 with config/pick_and_place.yaml's estimator parameters (fused, actuators trusted), the plant's exact
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -67,7 +68,8 @@ def robot_config(time_constant: float) -> EstimatorConfig:
 COMMANDS = ("in_time", "unknown", "held", "held+corrected")
 
 
-def run(seed: int, seconds: float, time_constant: float, gap_steps: int, commands: str, deliver_late: bool):
+def run(seed: int, seconds: float, time_constant: float, gap_steps: int, commands: str, deliver_late: bool,
+        start: int = 0):
     mech = load_mechanism("pick_and_place_robot")
     cfg = robot_config(time_constant)
     traj = SimulatedPlant(mech, dt=cfg.dt, seed=seed, actuator=Actuator.ideal(mech)).simulate(seconds)
@@ -81,6 +83,8 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
     late = []           # (estimate step, readings, grid step) withheld in the current gap
     step_ids = {}       # grid step -> estimate step (as the node keeps it)
     for k, t in enumerate(traj.t):
+        if k < start:
+            continue
         withheld = gap_steps > 0 and k >= period and (k % period) < gap_steps
         stamp = T0_NS + k * dt_ns
         readings = {nm: float(traj.readings[nm][k]) for nm in names}
@@ -93,12 +97,12 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
                     sched.add_efforts(T0_NS + j * dt_ns, np.asarray(traj.efforts[j], dtype=float), stamp)
                     fixes = sched.take_command_corrections()
                     if commands.endswith("+corrected") and fixes:
-                        est.correct_commands([(step_ids[i], c) for i, c in fixes if i in step_ids])
+                        est.correct_commands([(step_ids[i + start], c) for i, c in fixes if i + start in step_ids])
             late = []
         if not withheld or commands == "in_time":
             sched.add_efforts(stamp, np.asarray(traj.efforts[k], dtype=float), stamp)
         j, command, _ = sched.pop()
-        assert j == k
+        assert j == k - start                      # (the scheduler's grid starts at the first command)
         if withheld and commands == "unknown":
             command = None
         e = est.step(float(t), command, None if withheld else readings)
@@ -118,36 +122,41 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="plant seeds 1 … N")
+    ap.add_argument("--seed", type=int, action="append", help="this plant seed instead (repeatable; the bag of "
+                                                               "test/test_bag_replay.py is seed 3)")
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--time-constant", type=float, action="append",
                     help="disturbance_time_constant values [s] (repeatable; 'inf' allowed; default inf, 3, 1, 0.3)")
     ap.add_argument("--gap-steps", type=int, action="append", help="steps per gap (repeatable; default 0, 4, 10)")
     ap.add_argument("--commands", choices=COMMANDS, action="append",
                     help="how the gaps' commands come (repeatable; default all): see the module docstring")
+    ap.add_argument("--start-step", type=int, action="append",
+                    help="the estimator starts at this step of the run (repeatable; default 0): the node starts "
+                         "when its inputs are first heard, a few steps into a replay")
     ap.add_argument("--never-deliver", action="store_true",
                     help="the gaps' readings never arrive (default: they arrive after the gap, fused late)")
     a = ap.parse_args(argv)
     taus = a.time_constant or [math.inf, 3.0, 1.0, 0.3]
     gaps = a.gap_steps or [0, 4, 10]
     kinds = a.commands or list(COMMANDS)
+    starts = a.start_step or [0]
+    seeds = a.seed or list(range(1, a.seeds + 1))
     from mbfg_ros.blas import limit_blas_threads
     limit_blas_threads(1)
-    print(f"pick-and-place robot, fused, config/pick_and_place.yaml, exact actuator; {a.seeds} seeds of "
+    print(f"pick-and-place robot, fused, config/pick_and_place.yaml, exact actuator; {len(seeds)} seeds of "
           f"{a.seconds:g} s; a gap of withheld readings every {GAP_PERIOD:g} s (readings "
           f"{'never delivered' if a.never_deliver else 'delivered late'}); scored after {SETTLE:g} s\n")
-    print("| gap's commands | disturbance_time_constant [s] | gap [steps] | effort error p95 [N·m] | "
+    print("| start [steps] | gap's commands | disturbance_time_constant [s] | gap [steps] | effort error p95 [N·m] | "
           "effort error max [N·m] | steps with readings: effort error p95 [N·m] | effort RMSE [N·m] | "
           "angle RMSE [mrad] |")
-    print("|---|---|---|---|---|---|---|---|")
-    for kind in kinds:
-        for gap in gaps:
-            for T in taus:
-                r = [run(s, a.seconds, T, gap, kind, not a.never_deliver) for s in range(1, a.seeds + 1)]
-                m = {k: float(np.mean([x[k] for x in r])) for k in r[0]}
-                worst = max(x["p95"] for x in r)
-                print(f"| {kind} | {T:g} | {gap} | {m['p95']:.3g} (worst seed {worst:.3g}) | {m['max']:.3g} | "
-                      f"{m['p95_read']:.3g} | {m['effort_rmse_read']:.3g} | {1e3 * m['angle_rmse_read']:.3g} |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for start, kind, gap, T in itertools.product(starts, kinds, gaps, taus):
+        r = [run(s, a.seconds, T, gap, kind, not a.never_deliver, start) for s in seeds]
+        m = {k: float(np.mean([x[k] for x in r])) for k in r[0]}
+        worst = max(x["p95"] for x in r)
+        print(f"| {start} | {kind} | {T:g} | {gap} | {m['p95']:.3g} (worst seed {worst:.3g}) | {m['max']:.3g} | "
+              f"{m['p95_read']:.3g} | {m['effort_rmse_read']:.3g} | {1e3 * m['angle_rmse_read']:.3g} |", flush=True)
     return 0
 
 
