@@ -31,7 +31,7 @@ REJECT_KINDS = {
     "stale": "stamp older than node clock - max_input_age (clock mismatch? play bags with --clock)",
     "before_reset": "stamp before the last reset",
     "late": "input of a step already estimated that could not be used: a reading outside the innovation "
-            "gate (or whose step left the window meanwhile), or a command older than the one applied",
+            "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
     "too_old": "stamp older than the estimator window",
 }
 EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "solver_failures", "overruns",
