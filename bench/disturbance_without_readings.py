@@ -27,7 +27,10 @@ The commands go through the node's `InputScheduler` (stamped on the grid, receiv
 gap).  `--never-deliver`: the readings never arrive.  Printed per commands × gap × `disturbance_time_constant`
 (`inf`: the undamped integrated random walk): p95 and max of |applied − estimated effort| over both motors
 after 0.3 s (the test's scoring), and on the steps with readings (published after the late inputs of the gap
-before them came) the effort error's p95 and the RMSE of angle and effort.  Never used in tests.
+before them came) the effort error's p95 and the RMSE of angle and effort; the median thread CPU of a step and
+of a `correct_commands` call (one per gap, as the node makes one before its next step: every step the gap's
+late commands cover, in one smoother update).  Never used
+in tests.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import dataclasses
 import itertools
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +84,7 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
     est = FixedLagEstimator(mech, cfg)
     sched = InputScheduler(cfg.dt, cfg.window, len(mech.actuated))
     err_effort, err_angle, with_readings = [], [], []
+    correction_cpu, step_cpu = [], []
     late = []           # (estimate step, readings, grid step) withheld in the current gap
     step_ids = {}       # grid step -> estimate step (as the node keeps it)
     for k, t in enumerate(traj.t):
@@ -92,12 +97,15 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
             for step, r, j in late:     # the gap's inputs arrive now (readings, then commands)
                 if deliver_late:
                     est.add_late_observations(step, r)
-            for step, r, j in late:
-                if commands != "in_time":
+            if commands != "in_time":
+                for step, r, j in late:
                     sched.add_efforts(T0_NS + j * dt_ns, np.asarray(traj.efforts[j], dtype=float), stamp)
-                    fixes = sched.take_command_corrections()
-                    if commands.endswith("+corrected") and fixes:
-                        est.correct_commands([(step_ids[i + start], c) for i, c in fixes if i + start in step_ids])
+                # the node applies the late commands received since its last step before the next one
+                fixes = sched.take_command_corrections()
+                if commands.endswith("+corrected") and fixes:
+                    c0 = time.thread_time()
+                    est.correct_commands([(step_ids[i + start], c) for i, c in fixes if i + start in step_ids])
+                    correction_cpu.append(time.thread_time() - c0)
             late = []
         if not withheld or commands == "in_time":
             sched.add_efforts(stamp, np.asarray(traj.efforts[k], dtype=float), stamp)
@@ -105,7 +113,9 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
         assert j == k - start                      # (the scheduler's grid starts at the first command)
         if withheld and commands == "unknown":
             command = None
+        c0 = time.thread_time()
         e = est.step(float(t), command, None if withheld else readings)
+        step_cpu.append(time.thread_time() - c0)
         step_ids[k] = e.step
         if withheld:
             late.append((e.step, readings, k))
@@ -116,6 +126,8 @@ def run(seed: int, seconds: float, time_constant: float, gap_steps: int, command
     E, A, W = np.array(err_effort), np.array(err_angle), np.array(with_readings)
     return {"p95": float(np.percentile(E, 95)), "max": float(E.max()),
             "p95_read": float(np.percentile(E[W], 95)),
+            "step_us": 1e6 * float(np.median(step_cpu)),
+            "correction_us": 1e6 * float(np.median(correction_cpu)) if correction_cpu else math.nan,
             "effort_rmse_read": float(np.sqrt(np.mean(E[W] ** 2))),
             "angle_rmse_read": float(np.sqrt(np.mean(A[W] ** 2)))}
 
@@ -149,14 +161,15 @@ def main(argv=None) -> int:
           f"{'never delivered' if a.never_deliver else 'delivered late'}); scored after {SETTLE:g} s\n")
     print("| start [steps] | gap's commands | disturbance_time_constant [s] | gap [steps] | effort error p95 [N·m] | "
           "effort error max [N·m] | steps with readings: effort error p95 [N·m] | effort RMSE [N·m] | "
-          "angle RMSE [mrad] |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "angle RMSE [mrad] | CPU median: step / correct_commands call [µs] |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for start, kind, gap, T in itertools.product(starts, kinds, gaps, taus):
         r = [run(s, a.seconds, T, gap, kind, not a.never_deliver, start) for s in seeds]
         m = {k: float(np.mean([x[k] for x in r])) for k in r[0]}
         worst = max(x["p95"] for x in r)
         print(f"| {start} | {kind} | {T:g} | {gap} | {m['p95']:.3g} (worst seed {worst:.3g}) | {m['max']:.3g} | "
-              f"{m['p95_read']:.3g} | {m['effort_rmse_read']:.3g} | {1e3 * m['angle_rmse_read']:.3g} |", flush=True)
+              f"{m['p95_read']:.3g} | {m['effort_rmse_read']:.3g} | {1e3 * m['angle_rmse_read']:.3g} | "
+              f"{m['step_us']:.0f} / {m['correction_us']:.0f} |", flush=True)
     return 0
 
 

@@ -35,7 +35,7 @@ REJECT_KINDS = {
     "too_old": "stamp older than the estimator window",
 }
 EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "solver_failures", "overruns",
-          "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_commands_applied",
+          "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
           "late_steps")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
 

@@ -230,19 +230,16 @@ class EstimatorNode(Node):
         if problems:
             self.diag.reject_all(problems)
         if tau is not None:
-            sched = self.sched
-            bad = sched.add_efforts(stamp, tau, now)
+            bad = self.sched.add_efforts(stamp, tau, now)
             if bad:
-                self.diag.reject(bad, sched.stamp_detail(stamp, now))
-            elif sched.command_corrections:
-                self._correct_commands(sched.take_command_corrections())
+                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
 
     def _correct_commands(self, corrections):
-        """A command of a step already estimated but still in the window replaces the one that step (and the
-        later ones it covers) was estimated with, in their factors: the smoother revises the window, so the
-        next outputs use it (as with late readings)."""
+        """Commands of steps already estimated but still in the window replace the ones those steps (and the
+        later ones each covers) were estimated with, in their factors: the smoother revises the window, so the
+        next outputs use them (as with late readings)."""
         steps = self._estimate_steps
         by_id = [(steps[k], efforts) for k, efforts in corrections if k in steps]
         if not by_id:
@@ -253,7 +250,7 @@ class EstimatorNode(Node):
             self.get_logger().debug(f"late command not applied: {e!r}")
             return
         if done:
-            self.diag.events["late_commands_applied"] += 1
+            self.diag.events["late_command_corrections"] += len(done)
 
     def after_batch(self) -> bool:
         """After the inputs that arrived together: estimate the steps they complete (True: more are ready)."""
@@ -295,6 +292,9 @@ class EstimatorNode(Node):
         True if more are ready (the fast loop then comes back at once)."""
         self._check_time(now_ns)
         sched = self.sched
+        if sched.command_corrections:
+            # late commands received since the last pump (a burst: one smoother update), before the next step
+            self._correct_commands(sched.take_command_corrections())
         if sched.anchored and self.step_timer.is_canceled():
             self.step_timer.reset()         # inputs again: steps (and predictions without inputs) are due
         if sched.overloaded(now_ns):

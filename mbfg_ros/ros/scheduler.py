@@ -93,11 +93,13 @@ class InputScheduler:
         self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
         self.held_effort = np.full(self.n_actuators, np.nan)
         self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
-        # the commands each step of the window was handed (a zero-order hold, see `pop`): (step, efforts,
-        # their stamps), so that a command arriving after
-        # its step was estimated can replace the stale hold in the steps it covers (`command_corrections`)
+        # the commands each step of the window was handed (a zero-order hold, see `pop`): (step, efforts, their
+        # stamps), so that a command arriving after its step was estimated can replace the stale hold in the
+        # steps it covers (`command_corrections`)
         self.used_commands: Deque[Tuple[int, list, list]] = deque(maxlen=max(1, self.window))
-        self.command_corrections: List[Tuple[int, np.ndarray]] = []   # (step, its whole new command)
+        # step -> its whole new command, until the node takes them (one smoother update for all the late
+        # commands of a burst: each step once, with the newest command that covers it)
+        self.command_corrections: Dict[int, np.ndarray] = {}
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
             s.clear()
@@ -186,7 +188,7 @@ class InputScheduler:
                     eff[i], stamps[i] = vals[i], stamp_ns
                     changed = True
             if changed:
-                self.command_corrections.append((j, np.array(eff)))
+                self.command_corrections[j] = np.array(eff)
                 used = True
         newer = ~np.isnan(tau) & (stamp_ns > self.held_effort_stamp)
         if newer.any():
@@ -199,8 +201,9 @@ class InputScheduler:
         return self._late_kind(k)
 
     def take_command_corrections(self) -> List[Tuple[int, np.ndarray]]:
-        """The (step, whole command in actuator order) pairs late commands replaced since the last call."""
-        out, self.command_corrections = self.command_corrections, []
+        """The (step, whole command in actuator order) pairs that late commands replaced since the last call,
+        in step order, each step once (its newest command)."""
+        out, self.command_corrections = sorted(self.command_corrections.items()), {}
         return out
 
     def waited_streams(self, now_ns: int, expected) -> List[Stream]:
