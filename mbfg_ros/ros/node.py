@@ -292,7 +292,7 @@ class EstimatorNode(Node):
         True if more are ready (the fast loop then comes back at once)."""
         self._check_time(now_ns)
         sched = self.sched
-        if sched.command_corrections:
+        if sched.command_corrections or sched.deferred_corrections:
             # late commands received since the last pump (a burst: one smoother update), before the next step
             self._correct_commands(sched.take_command_corrections())
         if sched.anchored and self.step_timer.is_canceled():
@@ -352,8 +352,8 @@ class EstimatorNode(Node):
                                                 f"contradict the prediction) at t={t_k / NS:.6f}: {est.message}")
         if est.status == "waiting":
             return
-        if efforts is None and observations is None:
-            events["predicted_steps"] += 1
+        if observations is None and not self.sched.own_command:
+            events["predicted_steps"] += 1      # no input of its own (a held command may be applied)
         self.state = "running"
         self.last_estimate = est
         self.last_k = k

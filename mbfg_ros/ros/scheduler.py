@@ -100,6 +100,8 @@ class InputScheduler:
         # step -> its whole new command, until the node takes them (one smoother update for all the late
         # commands of a burst: each step once, with the newest command that covers it)
         self.command_corrections: Dict[int, np.ndarray] = {}
+        self.deferred_corrections: Dict[int, np.ndarray] = {}   # steps covered, not yet due (`_late_efforts`)
+        self.own_command = False                 # the step `pop` handed out last had a command of its own
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
             s.clear()
@@ -171,14 +173,20 @@ class InputScheduler:
         """A command for step k that was already estimated.  A command is valid until replaced (zero-order
         hold): it applies from step k to the step before the next command, so every step of the window from
         k on that was handed an older command for an actuator (the stale hold, or "unknown" when the hold
-        was too old) gets this one instead, within the age a held command may have (sensor_timeout); each such
-        step's whole new command goes to `command_corrections` (the node has the core replace it in that
-        step's factor).  It is also held for the next steps if newer than the held one.  None if it was used
-        anywhere, else why not ('late': older than what its steps used; 'too_old': its step left the window)."""
+        was too old) gets this one instead, within the age a held command may have (sensor_timeout).  The
+        whole new command of step k goes to `command_corrections` (the node has the core replace it in that
+        step's factor).  So do the later steps it covers, unless the command stream delivers every step: then
+        their own commands are on their way (a stream late by d steps would otherwise re-make d steps for
+        every command) and such a step is corrected with this one only if its own has not come when it is
+        about to leave the window (`deferred_corrections`).  The command is also held for the next steps if
+        newer than the held one.  None if it was used anywhere, else why not ('late': older than what its
+        steps used; 'too_old': its step left the window)."""
         vals = tau.tolist()
         known = [i for i, v in enumerate(vals) if v == v]
         used = False
         t0, dt, max_age = self.t0_ns, self.dt_ns, self.sensor_timeout_ns
+        period = self.streams["efforts"].period_ns
+        per_step = period is not None and period <= 1.5 * dt
         for j, eff, stamps in self.used_commands:
             if j < k or t0 + j * dt - stamp_ns > max_age:
                 continue
@@ -188,7 +196,11 @@ class InputScheduler:
                     eff[i], stamps[i] = vals[i], stamp_ns
                     changed = True
             if changed:
-                self.command_corrections[j] = np.array(eff)
+                if j == k or not per_step:
+                    self.command_corrections[j] = np.array(eff)
+                    self.deferred_corrections.pop(j, None)
+                else:
+                    self.deferred_corrections[j] = np.array(eff)
                 used = True
         newer = ~np.isnan(tau) & (stamp_ns > self.held_effort_stamp)
         if newer.any():
@@ -202,9 +214,15 @@ class InputScheduler:
 
     def take_command_corrections(self) -> List[Tuple[int, np.ndarray]]:
         """The (step, whole command in actuator order) pairs that late commands replaced since the last call,
-        in step order, each step once (its newest command)."""
-        out, self.command_corrections = sorted(self.command_corrections.items()), {}
-        return out
+        and the deferred ones of steps about to leave the window (the two oldest), in step order, each step
+        once (its newest command)."""
+        out, self.command_corrections = self.command_corrections, {}
+        deferred = self.deferred_corrections
+        if deferred:
+            due = self.k_next - self.window + 1
+            for j in [j for j in deferred if j <= due]:
+                out[j] = deferred.pop(j)
+        return sorted(out.items())
 
     def waited_streams(self, now_ns: int, expected) -> List[Stream]:
         out = []
@@ -275,6 +293,7 @@ class InputScheduler:
         it comes: `command_corrections`)."""
         k = self.k_next
         t_k = self.t_of(k)
+        fresh = False
         if self.pending_efforts:
             keep = []
             for (ke, st, tau) in self.pending_efforts:
@@ -283,6 +302,7 @@ class InputScheduler:
                     newer = known & (st >= self.held_effort_stamp)
                     self.held_effort[newer] = tau[newer]
                     self.held_effort_stamp[newer] = st
+                    fresh = fresh or ke == k
                 else:
                     keep.append((ke, st, tau))
             self.pending_efforts = keep
@@ -293,6 +313,7 @@ class InputScheduler:
                for v, st in zip(self.held_effort.tolist(), stamps)]
         efforts = np.array(eff) if any(v == v for v in eff) else None
         self.used_commands.append((k, eff, stamps))
+        self.own_command = fresh
         self.started = True
         obs = self.obs.pop(k, None)
         self.k_next = k + 1
