@@ -47,7 +47,7 @@ def measure(mech, samples, window: int, dt: float, warmup: int, budget: float):
                           max_substeps=1).validated()
     est = FixedLagEstimator(mech, cfg)
     step_costs(est, samples[:warmup], dt)
-    steps, updates = step_costs(est, samples[warmup:], dt, first=warmup, budget=budget)
+    steps, updates, _ = step_costs(est, samples[warmup:], dt, first=warmup, budget=budget)
     return 1e6 * float(np.median(steps)), 1e6 * float(np.median(updates)), len(steps)
 
 

@@ -188,9 +188,9 @@ class EvalContext:
             lam = np.zeros(mech.m)
             lam[self._rows] = x[n:]
         top = Kinv[:n]
-        low = C.hessian_vector(q, a)
+        low = C.hessian_vector(q, a)          # (a new array)
         if third is not None:
-            low = low + third
+            low += third
         if self._rows is not None:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]

@@ -16,6 +16,7 @@ integrator's jerk, and the extra effort units (the integrated random walk betwee
 
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -70,6 +71,8 @@ class EffortModel:
         """The commanded efforts with unknown entries 0."""
         if not self.na:
             return efforts
+        if all(map(math.isfinite, efforts.tolist())):   # the usual case (plain floats: cheaper than numpy's calls)
+            return efforts.copy()
         return np.where(np.isfinite(efforts), efforts, 0.0)
 
     # -- per window ----------------------------------------------------------------------------
@@ -248,7 +251,7 @@ class FusedEfforts(UnknownEfforts):
     def forces(self, efforts, h):
         cmd = self.commanded(efforts)
         Q = self.gravity.copy()
-        Q[self.mech.actuated] += cmd
+        Q[self.mech.actuated_index] += cmd
         Qdot = self._rate(cmd, h) if self.rates else None
         return Q, Qdot, None
 

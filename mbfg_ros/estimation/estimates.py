@@ -17,7 +17,6 @@ from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["StepFailure", "Estimates", "copy_estimate", "COORDINATE_CHECK_INTERVAL"]
 
-_max = np.maximum.reduce
 COORDINATE_CHECK_INTERVAL = 10   # steps between checks of the independent coordinates' conditioning
 
 
@@ -74,11 +73,13 @@ class Estimates:
         tau = self.efforts.reported(x_tau, efforts)
         Q = self.efforts.gravity.copy()
         if tau.size:
-            Q[mech.actuated] += tau
+            Q[mech.actuated_index] += tau
         phi = self.ctx.phi(q)
-        residual = float(_max(np.abs(phi))) if phi.size else 0.0
+        # (a few values: plain floats are cheaper than numpy's reductions; a NaN or inf in q or q̇ is caught by
+        # the norm of x in `check` before these are looked at)
+        residual = max(map(abs, phi.tolist())) if phi.size else 0.0
         self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
-        self._speed = float(_max(np.abs(v))) if n else 0.0
+        self._speed = max(map(abs, v.tolist())) if n else 0.0
         mode = mech.assembly_mode(q)
         if self.mode is not None and mode.size and mode.tolist() != self.mode.tolist():
             if self.requested is not None and not np.array_equal(mode, self.requested):
@@ -126,7 +127,7 @@ class Estimates:
     def check(self, est: Estimate):
         """Raise StepFailure for a non-finite estimate, |Φ| over ``max_constraint_residual`` or |q̇| over
         ``max_speed``."""
-        if not self._x_norm2 < math.inf or not (est.efforts.size == 0 or np.isfinite(est.efforts).all()):
+        if not self._x_norm2 < math.inf or not all(map(math.isfinite, est.efforts.tolist())):
             raise StepFailure("non-finite estimate")
         if est.constraint_residual > self.config.max_constraint_residual:
             raise StepFailure(f"constraint residual max |Φ| = {est.constraint_residual:.3g} exceeds "

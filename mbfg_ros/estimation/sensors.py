@@ -179,7 +179,8 @@ class InnovationGate:
         rejections, seen, unconfirmed = self.rejections, self.seen, self.unconfirmed
         kept = []
         for u in units:
-            m = float(_max(np.abs(whitened(u))))
+            w = whitened(u)
+            m = abs(w.item()) if w.size == 1 else float(_max(np.abs(w)))      # (one row: a plain float)
             since = k - seen.get(u.name, k)
             seen[u.name] = k
             if m > gate:

@@ -232,18 +232,23 @@ class StepFactors:
         prediction is then input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
-        q, a = x[:n], x[n2:n3]                      # the layout starts with q, q̇, q̈
+        q = x[:n]                                   # the layout starts with q, q̇, q̈
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
         j = self._jerk_before(x, h, a_prev, h_prev, values)
-        qp, vp = xp[:n], xp[n:n2]
-        xp[:n2] += h * x[n:n3]                      # q + h q̇, q̇ + h q̈
+        # q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j on plain floats: the same operations in the same order
+        # as elementwise numpy (the same numbers), without the eight numpy calls that cost more than the
+        # arithmetic on a mechanism's few coordinates (and little beside the rest of a step on many)
+        xl = x[:n3].tolist()
+        ql, vl, al = xl[:n], xl[n:n2], xl[n2:]
         if j is not None:
-            qp += h2 * a + h3 * j
-            vp += h2 * j
+            xp[:n2] = ([qi + h * vi + (h2 * ai + h3 * ji) for qi, vi, ai, ji in zip(ql, vl, al, j)]
+                       + [vi + h * ai + h2 * ji for vi, ai, ji in zip(vl, al, j)])
         else:
-            qp += h2 * a
+            xp[:n2] = ([qi + h * vi + h2 * ai for qi, vi, ai in zip(ql, vl, al)]
+                       + [vi + h * ai for vi, ai in zip(vl, al)])
+        qp, vp = xp[:n], xp[n:n2]
         dyn = self.dynamics
         if self._tau is None:
             Q = values[dyn]["Q"]
@@ -254,7 +259,7 @@ class StepFactors:
             # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
             known = self._known_before if values is not None else self._known_newest
             Q = (dyn.Q_known if known is None else known).copy()
-            Q[dyn.actuated] += xp[self._tau]
+            Q[self.mech.actuated_index] += xp[self._tau]
         if self.prediction_uses_linearization or self._tau is None or not self.efforts.known_forces_vary:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
@@ -265,10 +270,12 @@ class StepFactors:
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
 
-    def _jerk_before(self, x, h, a_prev, h_prev, values):
+    def _jerk_before(self, x, h, a_prev, h_prev, values) -> Optional[list]:
+        """The jerk at x (plain floats, see `predict`): the backward difference of q̈, or None before a
+        previous q̈."""
         if a_prev is not None:
             n = self.mech.n
-            return (x[2 * n:3 * n] - a_prev) / h_prev
+            return [(ai - pi) / h_prev for ai, pi in zip(x[2 * n:3 * n].tolist(), a_prev.tolist())]
         return None
 
     def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
@@ -332,7 +339,7 @@ class DependentHermiteFactors(DependentFactors):
         hv = self.integrators(h)[1]
         own = values[hv]
         d = hv.dynamics_at(self.ctx, own["Q_prev"], own["lin_prev"], x[:n], x[n:2 * n])
-        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"])
+        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"]).tolist()
 
     def correct_early_rates(self, window, k, h, rates):
         # step j's velocity integrator reads Q̇ at steps j − 1 and j

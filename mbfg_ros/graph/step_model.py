@@ -5,6 +5,7 @@ rows to GTSAM).  GTSAM never calls back into Python for these factors."""
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,6 +18,15 @@ __all__ = ["linearize_step", "StepModel", "StepValues"]
 
 #: a step's per-step factor parameters: unit -> {parameter name: value} (see `Factor.params`)
 StepValues = Dict[Factor, Dict[str, object]]
+
+
+def _getter(indices):
+    """A function of a list returning its items at `indices` as a tuple (`operator.itemgetter`, which returns a
+    single item bare)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda items: (items[i],)
+    return itemgetter(*indices)
 
 
 def _blocks_for(unit, slot_map, vprev, vcur):
@@ -143,13 +153,24 @@ class StepModel:
         # the Jacobian block last written to each (unit, slot) region (distinct layout): a unit returning the
         # same (constant) array object again needs no rewrite
         self._last_J = [[None] * len(p[3]) for p in self._plan]
-        # per unit: its slots, its raw error rows, the raw views of the blocks it writes (made once: slicing at
-        # every linearization costs a visible share of a 1-kHz step), whether those are distinct
+        # The blocks the dynamic units read, each sliced once per linearization ((which, columns): several units
+        # read q and q̇); per unit: a getter of its blocks among them (in slot order), its raw error rows, the raw
+        # views of the blocks it writes (made once: slicing at every linearization costs a visible share of a
+        # 1-kHz step), whether those are distinct
+        self._blocks = []
+        for _, _, _, slots, _ in self._plan:
+            for which, cols in slots:
+                if not any(w == which and c == cols for w, c in self._blocks):
+                    self._blocks.append((which, cols))
         self._views = []
         for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J):
             a, b = row - rows_s, row - rows_s + u.dim
             outs = [(self._J_raw_cur if which else self._J_raw_prev)[a:b, cols] for which, cols in slots]
-            self._views.append((u, slots, self._e_raw[a:b], outs, last, distinct))
+            self._views.append((u, _getter([self._block_index(which, cols) for which, cols in slots]),
+                                self._e_raw[a:b], outs, last, distinct))
+
+    def _block_index(self, which, cols) -> int:
+        return next(i for i, (w, c) in enumerate(self._blocks) if w == which and c == cols)
 
     def whitened_rows(self, unit) -> np.ndarray:
         """The rows of a (non-static) `unit` in the last linearization's whitened residual (a view of the
@@ -194,8 +215,10 @@ class StepModel:
                 self._J_raw_prev[:] = 0.0
             for last in self._last_J:
                 last[:] = [None] * len(last)
-        for u, slots, e_rows, outs, last, distinct in self._views:
-            e, Js = u.evaluate(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx)
+        xs = (x_prev, x_cur)
+        blocks = [xs[which][c] for which, c in self._blocks]
+        for u, take, e_rows, outs, last, distinct in self._views:
+            e, Js = u.evaluate(*take(blocks), ctx=ctx)
             e_rows[:] = e
             if distinct:         # every block of these rows is overwritten; the others stay zero
                 i = 0

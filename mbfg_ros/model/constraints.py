@@ -189,7 +189,8 @@ class RelativeAngleConstraints(ConstraintType):
                     T[row, i0], T[row, i1], T[row, i2], T[row, i3], T[row, i4] = 0.0, -1.0, 0.0, 1.0, -L * c
 
     def curvatures(self, theta):
-        """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`."""
+        """(∂²φ/∂θ², ∂³φ/∂θ³) per instance at the angles `theta`, as two lists of floats (the callers read and
+        write them one value at a time)."""
         c2, c3 = [], []
         for t, L in zip(theta.tolist(), self._L):
             s, c = math.sin(t), math.cos(t)
@@ -199,7 +200,7 @@ class RelativeAngleConstraints(ConstraintType):
             else:
                 c2.append(L * s)
                 c3.append(L * c)
-        return np.array(c2), np.array(c3)
+        return c2, c3
 
 
 class ConstraintSet:
@@ -247,17 +248,23 @@ class ConstraintSet:
         self._Ht_rows = Ht.reshape(m * (ne + 1), ne + 1)
         self._tail1 = np.concatenate((self.fixed_values, [1.0]))
         # types whose only non-zero second derivative is ∂²φ/∂θ² of one local coordinate (relative angles):
-        # (type, rows, column of θ, flat (θ, θ) index in an n × n matrix, are those indices distinct?, memo)
+        # (type, rows, column of θ, flat (θ, θ) index in an n × n matrix)
         self._angle = []
         for t, r, _ in self._nonlinear:
             if getattr(t, "angle_only", False):
                 col = np.ascontiguousarray(t.index[:, 4])
-                self._angle.append((t, r, col, col * n + col, len(set(col.tolist())) == col.size, [None]))
+                self._angle.append((t, r, col, col * n + col))
         # fast path: only angle types, and their angles are coordinates (not fixed values).  There no second
         # derivative touches a fixed value, so the Hessian products need only the coordinates' part of H (no
         # extended vector to build, no columns to drop), and φ, ∂φ of the angles are scalar stores.
         self._all_angle = (len(self._angle) == len(self._nonlinear)
                            and all(bool(np.all(a[2] < n)) for a in self._angle))
+        # the same per angle instance as plain ints, (row, column of θ, flat (θ, θ) index): with one or a few angle
+        # constraints their second and third derivatives are written one float at a time, cheaper than the
+        # numpy calls of fancy-indexed stores (the same products, so the same numbers)
+        self._angle_items = [(t, col, [(int(i), int(c), int(f)) for i, c, f in zip(r, col, flat)])
+                             for t, r, col, flat in self._angle]
+        self._curv_memo = [None]
         Hn = np.ascontiguousarray(H[:, :n, :n])
         self._Hn_rows = Hn.reshape(m * n, n)
         self._Hn_flat = Hn.reshape(m, n * n)
@@ -269,14 +276,13 @@ class ConstraintSet:
         Φᵢ = ½ qeᵀHᵢqe + bᵢᵀqe + cᵢ over the extended coordinates qe (zero rows for the other types)."""
         return self._H_rows, self._H_flat, self._b, self._c
 
-    @staticmethod
-    def _curv(t, th, memo):
-        """(∂²φ/∂θ², ∂³φ/∂θ³) of an angle type at the angles th (memo of the last angles, which the dynamics
-        read several times per configuration; one atomic slot: safe with concurrent callers)."""
-        key = th.tobytes()
-        m = memo[0]
+    def _curvatures(self, q):
+        """[(∂²φ/∂θ², ∂³φ/∂θ³) lists] per angle type at q (all-angle fast path; a memo of the last q, which the
+        dynamics read several times per configuration; one atomic slot: safe with concurrent callers)."""
+        key = q.tobytes()
+        m = self._curv_memo[0]
         if m is None or m[0] != key:
-            m = memo[0] = (key, t.curvatures(th))
+            m = self._curv_memo[0] = (key, [t.curvatures(q[col]) for t, col, _ in self._angle_items])
         return m[1]
 
     def _extended(self, q):
@@ -333,8 +339,11 @@ class ConstraintSet:
         """∂(Φq w)/∂q, shape (m, n).  With w = q̇ this is Φ̇q = d(Φq)/dt."""
         if self._all_angle or not self._nonlinear:
             out = self._Hn_rows.dot(w).reshape(self.m, self.n)
-            for t, r, col, _, _, memo in self._angle:
-                out[r, col] = self._curv(t, q[col], memo)[0] * w[col]
+            if self._angle_items:
+                wl = w.tolist()
+                for (c2, _), (_, _, items) in zip(self._curvatures(q), self._angle_items):
+                    for (row, col, _), c in zip(items, c2):
+                        out[row, col] = c * wl[col]
             return out
         we = np.concatenate((w, self._zeros_fixed))
         out = self._H_rows.dot(we).reshape(self.m, self.n_extended)
@@ -351,9 +360,12 @@ class ConstraintSet:
         """∂(Φ̇q(q, v) v)/∂q at fixed v, shape (m, n): zero for quadratic constraints."""
         if self._all_angle or not self._nonlinear:
             out = np.zeros((self.m, self.n))
-            for t, r, col, _, _, memo in self._angle:
-                w = v[col]
-                out[r, col] = self._curv(t, q[col], memo)[1] * (w * w)
+            if self._angle_items:
+                vl = v.tolist()
+                for (_, c3), (_, _, items) in zip(self._curvatures(q), self._angle_items):
+                    for (row, col, _), c in zip(items, c3):
+                        w = vl[col]
+                        out[row, col] = c * (w * w)
             return out
         out = np.zeros((self.m, self.n_extended))
         qe, ve = self._extended(q), self._extended_rate(v)
@@ -366,12 +378,11 @@ class ConstraintSet:
         if self._all_angle or not self._nonlinear:
             n = self.n
             out = lam.dot(self._Hn_flat) if self.m else np.zeros(n * n)
-            for t, r, col, flat, distinct, memo in self._angle:
-                vals = self._curv(t, q[col], memo)[0] * lam[r]
-                if distinct:
-                    out[flat] += vals
-                else:
-                    np.add.at(out, flat, vals)
+            if self._angle_items:
+                ll = lam.tolist()
+                for (c2, _), (_, _, items) in zip(self._curvatures(q), self._angle_items):
+                    for (row, _, flat), c in zip(items, c2):
+                        out[flat] += c * ll[row]      # (in order: a repeated (θ, θ) entry sums its terms)
             return out.reshape(n, n)
         ne = self.n_extended
         out = lam.dot(self._H_flat) if self.m else np.zeros(ne * ne)
