@@ -64,6 +64,9 @@ class StubCore:
     def add_late_observations(self, step, observations):
         return list(observations), []
 
+    def correct_commands(self, corrections):
+        return [step for step, _ in corrections]
+
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
 

@@ -109,18 +109,17 @@ def test_commands_are_held_until_the_sensor_timeout_and_unknown_after():
     assert eff is None                                                   # older than sensor_timeout: unknown
 
 
-def test_a_command_stream_that_misses_a_step_gives_unknown_without_hold():
+def test_a_command_stream_that_misses_a_step_holds_its_last_command():
+    """Zero-order hold, as the actuator does: in fused mode "unknown" would be a zero command."""
     s = scheduler()
     for k in range(5):                                                   # a 1 kHz command stream...
         s.add_efforts(T0 + k * MS, np.array([float(k)]), now_ns=T0 + k * MS)
         s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
-        s.pop(hold_missing=False)
+        s.pop()
+        assert s.own_command
     s.add_observations(T0 + 5 * MS, {"crank": 0.0}, now_ns=T0 + 5 * MS)  # ...misses step 5
-    k, eff, _ = s.pop(hold_missing=False)
-    assert k == 5 and eff is None                                        # estimated, not the stale value
-    s.add_observations(T0 + 6 * MS, {"crank": 0.0}, now_ns=T0 + 6 * MS)
-    k, eff, _ = s.pop(hold_missing=True)
-    assert k == 6 and eff.tolist() == [4.0]                              # forward dynamics holds it
+    k, eff, _ = s.pop()
+    assert k == 5 and eff.tolist() == [4.0] and not s.own_command       # (a step without inputs of its own)
 
 
 def test_late_too_old_and_inadmissible_inputs_are_named():
@@ -223,3 +222,109 @@ def test_poll_window_only_while_part_of_the_next_step_has_arrived():
 def test_scheduler_never_imports_rclpy():
     code = "import sys, mbfg_ros.ros.scheduler; assert 'rclpy' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def stream_with_late_commands(window=5, n_actuators=1, late=(5, 6, 7), every=1):
+    """A command stream (one every `every` ms; values 10 + step) at 1 kHz steps whose commands for the steps
+    `late` do not come in time: steps 0 … 8 are popped, the commands of the other steps arrive on time."""
+    s = scheduler(window=window, n_actuators=n_actuators)
+    handed = {}
+    for k in range(9):
+        if k % every == 0 and k not in late:
+            s.add_efforts(T0 + k * MS, np.full(n_actuators, 10.0 + k), now_ns=T0 + k * MS)
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
+        j, eff, _ = s.pop()
+        handed[j] = None if eff is None else eff.tolist()
+    return s, handed
+
+
+def corrections(s):
+    return [(k, c.tolist()) for k, c in s.take_command_corrections()]
+
+
+def test_a_late_command_replaces_the_hold_in_its_step():
+    """Steps 5, 6, 7 were handed step 4's command (held); step 5's arrives after step 8 and replaces it in
+    step 5, step 7's in step 7, step 6's in step 6; what was newer than them stays."""
+    s, handed = stream_with_late_commands()
+    assert handed[5] == handed[6] == handed[7] == [14.0] and handed[8] == [18.0]
+    now = T0 + 9 * MS
+    assert s.add_efforts(T0 + 5 * MS, np.array([15.0]), now) is None
+    assert corrections(s) == [(5, [15.0])]
+    assert s.take_command_corrections() == []
+    assert s.add_efforts(T0 + 7 * MS, np.array([17.0]), now) is None
+    assert s.add_efforts(T0 + 6 * MS, np.array([16.0]), now) is None
+    assert corrections(s) == [(6, [16.0]), (7, [17.0])]                 # together: one update
+    # the same command again, or one older than what its steps have now: nothing to replace
+    assert s.add_efforts(T0 + 6 * MS, np.array([16.0]), now) == "late"
+    assert s.add_efforts(T0 + 4 * MS - 1, np.array([1.0]), now) == "late"
+    assert s.take_command_corrections() == [] and not s.deferred_corrections
+    _, eff, _ = s.pop()
+    assert eff.tolist() == [18.0]                        # the held command is still the newest one
+
+
+def test_a_late_command_covers_the_later_steps_whose_own_never_came():
+    """A stream that delivers every step: the later steps a late command covers (their own commands are on
+    their way) are corrected with it only when about to leave the window without their own (window 5)."""
+    s, _ = stream_with_late_commands(late=(5, 6, 7))
+    assert s.add_efforts(T0 + 5 * MS, np.array([15.0]), T0 + 9 * MS) is None
+    assert corrections(s) == [(5, [15.0])]
+    assert s.add_efforts(T0 + 7 * MS, np.array([17.0]), T0 + 9 * MS) is None   # step 6's never comes
+    assert corrections(s) == [(7, [17.0])]
+    due = []
+    for k in range(9, 13):
+        s.add_efforts(T0 + k * MS, np.array([10.0 + k]), T0 + k * MS)
+        s.pop()
+        due += corrections(s)
+    assert due == [(6, [15.0])]              # while steps 6 … 10 are the window's (due at the two oldest)
+
+
+def test_a_late_command_of_a_slower_stream_covers_the_later_steps_at_once():
+    """A command every 4 steps: the steps after a late one hold it until the next, none of their own."""
+    s, handed = stream_with_late_commands(late=(4,), every=4)
+    assert handed[4] == handed[5] == handed[6] == handed[7] == [10.0] and handed[8] == [18.0]
+    assert s.add_efforts(T0 + 4 * MS, np.array([14.0]), T0 + 9 * MS) is None
+    assert corrections(s) == [(4, [14.0]), (5, [14.0]), (6, [14.0]), (7, [14.0])]
+
+
+def test_a_late_command_replaces_unknown_within_the_sensor_timeout():
+    """Steps whose held command had grown older than sensor_timeout were handed "unknown"; a late command
+    replaces that in the steps it would have been held in (no older than sensor_timeout)."""
+    s = scheduler(window=8)
+    s.sensor_timeout_ns = 2 * MS
+    for k in range(9):
+        if k == 0:
+            s.add_efforts(T0, np.array([10.0]), now_ns=T0)
+        s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
+        _, eff, _ = s.pop()
+        assert (eff is None) == (k > 2)
+    assert s.add_efforts(T0 + 4 * MS, np.array([14.0]), T0 + 9 * MS) is None
+    assert [(k, c.tolist()) for k, c in s.take_command_corrections()] == [(4, [14.0]), (5, [14.0]), (6, [14.0])]
+
+
+def test_a_late_command_of_one_actuator_keeps_the_others():
+    s, handed = stream_with_late_commands(n_actuators=2)
+    assert handed[5] == [14.0, 14.0]
+    assert s.add_efforts(T0 + 5 * MS, np.array([15.0, math.nan]), T0 + 9 * MS) is None
+    assert corrections(s) == [(5, [15.0, 14.0])]
+
+
+def test_a_command_older_than_the_window_is_too_old_unless_it_replaces_a_hold():
+    """Window 5: after step 8 the window holds steps 4 … 8.  Step 2's command (older than what every step of
+    the window was handed) is too old; step 3's is too old for its own step but newer than the hold of steps
+    4 … 7 (a command is valid until replaced): it covers them, as the steps' own commands would (deferred:
+    the stream delivers every step), and is counted as used."""
+    s, _ = stream_with_late_commands(late=(3, 5, 6, 7))
+    now = T0 + 9 * MS
+    assert s.add_efforts(T0 + 2 * MS, np.array([12.0]), now) == "too_old"
+    assert s.take_command_corrections() == [] and not s.deferred_corrections
+    s2, _ = stream_with_late_commands(late=(3, 4, 5, 6, 7))
+    assert s2.add_efforts(T0 + 3 * MS + 1, np.array([13.5]), now) is None
+    assert [k for k, _ in s2.take_command_corrections()] == [4, 5]         # the two oldest: due now
+    assert sorted(s2.deferred_corrections) == [6, 7]
+
+
+def test_a_reset_forgets_the_commands_steps_were_handed():
+    s, _ = stream_with_late_commands()
+    s.clear(reset_stamp_ns=T0 + 9 * MS)
+    assert s.add_efforts(T0 + 9 * MS, np.array([19.0]), T0 + 9 * MS) is None      # anchors a new grid
+    assert s.take_command_corrections() == []

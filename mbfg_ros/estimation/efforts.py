@@ -35,6 +35,8 @@ class EffortModel:
 
     has_state = False
     rates_from_commands = False
+    #: do the commanded efforts enter the dynamics' forces?  (estimation: no, τ is estimated)
+    uses_commands = True
     #: with τ a state, do the dynamics' known forces change from step to step (with the commands)?
     known_forces_vary = False
 
@@ -190,6 +192,7 @@ class UnknownEfforts(EffortModel):
     """τ and its rate τ̇ are states under an integrated random walk (see the module docstring)."""
 
     has_state = True
+    uses_commands = False
     density_name = "effort_density"
 
     def seed(self, efforts, tau_guess):
@@ -223,6 +226,7 @@ class FusedEfforts(UnknownEfforts):
 
     rates_from_commands = True
     known_forces_vary = True
+    uses_commands = True
     density_name = "disturbance_density"
 
     def transition_units(self, h):

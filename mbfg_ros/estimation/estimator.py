@@ -21,7 +21,7 @@ This class is a facade over collaborators chosen once at construction, each owni
 * `sensors.Sensors` and `sensors.InnovationGate`: the readings' units, and the one gate that judges
   on-time and late readings;
 * `stepping.Stepper`: the current window and the steps added to it (forces, prediction, linearization,
-  gate, update with the relinearization safeguard), late readings;
+  gate, update with the relinearization safeguard), late readings and late commands;
 * `seeding.Seeder`: a new window from a `seeding.Seed` (start-up, re-initialization, recovery);
 * `estimates.Estimates`: the estimate of the newest state, its sanity checks, the assembly mode.
 
@@ -259,6 +259,25 @@ class FixedLagEstimator:
         refused: unknown, NaN, outside the innovation gate, or the step no longer (or never) in the
         window."""
         return self.stepper.add_late(step, observations_in(observations))
+
+    def correct_commands(self, corrections: Sequence[Tuple[int, object]]) -> List[int]:
+        """Commanded efforts that arrived after their step was estimated, while it is still in the window:
+        `corrections` are (`Estimate.step`, efforts in actuator order, NaN: unknown) pairs, each the whole
+        command the step should have been estimated with.  Each such step's factor is replaced by the one
+        of its new commands (linearized at the same point: the factor it would have had with them in time),
+        all in one window update, so the next estimates are those of commands that came in time, to within
+        the linearization of the later steps (made at the old estimates; their difference is of second order
+        in the change, and the relinearization check bounds it).  Returns the step ids corrected; none where
+        the commands do not enter the estimate (estimation mode) or not through that step's factor alone (the
+        hermite integrator: rates over three steps), and none for steps no longer (or never) in the window.
+        Efforts of the wrong length: ValueError."""
+        corrections = [(int(step), self.efforts.efforts_in(efforts)) for step, efforts in corrections]
+        done = self.stepper.correct_commands(corrections)
+        newest = self.stepper.first_id + self.stepper.k
+        for step, efforts in corrections:
+            if step == newest and step in done:
+                self._last_efforts = efforts       # a re-seed at the last estimate takes its commands
+        return done
 
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:

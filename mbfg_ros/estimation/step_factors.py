@@ -179,6 +179,23 @@ class StepFactors:
     def _forces_values(self, values: StepValues, Q, Qdot, h, window):
         pass
 
+    def command_values(self, efforts: np.ndarray) -> Optional[StepValues]:
+        """The per-step values through which a step's commanded efforts (actuator order, NaN: unknown) enter
+        its factor, for a step whose commands are replaced after it was estimated (`Stepper.correct_commands`):
+        the dynamics' forces.  None where the commands do not enter (estimation: τ is estimated), or not
+        through that step's factor alone: the hermite integrators also read the commands' rate (backward
+        differences over three steps) and the previous step's forces."""
+        if not self.efforts.uses_commands or self.efforts.rates or self.jerk is not None:
+            return None
+        Q, _, _ = self.efforts.forces(efforts, self.default_h)      # (pure without rates)
+        return {self.dynamics: {"Q_known" if self.efforts.has_state else "Q": Q}}
+
+    def newest_commands_replaced(self, values: StepValues):
+        """The newest step's commands were replaced (`command_values`): the next step's prediction, which uses
+        the known forces of the step it predicts from (`predict`), takes the new ones."""
+        own = values[self.dynamics]
+        self._known_newest = own["Q_known"] if "Q_known" in own else own["Q"]
+
     def _dynamic_units(self, prior) -> list:
         units = [self.dynamics]
         if self.jerk is not None:

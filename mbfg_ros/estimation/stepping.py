@@ -3,7 +3,8 @@ model's forces, the prediction's offset, the readings) without setting anything 
 state, lets the window linearize the step there (`FixedLagWindow.prepare`), lets the innovation gate screen
 the readings on that linearization (a rejected reading: the step is linearized again without it), and adds
 it with the relinearization safeguard (`FixedLagWindow.commit`).  Late readings of a step still in the
-window become extra factors on its state.
+window become extra factors on its state; late commands of such a step replace the ones its factor was made
+with (`correct_commands`).
 
 An encoder's residual is wrapped (a reading matches its angle on any turn), so a prediction that has
 gone a whole turn away from the readings (a long gap bridged without them, a diverging step) would stay
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -189,6 +190,29 @@ class Stepper:
             return False
         self._prediction = (x, dt, self.a_prev, prediction)
         return True
+
+    def correct_commands(self, corrections: Sequence[Tuple[int, np.ndarray]]) -> List[int]:
+        """Replace the commanded efforts that steps already in the window were estimated with (`corrections`:
+        (step id, efforts in actuator order) pairs): their factors become those of the new commands, in one
+        window update (`FixedLagWindow.replace_values`).  Returns the step ids corrected: those still in the
+        window, where the commands enter the step's factor alone (`StepFactors.command_values`)."""
+        window = self.window
+        if window is None:
+            return []
+        changes, first = {}, self.first_id
+        for step, efforts in corrections:
+            j = int(step) - first
+            if j in window.records:
+                values = self.factors.command_values(efforts)
+                if values is None:
+                    return []
+                changes[j] = values
+        done = window.replace_values(changes)
+        if done:
+            if self.k in done:
+                self.factors.newest_commands_replaced(changes[self.k])
+            self.x = window.estimate(self.k)     # (a prediction prepared from the old estimate is not used)
+        return [first + j for j in done]
 
     def add_late(self, step: int, obs: Dict[str, float]) -> Tuple[List[str], List[str]]:
         """Readings of step id `step` as factors on its state, through the innovation gate: (fused, refused)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict, List, Optional
 
 import gtsam
 import numpy as np
@@ -220,8 +220,8 @@ class FixedLagWindow:
     def _update1(self, rec, values, timestamps):
         g = self._graph
         g.resize(0)
+        # (the factor stays with its record: `_index_of` finds it again in iSAM2's factor list)
         g.push_back(rec._factor)
-        rec._factor = None
         self._index_pending = None
         self.smoother.update(g, values, timestamps, self._no_removals)
         if self.scope == "newest" and self.steps >= 3:
@@ -235,19 +235,29 @@ class FixedLagWindow:
     def _index_of(self, rec: StepRecord) -> int:
         """iSAM2's index of the factor of `rec`."""
         if rec.factor_index < 0:
-            if rec is not self._index_pending:
-                raise RuntimeError(f"the factor index of step {rec.k} was not recorded (scope 'newest': only the "
-                                   f"newest step's factor can be replaced, before the next update)")
-            rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
-            self._index_pending = None
+            if rec is self._index_pending:
+                rec.factor_index = int(self.smoother.getISAM2Result().getNewFactorsIndices()[0])
+                self._index_pending = None
+            else:
+                rec.factor_index = self._find_index(rec)
         return rec.factor_index
+
+    def _find_index(self, rec: StepRecord) -> int:
+        """The index of an older step's factor (scope 'newest' records only the newest step's: reading it at
+        every update would cost every step for the rare replacement of an older one).  pybind11 hands back
+        the Python object it already has for a C++ factor, and the record keeps the one it pushed."""
+        factor = rec._factor
+        graph = self.smoother.getFactors()
+        for i in range(graph.size()):
+            if graph.at(i) is factor:
+                return i
+        raise RuntimeError(f"the factor of step {rec.k} is not in the smoother")
 
     def _update(self, recs, values, timestamps, remove):
         g = self._graph
         g.resize(0)
         for rec in recs:
             g.push_back(rec._factor)
-            rec._factor = None
         self._index_pending = None
         self.smoother.update(g, values, timestamps, remove)
         idx = self.smoother.getISAM2Result().getNewFactorsIndices()
@@ -383,6 +393,58 @@ class FixedLagWindow:
         self._linearize(rec)
         self._update([rec], self._empty_values, self._empty_stamps, [self._index_of(rec)])
         return True
+
+    def replace_values(self, changes: Dict[int, StepValues]) -> List[int]:
+        """Change per-step parameters of steps already in the window (`changes`: step -> unit -> {parameter:
+        value}; e.g. the commands of a step, known only after it was estimated).  Each changed step's factor
+        is linearized again at its own linearization point with the new values, i.e. it becomes the factor
+        the step would have had with them from the start, and all replace the old ones in one iSAM2 update
+        (`factorsToRemove`); then the relinearization check runs on those steps at the new estimate (their
+        own thresholds, at most `max_relinearizations` rounds).  Returns the steps changed (steps no longer
+        in the window, or whose units have none of these parameters, are left out)."""
+        recs = []
+        for k in sorted(changes):
+            rec = self.records.get(k)
+            if rec is None:
+                continue
+            values, params, changed = changes[k], list(rec.params), False
+            for i, (u, names) in enumerate(rec.model.param_units):
+                given = values.get(u)
+                if given:
+                    vals = list(params[i])
+                    for name, val in given.items():
+                        vals[names.index(name)] = val
+                    params[i] = tuple(vals)
+                    changed = True
+            if changed:
+                rec.params = params
+                recs.append(rec)
+        if not recs:
+            return []
+        if self._index_pending is not None:      # read before this update replaces iSAM2's result
+            self._index_of(self._index_pending)
+        changed_steps = [rec.k for rec in recs]
+        for round_ in range(self.max_relinearizations + 1):
+            remove = [self._index_of(rec) for rec in recs]
+            for rec in recs:
+                self._linearize(rec)
+            self._update(recs, self._empty_values, self._empty_stamps, remove)
+            if round_ == self.max_relinearizations:
+                break
+            stale = []
+            for rec in recs:
+                x_cur = self.estimate(rec.k)
+                x_prev = self.estimate(rec.k - 1) if rec.x_prev is not None else None
+                rec.mismatch = self.mismatch(rec, x_prev, x_cur)
+                if rec.mismatch > (self.threshold if rec.threshold is None else rec.threshold):
+                    rec.x_prev, rec.x_cur = x_prev, x_cur
+                    rec.relinearizations += 1
+                    stale.append(rec)
+            if not stale:
+                break
+            self.total_relinearizations += len(stale)
+            recs = stale
+        return changed_steps
 
     # -- queries ----------------------------------------------------------------------------
     def estimate(self, k: int) -> np.ndarray:

@@ -31,11 +31,12 @@ REJECT_KINDS = {
     "stale": "stamp older than node clock - max_input_age (clock mismatch? play bags with --clock)",
     "before_reset": "stamp before the last reset",
     "late": "input of a step already estimated that could not be used: a reading outside the innovation "
-            "gate (or whose step left the window meanwhile), or a command older than the one applied",
+            "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
     "too_old": "stamp older than the estimator window",
 }
 EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "solver_failures", "overruns",
-          "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_steps")
+          "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
+          "late_steps")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
 
 

@@ -119,7 +119,6 @@ class EstimatorNode(Node):
     def _set_config(self, config):
         self.config = config
         self._expected = EXPECTED_STREAMS[config.mode]
-        self._hold_missing = config.mode == "forward_dynamics"
 
     # ---------------------------------------------------------------------------- interfaces
     def _setup_interfaces(self):
@@ -251,6 +250,22 @@ class EstimatorNode(Node):
         if not self._fast:
             self._pump(now, max_steps=1000)
 
+    def _correct_commands(self, corrections):
+        """Commands of steps already estimated but still in the window replace the ones those steps (and the
+        later ones each covers) were estimated with, in their factors: the smoother revises the window, so the
+        next outputs use them (as with late readings)."""
+        steps = self._estimate_steps
+        by_id = [(steps[k], efforts) for k, efforts in corrections if k in steps]
+        if not by_id:
+            return
+        try:
+            done = self.core.correct_commands(by_id)
+        except Exception as e:  # never let a late command break the node
+            self.get_logger().debug(f"late command not applied: {e!r}")
+            return
+        if done:
+            self.diag.events["late_command_corrections"] += len(done)
+
     def after_batch(self) -> bool:
         """After the inputs that arrived together: estimate the steps they complete (True: more are ready)."""
         return self._pump(self.now_ns())
@@ -291,6 +306,9 @@ class EstimatorNode(Node):
         True if more are ready (the fast loop then comes back at once)."""
         self._check_time(now_ns)
         sched = self.sched
+        if sched.command_corrections or sched.deferred_corrections:
+            # late commands received since the last pump (a burst: one smoother update), before the next step
+            self._correct_commands(sched.take_command_corrections())
         if sched.anchored and self.step_timer.is_canceled():
             self.step_timer.reset()         # inputs again: steps (and predictions without inputs) are due
         if sched.overloaded(now_ns):
@@ -306,7 +324,7 @@ class EstimatorNode(Node):
         while sched.ready(now_ns, expected):
             if n == max_steps:
                 return True
-            k, efforts, obs = sched.pop(hold_missing=self._hold_missing)
+            k, efforts, obs = sched.pop()
             self._step(k, efforts, obs)
             n += 1
         if n:
@@ -350,8 +368,8 @@ class EstimatorNode(Node):
                                                 f"contradict the prediction) at t={t_k / NS:.6f}: {est.message}")
         if est.status == "waiting":
             return
-        if efforts is None and observations is None:
-            events["predicted_steps"] += 1
+        if observations is None and not self.sched.own_command:
+            events["predicted_steps"] += 1      # no input of its own (a held command may be applied)
         self.state = "running"
         self.last_estimate = est
         self.last_k = k

@@ -10,7 +10,8 @@ All times are integer nanoseconds on the node clock.  Never imports rclpy (test/
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -92,6 +93,15 @@ class InputScheduler:
         self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
         self.held_effort = np.full(self.n_actuators, np.nan)
         self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
+        # the commands each step of the window was handed (a zero-order hold, see `pop`): (step, efforts, their
+        # stamps), so that a command arriving after its step was estimated can replace the stale hold in the
+        # steps it covers (`command_corrections`)
+        self.used_commands: Deque[Tuple[int, list, list]] = deque(maxlen=max(1, self.window))
+        # step -> its whole new command, until the node takes them (one smoother update for all the late
+        # commands of a burst: each step once, with the newest command that covers it)
+        self.command_corrections: Dict[int, np.ndarray] = {}
+        self.deferred_corrections: Dict[int, np.ndarray] = {}   # steps covered, not yet due (`_late_efforts`)
+        self.own_command = False                 # the step `pop` handed out last had a command of its own
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
             s.clear()
@@ -154,17 +164,65 @@ class InputScheduler:
         if bad:
             return bad
         if k < self.k_next:
-            # a command is valid until replaced: a newer one that arrives a little late still applies now
-            known = ~np.isnan(tau)
-            if np.all(stamp_ns > self.held_effort_stamp[known]):
-                self.held_effort[known] = tau[known]
-                self.held_effort_stamp[known] = stamp_ns
-                self.streams["efforts"].note(self.k_next - 1, stamp_ns, now_ns)
-                return None
-            return self._late_kind(k)
+            return self._late_efforts(k, stamp_ns, tau, now_ns)
         self.pending_efforts.append((k, stamp_ns, tau))
         self.streams["efforts"].note(k, stamp_ns, now_ns)
         return None
+
+    def _late_efforts(self, k: int, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
+        """A command for step k that was already estimated.  A command is valid until replaced (zero-order
+        hold): it applies from step k to the step before the next command, so every step of the window from
+        k on that was handed an older command for an actuator (the stale hold, or "unknown" when the hold
+        was too old) gets this one instead, within the age a held command may have (sensor_timeout).  The
+        whole new command of step k goes to `command_corrections` (the node has the core replace it in that
+        step's factor).  So do the later steps it covers, unless the command stream delivers every step: then
+        their own commands are on their way (a stream late by d steps would otherwise re-make d steps for
+        every command) and such a step is corrected with this one only if its own has not come when it is
+        about to leave the window (`deferred_corrections`).  The command is also held for the next steps if
+        newer than the held one.  None if it was used anywhere, else why not ('late': older than what its
+        steps used; 'too_old': its step left the window)."""
+        vals = tau.tolist()
+        known = [i for i, v in enumerate(vals) if v == v]
+        used = False
+        t0, dt, max_age = self.t0_ns, self.dt_ns, self.sensor_timeout_ns
+        period = self.streams["efforts"].period_ns
+        per_step = period is not None and period <= 1.5 * dt
+        for j, eff, stamps in self.used_commands:
+            if j < k or t0 + j * dt - stamp_ns > max_age:
+                continue
+            changed = False
+            for i in known:
+                if stamps[i] < stamp_ns:
+                    eff[i], stamps[i] = vals[i], stamp_ns
+                    changed = True
+            if changed:
+                if j == k or not per_step:
+                    self.command_corrections[j] = np.array(eff)
+                    self.deferred_corrections.pop(j, None)
+                else:
+                    self.deferred_corrections[j] = np.array(eff)
+                used = True
+        newer = ~np.isnan(tau) & (stamp_ns > self.held_effort_stamp)
+        if newer.any():
+            self.held_effort[newer] = tau[newer]
+            self.held_effort_stamp[newer] = stamp_ns
+            used = True
+        if used:
+            self.streams["efforts"].note(self.k_next - 1, stamp_ns, now_ns)
+            return None
+        return self._late_kind(k)
+
+    def take_command_corrections(self) -> List[Tuple[int, np.ndarray]]:
+        """The (step, whole command in actuator order) pairs that late commands replaced since the last call,
+        and the deferred ones of steps about to leave the window (the two oldest), in step order, each step
+        once (its newest command)."""
+        out, self.command_corrections = self.command_corrections, {}
+        deferred = self.deferred_corrections
+        if deferred:
+            due = self.k_next - self.window + 1
+            for j in [j for j in deferred if j <= due]:
+                out[j] = deferred.pop(j)
+        return sorted(out.items())
 
     def waited_streams(self, now_ns: int, expected) -> List[Stream]:
         out = []
@@ -215,8 +273,8 @@ class InputScheduler:
         that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
 
         Delays up to input_delay + (window − 2)·dt cost nothing to wait out in accuracy: the step is
-        predicted, its readings are fused into the window when they come (a late command is replaced by the
-        held one for that step), and the latency stays low.  Longer ones would be dropped as too old."""
+        predicted, its readings are fused into the window when they come (and a late command replaces the
+        one the step was estimated with: `command_corrections`), and the latency stays low.  Longer ones would be dropped as too old."""
         base = self.input_delay_ns
         if not self.adaptive_input_delay:
             return base
@@ -225,12 +283,14 @@ class InputScheduler:
             return base
         return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
 
-    def pop(self, hold_missing: bool = True):
+    def pop(self):
         """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
 
-        Efforts are commands, held (zero-order hold) until replaced or older than sensor_timeout.  With
-        `hold_missing` false, a command stream that normally delivers every step but missed this one
-        gives "unknown" instead of the previous value (the estimator then estimates the effort)."""
+        Efforts are commands, held (zero-order hold, as an actuator holds its last command) until replaced
+        or older than sensor_timeout, also when a command stream that delivers every step misses one (its
+        command is late): in fused mode "unknown" would be a zero command, the disturbance having to take the
+        whole effort, while the held one is off by one step's change (and the late command replaces it when
+        it comes: `command_corrections`)."""
         k = self.k_next
         t_k = self.t_of(k)
         fresh = False
@@ -248,13 +308,12 @@ class InputScheduler:
             self.pending_efforts = keep
         # a handful of actuators: plain Python is faster than numpy here (this runs at every step)
         max_age = self.sensor_timeout_ns
-        if not hold_missing and not fresh:
-            s = self.streams["efforts"]
-            if s.period_ns is not None and s.period_ns <= 1.5 * self.dt_ns:
-                max_age = min(max_age, self.dt_ns // 2)
+        stamps = self.held_effort_stamp.tolist()
         eff = [v if st >= 0 and t_k - st <= max_age else math.nan
-               for v, st in zip(self.held_effort.tolist(), self.held_effort_stamp.tolist())]
+               for v, st in zip(self.held_effort.tolist(), stamps)]
         efforts = np.array(eff) if any(v == v for v in eff) else None
+        self.used_commands.append((k, eff, stamps))
+        self.own_command = fresh
         self.started = True
         obs = self.obs.pop(k, None)
         self.k_next = k + 1
