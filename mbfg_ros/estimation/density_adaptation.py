@@ -47,13 +47,14 @@ GRID_DECADES = 4.0     # the bank's densities: start × 10^(−4 … +4) ...
 GRID_STEP = 0.5        # ... every half decade (17 filters)
 PRIOR_DECADES = 1.0    # σ of the weak log-normal prior around the starting density [decades]
 MEMORY = 10.0          # [s] time constant over which old evidence is forgotten (follows a change of motion)
-BANK_INTERVAL = 0.01   # [s] the bank steps at most this often (every m-th estimator step)
-B_REFRESH = 0.05       # [s] ∂z̈/∂τ and J refreshed this often (they change with the pose)
+BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step)
+B_REFRESH = 0.1        # [s] ∂z̈/∂τ refreshed this often (it changes with the pose) ...
+SA_REFRESH = 1.0       # [s] ... and the acceleration noise on z (a small term) this often
 BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
 MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
 MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
 GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) is not counted
-CHANGE = 0.02          # [decades] a smaller change of the estimate is not passed on (saves rebuilding units)
+CHANGE = 0.1           # [decades] a smaller change of the estimate is not passed on (saves rebuilding units)
 
 
 def encoded_coordinates(mech: Mechanism):
@@ -106,6 +107,7 @@ class EffortDensityAdaptation:
         self.nx = 2 * d + 2 * na
         self.R = np.diag(sig ** 2)
         self.angles = np.isin(self.z, mech.relative_angle_columns)
+        self.any_angles = bool(np.any(self.angles))
         self.log10_start = math.log10(initial_density)
         n_side = int(round(GRID_DECADES / GRID_STEP))
         self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
@@ -121,6 +123,8 @@ class EffortDensityAdaptation:
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
+        self.best = int(np.argmax(self.log_prior))   # the filter of the current estimate (judges outliers)
+        self._updates = 0
         self._restart()
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -130,7 +134,8 @@ class EffortDensityAdaptation:
         self.P: Optional[np.ndarray] = None
         self.t_bank = None          # time of the bank's last step
         self.t_start = None
-        self.t_B = None             # time B and the noise matrices were refreshed
+        self.t_B = None             # time B was refreshed
+        self.t_Sa = None            # time the acceleration noise on z was
         self.held = []              # (t, q̈, τ) of the estimates since the bank's last step
 
     def restart(self):
@@ -139,10 +144,10 @@ class EffortDensityAdaptation:
         self._restart()
 
     # -- the model ------------------------------------------------------------------------------------------
-    def _refresh(self, q):
-        """B = ∂z̈/∂τ (forward dynamics is linear in Q at rest, where γ = 0: B e_j = q̈[z] at (q, 0, E e_j),
-        gravity left out) and
-        the acceleration noise's density matrix on z, S_a (JᵀJ)⁻¹, J = ∂q/∂z."""
+    def _refresh(self, q, t: float):
+        """B = ∂z̈/∂τ at the pose q (forward dynamics is linear in Q at rest, where γ = 0: B e_j = q̈[z] at
+        (q, 0, E e_j), gravity left out), every `B_REFRESH` s; the acceleration noise's density matrix on z,
+        S_a (JᵀJ)⁻¹ with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
         mech = self.mech
         zero = np.zeros(mech.n)
         B = np.empty((self.d, self.na))
@@ -150,14 +155,18 @@ class EffortDensityAdaptation:
             Q = np.zeros(mech.n)
             Q[mech.actuated[j]] = 1.0
             B[:, j] = dynamics.forward_dynamics(mech, q, zero, Q)[self.z]
-        J = np.column_stack([kinematics.solve_velocities(mech, q, fixed=self.z, fixed_values=np.eye(self.d)[i])
-                             for i in range(self.d)])
         self.B = B
-        self.Sa = self.acceleration_density * np.linalg.inv(J.T @ J)
+        self.t_B = t
+        if self.t_Sa is None or t - self.t_Sa >= SA_REFRESH:
+            J = np.column_stack([kinematics.solve_velocities(mech, q, fixed=self.z, fixed_values=e)
+                                 for e in np.eye(self.d)])
+            self.Sa = self.acceleration_density * np.linalg.inv(J.T @ J)
+            self.t_Sa = t
         self._H = None
 
     def _matrices(self, H: float):
-        """(F, effort-noise per unit density, acceleration noise) of a step H (cached for the last H, to 1 ns)."""
+        """(F, Fᵀ, each filter's process noise: its density × the effort noise + the acceleration noise) of a
+        step H (cached for the last H, to 1 ns)."""
         H = round(H, 9)
         if self._H != H:
             d, na, B = self.d, self.na, self.B
@@ -173,8 +182,9 @@ class EffortDensityAdaptation:
             Qa[:d, :d] = H ** 3 / 3.0 * Sa
             Qa[:d, d:2 * d] = Qa[d:2 * d, :d] = 0.5 * H * H * Sa
             Qa[d:2 * d, d:2 * d] = H * Sa
-            self._F, self._Qw, self._Qa, self._H = F, _chain_noise(H, B), Qa, H
-        return self._F, self._Qw, self._Qa
+            self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
+            self._Q = self.grid[:, None, None] * _chain_noise(H, B) + Qa
+        return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
     def observe(self, t: float, readings: Dict[str, float], q, v, a, efforts, restarted: bool = False) -> bool:
@@ -199,8 +209,7 @@ class EffortDensityAdaptation:
                 self.t_bank = t
                 self.held.clear()
                 if t - self.t_B >= B_REFRESH:
-                    self._refresh(q)
-                    self.t_B = t
+                    self._refresh(q, t)
         self.held.append((t, a, efforts))
         return self.changed
 
@@ -229,8 +238,7 @@ class EffortDensityAdaptation:
 
     def _start(self, t, q, v, efforts):
         d, na = self.d, self.na
-        self._refresh(q)
-        self.t_B = t
+        self._refresh(q, t)
         x = np.zeros(self.nx)
         x[:d] = q[self.z]
         x[d:2 * d] = v[self.z]
@@ -246,30 +254,48 @@ class EffortDensityAdaptation:
         self.t_start = self.t_bank = t
 
     def _step(self, H: float, y: np.ndarray, c: np.ndarray, count: bool):
+        """Predict every filter over H (drift input c), then update with the readings y and, when counted,
+        add each filter's innovation log-likelihood.  Written for few µs: d ≤ 2 in closed form."""
         d = self.d
-        F, Qw, Qa = self._matrices(H)
-        x = self.x @ F.T + c
-        P = F @ self.P @ F.T + self.grid[:, None, None] * Qw + Qa
+        F, Ft, Q = self._matrices(H)
+        x = self.x @ Ft
+        x += c
+        P = F @ self.P @ Ft
+        P += Q
         nu = y - x[:, :d]
-        if np.any(self.angles):
+        if self.any_angles:
             nu[:, self.angles] = (nu[:, self.angles] + math.pi) % (2.0 * math.pi) - math.pi
         S = P[:, :d, :d] + self.R
-        Sinv = np.linalg.inv(S)
-        m = np.einsum("ki,kij,kj->k", nu, Sinv, nu)
-        best = int(np.argmax(self.log_likelihood + self.log_prior))
-        if m[best] > self.gate:
+        if d == 1:
+            s = S[:, 0, 0]
+            Sinv = (1.0 / s)[:, None, None]
+            logdet = np.log(s)
+        elif d == 2:
+            a, b, e = S[:, 0, 0], S[:, 0, 1], S[:, 1, 1]
+            det = a * e - b * b
+            Sinv = np.empty_like(S)
+            Sinv[:, 0, 0], Sinv[:, 1, 1] = e / det, a / det
+            Sinv[:, 0, 1] = Sinv[:, 1, 0] = -b / det
+            logdet = np.log(det)
+        else:
+            Sinv = np.linalg.inv(S)
+            logdet = np.linalg.slogdet(S)[1]
+        w = Sinv @ nu[:, :, None]                 # S⁻¹ ν
+        m = (nu[:, None, :] @ w)[:, 0, 0]         # νᵀ S⁻¹ ν
+        if m[self.best] > self.gate:
             # an outlier: no update, no evidence (the filters only predicted)
             self.rejected += 1
             self.x, self.P = x, P
             return
         PHt = P[:, :, :d]
-        Kg = PHt @ Sinv
-        self.x = x + np.einsum("kij,kj->ki", Kg, nu)
-        P = P - Kg @ np.swapaxes(PHt, 1, 2)
-        self.P = 0.5 * (P + np.swapaxes(P, 1, 2))
+        self.x = x + (PHt @ w)[:, :, 0]
+        P -= (PHt @ Sinv) @ PHt.transpose(0, 2, 1)
+        self.P = P
+        self._updates += 1
+        if self._updates % 16 == 0:
+            self.P = 0.5 * (P + P.transpose(0, 2, 1))   # round-off keeps it symmetric only approximately
         if not count:
             return
-        _, logdet = np.linalg.slogdet(S)
         forget = math.exp(-H / MEMORY)
         self.log_likelihood = forget * self.log_likelihood - 0.5 * (m + logdet)
         self.evidence = forget * self.evidence + H
@@ -279,7 +305,7 @@ class EffortDensityAdaptation:
 
     def _update_estimate(self):
         score = self.log_likelihood + self.log_prior
-        i = int(np.argmax(score))
+        i = self.best = int(np.argmax(score))
         x = self.log10_grid[i]
         if 0 < i < self.K - 1:
             # the parabola's vertex through the best point and its neighbours (equal spacing)
