@@ -41,7 +41,7 @@ from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.dynamics import kinematics
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["EffortDensityAdaptation", "encoded_coordinates"]
+__all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights"]
 
 GRID_DECADES = 4.0     # the bank's densities: start × 10^(−4 … +4) ...
 GRID_STEP = 0.5        # ... every half decade (17 filters)
@@ -54,6 +54,7 @@ BURN_IN = 0.25         # [s] of readings after a (re)start that update the filte
 MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
 MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
 GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) is not counted
+MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
 CHANGE = 0.1           # [decades] a smaller change of the estimate is not passed on (saves rebuilding units)
 
 
@@ -67,7 +68,7 @@ def encoded_coordinates(mech: Mechanism):
     return [s.name for s in enc], coords, np.array([float(s.sigma) for s in enc])
 
 
-def _chain_noise(H: float, B: np.ndarray) -> np.ndarray:
+def chain_noise(H: float, B: np.ndarray) -> np.ndarray:
     """∫₀ᴴ G(s) G(s)ᵀ ds of the state (z, ż, τ, τ̇) driven by unit white noise on τ̈: G(s) = [B s³/6; B s²/2;
     I s; I] (s = time to the end of the step), blocks c_ij M_i M_jᵀ with c_ij = H^(p_i+p_j+1) / ((p_i+p_j+1)
     p_i! p_j!), p = (3, 2, 1, 0) integrations, M = (B, B, I, I)."""
@@ -82,6 +83,18 @@ def _chain_noise(H: float, B: np.ndarray) -> np.ndarray:
             c = H ** k / (k * math.factorial(p[i]) * math.factorial(p[j]))
             Q[edges[i]:edges[i + 1], edges[j]:edges[j + 1]] = c * (M[i] @ M[j].T)
     return Q
+
+
+def drift_weights(times: np.ndarray, H: float) -> np.ndarray:
+    """(2, m) weights W such that W @ U = [∫₀ᴴ p(s)(H − s) ds, ∫₀ᴴ p(s) ds] for the least-squares polynomial
+    p of degree min(m − 1, 2) through the samples U (m rows) at `times` (in [0, H))."""
+    m = len(times)
+    deg = min(m - 1, 2)
+    V = np.vander(times, deg + 1, increasing=True)
+    k = np.arange(deg + 1)
+    # ∫₀ᴴ sᵏ (H − s) ds = Hᵏ⁺² / ((k + 1)(k + 2)),  ∫₀ᴴ sᵏ ds = Hᵏ⁺¹ / (k + 1)
+    moments = np.vstack((H ** (k + 2) / ((k + 1) * (k + 2)), H ** (k + 1) / (k + 1)))
+    return moments @ np.linalg.pinv(V)
 
 
 class EffortDensityAdaptation:
@@ -124,7 +137,9 @@ class EffortDensityAdaptation:
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
         self.best = int(np.argmax(self.log_prior))   # the filter of the current estimate (judges outliers)
-        self._updates = 0
+        self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
+        self.identity = np.eye(self.nx)
+        self.Hm = np.eye(d, self.nx)                 # the encoders read z
         self._restart()
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -137,6 +152,7 @@ class EffortDensityAdaptation:
         self.t_B = None             # time B was refreshed
         self.t_Sa = None            # time the acceleration noise on z was
         self.held = []              # (t, q̈, τ) of the estimates since the bank's last step
+        self.rejected_in_a_row = 0
 
     def restart(self):
         """The estimator started a new window (re-initialization, recovery, reset): the filters restart
@@ -183,7 +199,7 @@ class EffortDensityAdaptation:
             Qa[:d, d:2 * d] = Qa[d:2 * d, :d] = 0.5 * H * H * Sa
             Qa[d:2 * d, d:2 * d] = H * Sa
             self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
-            self._Q = self.grid[:, None, None] * _chain_noise(H, B) + Qa
+            self._Q = self.grid[:, None, None] * chain_noise(H, B) + Qa
         return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
@@ -222,18 +238,28 @@ class EffortDensityAdaptation:
         return y if np.all(np.isfinite(y)) else None
 
     def _drift_input(self, t: float) -> np.ndarray:
-        """What the drift adds to (z, ż) over the bank's step to t: the drift u_i = q̈[z] − B τ of each estimate
-        since the last bank step, held until the next estimate (causal: an estimate has seen its own step's
-        readings only), integrated exactly: ż gains Σ u_i h_i, z gains Σ u_i h_i (t − s_i − h_i/2)."""
-        times = np.array([h[0] for h in self.held] + [t])
-        A = np.array([h[1] for h in self.held])[:, self.z]
-        E = np.array([h[2] for h in self.held])
+        """What the drift adds to (z, ż) over the bank's step to t.  The drift u = q̈[z] − B τ (the model's
+        acceleration without the efforts) of each estimate since the bank's last step is fitted by a polynomial
+        in time (least squares, degree ≤ 2), which is integrated exactly up to t: ż gains ∫ u, z gains
+        ∫ u(s) (t − s) ds.  Holding each sample until the next biased the velocity by u̇ h / 2 and a linear
+        interpolation still by ü h² H / 12, which the filters took for effort variation (a density 30 % to 5×
+        too large on a swinging crank); the estimate at t itself is left out (it has seen the reading the
+        filters are about to be scored on)."""
+        held = self.held
+        rel = tuple(round(h[0] - self.t_bank, 9) for h in held)
+        key = (rel, round(t - self.t_bank, 9))
+        weights = self._weights.get(key)
+        if weights is None:
+            weights = self._weights[key] = drift_weights(np.array(rel), key[1])
+            if len(self._weights) > 64:
+                self._weights.clear()
+                self._weights[key] = weights
+        A = np.array([h[1] for h in held])[:, self.z]
+        E = np.array([h[2] for h in held])
         U = A - E @ self.B.T
-        h = np.diff(times)
         c = np.zeros(self.nx)
         d = self.d
-        c[d:2 * d] = h @ U
-        c[:d] = (h * (t - times[:-1] - 0.5 * h)) @ U
+        c[:2 * d] = (weights @ U).reshape(-1)
         return c
 
     def _start(self, t, q, v, efforts):
@@ -282,18 +308,22 @@ class EffortDensityAdaptation:
             logdet = np.linalg.slogdet(S)[1]
         w = Sinv @ nu[:, :, None]                 # S⁻¹ ν
         m = (nu[:, None, :] @ w)[:, 0, 0]         # νᵀ S⁻¹ ν
-        if m[self.best] > self.gate:
-            # an outlier: no update, no evidence (the filters only predicted)
+        if m.min() > self.gate:
+            # improbable under every density: an outlier, no update, no evidence (the filters only predicted)
             self.rejected += 1
+            self.rejected_in_a_row += 1
             self.x, self.P = x, P
+            if self.rejected_in_a_row >= MAX_REJECTED:
+                self._restart()      # the filters lost the motion (not the readings): start again, burn-in
             return
+        self.rejected_in_a_row = 0
         PHt = P[:, :, :d]
         self.x = x + (PHt @ w)[:, :, 0]
-        P -= (PHt @ Sinv) @ PHt.transpose(0, 2, 1)
-        self.P = P
-        self._updates += 1
-        if self._updates % 16 == 0:
-            self.P = 0.5 * (P + P.transpose(0, 2, 1))   # round-off keeps it symmetric only approximately
+        # Joseph form, (I − K H) P (I − K H)ᵀ + K R Kᵀ: the covariances span 12 decades (encoder σ² against
+        # the efforts' broad start), where P − K S Kᵀ loses positive definiteness to round-off
+        Kg = PHt @ Sinv
+        IKH = self.identity - Kg @ self.Hm
+        self.P = IKH @ P @ IKH.transpose(0, 2, 1) + Kg @ self.R @ Kg.transpose(0, 2, 1)
         if not count:
             return
         forget = math.exp(-H / MEMORY)
