@@ -446,9 +446,7 @@ def cmd_tune(args) -> int:
     except tl.TuningError as exc:
         raise UserError(str(exc)) from None
     # fused: the disturbance's time constant, fitted with its density
-    kept = {k: v for k, v in result.sigmas.items()
-            if k == "acceleration_density" or k == tl.density_name(args.mode)
-            or (k == "disturbance_time_constant" and args.mode == "fused" and v < 1e15)}   # the node's range
+    kept = tl.file_values(result, initial["acceleration_density"])
     header = [f"Written by: mbfg tune {mech.name} --mode {args.mode}",
               f"Fitted from {rec.source}: {len(rec.t)} samples at dt {rec.dt:g} s"
               + (f", decimated by {result.decimation} to {result.steps} steps at {result.dt:g} s"
