@@ -179,3 +179,29 @@ def test_the_drift_integrals_are_exact_for_a_quadratic():
     exact_2 = 1.5 * H ** 2 / 2 - 2.0 * H ** 3 / 6 + 30.0 * H ** 4 / 12
     assert np.allclose((W @ U).ravel(), [exact_2, exact_1], rtol=1e-12)
     assert np.allclose(DA.drift_weights(np.array([0.0]), H) @ np.array([[2.0]]), [[H * H], [2.0 * H]])
+
+
+def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
+    """`mbfg estimate` fits the density by default; --no-adapt-effort-density and a file's
+    `adapt_effort_density: false` keep it fixed (the same output as each other), an explicit option wins."""
+    from mbfg_ros.cli.commands import main
+    t, y = recording
+    n = int(round(2.0 / DT)) + 1
+    obs = tmp_path / "obs.csv"
+    np.savetxt(obs, np.column_stack([t[:n], y[:n]]), delimiter=",", header="t,crank", comments="")
+    params = tmp_path / "fixed.yaml"
+    params.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA},
+                                    adapt_effort_density=False))
+    adapting = tmp_path / "adapting.yaml"           # the same without the key: the default, adapt
+    adapting.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA}))
+    outs = {}
+    for label, extra in (("default", ["--params", str(adapting)]),
+                         ("option", ["--params", str(adapting), "--no-adapt-effort-density"]),
+                         ("file", ["--params", str(params)]),
+                         ("file, option wins", ["--params", str(params), "--adapt-effort-density"])):
+        out = tmp_path / f"{label}.csv"
+        assert main(["estimate", "four_bar_crank", "--observations", str(obs), "-o", str(out)] + extra) == 0
+        outs[label] = np.loadtxt(out, delimiter=",", skiprows=1)
+    assert np.array_equal(outs["option"], outs["file"])
+    assert np.array_equal(outs["default"], outs["file, option wins"])
+    assert not np.allclose(outs["default"], outs["file"])
