@@ -227,8 +227,13 @@ def tune_ekf(sc: Scenario, mech: Mechanism, seconds: float, sigma, verbose: bool
     return best
 
 
+#: --ekf-acceleration-density: the EKF's z̈ noise (the estimator's acceleration density as the EKF sees it)
+EKF_ACCELERATION_DENSITY = 0.0
+
+
 def make_ekf(sc: Scenario, mech: Mechanism, z, sigma, density: float) -> ReducedEKF:
-    return ReducedEKF(mech, z, sc.dt, sigma, density, fused=sc.mode == "fused")
+    return ReducedEKF(mech, z, sc.dt, sigma, density, fused=sc.mode == "fused",
+                      acceleration_density=EKF_ACCELERATION_DENSITY)
 
 
 def estimator_config_from_file(path: str, dt: float, mode: str) -> EstimatorConfig:
@@ -308,7 +313,9 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
               "tuned": (f"mbfg_ros, mbfg tune on seed {MBFG_TUNE_SEED} ("
                         + ", ".join(f"{f.name} {f.value:.3g}" for f in tuned) + ")" if tuned
                         else f"mbfg_ros, --params {Path(params).name}" if params else "mbfg_ros, --params FILE"),
-              "ekf": f"EKF (truth-tuned, ë density {density:.3g})",
+              "ekf": f"EKF (truth-tuned, ë density {density:.3g}"
+                     + (f", acceleration density {EKF_ACCELERATION_DENSITY:.3g}" if EKF_ACCELERATION_DENSITY else "")
+                     + ")",
               "sg": f"Savitzky–Golay ({window} samples) + ID"}
     tuned_cfg = estimator_config_from_file(params, sc.dt, sc.mode) if params else None
     for seed in seeds:
@@ -365,6 +372,9 @@ def main(argv=None) -> int:
                                                      "'mbfg_ros, --params' row")
     ap.add_argument("--tune", action="store_true", help="the 'mbfg_ros, --params' row with the file `mbfg tune` "
                                                        "writes per scenario from a separate run (seed 2000)")
+    ap.add_argument("--ekf-acceleration-density", type=float, default=0.0, metavar="S",
+                    help="give the EKF white z̈ noise of the estimator's acceleration density S (as the estimator "
+                         "has it: S (JᵀJ)⁻¹ on the encoded coordinates; default 0: none), tuning and scoring")
     ap.add_argument("--json", metavar="FILE", help="also write every number (per seed too) to this file")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args(argv)
@@ -374,6 +384,10 @@ def main(argv=None) -> int:
         ap.error(f"--seconds must be longer than the {SETTLE}-s settling time")
     if a.params and not Path(a.params).is_file():
         ap.error(f"--params: no such file: {a.params}")
+    if not a.ekf_acceleration_density >= 0:
+        ap.error("--ekf-acceleration-density must be >= 0")
+    global EKF_ACCELERATION_DENSITY
+    EKF_ACCELERATION_DENSITY = a.ekf_acceleration_density
     if a.params and a.tune:
         ap.error("--params and --tune are exclusive (--tune writes a file per scenario)")
     import tempfile
