@@ -205,3 +205,21 @@ def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
     assert np.array_equal(outs["option"], outs["file"])
     assert np.array_equal(outs["default"], outs["file, option wins"])
     assert not np.allclose(outs["default"], outs["file"])
+
+
+def test_a_jump_of_the_readings_restarts_the_filters(crank_mech, recording):
+    """The readings jump by 0.5 rad for good (an encoder re-seated): the bank refuses them a few times, restarts
+    its filters and goes on counting once the estimator follows the new readings; the density stays within its
+    grid."""
+    t, y = recording
+    est = estimator(crank_mech, 30.0)
+    half = len(t) // 2
+    run(est, t, y, stop=half)
+    a = est.density_adaptation
+    counted = a.counted
+    run(est, t, y, start=half, readings=lambda k, value: value + 0.5)
+    # until the estimator itself re-initializes from the readings (max_rejections steps), the bank, restarted
+    # at its estimate, refuses them again: a few bank steps
+    assert 0 < a.rejected <= DA.MAX_REJECTED + EstimatorConfig().max_rejections * DT / DA.BANK_INTERVAL + 1
+    assert a.counted > counted + 0.5 * (len(t) - half) * DT / DA.BANK_INTERVAL
+    assert a.grid[0] <= a.density <= a.grid[-1]

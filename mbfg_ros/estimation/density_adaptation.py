@@ -222,6 +222,8 @@ class EffortDensityAdaptation:
             if y is not None:
                 c = self._drift_input(t)
                 self._step(t - self.t_bank, y, c, t - self.t_start >= BURN_IN)
+                if self.x is None:
+                    return self.changed      # the filters lost the motion and restart at the next reading
                 self.t_bank = t
                 self.held.clear()
                 if t - self.t_B >= B_REFRESH:

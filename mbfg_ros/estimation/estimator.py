@@ -195,9 +195,12 @@ class FixedLagEstimator:
         except Exception as exc:          # numerical failure: never escapes
             est = self._recover(t, efforts, obs, exc)
         adaptation = self.density_adaptation
-        if adaptation is not None and est.status != "waiting" and adaptation.observe(
-                t, obs, est.q, est.v, est.a, est.efforts, est.status != "ok"):
-            self.factors.set_process_density("effort_density", adaptation.density)
+        if adaptation is not None and est.status != "waiting":
+            try:
+                if adaptation.observe(t, obs, est.q, est.v, est.a, est.efforts, est.status != "ok"):
+                    self.factors.set_process_density("effort_density", adaptation.density)
+            except (ArithmeticError, np.linalg.LinAlgError, ValueError):
+                adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
         est.solve_time = time.perf_counter() - t_start
         return est
 
