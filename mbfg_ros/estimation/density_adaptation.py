@@ -1,4 +1,4 @@
-"""Online maximum-likelihood adaptation of the unknown efforts' density (`effort_density: auto`).
+"""Online maximum-likelihood fit of the unknown efforts' density (`EstimatorConfig.adapt_effort_density`).
 
 No single `effort_density` is consistent for every mechanism and motion (docs/decisions.md: the four-bar
 needs ≤ 1e4, the slider-crank ~3e5, the robot ≥ 1e5 (N·m)²/s³), and matching the innovations' covariance
@@ -9,7 +9,8 @@ fits it, as `mbfg tune` does offline, by the innovation likelihood of its own re
   starting density: the estimate stays within it), each on the linear model of the encoded coordinates z
   (one encoder per degree of freedom) around the estimator's newest estimate:
       z̈ = u + B τ + ξ,   τ̈ = w,
-  u = the model's acceleration without the efforts at the estimate (gravity, velocity terms), B = ∂z̈/∂τ
+  u = the model's acceleration without the efforts at the estimates (gravity, velocity terms: a quadratic
+  in time through the estimates of the bank's step, integrated exactly; `drift_weights`), B = ∂z̈/∂τ
   (the reduced inverse inertia, refreshed every `B_REFRESH` s), w white of the filter's density, ξ the
   estimator's unmodelled accelerations (white of `acceleration_density` on every generalized coordinate,
   which the constraints restrict to S_a (JᵀJ)⁻¹ on z, J = ∂q/∂z); the exact discretization over the bank's
@@ -21,8 +22,9 @@ fits it, as `mbfg tune` does offline, by the innovation likelihood of its own re
   neighbours.
 
 Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
-density is a continuous-time quantity), so it costs a few µs per estimator step; a reading whose normalized
-innovation at the current best filter exceeds the χ² gate is not counted (outliers), nor any reading during
+density is a continuous-time quantity; crank four-bar at 1 kHz: +3–5 % of the median step, bench/core_step_cost.py);
+a reading whose normalized innovation is improbable (χ² gate) under every filter's density is not counted
+(outliers; `MAX_REJECTED` in a row restart the filters: they lost the motion), nor any reading during
 `BURN_IN` s after the bank (re)starts (its filters start from the estimator's estimate with broad priors:
 start-up, re-initialization, recovery, a gap over `MAX_GAP` s, a branch change); the estimate changes only
 with counted readings (steps without readings do nothing) and is used only after `MIN_EVIDENCE` s of
