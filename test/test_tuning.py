@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 DT = 5e-3
 
 
-def integrated_random_walk(density: float, n: int, rng, time_constant: float = math.inf) -> np.ndarray:
-    """n samples at DT of x with ẍ white of `density` (exact discretization of (x, ẋ)), from rest; with a finite
+def integrated_random_walk(density: float, n: int, rng, time_constant: float = math.inf, dt: float = DT) -> np.ndarray:
+    """n samples at dt of x with ẍ white of `density` (exact discretization of (x, ẋ)), from rest; with a finite
     time constant T damped back to 0: ẍ = −(2/T) ẋ − x/T² + w (the fused mode's disturbance)."""
-    F, C = damped_walk_transition(DT, time_constant)
+    F, C = damped_walk_transition(dt, time_constant)
     C = np.linalg.cholesky(density * C)
     x, out = np.zeros(2), np.empty(n)
     for k in range(n):
@@ -36,24 +36,25 @@ def integrated_random_walk(density: float, n: int, rng, time_constant: float = m
     return out
 
 
-def synthetic(crank, mode: str, density: float, sigma: float, seconds: float, seed: int):
-    """(t, encoder readings, commands): estimation mode, the applied torque is the random walk; fused, a PD
-    command (known, recorded) keeps the crank near 1 rad and the applied torque is command + the random walk."""
+def synthetic(crank, mode: str, density: float, sigma: float, seconds: float, seed: int, dt: float = DT):
+    """(t, encoder readings, commands) at dt: estimation mode, the applied torque is the random walk; fused, a
+    PD command (known, recorded) keeps the crank near 1 rad and the applied torque is command + the random
+    walk."""
     rng = np.random.default_rng(seed)
-    n = int(round(seconds / DT)) + 1
+    n = int(round(seconds / dt)) + 1
     # fused: the disturbance process of the estimator's model, the default time constant
     walk = integrated_random_walk(density, n + 2, rng,
-                                  default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf)
+                                  default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf, dt)
     c = int(crank.actuated[0])
     commands = np.zeros((n + 2, 1))
 
     def law(mech, t, q, v):
-        k = int(round(t / DT))
+        k = int(round(t / dt))
         if mode == "fused":
             commands[k] = -400.0 * (q[c] - 1.0 - 0.5 * math.sin(2.0 * t)) - 40.0 * v[c]
         return commands[k] + walk[k]
 
-    plant = SimulatedPlant(crank, dt=DT, seed=seed, profile=law, actuator=Actuator.ideal(crank), sensors=[])
+    plant = SimulatedPlant(crank, dt=dt, seed=seed, profile=law, actuator=Actuator.ideal(crank), sensors=[])
     traj = plant.simulate(seconds)
     readings = traj.q[:, c] + rng.normal(0.0, sigma, len(traj.t))
     return traj.t, readings, commands[:len(traj.t)]

@@ -367,8 +367,12 @@ def cmd_estimate(args) -> int:
         value = getattr(args, name)
         if value is not None:
             sigmas[name] = value
+    adapt = args.adapt_effort_density
+    if adapt is None:
+        adapt = from_file.get("adapt_effort_density", EstimatorConfig.adapt_effort_density)
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
-                             sensor_sigmas=dict(from_file.get("sensor_sigmas", {})), compute_covariance=args.std)
+                             sensor_sigmas=dict(from_file.get("sensor_sigmas", {})), compute_covariance=args.std,
+                             adapt_effort_density=bool(adapt))
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -442,9 +446,7 @@ def cmd_tune(args) -> int:
     except tl.TuningError as exc:
         raise UserError(str(exc)) from None
     # fused: the disturbance's time constant, fitted with its density
-    kept = {k: v for k, v in result.sigmas.items()
-            if k == "acceleration_density" or k == tl.density_name(args.mode)
-            or (k == "disturbance_time_constant" and args.mode == "fused" and v < 1e15)}   # the node's range
+    kept = tl.file_values(result, initial["acceleration_density"])
     header = [f"Written by: mbfg tune {mech.name} --mode {args.mode}",
               f"Fitted from {rec.source}: {len(rec.t)} samples at dt {rec.dt:g} s"
               + (f", decimated by {result.decimation} to {result.steps} steps at {result.dt:g} s"
@@ -455,7 +457,9 @@ def cmd_tune(args) -> int:
     held = [k for k in list(kept) + [f"sensor_sigmas.{n}" for n in result.sensor_sigmas] if k not in names]
     if held:
         header.append(f"held at their given/default values: {', '.join(held)}")
-    text = format_params(args.mode, kept, result.sensor_sigmas, header)
+    # a fitted effort density is used as fitted (the estimator's online fit would start from it and move)
+    text = format_params(args.mode, kept, result.sensor_sigmas, header,
+                         adapt_effort_density=False if args.mode == "estimation" else None)
     try:
         with open(args.output, "w") as f:
             f.write(text)
@@ -580,6 +584,10 @@ def build_parser() -> argparse.ArgumentParser:
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="T" if name.endswith("time_constant") else "S",
                        help=f"{text} (default {defaults[name]:g})")
+    s.add_argument("--adapt-effort-density", action=argparse.BooleanOptionalAction, default=None,
+                   help="estimation: fit the effort density online from the readings, starting from "
+                        "--effort-density (default: on, unless the --params file says adapt_effort_density: "
+                        "false; needs one encoder per degree of freedom, else the density stays fixed)")
     s.add_argument("--std", action="store_true",
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")

@@ -25,6 +25,9 @@ class EstimatorConfig:
     sigmas: Dict[str, float] = field(default_factory=default_sigmas)
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
+    adapt_effort_density: bool = True     # estimation mode: fit effort_density online (starting from sigmas'
+                                           # value) by the innovation likelihood of the encoders (one per
+                                           # degree of freedom; else it stays fixed): estimation/density_adaptation.py
     compute_covariance: bool = False       # the newest state's marginal: Estimate.covariance (q, q̇) and the 1σ
                                            # fields (+~55 µs a step on the crank four-bar)
     # fixed-lag estimator internals (mbfg_ros.estimation.estimator.FixedLagEstimator)

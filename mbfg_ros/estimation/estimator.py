@@ -40,6 +40,7 @@ import numpy as np
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.estimation.density_adaptation import EffortDensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.joint_covariance import joint_covariance
@@ -123,8 +124,19 @@ class FixedLagEstimator:
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
                              self.stepper.threshold, q0, v0, self.stepper.single_turn)
+        self.density_adaptation = self._density_adaptation()
         self.last: Optional[Estimate] = None
         self.reset()
+
+    def _density_adaptation(self) -> Optional[EffortDensityAdaptation]:
+        """The online fit of effort_density (estimation mode with `adapt_effort_density`, when the mechanism has
+        one encoder per degree of freedom), else None (the density stays as configured)."""
+        c = self.config
+        layout = encoded_coordinates(self.mech)
+        if not (c.adapt_effort_density and c.mode == "estimation" and self.efforts.has_state and layout):
+            return None
+        return EffortDensityAdaptation(self.mech, self.sigmas["effort_density"], self.sigmas["acceleration_density"],
+                                       layout, c.sensor_sigmas)
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
@@ -182,6 +194,13 @@ class FixedLagEstimator:
             est = self._step(t, efforts, obs)
         except Exception as exc:          # numerical failure: never escapes
             est = self._recover(t, efforts, obs, exc)
+        adaptation = self.density_adaptation
+        if adaptation is not None and est.status != "waiting":
+            try:
+                if adaptation.observe(t, obs, est.q, est.v, est.a, est.efforts, est.status != "ok"):
+                    self.factors.set_process_density("effort_density", adaptation.density)
+            except (ArithmeticError, np.linalg.LinAlgError, ValueError):
+                adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
         est.solve_time = time.perf_counter() - t_start
         return est
 

@@ -97,6 +97,13 @@ class StepFactors:
     def _build(self):
         raise NotImplementedError
 
+    def set_process_density(self, name: str, value: float):
+        """A new density of the effort (disturbance) random walk for the steps added from now on (the steps in
+        the window keep theirs): the units between steps are rebuilt with it."""
+        self.sigmas[name] = float(value)
+        self._int_cache.clear()
+        self._step_models.clear()
+
     def seed_state(self, q0, v0, Q0, tau0, tau_rate0=None) -> np.ndarray:
         """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0."""
         self.ctx.clear()

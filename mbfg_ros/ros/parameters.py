@@ -158,6 +158,11 @@ def declare_parameters(node) -> StartupParameters:
                     "(about 10x less overhead than rclpy's executor); false = plain rclpy executor",
         read_only=True)).value
 
+    adapt_effort_density = d("adapt_effort_density", bool(defaults.adapt_effort_density), PD(
+        description="estimation mode: fit sigmas.effort_density online (starting from its value) by maximum "
+                    "likelihood of the encoder readings' innovations (needs one encoder per degree of freedom, "
+                    "else the density stays fixed); false: sigmas.effort_density is used as given",
+        read_only=True)).value
     publish_stddev = d("publish_stddev", False, PD(
         description="Publish ~/joint_states_stddev (1σ of the angle, rate and effort of ~/joint_states, from the "
                     "newest state's marginal covariance; costs ~0.06 ms a step on the crank four-bar)",
@@ -175,7 +180,8 @@ def declare_parameters(node) -> StartupParameters:
                                integrator=str(integrator), independent=tuple(independent),
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
-                               compute_covariance=bool(publish_stddev))
+                               compute_covariance=bool(publish_stddev),
+                               adapt_effort_density=bool(adapt_effort_density))
         config = base.validated()
     except ValueError as e:
         raise ConfigError(f"bad estimator parameters: {name_params(str(e))}") from None

@@ -125,6 +125,24 @@ class TuningResult:
     held: Dict[str, float] = field(default_factory=dict)   # the values held fixed during the fit
 
 
+def file_values(result: "TuningResult", default_acceleration_density: float) -> Dict[str, float]:
+    """The densities a parameter file gets from a fit: the mode's fitted ones (fused: with the time constant
+    below the node's range limit) and the acceleration density, which is fitted when asked but kept at
+    `default_acceleration_density` when the recording does not determine it (a flat log-likelihood: on the
+    crank four-bar and the slider-crank the search then wanders to 1e-12, where it changes nothing but the
+    integrators' conditioning)."""
+    fitted = {f.name: f for f in result.fitted}
+    out = {}
+    for k, v in result.sigmas.items():
+        if k == "acceleration_density":
+            f = fitted.get(k)
+            undetermined = f is not None and (f.at_bound or not math.isfinite(f.log10_std) or f.log10_std > 3.0)
+            out[k] = float(default_acceleration_density) if undetermined else v
+        elif k == density_name(result.mode) or (k == "disturbance_time_constant" and k in fitted and v < 1e15):
+            out[k] = v
+    return out
+
+
 def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acceleration_density: bool):
     """What `mbfg tune` fits: the effort density (estimation), or the disturbance's density and time constant
     (fused: together they are its prior, stationary σ √(S T³/4); on the four-bar with a mismatched actuator the

@@ -17,7 +17,7 @@ NODE_ONLY_KEYS = frozenset((
     "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
     "publish_stddev", "outlier_gate", "max_rejections", "use_sim_time"))
 #: the keys `mbfg estimate --params` applies
-APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas")
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_effort_density")
 
 
 class ParamsFileError(ValueError):
@@ -35,8 +35,10 @@ def format_double(x: float) -> str:
 
 
 def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, float],
-                  header: Iterable[str] = (), mechanism: Optional[str] = None) -> str:
-    """The file's text: `header` lines as comments, then the `mbfg_estimator` section."""
+                  header: Iterable[str] = (), mechanism: Optional[str] = None,
+                  adapt_effort_density: Optional[bool] = None) -> str:
+    """The file's text: `header` lines as comments, then the `mbfg_estimator` section (with
+    `adapt_effort_density` when given: a fitted effort density is used as fitted, not adapted further)."""
     descriptions = {"acceleration_density": "unmodelled accelerations [rad²/s³ on angles, m²/s³ on points]",
                     "effort_density": "estimation: unknown efforts' second derivative [(N·m)²/s³ or N²/s³]",
                     "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]",
@@ -46,6 +48,8 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     if mechanism:
         lines.append(f"    mechanism: {mechanism}")
     lines.append(f"    mode: {mode}")
+    if adapt_effort_density is not None:
+        lines.append(f"    adapt_effort_density: {'true' if adapt_effort_density else 'false'}")
     lines.append("    sigmas:")
     for k, v in sigmas.items():
         lines.append(f"      {k}: {format_double(v):<14} # {descriptions.get(k, '')}".rstrip())
@@ -104,6 +108,10 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{k} must be a number > 0 (got {v!r})")
                 table[k] = float(v)
             out[name] = table
+        elif name == "adapt_effort_density":
+            if not isinstance(value, bool):
+                raise ParamsFileError(f"{where} must be true or false (got {value!r})")
+            out[name] = value
         elif name in APPLIED_KEYS:
             out[name] = value
         elif name not in NODE_ONLY_KEYS:

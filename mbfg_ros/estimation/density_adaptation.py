@@ -1,0 +1,355 @@
+"""Online maximum-likelihood fit of the unknown efforts' density (`EstimatorConfig.adapt_effort_density`).
+
+No single `effort_density` is consistent for every mechanism and motion (docs/decisions.md: the four-bar
+needs ≤ 1e4, the slider-crank ~3e5, the robot ≥ 1e5 (N·m)²/s³), and matching the innovations' covariance
+cannot see a density that is too large, while the readings' likelihood peaks sharply.  So the estimator
+fits it, as `mbfg tune` does offline, by the innovation likelihood of its own readings, online:
+
+* a bank of K Kalman filters, one per density on a log grid (half decades, ± `GRID_DECADES` around the
+  starting density: the estimate stays within it), each on the linear model of the encoded coordinates z
+  (one encoder per degree of freedom) around the estimator's newest estimate:
+      z̈ = u + B τ + ξ,   τ̈ = w,
+  u = the model's acceleration without the efforts at the estimates (gravity, velocity terms: a quadratic
+  in time through the estimates of the bank's step, integrated exactly; `drift_weights`), B = ∂z̈/∂τ
+  (the reduced inverse inertia, refreshed every `B_REFRESH` s), w white of the filter's density, ξ the
+  estimator's unmodelled accelerations (white of `acceleration_density` on every generalized coordinate,
+  which the constraints restrict to S_a (JᵀJ)⁻¹ on z, J = ∂q/∂z); the exact discretization over the bank's
+  step (closed form: integrator chains), the state (z, ż, τ, τ̇);
+* every filter predicts and updates with the same encoder readings; the log-likelihood of each filter's
+  innovation (log N(ν; 0, S)) is summed per filter, old evidence forgotten with time constant `MEMORY` s;
+* the density is the maximum of the summed log-likelihood plus a weak log-normal prior around the starting
+  density (σ `PRIOR_DECADES` decades), located by a parabola through the best grid point and its
+  neighbours.
+
+Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
+density is a continuous-time quantity; crank four-bar at 1 kHz: +3–5 % of the median step, bench/core_step_cost.py);
+a reading whose normalized innovation is improbable (χ² gate) under every filter's density is not counted
+(outliers; `MAX_REJECTED` in a row restart the filters: they lost the motion), nor any reading during
+`BURN_IN` s after the bank (re)starts (its filters start from the estimator's estimate with broad priors:
+start-up, re-initialization, recovery, a gap over `MAX_GAP` s, a branch change); the estimate changes only
+with counted readings (steps without readings do nothing) and is used only after `MIN_EVIDENCE` s of
+counted readings.  Units: the density in (N·m)²/s³ (revolute actuators) or N²/s³ (prismatic).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import numpy as np
+from scipy.stats import chi2
+
+from mbfg_ros.dynamics import constrained as dynamics
+from mbfg_ros.dynamics import kinematics
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights"]
+
+GRID_DECADES = 4.0     # the bank's densities: start × 10^(−4 … +4) ...
+GRID_STEP = 0.5        # ... every half decade (17 filters)
+PRIOR_DECADES = 1.0    # σ of the weak log-normal prior around the starting density [decades]
+MEMORY = 10.0          # [s] time constant over which old evidence is forgotten (follows a change of motion)
+BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step; 0.05 gave the same
+                       # bench errors at 40 % of the cost, but a quadratic through 50 ms of a swinging crank's
+                       # drift biased the density 35 % up on test_tuning_adaptation's data)
+B_REFRESH = 0.1        # [s] ∂z̈/∂τ refreshed this often (it changes with the pose) ...
+SA_REFRESH = 1.0       # [s] ... and the acceleration noise on z (a small term) this often
+BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
+MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
+MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
+GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) is not counted
+MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
+CHANGE = 0.1           # [decades] a smaller change of the estimate is not passed on (saves rebuilding units)
+
+
+def encoded_coordinates(mech: Mechanism):
+    """(encoder names, their coordinate columns, their σ) when the mechanism has one encoder per degree of
+    freedom on distinct coordinates (what the bank's measurement model needs), else None."""
+    enc = [s for s in mech.sensors if s.kind == "encoder"]
+    coords = [int(s.coordinate) for s in enc]
+    if not enc or len(enc) != int(mech.degrees_of_freedom()) or len(set(coords)) != len(coords):
+        return None
+    return [s.name for s in enc], coords, np.array([float(s.sigma) for s in enc])
+
+
+def chain_noise(H: float, B: np.ndarray) -> np.ndarray:
+    """∫₀ᴴ G(s) G(s)ᵀ ds of the state (z, ż, τ, τ̇) driven by unit white noise on τ̈: G(s) = [B s³/6; B s²/2;
+    I s; I] (s = time to the end of the step), blocks c_ij M_i M_jᵀ with c_ij = H^(p_i+p_j+1) / ((p_i+p_j+1)
+    p_i! p_j!), p = (3, 2, 1, 0) integrations, M = (B, B, I, I)."""
+    d, na = B.shape
+    M = (B, B, np.eye(na), np.eye(na))
+    p = (3, 2, 1, 0)
+    edges = np.cumsum([0, d, d, na, na])
+    Q = np.empty((edges[-1], edges[-1]))
+    for i in range(4):
+        for j in range(4):
+            k = p[i] + p[j] + 1
+            c = H ** k / (k * math.factorial(p[i]) * math.factorial(p[j]))
+            Q[edges[i]:edges[i + 1], edges[j]:edges[j + 1]] = c * (M[i] @ M[j].T)
+    return Q
+
+
+def drift_weights(times: np.ndarray, H: float) -> np.ndarray:
+    """(2, m) weights W such that W @ U = [∫₀ᴴ p(s)(H − s) ds, ∫₀ᴴ p(s) ds] for the least-squares polynomial
+    p of degree min(m − 1, 2) through the samples U (m rows) at `times` (in [0, H))."""
+    m = len(times)
+    deg = min(m - 1, 2)
+    V = np.vander(times, deg + 1, increasing=True)
+    k = np.arange(deg + 1)
+    # ∫₀ᴴ sᵏ (H − s) ds = Hᵏ⁺² / ((k + 1)(k + 2)),  ∫₀ᴴ sᵏ ds = Hᵏ⁺¹ / (k + 1)
+    moments = np.vstack((H ** (k + 2) / ((k + 1) * (k + 2)), H ** (k + 1) / (k + 1)))
+    return moments @ np.linalg.pinv(V)
+
+
+class EffortDensityAdaptation:
+    """See the module docstring.  ``observe(t, readings, q, v, a, efforts, restarted)`` after each estimator
+    step (readings: dict sensor name → value of this step; the estimate's q, q̇, q̈ and efforts; restarted:
+    the estimator started a new window this step); ``density`` is the current estimate (the starting density
+    until there is enough evidence), ``changed`` says whether the last `observe` moved it by more than
+    `CHANGE` decades since it was last passed on."""
+
+    def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
+                 layout=None, sensor_sigmas: Optional[Dict[str, float]] = None):
+        layout = layout or encoded_coordinates(mech)
+        if layout is None:
+            raise ValueError(f"{mech.spec.source}: effort_density 'auto' needs one encoder per degree of freedom "
+                             f"on distinct coordinates (the likelihood's measurement model); give a number")
+        if not (initial_density > 0 and math.isfinite(initial_density)):
+            raise ValueError(f"the starting effort density must be positive and finite (got {initial_density})")
+        self.mech = mech
+        self.names, self.z, sig = layout
+        sig = np.array([float((sensor_sigmas or {}).get(n, s)) for n, s in zip(self.names, sig)])
+        self.d = d = len(self.z)
+        self.na = na = len(mech.actuated)
+        self.nx = 2 * d + 2 * na
+        self.R = np.diag(sig ** 2)
+        self.angles = np.isin(self.z, mech.relative_angle_columns)
+        self.any_angles = bool(np.any(self.angles))
+        self.log10_start = math.log10(initial_density)
+        n_side = int(round(GRID_DECADES / GRID_STEP))
+        self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
+        self.grid = 10.0 ** self.log10_grid
+        self.K = len(self.grid)
+        self.log_prior = -0.5 * ((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2
+        self.acceleration_density = float(acceleration_density)
+        self.gate = float(chi2.ppf(1.0 - GATE_PROBABILITY, d))
+        self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
+        self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
+        self.density = float(initial_density)
+        self.passed_log10 = self.log10_start     # the estimate last passed on
+        self.changed = False
+        self.counted = 0                          # readings counted so far (diagnostics, tests)
+        self.rejected = 0                         # readings refused by the gate
+        self.best = int(np.argmax(self.log_prior))   # the filter of the current estimate (judges outliers)
+        self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
+        self.identity = np.eye(self.nx)
+        self.Hm = np.eye(d, self.nx)                 # the encoders read z
+        self._restart()
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def _restart(self):
+        """The filters start again at the next reading (the evidence so far is kept)."""
+        self.x: Optional[np.ndarray] = None
+        self.P: Optional[np.ndarray] = None
+        self.t_bank = None          # time of the bank's last step
+        self.t_start = None
+        self.t_B = None             # time B was refreshed
+        self.t_Sa = None            # time the acceleration noise on z was
+        self.held = []              # (t, q̈, τ) of the estimates since the bank's last step
+        self.rejected_in_a_row = 0
+
+    def restart(self):
+        """The estimator started a new window (re-initialization, recovery, reset): the filters restart
+        from its next estimate and their first `BURN_IN` s are not counted."""
+        self._restart()
+
+    # -- the model ------------------------------------------------------------------------------------------
+    def _refresh(self, q, t: float):
+        """B = ∂z̈/∂τ at the pose q (forward dynamics is linear in Q at rest, where γ = 0: B e_j = q̈[z] at
+        (q, 0, E e_j), gravity left out), every `B_REFRESH` s; the acceleration noise's density matrix on z,
+        S_a (JᵀJ)⁻¹ with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
+        mech = self.mech
+        zero = np.zeros(mech.n)
+        B = np.empty((self.d, self.na))
+        for j in range(self.na):
+            Q = np.zeros(mech.n)
+            Q[mech.actuated[j]] = 1.0
+            B[:, j] = dynamics.forward_dynamics(mech, q, zero, Q)[self.z]
+        self.B = B
+        self.t_B = t
+        if self.t_Sa is None or t - self.t_Sa >= SA_REFRESH:
+            J = np.column_stack([kinematics.solve_velocities(mech, q, fixed=self.z, fixed_values=e)
+                                 for e in np.eye(self.d)])
+            self.Sa = self.acceleration_density * np.linalg.inv(J.T @ J)
+            self.t_Sa = t
+        self._H = None
+
+    def _matrices(self, H: float):
+        """(F, Fᵀ, each filter's process noise: its density × the effort noise + the acceleration noise) of a
+        step H (cached for the last H, to 1 ns)."""
+        H = round(H, 9)
+        if self._H != H:
+            d, na, B = self.d, self.na, self.B
+            F = np.eye(self.nx)
+            F[:d, d:2 * d] = H * np.eye(d)
+            F[:d, 2 * d:2 * d + na] = 0.5 * H * H * B
+            F[:d, 2 * d + na:] = H ** 3 / 6.0 * B
+            F[d:2 * d, 2 * d:2 * d + na] = H * B
+            F[d:2 * d, 2 * d + na:] = 0.5 * H * H * B
+            F[2 * d:2 * d + na, 2 * d + na:] = H * np.eye(na)
+            Qa = np.zeros((self.nx, self.nx))
+            Sa = self.Sa
+            Qa[:d, :d] = H ** 3 / 3.0 * Sa
+            Qa[:d, d:2 * d] = Qa[d:2 * d, :d] = 0.5 * H * H * Sa
+            Qa[d:2 * d, d:2 * d] = H * Sa
+            self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
+            self._Q = self.grid[:, None, None] * chain_noise(H, B) + Qa
+        return self._F, self._Ft, self._Q
+
+    # -- per estimator step ---------------------------------------------------------------------------------
+    def observe(self, t: float, readings: Dict[str, float], q, v, a, efforts, restarted: bool = False) -> bool:
+        """One estimator step (see the class docstring); returns `changed`.  Between the bank's steps this only
+        records the estimate's time, accelerations and efforts (the drift's samples)."""
+        self.changed = False
+        if self.held and t == self.held[-1][0] and not restarted:
+            return False                    # the same time again (the estimator's previous estimate)
+        if restarted or (self.held and not (0.0 < t - self.held[-1][0] <= MAX_GAP)):
+            self._restart()
+        if self.x is None:
+            y = self._reading(readings)
+            if y is not None:
+                self._start(t, q, v, efforts)
+                self.held.append((t, a, efforts))
+            return False
+        if t - self.t_bank >= BANK_INTERVAL - 1e-9:
+            y = self._reading(readings)
+            if y is not None:
+                c = self._drift_input(t)
+                self._step(t - self.t_bank, y, c, t - self.t_start >= BURN_IN)
+                if self.x is None:
+                    return self.changed      # the filters lost the motion and restart at the next reading
+                self.t_bank = t
+                self.held.clear()
+                if t - self.t_B >= B_REFRESH:
+                    self._refresh(q, t)
+        self.held.append((t, a, efforts))
+        return self.changed
+
+    def _reading(self, readings) -> Optional[np.ndarray]:
+        """This step's readings of the encoded coordinates, or None unless every one is there and finite."""
+        y = [readings.get(n) for n in self.names]
+        if any(r is None for r in y):
+            return None
+        y = np.array(y, dtype=float)
+        return y if np.all(np.isfinite(y)) else None
+
+    def _drift_input(self, t: float) -> np.ndarray:
+        """What the drift adds to (z, ż) over the bank's step to t.  The drift u = q̈[z] − B τ (the model's
+        acceleration without the efforts) of each estimate since the bank's last step is fitted by a polynomial
+        in time (least squares, degree ≤ 2), which is integrated exactly up to t: ż gains ∫ u, z gains
+        ∫ u(s) (t − s) ds.  Holding each sample until the next biased the velocity by u̇ h / 2 and a linear
+        interpolation still by ü h² H / 12, which the filters took for effort variation (a density 30 % to 5×
+        too large on a swinging crank); the estimate at t itself is left out (it has seen the reading the
+        filters are about to be scored on)."""
+        held = self.held
+        rel = tuple(round(h[0] - self.t_bank, 9) for h in held)
+        key = (rel, round(t - self.t_bank, 9))
+        weights = self._weights.get(key)
+        if weights is None:
+            weights = self._weights[key] = drift_weights(np.array(rel), key[1])
+            if len(self._weights) > 64:
+                self._weights.clear()
+                self._weights[key] = weights
+        A = np.array([h[1] for h in held])[:, self.z]
+        E = np.array([h[2] for h in held])
+        U = A - E @ self.B.T
+        c = np.zeros(self.nx)
+        d = self.d
+        c[:2 * d] = (weights @ U).reshape(-1)
+        return c
+
+    def _start(self, t, q, v, efforts):
+        d, na = self.d, self.na
+        self._refresh(q, t)
+        x = np.zeros(self.nx)
+        x[:d] = q[self.z]
+        x[d:2 * d] = v[self.z]
+        x[2 * d:2 * d + na] = efforts
+        P0 = np.zeros((self.nx, self.nx))
+        P0[:d, :d] = self.R
+        # broad: the estimate's rate and efforts are uncertain at a (re)start; the burn-in hides the transient
+        P0[d:2 * d, d:2 * d] = np.eye(d) * 1.0
+        P0[2 * d:2 * d + na, 2 * d:2 * d + na] = np.eye(na) * 100.0 ** 2
+        P0[2 * d + na:, 2 * d + na:] = np.eye(na) * 100.0 ** 2
+        self.x = np.repeat(x[None, :], self.K, axis=0)
+        self.P = np.repeat(P0[None, :, :], self.K, axis=0)
+        self.t_start = self.t_bank = t
+
+    def _step(self, H: float, y: np.ndarray, c: np.ndarray, count: bool):
+        """Predict every filter over H (drift input c), then update with the readings y and, when counted,
+        add each filter's innovation log-likelihood.  Written for few µs: d ≤ 2 in closed form."""
+        d = self.d
+        F, Ft, Q = self._matrices(H)
+        x = self.x @ Ft
+        x += c
+        P = F @ self.P @ Ft
+        P += Q
+        nu = y - x[:, :d]
+        if self.any_angles:
+            nu[:, self.angles] = (nu[:, self.angles] + math.pi) % (2.0 * math.pi) - math.pi
+        S = P[:, :d, :d] + self.R
+        if d == 1:
+            s = S[:, 0, 0]
+            Sinv = (1.0 / s)[:, None, None]
+            logdet = np.log(s)
+        elif d == 2:
+            a, b, e = S[:, 0, 0], S[:, 0, 1], S[:, 1, 1]
+            det = a * e - b * b
+            Sinv = np.empty_like(S)
+            Sinv[:, 0, 0], Sinv[:, 1, 1] = e / det, a / det
+            Sinv[:, 0, 1] = Sinv[:, 1, 0] = -b / det
+            logdet = np.log(det)
+        else:
+            Sinv = np.linalg.inv(S)
+            logdet = np.linalg.slogdet(S)[1]
+        w = Sinv @ nu[:, :, None]                 # S⁻¹ ν
+        m = (nu[:, None, :] @ w)[:, 0, 0]         # νᵀ S⁻¹ ν
+        if m.min() > self.gate:
+            # improbable under every density: an outlier, no update, no evidence (the filters only predicted)
+            self.rejected += 1
+            self.rejected_in_a_row += 1
+            self.x, self.P = x, P
+            if self.rejected_in_a_row >= MAX_REJECTED:
+                self._restart()      # the filters lost the motion (not the readings): start again, burn-in
+            return
+        self.rejected_in_a_row = 0
+        PHt = P[:, :, :d]
+        self.x = x + (PHt @ w)[:, :, 0]
+        # Joseph form, (I − K H) P (I − K H)ᵀ + K R Kᵀ: the covariances span 12 decades (encoder σ² against
+        # the efforts' broad start), where P − K S Kᵀ loses positive definiteness to round-off
+        Kg = PHt @ Sinv
+        IKH = self.identity - Kg @ self.Hm
+        self.P = IKH @ P @ IKH.transpose(0, 2, 1) + Kg @ self.R @ Kg.transpose(0, 2, 1)
+        if not count:
+            return
+        forget = math.exp(-H / MEMORY)
+        self.log_likelihood = forget * self.log_likelihood - 0.5 * (m + logdet)
+        self.evidence = forget * self.evidence + H
+        self.counted += 1
+        if self.evidence >= MIN_EVIDENCE:
+            self._update_estimate()
+
+    def _update_estimate(self):
+        score = self.log_likelihood + self.log_prior
+        i = self.best = int(np.argmax(score))
+        x = self.log10_grid[i]
+        if 0 < i < self.K - 1:
+            # the parabola's vertex through the best point and its neighbours (equal spacing)
+            s0, s1, s2 = score[i - 1], score[i], score[i + 1]
+            curv = s0 - 2.0 * s1 + s2
+            if curv < 0:
+                x += 0.5 * GRID_STEP * (s0 - s2) / curv
+        self.density = float(10.0 ** x)
+        if abs(x - self.passed_log10) >= CHANGE:
+            self.passed_log10 = x
+            self.changed = True

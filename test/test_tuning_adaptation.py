@@ -1,0 +1,226 @@
+"""The online fit of the effort density (`adapt_effort_density`, estimation/density_adaptation.py): it recovers
+a known density, outliers do not move it, it does not drift without readings, a re-initialization keeps what
+it learnt, and where it applies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mbfg_ros.estimation import density_adaptation as DA
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+from mbfg_ros.tuning.params_file import ParamsFileError, format_params, read_params
+from test_tuning import DT, integrated_random_walk
+
+TRUE_DENSITY = 3.0    # (N·m)²/s³ of the data's effort process: small, the torque stays near gravity's, the crank swings
+SIGMA = 1e-4          # encoder σ [rad]
+
+
+@pytest.fixture(scope="module")
+def crank_mech():
+    return load_mechanism("four_bar_crank")
+
+
+@pytest.fixture(scope="module")
+def motion(crank_mech):
+    """12 s at 5 ms of the crank four-bar driven by an integrated random walk of TRUE_DENSITY (the estimator's
+    effort model): it swings through about 4 rad.  The plant's trajectory and its encoder readings."""
+    rng = np.random.default_rng(4)
+    n = int(round(12.0 / DT)) + 1
+    walk = integrated_random_walk(TRUE_DENSITY, n + 2, rng)
+    plant = SimulatedPlant(crank_mech, dt=DT, seed=4, profile=lambda mech, t, q, v: walk[int(round(t / DT))][None],
+                           actuator=Actuator.ideal(crank_mech), sensors=[])
+    traj = plant.simulate(12.0)
+    c = int(crank_mech.actuated[0])
+    return traj, traj.q[:, c] + rng.normal(0.0, SIGMA, len(traj.t))
+
+
+@pytest.fixture(scope="module")
+def recording(motion):
+    traj, y = motion
+    return traj.t, y
+
+
+def estimator(mech, start: float, **config) -> FixedLagEstimator:
+    sigmas = {**EstimatorConfig().sigmas, "effort_density": start, "acceleration_density": 1e-9}
+    return FixedLagEstimator(mech, EstimatorConfig(dt=DT, mode="estimation", sigmas=sigmas,
+                                                   sensor_sigmas={"crank": SIGMA}, **config))
+
+
+def run(est, t, y, start=0, stop=None, readings=lambda k, value: value):
+    for k in range(start, len(t) if stop is None else stop):
+        value = readings(k, y[k])
+        est.step(float(t[k]), None, {} if value is None else {"crank": float(value)})
+
+
+def test_the_likelihood_of_the_true_motion_peaks_at_the_true_density(crank_mech, motion):
+    """The bank alone, around the plant's true motion (q, q̇, q̈, τ), from 30× off on either side: within 20 %."""
+    traj, y = motion
+    for start in (TRUE_DENSITY / 30.0, TRUE_DENSITY * 30.0):
+        a = DA.EffortDensityAdaptation(crank_mech, start, 1e-9, sensor_sigmas={"crank": SIGMA})
+        for k, t in enumerate(traj.t):
+            a.observe(float(t), {"crank": float(y[k])}, traj.q[k], traj.v[k], traj.a[k], traj.applied[k])
+        assert abs(a.density / TRUE_DENSITY - 1.0) < 0.2, (start, a.density)
+        assert a.rejected == 0 and a.counted > 0.9 * 12.0 / DA.BANK_INTERVAL
+
+
+def test_recovers_a_known_density_from_either_side(crank_mech, recording):
+    """In the estimator (the drift from its estimates), started 30× too low or too high, the density comes back
+    within 30 % of the data's; the estimator uses it (its walk's density is the adapted one)."""
+    t, y = recording
+    for start in (TRUE_DENSITY / 30.0, TRUE_DENSITY * 30.0):
+        est = estimator(crank_mech, start)
+        run(est, t, y)
+        adapted = est.density_adaptation.density
+        assert abs(adapted / TRUE_DENSITY - 1.0) < 0.3, (start, adapted)
+        assert abs(math.log10(est.sigmas["effort_density"] / adapted)) <= DA.CHANGE + 1e-9
+        assert est.density_adaptation.rejected == 0
+
+
+def test_converges_within_a_few_seconds(crank_mech, recording):
+    """After 3 s (a tenth of a second burn-in and a minimum of evidence included) the density is within a
+    factor 3 of the data's, from 30× off (3 s of this slow swing say little: `mbfg tune` fits ± 30 % from 12 s)."""
+    t, y = recording
+    est = estimator(crank_mech, TRUE_DENSITY * 30.0)
+    run(est, t, y, stop=int(round(3.0 / DT)) + 1)
+    assert abs(math.log10(est.density_adaptation.density / TRUE_DENSITY)) < math.log10(3.0)
+
+
+def test_outliers_do_not_move_it(crank_mech, recording):
+    """The reading of every other bank step off by 0.5 rad (the estimator's own gate rejects it): the bank's gate
+    refuses them and the density stays within 30 % of the clean data's."""
+    t, y = recording
+    clean = estimator(crank_mech, 30.0)
+    run(clean, t, y)
+    dirty = estimator(crank_mech, 30.0)
+    period = int(round(DA.BANK_INTERVAL / DT))          # estimator steps per bank step
+    run(dirty, t, y, readings=lambda k, value: value + (0.5 if k % (2 * period) == period else 0.0))
+    a = dirty.density_adaptation
+    assert a.rejected >= 0.4 * len(t) / (2 * period)
+    assert abs(a.density / clean.density_adaptation.density - 1.0) < 0.3
+    assert a.grid[0] <= a.density <= a.grid[-1]
+
+
+def test_does_not_drift_without_readings(crank_mech, recording):
+    """Steps without readings change nothing of the fit: the same density and evidence after 2 s without."""
+    t, y = recording
+    est = estimator(crank_mech, 30.0)
+    half = len(t) // 2
+    run(est, t, y, stop=half)
+    a = est.density_adaptation
+    before = (a.density, a.evidence, a.counted, est.sigmas["effort_density"])
+    run(est, t, y, start=half, stop=half + int(round(2.0 / DT)), readings=lambda k, value: None)
+    assert (a.density, a.evidence, a.counted, est.sigmas["effort_density"]) == before
+
+
+def test_keeps_what_it_learnt_over_a_reinitialization(crank_mech, recording):
+    """A re-initialization and a reset restart the bank's filters (a burn-in) but keep the evidence: the
+    density just after is the one before, and the fit goes on."""
+    t, y = recording
+    est = estimator(crank_mech, 30.0)
+    third = len(t) // 3
+    run(est, t, y, stop=third)
+    a = est.density_adaptation
+    before = a.density
+    est.reinitialize()
+    run(est, t, y, start=third, stop=third + 20)
+    assert a.density == before
+    est.reset()
+    run(est, t, y, start=third + 20)
+    assert abs(a.density / TRUE_DENSITY - 1.0) < 0.3
+
+
+def test_where_it_applies(crank_mech):
+    """Estimation mode with adapt_effort_density and one encoder per degree of freedom; fixed otherwise."""
+    assert estimator(crank_mech, 1e4).density_adaptation is not None
+    assert estimator(crank_mech, 1e4, adapt_effort_density=False).density_adaptation is None
+    fused = FixedLagEstimator(crank_mech, EstimatorConfig(dt=DT, mode="fused"))
+    assert fused.density_adaptation is None
+    # no encoders (and no actuators): nothing to fit, nothing to fit it with
+    plain = load_mechanism("four_bar")
+    assert DA.encoded_coordinates(plain) is None
+    assert FixedLagEstimator(plain, EstimatorConfig(dt=DT, mode="estimation")).density_adaptation is None
+    assert DA.encoded_coordinates(crank_mech)[0] == ["crank"]
+
+
+def test_the_params_file_says_whether_to_adapt(crank_mech, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(format_params("estimation", {"effort_density": 1234.0}, {}, adapt_effort_density=False))
+    assert read_params(path, crank_mech)["adapt_effort_density"] is False
+    path.write_text(format_params("estimation", {"effort_density": 1234.0}, {}))
+    assert "adapt_effort_density" not in read_params(path, crank_mech)
+    path.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    adapt_effort_density: 3\n")
+    with pytest.raises(ParamsFileError, match=r"p.yaml: .*adapt_effort_density must be true or false \(got 3\)"):
+        read_params(path, crank_mech)
+
+
+def test_the_bank_model_is_exact_for_the_integrator_chain():
+    """The effort noise's covariance over a step, in closed form, against a fine quadrature of ∫ G Gᵀ ds."""
+    B = np.array([[0.7, -0.2], [0.1, 0.4]])
+    H = 0.02
+    s = np.linspace(0.0, H, 20001)
+    G = np.stack([np.vstack([B * u ** 3 / 6, B * u ** 2 / 2, np.eye(2) * u, np.eye(2)]) for u in s])
+    quad = np.trapezoid(G @ np.swapaxes(G, 1, 2), s, axis=0)
+    assert np.allclose(DA.chain_noise(H, B), quad, rtol=1e-6, atol=1e-18)
+
+
+def test_the_drift_integrals_are_exact_for_a_quadratic():
+    """drift_weights: ∫ p and ∫ p (H − s) of a quadratic sampled at 4 of the 5 points of the step (the last,
+    at H, left out), exactly; with one sample, a constant."""
+    times, H = np.array([0.0, 0.005, 0.01, 0.015]), 0.02
+    p = np.array([[1.5], [-2.0], [30.0]])                 # 1.5 − 2 s + 30 s²
+    U = np.vander(times, 3, increasing=True) @ p
+    W = DA.drift_weights(times, H)
+    exact_1 = 1.5 * H - H ** 2 + 10.0 * H ** 3
+    exact_2 = 1.5 * H ** 2 / 2 - 2.0 * H ** 3 / 6 + 30.0 * H ** 4 / 12
+    assert np.allclose((W @ U).ravel(), [exact_2, exact_1], rtol=1e-12)
+    assert np.allclose(DA.drift_weights(np.array([0.0]), H) @ np.array([[2.0]]), [[H * H], [2.0 * H]])
+
+
+def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
+    """`mbfg estimate` fits the density by default; --no-adapt-effort-density and a file's
+    `adapt_effort_density: false` keep it fixed (the same output as each other), an explicit option wins."""
+    from mbfg_ros.cli.commands import main
+    t, y = recording
+    n = int(round(2.0 / DT)) + 1
+    obs = tmp_path / "obs.csv"
+    np.savetxt(obs, np.column_stack([t[:n], y[:n]]), delimiter=",", header="t,crank", comments="")
+    params = tmp_path / "fixed.yaml"
+    params.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA},
+                                    adapt_effort_density=False))
+    adapting = tmp_path / "adapting.yaml"           # the same without the key: the default, adapt
+    adapting.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA}))
+    outs = {}
+    for label, extra in (("default", ["--params", str(adapting)]),
+                         ("option", ["--params", str(adapting), "--no-adapt-effort-density"]),
+                         ("file", ["--params", str(params)]),
+                         ("file, option wins", ["--params", str(params), "--adapt-effort-density"])):
+        out = tmp_path / f"{label}.csv"
+        assert main(["estimate", "four_bar_crank", "--observations", str(obs), "-o", str(out)] + extra) == 0
+        outs[label] = np.loadtxt(out, delimiter=",", skiprows=1)
+    assert np.array_equal(outs["option"], outs["file"])
+    assert np.array_equal(outs["default"], outs["file, option wins"])
+    assert not np.allclose(outs["default"], outs["file"])
+
+
+def test_a_jump_of_the_readings_restarts_the_filters(crank_mech, recording):
+    """The readings jump by 0.5 rad for good (an encoder re-seated): the bank refuses them a few times, restarts
+    its filters and goes on counting once the estimator follows the new readings; the density stays within its
+    grid."""
+    t, y = recording
+    est = estimator(crank_mech, 30.0)
+    half = len(t) // 2
+    run(est, t, y, stop=half)
+    a = est.density_adaptation
+    counted = a.counted
+    run(est, t, y, start=half, readings=lambda k, value: value + 0.5)
+    # until the estimator itself re-initializes from the readings (max_rejections steps), the bank, restarted
+    # at its estimate, refuses them again: a few bank steps
+    assert 0 < a.rejected <= DA.MAX_REJECTED + EstimatorConfig().max_rejections * DT / DA.BANK_INTERVAL + 1
+    assert a.counted > counted + 0.5 * (len(t) - half) * DT / DA.BANK_INTERVAL
+    assert a.grid[0] <= a.density <= a.grid[-1]
