@@ -224,3 +224,13 @@ def test_a_jump_of_the_readings_restarts_the_filters(crank_mech, recording):
     assert 0 < a.rejected <= DA.MAX_REJECTED + EstimatorConfig().max_rejections * DT / DA.BANK_INTERVAL + 1
     assert a.counted > counted + 0.5 * (len(t) - half) * DT / DA.BANK_INTERVAL
     assert a.grid[0] <= a.density <= a.grid[-1]
+
+
+def test_chi_square_quantile_matches_scipy():
+    from scipy.stats import chi2
+    from mbfg_ros.estimation.density_adaptation import chi_square_quantile, chi_square_survival
+    for d in range(1, 9):
+        for tail in (0.5, 0.05, 1e-3, 1e-6, 1e-9):
+            x = chi_square_quantile(tail, d)
+            assert abs(x - chi2.isf(tail, d)) <= 1e-9 * max(1.0, x), (d, tail)
+            assert abs(chi_square_survival(x, d) - tail) <= 1e-9 * tail

@@ -37,7 +37,6 @@ import math
 from typing import Dict, Optional
 
 import numpy as np
-from scipy.stats import chi2
 
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.dynamics import kinematics
@@ -101,6 +100,43 @@ def drift_weights(times: np.ndarray, H: float) -> np.ndarray:
     return moments @ np.linalg.pinv(V)
 
 
+
+def chi_square_survival(x: float, d: int) -> float:
+    """P(X > x) for X ~ χ² with d degrees of freedom, in closed form (integer d)."""
+    if x <= 0.0:
+        return 1.0
+    h = 0.5 * x
+    if d % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(1, d // 2):
+            term *= h / k
+            total += term
+        return math.exp(-h) * total
+    r = math.sqrt(x)
+    total = math.erfc(r / math.sqrt(2.0))
+    term = math.sqrt(2.0 * x / math.pi) * math.exp(-h)
+    for k in range(1, (d + 1) // 2):
+        total += term
+        term *= x / (2 * k + 1)
+    return total
+
+
+def chi_square_quantile(tail: float, d: int) -> float:
+    """The x with P(X > x) = tail, X ~ χ²_d, by bisection on the closed form: scipy.stats would add
+    ~0.35 s to the node's start-up for this one number."""
+    lo, hi = 0.0, 1.0
+    while chi_square_survival(hi, d) > tail:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if chi_square_survival(mid, d) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return 0.5 * (lo + hi)
+
 class EffortDensityAdaptation:
     """See the module docstring.  ``observe(t, readings, q, v, a, efforts, restarted)`` after each estimator
     step (readings: dict sensor name → value of this step; the estimate's q, q̇, q̈ and efforts; restarted:
@@ -132,7 +168,7 @@ class EffortDensityAdaptation:
         self.K = len(self.grid)
         self.log_prior = -0.5 * ((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2
         self.acceleration_density = float(acceleration_density)
-        self.gate = float(chi2.ppf(1.0 - GATE_PROBABILITY, d))
+        self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
         self.density = float(initial_density)
