@@ -67,6 +67,9 @@ class StubCore:
     def correct_commands(self, corrections):
         return [step for step, _ in corrections]
 
+    def fitted_effort_density(self):
+        return None
+
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
 

@@ -80,6 +80,7 @@ def test_recovers_a_known_density_from_either_side(crank_mech, recording):
         assert abs(adapted / TRUE_DENSITY - 1.0) < 0.3, (start, adapted)
         assert abs(math.log10(est.sigmas["effort_density"] / adapted)) <= DA.CHANGE + 1e-9
         assert est.density_adaptation.rejected == 0
+        assert est.fitted_effort_density() == est.sigmas["effort_density"]
 
 
 def test_converges_within_a_few_seconds(crank_mech, recording):
@@ -140,7 +141,7 @@ def test_where_it_applies(crank_mech):
     assert estimator(crank_mech, 1e4).density_adaptation is not None
     assert estimator(crank_mech, 1e4, adapt_effort_density=False).density_adaptation is None
     fused = FixedLagEstimator(crank_mech, EstimatorConfig(dt=DT, mode="fused"))
-    assert fused.density_adaptation is None
+    assert fused.density_adaptation is None and fused.fitted_effort_density() is None
     # no encoders (and no actuators): nothing to fit, nothing to fit it with
     plain = load_mechanism("four_bar")
     assert DA.encoded_coordinates(plain) is None

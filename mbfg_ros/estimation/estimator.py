@@ -204,6 +204,13 @@ class FixedLagEstimator:
         est.solve_time = time.perf_counter() - t_start
         return est
 
+    def fitted_effort_density(self) -> Optional[float]:
+        """The effort density the online fit has handed to the factors (the steps added from now on use it),
+        or None when it is not fitted online (other modes, `adapt_effort_density` false)."""
+        if self.density_adaptation is None:
+            return None
+        return float(self.factors.sigmas["effort_density"])
+
     def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
         """The full covariance of the newest estimate's [angles, rates, efforts] of the coordinate columns
         `coordinates` (3m × 3m; see `joint_covariance.joint_covariance`), computed now (a marginal of the

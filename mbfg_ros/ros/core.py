@@ -42,6 +42,9 @@ class EstimatorCore(Protocol):
     def reset(self) -> None:
         """Forget everything: the next step initializes."""
 
+    def fitted_effort_density(self) -> Optional[float]:
+        """The effort density in use when it is fitted online, else None (reported in the diagnostics)."""
+
     def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
         """The newest estimate's covariance of [angles, rates, efforts] of the coordinate columns (3m × 3m), or
         None before the first estimate (used only with publish_covariance)."""

@@ -86,7 +86,8 @@ class Diagnostics:
             self.reject(kind, detail)
 
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
-                 last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings):
+                 last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
+                 fitted_effort_density: Optional[float] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes."""
         ps = self.period_stats
@@ -107,6 +108,8 @@ class Diagnostics:
             kv["estimate_time"] = (last_t_k / NS) if last_t_k is not None else ""
         else:
             kv["assembly_mode"] = branch_text(self.mech, assembly_mode) if assembly_mode else "auto"
+        if fitted_effort_density is not None:
+            kv["effort_density"] = fitted_effort_density    # the online fit's value now
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt
         kv["budget_ms"] = dt * 1e3

@@ -531,14 +531,19 @@ class EstimatorNode(Node):
             self._publish_diagnostics()
 
     def _publish_diagnostics(self):
+        now, status = self.diagnostic_status()
+        self.outputs.publish_diagnostics(max(now, 0), [status])
+
+    def diagnostic_status(self):
+        """(node time, (level, name, message, hardware id, key/values)) of a report; starts a new period."""
         with self._lock:
             now = self.now_ns()
             t_k = self.sched.t_of(self.last_k) if self.last_k is not None else None
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
-                                          self.assembly_mode, self.sched, self.settings)
-        status = Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
-                                    self.config.dt, *snapshot)
-        self.outputs.publish_diagnostics(max(now, 0), [status])
+                                          self.assembly_mode, self.sched, self.settings,
+                                          self.core.fitted_effort_density())
+        return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
+                                       self.config.dt, *snapshot)
 
 
 # ---------------------------------------------------------------------------------------------
