@@ -143,7 +143,7 @@ def run_mbfg(sc: Scenario, mech: Mechanism, traj: Trajectory, config: EstimatorC
     for k, t in enumerate(traj.t):
         obs = {nm: float(traj.readings[nm][k]) for nm in names}
         c0 = time.thread_time()
-        e = est.step(float(t), traj.efforts[k] if sc.mode == "fused" else None, obs)
+        e = est.step(float(t), traj.efforts[k] if config.mode == "fused" else None, obs)
         cpu.append(time.thread_time() - c0)
         P = e.covariance
         if P is not None and P.shape == (2 * n, 2 * n):
@@ -316,7 +316,8 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
               "ekf": f"EKF (truth-tuned, ë density {density:.3g}"
                      + (f", acceleration density {EKF_ACCELERATION_DENSITY:.3g}" if EKF_ACCELERATION_DENSITY else "")
                      + ")",
-              "sg": f"Savitzky–Golay ({window} samples) + ID"}
+              "sg": f"Savitzky–Golay ({window} samples) + ID",
+              "ignore": "mbfg_ros, estimation mode (commands ignored), defaults"}
     tuned_cfg = estimator_config_from_file(params, sc.dt, sc.mode) if params else None
     for seed in seeds:
         traj = simulate(sc, mech, seed, seconds)
@@ -325,6 +326,10 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
         runs = {"mbfg": run_mbfg(sc, mech, traj, EstimatorConfig(dt=sc.dt, mode=sc.mode, compute_covariance=True))}
         if tuned_cfg is not None:
             runs["tuned"] = run_mbfg(sc, mech, traj, tuned_cfg)
+        if sc.mode == "fused":
+            # what the commands are worth: the same readings without them (fused must not be worse)
+            runs["ignore"] = run_mbfg(sc, mech, traj, EstimatorConfig(dt=sc.dt, mode="estimation",
+                                                                      compute_covariance=True))
         runs["ekf"] = run_filter(lambda: make_ekf(sc, mech, z, sigma, density), sc, mech, traj)
         runs["sg"] = run_filter(lambda: CausalSavitzkyGolay(mech, z, sc.dt, window=window), sc, mech, traj)
         for key, r in runs.items():
@@ -342,7 +347,9 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
     head += " NEES angle | NEES rate | NEES effort | CPU µs/step |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for key in ("mbfg", "tuned", "ekf", "sg"):
+    for key in ("mbfg", "tuned", "ignore", "ekf", "sg"):
+        if key == "ignore" and not fused:
+            continue
         if key not in rows:
             cells = ["skipped: no --params FILE (e.g. from `mbfg tune`) or --tune"] + [""] * (head.count("|") - 3)
             print(f"| {labels[key]} | " + " | ".join(cells) + " |")
