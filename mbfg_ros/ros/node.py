@@ -141,7 +141,8 @@ class EstimatorNode(Node):
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self.on_step_timer)],
                                            after_batch=self.after_batch, lock=self._lock,
                                            on_error=self._on_loop_error, poll_window=self.sched.poll_window_ns,
-                                           services=services)
+                                           services=services, thread_priority=self.settings.thread_priority,
+                                           on_priority_refused=self._on_priority_refused)
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
@@ -159,6 +160,12 @@ class EstimatorNode(Node):
     def stop(self):
         if self._loop is not None:
             self._loop.stop()
+
+    def _on_priority_refused(self, reason: str):
+        self.get_logger().warning(
+            f"thread_priority {self.settings.thread_priority}: {reason}; the fast loop runs under normal "
+            "scheduling (allow real-time priorities with CAP_SYS_NICE or an rtprio limit, e.g. "
+            "'@realtime - rtprio 99' in /etc/security/limits.conf; see docs/ros2_interfaces.md)")
 
     def _on_loop_error(self, e: BaseException):
         events = self.diag.events
