@@ -118,6 +118,9 @@ class EstimatorNode(Node):
         self._fast = bool(self.settings.fast_loop) and fastloop.available()
         if self.settings.fast_loop and not self._fast:
             self.get_logger().warning("fast_loop unavailable in this rclpy: using the stock executor")
+        if self.settings.thread_priority and not self._fast:   # (the executor's thread serves parameters too)
+            self.get_logger().warning(f"thread_priority {self.settings.thread_priority} ignored: it applies to the "
+                                      "fast loop only, and the stock executor serves the hot path")
         hot = fastloop.DetachedCallbackGroup() if self._fast else MutuallyExclusiveCallbackGroup()
         subs = [(self.create_subscription(JointState, "joint_observations", self.on_observations, INPUT_QOS,
                                           callback_group=hot, raw=True, **qo), self.on_observations),

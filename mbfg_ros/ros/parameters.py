@@ -164,11 +164,8 @@ def declare_parameters(node) -> StartupParameters:
                     "processes (a controller, a recorder, the plant) instead of waiting for their time slice; "
                     "0 = normal scheduling.  Needs CAP_SYS_NICE or an rtprio limit (e.g. in "
                     "/etc/security/limits.conf: '@realtime - rtprio 99'); without it the node warns once and "
-                    "runs normally.  Only with fast_loop",
+                    "runs normally.  Applies to the fast loop only (ignored, with a warning, under the stock executor)",
         read_only=True, integer_range=[IntegerRange(from_value=0, to_value=99, step=1)])).value
-    if thread_priority and not fast_loop:
-        raise ConfigError(f"parameter 'thread_priority' ({thread_priority}) needs fast_loop: true (the stock "
-                          "executor's thread also serves parameters and diagnostics); set it to 0")
 
     publish_stddev = d("publish_stddev", False, PD(
         description="Publish ~/joint_states_stddev (1σ of the angle, rate and effort of ~/joint_states, from the "
