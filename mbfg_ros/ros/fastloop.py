@@ -151,11 +151,6 @@ class FastLoop:
         self._thread.start()
         self._started.wait(5.0)
 
-    @property
-    def native_id(self) -> Optional[int]:
-        """The loop thread's OS thread id (None before start)."""
-        return self._thread.native_id
-
     def _set_up_thread(self):
         name_this_thread(self.name)
         if self.thread_priority > 0:
