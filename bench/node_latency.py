@@ -39,6 +39,10 @@ delay.  The stand-in core against the real one, both with consumers, interleaved
 
     python bench/node_latency.py --cases four_bar_1ms,robot_2ms --core-cost 0,real --consumers --rounds 3 \
         --compare thread_priority=0,50
+
+`--dds-profile XML[,XML...]` gives the estimator's process (only) a Fast DDS XML profile, one run per listed
+profile ('none': without), interleaved with the rest, e.g. one giving its receive threads a real-time policy
+(docs/ros2_interfaces.md, "Real-time priority of the hot path").
 """
 
 from __future__ import annotations
