@@ -33,6 +33,16 @@ estimates it saw (distinct stamps against one per dt over its span: missing %) a
 delay.  The stand-in core against the real one, both with consumers, interleaved in one run:
 
     python bench/node_latency.py --cases four_bar_1ms --core-cost 0,real --consumers --rounds 3
+
+`--compare NAME=V1,V2,...` runs each (case, core cost) once per value of one estimator parameter, interleaved
+(one row each, the value in the case's name), e.g. the fast loop under normal scheduling against SCHED_FIFO:
+
+    python bench/node_latency.py --cases four_bar_1ms,robot_2ms --core-cost 0,real --consumers --rounds 3 \
+        --compare thread_priority=0,50
+
+`--dds-profile XML[,XML...]` gives the estimator's process (only) a Fast DDS XML profile, one run per listed
+profile ('none': without), interleaved with the rest, e.g. one giving its receive threads a real-time policy
+(docs/ros2_interfaces.md, "Real-time priority of the hot path").
 """
 
 from __future__ import annotations
@@ -152,6 +162,31 @@ def _parse_costs(text: str, error) -> list:
     return costs
 
 
+def _parse_compare(text: str, error) -> list:
+    """`--compare NAME=V1,V2,...` as [(NAME, V1), (NAME, V2), ...]; [None] when empty."""
+    if not text.strip():
+        return [None]
+    name, sep, values = text.partition("=")
+    values = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not name.strip() or not values:
+        error(f"--compare expects NAME=V1,V2,... (got {text!r})")
+    return [(name.strip(), v) for v in values]
+
+
+def _parse_profiles(text: str, error) -> list:
+    """`--dds-profile` as [absolute path or None (no profile), ...]; [None] when empty."""
+    profiles = []
+    for item in (text.split(",") if text.strip() else ["none"]):
+        item = item.strip()
+        if item == "none":
+            profiles.append(None)
+        elif not Path(item).is_file():
+            error(f"--dds-profile: no such file {item!r}")
+        else:
+            profiles.append(str(Path(item).resolve()))
+    return profiles
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=5.0)
@@ -177,8 +212,16 @@ def main(argv=None) -> int:
                          "doc) and report what each saw")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the list of core costs this many times, "
                     "interleaved (one row per run)")
+    ap.add_argument("--compare", default="", metavar="NAME=V1,V2,...",
+                    help="run each case and core cost once per value of this estimator parameter, interleaved "
+                         "(e.g. thread_priority=0,50)")
+    ap.add_argument("--dds-profile", default="", metavar="XML[,XML...]",
+                    help="a Fast DDS XML profile for the estimator's process only (FASTDDS_DEFAULT_PROFILES_FILE), "
+                         "e.g. one that sets its receive threads' scheduling; several (comma-separated, 'none' = "
+                         "no profile): each run once per profile, interleaved as --compare")
     a = ap.parse_args(argv)
     costs = _parse_costs(a.core_cost, ap.error)
+    variants = [(v, p) for v in _parse_compare(a.compare, ap.error) for p in _parse_profiles(a.dds_profile, ap.error)]
     import subprocess
     import numpy as np
     from mbfg_ros.ros.demo import ESTIMATOR_NODE, parse_params, run_with_plant
@@ -189,8 +232,15 @@ def main(argv=None) -> int:
     consumer_rows = []
     for case in a.cases.split(","):
         c = CASES[case.strip()]
-        for cost in costs * max(1, a.rounds):
+        for cost, (variant, profile) in [(c_, v_) for c_ in costs for v_ in variants] * max(1, a.rounds):
             name = case if cost is None else f"{case}, stub core {cost[0]:g}+{cost[1]:g} µs"
+            run_params = dict(params)
+            if variant is not None:
+                name += f", {variant[0]}={variant[1]}"
+                run_params[variant[0]] = variant[1]
+            if a.dds_profile:
+                name += f", DDS profile {Path(profile).name if profile else 'none'}"
+            estimator_env = {"FASTDDS_DEFAULT_PROFILES_FILE": profile} if profile else {}
             print(f"=== {name}")
             plot = str(Path(a.plots) / f"node_latency_{case}.png") if a.plots and cost is None else None
             module = ESTIMATOR_NODE
@@ -203,7 +253,8 @@ def main(argv=None) -> int:
                          if a.consumers else [])
             try:
                 r = run_with_plant(module, a.duration, c["mechanism"], mode=c.get("mode"), dt=c["dt"], plot=plot,
-                                   service_calls=a.services, params=params, verbose=cost is None,
+                                   service_calls=a.services, params=run_params, verbose=cost is None,
+                                   estimator_env=estimator_env,
                                    domain_id=domain_id)
             finally:
                 for b in busy:
@@ -258,6 +309,8 @@ def main(argv=None) -> int:
         table += f"; {a.busy} busy-looping process(es) competing during each case"
     if params:
         table += f"; estimator parameters {params}"
+    if a.dds_profile:
+        table += f"; DDS profiles (estimator only): {a.dds_profile}"
     print(table)
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)

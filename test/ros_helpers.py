@@ -59,14 +59,14 @@ class RosProcess:
     """A ROS node run as `python -m <module> --ros-args ...`, output captured to a log file."""
 
     def __init__(self, module: str, ros_args: List[str], domain_id: int, log_path: Path,
-                 extra_env: Optional[Dict[str, str]] = None):
+                 extra_env: Optional[Dict[str, str]] = None, preexec_fn: Optional[Callable[[], None]] = None):
         env = ros_env(domain_id)
         env.update(extra_env or {})
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--ros-args", *ros_args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=preexec_fn)
         _children.append(self)
 
     def alive(self) -> bool:
@@ -91,13 +91,13 @@ class RosProcess:
 
 def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str, object]] = None,
                       config: Path = CONFIG, remaps: Optional[Dict[str, str]] = None,
-                      extra_env=None) -> RosProcess:
+                      extra_env=None, preexec_fn: Optional[Callable[[], None]] = None) -> RosProcess:
     args = ["--params-file", str(config)]
     for k, v in (params or {}).items():
         args += ["-p", f"{k}:={_param_text(v)}"]
     for a, b in (remaps or {}).items():
         args += ["-r", f"{a}:={b}"]
-    return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env)
+    return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
 
 
 # A step far below the solve time (dt 0.2 ms with these): the node cannot keep up and skips ahead.

@@ -244,9 +244,10 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
                    mode: Optional[str] = None, dt: Optional[float] = None, window: Optional[int] = None,
                    plot: Optional[str] = None, domain_id: Optional[int] = None, log_dir: Optional[str] = None,
                    settle: float = 0.3, verbose: bool = True, params: Optional[Dict[str, object]] = None,
-                   service_calls: int = 0) -> Dict[str, object]:
+                   service_calls: int = 0, estimator_env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
     """`run_demo` with another estimator node: `python -m estimator_module` (from the repository root), a
-    node with the estimator node's interface, e.g. bench/stub_core_node.py (the node with a stand-in core)."""
+    node with the estimator node's interface, e.g. bench/stub_core_node.py (the node with a stand-in core).
+    `estimator_env`: more environment variables for the estimator's process only (e.g. a DDS profile)."""
     from mbfg_ros.model.mechanism import load_mechanism
     mech = load_mechanism(mechanism)           # (a bad name fails here, before any process starts)
     cfg = Path(config) if config else config_file("four_bar.yaml" if "four_bar" in mechanism
@@ -271,7 +272,7 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
     say = print if verbose else (lambda *a, **k: None)
     say(f"[demo] ROS_DOMAIN_ID={domain_id}; logs in {logs}")
     rec = _Recorder(domain_id)
-    est = start_node_process(estimator_module, est_args, env, logs / "estimator.log")
+    est = start_node_process(estimator_module, est_args, {**env, **(estimator_env or {})}, logs / "estimator.log")
     sim = None
     try:
         t_end = time.monotonic() + 30

@@ -14,11 +14,20 @@ The entities must be created in `DETACHED` callback groups (`detached_group()`) 
 executor never waits on them.  The loop relies on rclpy's pybind11 layer (`WaitSet`,
 `take_message`, `service_take_request`, `call_timer`), identical in Humble, Jazzy and Kilted; `available()` checks it and
 callers fall back to the stock executor when it is missing.
+
+With `thread_priority` > 0 the loop's thread runs under SCHED_FIFO at that priority (as ros2_control's
+controller_manager runs its update thread): an input then preempts the ordinary (CFS) processes of the
+machine at once, instead of waiting for the end of another process's time slice while a controller, a
+recorder and the plant share the cores.  Such a thread must never spin: the short non-blocking poll for
+the rest of a step's inputs (`poll_window`) is then replaced by the blocking wait (which a real-time
+thread wakes from without delay), so the loop only uses the CPU for real work.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import os
 import threading
 import time
 from contextlib import ExitStack
@@ -43,6 +52,30 @@ class DetachedCallbackGroup(CallbackGroup):
 
     def ending_execution(self, entity) -> None:
         pass
+
+
+PR_SET_NAME = 15          # prctl(2): the calling thread's name (comm), at most 15 bytes
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread an OS-visible name (`ps -eLo tid,comm,cls,rtprio`, `top -H`, `chrt -p TID`),
+    so its scheduling can be checked from outside.  Best effort: a no-op where prctl is unavailable."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def make_thread_realtime(priority: int, native_id: int) -> Optional[str]:
+    """Put thread `native_id` under SCHED_FIFO at `priority` (1..99).  None when done, else why not (the
+    process lacks CAP_SYS_NICE and its RLIMIT_RTPRIO is below `priority`, or the OS has no SCHED_FIFO)."""
+    if not hasattr(os, "sched_setscheduler"):
+        return "this OS has no sched_setscheduler (SCHED_FIFO is Linux/POSIX only)"
+    try:
+        os.sched_setscheduler(native_id, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError as e:
+        return f"sched_setscheduler(SCHED_FIFO, {priority}) failed: {e.strerror or e}"
+    return None
 
 
 def available() -> bool:
@@ -74,16 +107,27 @@ class FastLoop:
     short slices is finished without waiting for the next event.  `poll_window()`, if given, is asked
     after each batch for how long (ns) an input is expected imminently (e.g. the second half of a step's
     inputs): the loop then polls without blocking for that long, since a blocking wait's sleep and
-    wake-up cost more than a short poll.  Exceptions in handlers are passed to `on_error` and never stop
-    the loop."""
+    wake-up cost more than a short poll (not under a real-time policy: see the module doc).
+    `thread_priority` > 0: run the thread under SCHED_FIFO at that priority; if the process may not,
+    `on_priority_refused(reason)` is called once from the thread, which goes on under the normal policy
+    (`realtime` tells which it got once started).  Exceptions in handlers are passed to `on_error` and
+    never stop the loop."""
 
     def __init__(self, node, subscriptions: List[Tuple[object, Callable]], timers: List[Tuple[object, Callable]],
                  after_batch: Optional[Callable[[], None]] = None, lock=None,
                  on_error: Optional[Callable[[BaseException], None]] = None, name: str = "mbfg_fastloop",
                  poll_window: Optional[Callable[[], int]] = None,
-                 services: Optional[List[Tuple[object, Callable]]] = None):
+                 services: Optional[List[Tuple[object, Callable]]] = None, thread_priority: int = 0,
+                 on_priority_refused: Optional[Callable[[str], None]] = None):
+        if not 0 <= thread_priority <= 99:
+            raise ValueError(f"thread_priority must be 0 (normal scheduling) or 1..99 (got {thread_priority})")
         self.node = node
         self.poll_window = poll_window
+        self.name = name
+        self.thread_priority = int(thread_priority)
+        self.on_priority_refused = on_priority_refused or (lambda reason: node.get_logger().warning(reason))
+        self.realtime = False
+        self._started = threading.Event()
         self.subs = list(subscriptions)
         self.timers = list(timers)
         self.services = list(services or ())
@@ -103,7 +147,21 @@ class FastLoop:
         self._call_timer = "call_timer" if hasattr(t, "call_timer") else "call_timer_with_info"
 
     def start(self):
+        """Start the thread; returns once it has its name and scheduling policy (`realtime`)."""
         self._thread.start()
+        self._started.wait(5.0)
+
+    def _set_up_thread(self):
+        name_this_thread(self.name)
+        if self.thread_priority > 0:
+            refused = make_thread_realtime(self.thread_priority, threading.get_native_id())
+            self.realtime = refused is None
+            if refused:
+                try:
+                    self.on_priority_refused(refused)
+                except Exception as e:  # noqa: BLE001
+                    self.on_error(e)
+        self._started.set()
 
     def call_soon(self, fn: Callable[[], None]):
         """Run `fn()` in the loop's thread (under the lock) after its current work, e.g. a periodic report
@@ -138,6 +196,7 @@ class FastLoop:
                 self.on_error(e)
 
     def _run(self):
+        self._set_up_thread()
         ctx = self.node.context
         try:
             with ExitStack() as stack:
@@ -156,7 +215,7 @@ class FastLoop:
                 call = self._call_timer
                 more = False
                 poll_until = 0
-                poll_window = self.poll_window
+                poll_window = None if self.realtime else self.poll_window   # a real-time thread never spins
                 wake = self._wake.handle
                 stop = self._stop
                 while not stop.is_set():

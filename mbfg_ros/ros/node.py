@@ -129,6 +129,9 @@ class EstimatorNode(Node):
         self._fast = bool(self.settings.fast_loop) and fastloop.available()
         if self.settings.fast_loop and not self._fast:
             self.get_logger().warning("fast_loop unavailable in this rclpy: using the stock executor")
+        if self.settings.thread_priority and not self._fast:   # (the executor's thread serves parameters too)
+            self.get_logger().warning(f"thread_priority {self.settings.thread_priority} ignored: it applies to the "
+                                      "fast loop only, and the stock executor serves the hot path")
         hot = fastloop.DetachedCallbackGroup() if self._fast else MutuallyExclusiveCallbackGroup()
         subs = [(self.create_subscription(JointState, "joint_observations", self.on_observations, INPUT_QOS,
                                           callback_group=hot, raw=True, **qo), self.on_observations),
@@ -152,7 +155,8 @@ class EstimatorNode(Node):
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self.on_step_timer)],
                                            after_batch=self.after_batch, lock=self._lock,
                                            on_error=self._on_loop_error, poll_window=self.sched.poll_window_ns,
-                                           services=services)
+                                           services=services, thread_priority=self.settings.thread_priority,
+                                           on_priority_refused=self._on_priority_refused)
         self._jump_handle = self.get_clock().create_jump_callback(
             JumpThreshold(min_forward=None, min_backward=Duration(nanoseconds=-1), on_clock_change=True),
             post_callback=self._on_time_jump)
@@ -172,6 +176,12 @@ class EstimatorNode(Node):
     def stop(self):
         if self._loop is not None:
             self._loop.stop()
+
+    def _on_priority_refused(self, reason: str):
+        self.get_logger().warning(
+            f"thread_priority {self.settings.thread_priority}: {reason}; the fast loop runs under normal "
+            "scheduling (allow real-time priorities with CAP_SYS_NICE or an rtprio limit, e.g. "
+            "'@realtime - rtprio 99' in /etc/security/limits.conf; see docs/ros2_interfaces.md)")
 
     def _on_loop_error(self, e: BaseException):
         events = self.diag.events

@@ -45,6 +45,7 @@ class Settings:
     reset_on_time_jump: bool
     max_backlog: float
     fast_loop: bool
+    thread_priority: int = 0              # read-only: SCHED_FIFO priority of the fast loop's thread (0: normal)
     publish_stddev: bool = False          # read-only: ~/joint_states_stddev (the core computes the marginal)
     publish_covariance: bool = False      # read-only: ~/joint_states_covariance (the core's joint_covariance)
 
@@ -157,6 +158,14 @@ def declare_parameters(node) -> StartupParameters:
         description="Serve the inputs and the step timer from a lean wait loop in its own thread "
                     "(about 10x less overhead than rclpy's executor); false = plain rclpy executor",
         read_only=True)).value
+    thread_priority = d("thread_priority", 0, PD(
+        description="Real-time priority of the fast loop's thread (inputs, steps, publishing, services): "
+                    "1..99 = SCHED_FIFO at that priority, so the hot path preempts the machine's ordinary "
+                    "processes (a controller, a recorder, the plant) instead of waiting for their time slice; "
+                    "0 = normal scheduling.  Needs CAP_SYS_NICE or an rtprio limit (e.g. in "
+                    "/etc/security/limits.conf: '@realtime - rtprio 99'); without it the node warns once and "
+                    "runs normally.  Applies to the fast loop only (ignored, with a warning, under the stock executor)",
+        read_only=True, integer_range=[IntegerRange(from_value=0, to_value=99, step=1)])).value
 
     adapt_effort_density = d("adapt_effort_density", bool(defaults.adapt_effort_density), PD(
         description="estimation mode: fit sigmas.effort_density online (starting from its value) by maximum "
@@ -196,7 +205,8 @@ def declare_parameters(node) -> StartupParameters:
                         max_input_age=max_input_age, future_tolerance=future_tolerance,
                         publish_markers=publish_markers, marker_period=marker_period, frame_id=frame_id,
                         diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
-                        max_backlog=max_backlog, fast_loop=fast_loop, publish_stddev=bool(publish_stddev),
+                        max_backlog=max_backlog, fast_loop=fast_loop, thread_priority=int(thread_priority),
+                        publish_stddev=bool(publish_stddev),
                         publish_covariance=bool(publish_covariance))
     return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
 

@@ -15,7 +15,7 @@ NODE_ONLY_KEYS = frozenset((
     "mechanism", "dt", "formulation", "independent", "assembly_mode", "sensor_timeout", "max_input_delay",
     "adaptive_input_delay", "startup_wait", "max_input_age", "future_tolerance", "publish_markers",
     "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
-    "publish_stddev", "outlier_gate", "max_rejections", "use_sim_time"))
+    "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "use_sim_time"))
 #: the keys `mbfg estimate --params` applies
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_effort_density")
 
