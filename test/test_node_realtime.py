@@ -105,8 +105,13 @@ def test_fast_loop_thread_runs_under_sched_fifo_and_the_node_works(tmp_path):
         pid = est.proc.pid
         loops = fast_loop_threads(pid)
         assert [(policy, prio) for _, policy, prio in loops] == [(os.SCHED_FIFO, PRIORITY)], threads_of(pid)
-        # only the hot path is real-time: the main thread (parameters, diagnostics) keeps the normal policy
+        # only the hot path is real-time: the main thread (parameters, diagnostics) keeps the normal policy;
+        # the Fast DDS receive threads the inputs come through run one priority below the loop
         assert threads_of(pid)[pid][1] == os.SCHED_OTHER
+        receive = {name: (policy, prio) for _, (name, policy, prio) in threads_of(pid).items()
+                   if name.startswith(("dds.shm.", "dds.udp.")) and name != "dds.shm.wdog"}
+        if os.environ.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp") == "rmw_fastrtps_cpp":
+            assert receive and set(receive.values()) == {(os.SCHED_FIFO, PRIORITY - 1)}, threads_of(pid)
         _estimates_follow(probe, Feeder(probe, traj, DT, mech), mech, traj)
         res, _ = probe.call(Trigger, "/mbfg_estimator/reinitialize", Trigger.Request())
         assert res.success, res.message
@@ -125,6 +130,7 @@ def test_without_realtime_rights_the_node_warns_once_and_runs_normally(tmp_path)
     with running_estimator(tmp_path / "est.log", params=PARAMS, preexec_fn=without_realtime_rights) as (est, probe):
         loops = fast_loop_threads(est.proc.pid)
         assert [policy for _, policy, _ in loops] == [os.SCHED_OTHER], threads_of(est.proc.pid)
+        assert {policy for _, policy, _ in threads_of(est.proc.pid).values()} == {os.SCHED_OTHER}
         _estimates_follow(probe, Feeder(probe, traj, DT, mech), mech, traj)
         out = est.output()
         warnings = [line for line in out.splitlines() if f"thread_priority {PRIORITY}:" in line]

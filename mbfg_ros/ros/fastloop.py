@@ -20,7 +20,8 @@ controller_manager runs its update thread): an input then preempts the ordinary 
 machine at once, instead of waiting for the end of another process's time slice while a controller, a
 recorder and the plant share the cores.  Such a thread must never spin: the short non-blocking poll for
 the rest of a step's inputs (`poll_window`) is then replaced by the blocking wait (which a real-time
-thread wakes from without delay), so the loop only uses the CPU for real work.
+thread wakes from without delay), so the loop only uses the CPU for real work.  The process's Fast DDS
+receive threads (through which the inputs arrive) get SCHED_FIFO one priority below the loop.
 """
 
 from __future__ import annotations
@@ -64,6 +65,30 @@ def name_this_thread(name: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
+
+
+# Fast DDS names the threads that receive from its transports after the transport and port (dds.shm.7411,
+# dds.udp.7411): the inputs reach the loop through them, so a real-time loop waiting behind a normal
+# receive thread would gain nothing when the cores are busy.
+DDS_RECEIVE_THREAD_PREFIXES = ("dds.shm.", "dds.udp.", "dds.tcp.")
+
+
+def dds_receive_threads() -> List[int]:
+    """Thread ids of this process's Fast DDS receive threads (none with another RMW)."""
+    found = []
+    try:
+        entries = os.listdir("/proc/self/task")
+    except OSError:                   # not Linux
+        return found
+    for entry in entries:
+        try:
+            with open(f"/proc/self/task/{entry}/comm") as f:
+                name = f.read().strip()
+        except OSError:               # a thread that just ended
+            continue
+        if name.startswith(DDS_RECEIVE_THREAD_PREFIXES) and not name.startswith("dds.shm.wdog"):
+            found.append(int(entry))
+    return found
 
 
 def make_thread_realtime(priority: int, native_id: int) -> Optional[str]:
@@ -127,6 +152,7 @@ class FastLoop:
         self.thread_priority = int(thread_priority)
         self.on_priority_refused = on_priority_refused or (lambda reason: node.get_logger().warning(reason))
         self.realtime = False
+        self.receive_threads: List[int] = []    # DDS receive threads put under SCHED_FIFO with the loop
         self._started = threading.Event()
         self.subs = list(subscriptions)
         self.timers = list(timers)
@@ -156,6 +182,10 @@ class FastLoop:
         if self.thread_priority > 0:
             refused = make_thread_realtime(self.thread_priority, threading.get_native_id())
             self.realtime = refused is None
+            if self.realtime:
+                # the receive threads one below the loop: the inputs arrive, then the loop preempts them
+                below = max(1, self.thread_priority - 1)
+                self.receive_threads = [t for t in dds_receive_threads() if make_thread_realtime(below, t) is None]
             if refused:
                 try:
                     self.on_priority_refused(refused)
