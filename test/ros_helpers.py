@@ -100,6 +100,13 @@ def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str,
     return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
 
 
+# Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
+# overload bound keep the checks deterministic on a busy machine; fast diagnostics keep the tests short.
+# max_backlog 0.5 s: a loaded machine must not make the node skip steps (the overload tests use
+# OVERLOAD_PARAMS for that).
+STEADY_DT = 0.004
+STEADY_PARAMS = {"dt": STEADY_DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5}
+
 # A step far below the solve time (dt 0.2 ms with these): the node cannot keep up and skips ahead.
 OVERLOAD_PARAMS = {"max_backlog": 0.05, "max_input_delay": 0.001}
 

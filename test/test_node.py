@@ -17,19 +17,15 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, OVERLOAD_PARAMS, Feeder, estimator_process, fresh_domain_id, joint_state,
-                         rclpy_available, running_estimator, stamp_ns, wait_until)
+from ros_helpers import (CONFIG, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process,
+                         fresh_domain_id, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
 
-DT = 0.004
+DT = STEADY_DT
 NS = 1_000_000_000
-# Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
-# overload bound keep the checks deterministic on a busy machine; fast diagnostics keep the tests short.
-# max_backlog 0.5 s: a loaded machine must not make the node skip steps here (test_overload_* does).
-TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5,
-               "publish_stddev": True}
+TEST_PARAMS = {**STEADY_PARAMS, "publish_stddev": True}
 
 
 @pytest.fixture(scope="module")

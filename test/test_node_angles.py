@@ -13,17 +13,17 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import OVERLOAD_PARAMS, Feeder, rclpy_available, running_estimator, stamp_ns, wait_until
+from ros_helpers import (OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, rclpy_available, running_estimator,
+                         stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
 
-DT = 0.004
+DT = STEADY_DT
 NS = 1_000_000_000
 TWO_PI = 2.0 * math.pi
 TURNS = 6
-# as test_node.py: a 4 ms step and generous waits keep the checks deterministic on a busy machine
-TEST_PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5}
+TEST_PARAMS = STEADY_PARAMS
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,15 @@ import threading
 
 import pytest
 
-from ros_helpers import Feeder, estimator_process, fresh_domain_id, rclpy_available, running_estimator, wait_until
+from ros_helpers import (STEADY_DT, STEADY_PARAMS, Feeder, estimator_process, fresh_domain_id, rclpy_available,
+                         running_estimator, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
 
-DT = 0.004
+DT = STEADY_DT
 PRIORITY = 50
-PARAMS = {"dt": DT, "diagnostics_period": 0.2, "max_input_delay": 0.03, "max_backlog": 0.5,
-          "thread_priority": PRIORITY}
+PARAMS = {**STEADY_PARAMS, "thread_priority": PRIORITY}
 PR_CAPBSET_DROP = 24        # prctl(2)
 CAP_SYS_NICE = 23           # capability(7)
 

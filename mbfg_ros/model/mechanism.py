@@ -18,6 +18,7 @@ import numpy as np
 from mbfg_ros.model.constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
                                         MobileSliderConstraints, RelativeAngleConstraints, numerical_rank)
 from mbfg_ros.model.spec import MechanismError, MechanismSpec
+from mbfg_ros.share import share_folders
 
 
 @dataclass(frozen=True)
@@ -356,13 +357,4 @@ def resolve_mechanism_path(path) -> Path:
 
 
 def _mechanism_folders():
-    here = Path(__file__).resolve().parent
-    folders = [here.parents[1] / "mechanisms"]
-    try:  # installed by colcon / pip data_files
-        from ament_index_python.packages import get_package_share_directory
-        folders.append(Path(get_package_share_directory("mbfg_ros")) / "mechanisms")
-    except Exception:
-        pass
-    import sys
-    folders.append(Path(sys.prefix) / "share" / "mbfg_ros" / "mechanisms")
-    return [f for f in folders if f.is_dir()]
+    return [f for f in share_folders("mechanisms") if f.is_dir()]

@@ -39,7 +39,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from mbfg_ros.ros.package_files import PKG_ROOT, config_file, discovery_profile_env
+from mbfg_ros.ros.package_files import config_file, discovery_profile_env
+from mbfg_ros.share import PKG_ROOT
 
 NS = 1_000_000_000
 TRUTH_DECIMATION = 10     # the plant publishes its truth with every 10th sample (enough to score the estimates)

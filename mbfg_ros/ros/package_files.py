@@ -7,11 +7,10 @@ Imports neither rclpy nor launch: the launch description, the demo, the benches 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-PKG_ROOT = Path(__file__).resolve().parents[2]
+from mbfg_ros.share import share_folders
 
 # Fast DDS reads its default profile from the file this variable names (when the participant is created);
 # other RMWs ignore it.
@@ -21,12 +20,7 @@ DISCOVERY_PROFILE = "fastdds_discovery.xml"
 
 def config_file(name: str) -> Path:
     """The file `name` of the package's config/ directory (FileNotFoundError naming where it was looked for)."""
-    bases = [PKG_ROOT / "config", Path(sys.prefix) / "share" / "mbfg_ros" / "config"]
-    try:
-        from ament_index_python.packages import get_package_share_directory
-        bases.append(Path(get_package_share_directory("mbfg_ros")) / "config")
-    except Exception:   # no ament index, or mbfg_ros not in it: the other places only
-        pass
+    bases = share_folders("config")
     for base in bases:
         p = base / name
         if p.exists():
