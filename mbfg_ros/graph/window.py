@@ -376,23 +376,29 @@ class FixedLagWindow:
         """Change per-step parameters of `unit` in step k's factor (e.g. a rate known only later) and
         re-linearize that factor at the current estimate.  False if step k is no longer in the window."""
         rec = self.records.get(k)
-        if rec is None:
-            return False
-        for i, (u, names) in enumerate(rec.model.param_units):
-            if u is unit:
-                vals = list(rec.params[i])
-                for name, val in values.items():
-                    vals[names.index(name)] = val
-                rec.params = list(rec.params)
-                rec.params[i] = tuple(vals)
-                break
-        else:
+        if rec is None or not self._set_params(rec, {unit: values}):
             return False
         rec.x_cur = self.estimate(k)
         rec.x_prev = self.estimate(k - 1) if rec.x_prev is not None else None
         self._linearize(rec)
         self._update([rec], self._empty_values, self._empty_stamps, [self._index_of(rec)])
         return True
+
+    @staticmethod
+    def _set_params(rec: StepRecord, values: StepValues) -> bool:
+        """Set per-step parameters of `rec`'s units (unit -> {parameter: value}); whether any unit had them."""
+        params, changed = list(rec.params), False
+        for i, (u, names) in enumerate(rec.model.param_units):
+            given = values.get(u)
+            if given:
+                vals = list(params[i])
+                for name, val in given.items():
+                    vals[names.index(name)] = val
+                params[i] = tuple(vals)
+                changed = True
+        if changed:
+            rec.params = params
+        return changed
 
     def replace_values(self, changes: Dict[int, StepValues]) -> List[int]:
         """Change per-step parameters of steps already in the window (`changes`: step -> unit -> {parameter:
@@ -407,17 +413,7 @@ class FixedLagWindow:
             rec = self.records.get(k)
             if rec is None:
                 continue
-            values, params, changed = changes[k], list(rec.params), False
-            for i, (u, names) in enumerate(rec.model.param_units):
-                given = values.get(u)
-                if given:
-                    vals = list(params[i])
-                    for name, val in given.items():
-                        vals[names.index(name)] = val
-                    params[i] = tuple(vals)
-                    changed = True
-            if changed:
-                rec.params = params
+            if self._set_params(rec, changes[k]):
                 recs.append(rec)
         if not recs:
             return []
