@@ -39,7 +39,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from mbfg_ros.dynamics import constrained as dynamics
-from mbfg_ros.dynamics import kinematics
+from mbfg_ros.estimation.reduced_ekf import encoded_acceleration_noise
 from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights"]
@@ -214,9 +214,7 @@ class EffortDensityAdaptation:
         self.B = B
         self.t_B = t
         if self.t_Sa is None or t - self.t_Sa >= SA_REFRESH:
-            J = np.column_stack([kinematics.solve_velocities(mech, q, fixed=self.z, fixed_values=e)
-                                 for e in np.eye(self.d)])
-            self.Sa = self.acceleration_density * np.linalg.inv(J.T @ J)
+            self.Sa = encoded_acceleration_noise(mech, q, self.z, self.acceleration_density)
             self.t_Sa = t
         self._H = None
 

@@ -37,6 +37,16 @@ from mbfg_ros.dynamics import kinematics
 from mbfg_ros.model.mechanism import Mechanism
 
 
+def encoded_acceleration_noise(mech: Mechanism, q, z: Sequence[int], density: float) -> np.ndarray:
+    """The density matrix of z̈'s white noise (d × d) when every generalized coordinate's acceleration gets
+    white noise of density S = `density` (the estimator's acceleration noise): restricted to the motions the
+    constraints allow (q̈ noise = J ξ, J = ∂q/∂z at the pose q: the generalized velocities of a unit rate of
+    each encoded coordinate), ξ ~ S (JᵀJ)⁻¹."""
+    J = np.column_stack([kinematics.solve_velocities(mech, q, fixed=list(z), fixed_values=e)
+                         for e in np.eye(len(z))])
+    return density * np.linalg.inv(J.T @ J)
+
+
 class ReducedModel:
     """z → (q, q̇) and z̈(z, ż, τ) of a mechanism whose independent coordinates are `z` (column indices)."""
 
@@ -147,18 +157,10 @@ class ReducedEKF:
         k4 = self._f(x + h * k3, command)
         return x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
 
-    def tangent_basis(self, q) -> np.ndarray:
-        """J = ∂q/∂z at the pose q (n × d): the generalized velocities of a unit rate of each encoded coordinate."""
-        return np.column_stack([self.model.velocities(q, e) for e in np.eye(self.d)])
-
     def _acceleration_noise(self, q) -> np.ndarray:
-        """The density matrix of z̈'s white noise: the estimator's white noise of density S on every generalized
-        coordinate's acceleration, restricted to the motions the constraints allow (q̈ noise = J ξ), is
-        ξ ~ S (JᵀJ)⁻¹ in the encoded coordinates."""
         if not self.acceleration_density:
             return np.zeros((self.d, self.d))
-        J = self.tangent_basis(q)
-        return self.acceleration_density * np.linalg.inv(J.T @ J)
+        return encoded_acceleration_noise(self.model.mech, q, self.model.z, self.acceleration_density)
 
     def _discretize(self, A):
         """F = e^{A dt} and Qd = ∫ e^{As} G Qc Gᵀ e^{Aᵀs} ds over [0, dt] (Van Loan)."""

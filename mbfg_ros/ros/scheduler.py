@@ -18,6 +18,7 @@ import numpy as np
 NS = 1_000_000_000
 DELAY_MEMORY_NS = NS           # time constant of the inputs' recent largest delay (adaptive input wait)
 DELAY_FACTOR = 1.5             # the adaptive wait: this × the recent largest delay
+EVERY_STEP_PERIOD = 1.5        # a stream whose mean period is at most this × dt delivers every step
 POLL_NS = 300_000              # longest poll for the second half of a step's inputs (see FastLoop.poll_window)
 
 # The input streams each estimator mode uses (at start-up, each is waited for up to startup_wait).
@@ -186,7 +187,7 @@ class InputScheduler:
         used = False
         t0, dt, max_age = self.t0_ns, self.dt_ns, self.sensor_timeout_ns
         period = self.streams["efforts"].period_ns
-        per_step = period is not None and period <= 1.5 * dt
+        per_step = period is not None and period <= EVERY_STEP_PERIOD * dt
         for j, eff, stamps in self.used_commands:
             if j < k or t0 + j * dt - stamp_ns > max_age:
                 continue
@@ -233,7 +234,7 @@ class InputScheduler:
                 continue
             if now_ns - s.last_rx_ns > self.sensor_timeout_ns:
                 continue               # gone quiet: do not wait for it
-            if s.period_ns is not None and s.period_ns > 1.5 * self.dt_ns:
+            if s.period_ns is not None and s.period_ns > EVERY_STEP_PERIOD * self.dt_ns:
                 continue               # slower than the timestep: held (efforts) or sparse (sensors)
             out.append(s)
         return out
