@@ -1,6 +1,6 @@
 from glob import glob
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 package_name = 'mbfg_ros'
 
@@ -15,8 +15,11 @@ setup(
         ('share/' + package_name + '/config', glob('config/*.yaml') + glob('config/*.xml')),
         ('share/' + package_name + '/mechanisms', glob('mechanisms/*.yaml')),
     ],
+    # the fast path's per-step numerics in C (mbfg_ros.native); optional: without a compiler the package
+    # installs and runs on its numpy forms (slower, same numbers)
+    ext_modules=[Extension('mbfg_ros.native._kernel', ['mbfg_ros/native/_kernel.c'], optional=True)],
     install_requires=['setuptools'],
-    zip_safe=True,
+    zip_safe=False,
     maintainer='mbfg_ros maintainers',
     maintainer_email='mbfg_ros@example.com',
     description='Real-time multibody state estimation with factor graphs (GTSAM) for ROS 2',

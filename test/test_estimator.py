@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import reference_four_bar as R
+from mbfg_ros import native
 from mbfg_ros.graph import window as G
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.factors.noise import default_sigmas
@@ -699,7 +700,8 @@ def test_prepared_next_step_gives_identical_estimates_and_moves_the_dynamics_out
                                                                                    efforts):
     """`prepare_next_step` between steps (what the node does while it waits for inputs): the same estimates
     bit for bit, and the step itself no longer evaluates the constraints (nor factorizes the dynamics) at the
-    prediction."""
+    prediction.  (The numpy path: the compiled kernel evaluates no Python constraints in the step at all.)"""
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
     calls = {"in_step": 0}
     constraints = type(crank.constraints)
     lean = constraints.phi_and_jacobian

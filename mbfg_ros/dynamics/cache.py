@@ -11,6 +11,7 @@ from scipy.linalg import lapack as _lapack
 from mbfg_ros.dynamics.constrained import (DynamicsLinearization, acceleration_derivatives, forward_dynamics,
                                            forward_dynamics_jacobians, has_third_derivatives)
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.native import mechanism_kernel
 
 
 def is_sane(x) -> bool:
@@ -26,11 +27,13 @@ class EvalContext:
     The dynamics are linearized by `linearize`: the formula of `acceleration_derivatives` with the rows of
     K⁻¹ from one LU factorization of the augmented matrix (Φq and Φ̇q shared with the constraint units
     through this memo); it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is
-    singular or ill-conditioned.  The tests check both give the same numbers.
+    singular or ill-conditioned.  The tests check both give the same numbers.  With the compiled kernel
+    (`mbfg_ros.native`, ``native``) the linearization, q̈ and Φ are computed in C (the same formula; numpy
+    where the kernel finds K singular).
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_rows", "_n", "_third", "_older", "_fac_key", "_fac")
+                 "_K", "_b", "_rows", "_n", "_third", "_older", "_fac_key", "_fac", "native", "_scratch")
 
     def __init__(self, mech: Mechanism):
         self.mech = mech
@@ -42,6 +45,11 @@ class EvalContext:
         self._K[:n, :n] = mech.mass_matrix
         self._b = np.zeros(n + rows.size)
         self._third = has_third_derivatives(mech)
+        self.native = mechanism_kernel(mech)
+        m = mech.m
+        # the compiled prediction's outputs (a, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, λ, Φq, Φ̇q): only q̈ is kept
+        self._scratch = (np.empty(n), np.empty((n, n)), np.empty((n, n)), np.empty((n, n)), np.empty(m),
+                         np.empty((m, n)), np.empty((m, n)))
         self.clear()
 
     def clear(self):
@@ -55,6 +63,13 @@ class EvalContext:
             self._pj = self.mech.constraints.phi_and_jacobian(q)
             self._pj_key = key
         return self._pj
+
+    def constraint_residual(self, q) -> float:
+        """max |Φ(q)| (0 without constraints; NaN propagates)."""
+        if self.native is not None:
+            return self.native.max_abs_phi(q)
+        phi = self.phi(q)
+        return max(map(abs, phi.tolist())) if phi.size else 0.0
 
     def phi(self, q):
         """Φ(q) (from the linearization at the same q when there is one)."""
@@ -102,6 +117,12 @@ class EvalContext:
                 return d.a
         if key != self._acc_key:
             a = None
+            if self.native is not None:
+                a = np.empty(self._n)
+                if self.native.acceleration(q, v, Q, a):
+                    self._acc, self._acc_key = a, key
+                    return a
+                a = None
             K, b = self._system(q, v, Q)[:2]
             lu, piv, x, info = _lapack.dgesv(K, b)
             if info == 0 and is_sane(x):
@@ -158,6 +179,11 @@ class EvalContext:
         key = q.tobytes() + v.tobytes() + Q.tobytes()
         if key == self._dyn_key:
             return self._dyn.a
+        if self.native is not None:
+            out = self._scratch
+            if self.native.linearize(q, v, Q, *out):
+                return out[0].copy()
+            return self.dynamics(q, v, Q).a
         fac = self._factorization(q, v)
         x = None if fac is None else self._solution(fac[0], fac[4], Q)
         if x is None:
@@ -174,6 +200,13 @@ class EvalContext:
         mode: the prediction under the previous step's commands, the step's dynamics factor under its own)
         costs only q̈, λ and the two derivative products, with the same numbers as a full one."""
         mech, n, C = self.mech, self._n, self.mech.constraints
+        if self.native is not None:
+            m = mech.m
+            out = (np.empty(n), np.empty((n, n)), np.empty((n, n)), np.empty((n, n)), np.empty(m), np.empty((m, n)),
+                   np.empty((m, n)))
+            if self.native.linearize(q, v, Q, *out):
+                a, da_dq, da_dv, da_dQ, lam, J, Jd = out
+                return DynamicsLinearization(a, da_dq, da_dv, da_dQ, lam, J, Jd)
         fac = self._factorization(q, v)
         if fac is None:
             return None

@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.base import Factor
 from mbfg_ros.graph.layout import StateLayout
@@ -82,6 +83,11 @@ class StepModel:
     ``linear`` units are exact as linear factors, so only the remaining (nonlinear) rows are kept for
     the relinearization check (`check_rows`, weighted by the units' ``check_weight``; weight 0 = unchecked).
     `linearize` returns internal buffers: they stay valid until the next call (gtsam copies them).
+
+    Where every non-static unit has a compiled form (`mbfg_ros.native.unit_form`) and the context has the
+    mechanism's compiled kernel, `native_linearize` and `native_mismatch` do a whole linearization and a whole
+    relinearization check in one C call each, from the step's parameters directly (`params_of`; no `apply`);
+    the window uses them first.
     """
 
     def __init__(self, layout: StateLayout, units: Sequence[Factor]):
@@ -168,6 +174,65 @@ class StepModel:
             outs = [(self._J_raw_cur if which else self._J_raw_prev)[a:b, cols] for which, cols in slots]
             self._views.append((u, _getter([self._block_index(which, cols) for which, cols in slots]),
                                 self._e_raw[a:b], outs, last, distinct))
+        self._b = np.zeros(self.rows)
+        self._native_forms = self._unit_forms()
+        self._native = None               # (the context's mechanism kernel, the StepKernel built for it)
+
+    def _unit_forms(self) -> Optional[list]:
+        """The step program of the compiled kernel (one entry per non-static unit), or None when a unit has no
+        compiled form."""
+        forms = []
+        param_index = {id(u): i for i, (u, _) in enumerate(self.param_units)}
+        check_ids = {id(u) for u in self.check_units}
+        for u, row, w, slots, _ in self._plan:
+            form = native.unit_form(u)
+            if form is None or len(u.params) > 1:
+                return None
+            code, ints, floats = form
+            forms.append((code, row, u.dim, param_index.get(id(u), -1), id(u) in check_ids,
+                          [(which, cols.start, cols.stop - cols.start) for which, cols in slots],
+                          np.ascontiguousarray(w, dtype=float), ints, floats))
+        return forms
+
+    def _kernel(self, ctx: Optional[EvalContext]):
+        """The compiled step kernel for `ctx`'s mechanism kernel, or None."""
+        mk = None if ctx is None or self._native_forms is None else ctx.native
+        if mk is None:
+            return None
+        held = self._native
+        if held is None or held[0] is not mk:
+            S = self._S if self.static_rows else np.zeros((0, self.layout.dim * (2 if self.A_prev is not None else 1)))
+            held = self._native = (mk, native.step_kernel(mk, self.layout.dim, S, self.A_prev is not None,
+                                                          self._native_forms, self.A_cur, self.A_prev, self.r,
+                                                          self._b))
+        return held[1]
+
+    @property
+    def compiled(self) -> bool:
+        """Has this model linearized through the compiled kernel (see `native_linearize`)?"""
+        return self._native is not None
+
+    def native_linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext],
+                         static_at: Tuple[Optional[np.ndarray], np.ndarray], params: list):
+        """`linearize` with the step's `params` (`params_of`) in one compiled call, and the right-hand side of
+        the factor in δ = X − θ about θ = ``static_at``: (A_prev or None, A_cur, r, b) with
+        b = −r − A (θ − x) on the non-static rows (internal buffers); None where there is no compiled kernel or
+        it finds the dynamics singular (then `linearize`)."""
+        kernel = self._kernel(ctx)
+        if kernel is None or not kernel.linearize(x_prev, x_cur, static_at[0], static_at[1], params):
+            return None
+        return self.A_prev, self.A_cur, self.r, self._b
+
+    def native_mismatch(self, ctx: Optional[EvalContext], params: list, A_cur, r, A_prev, lin_cur, lin_prev,
+                        x_cur, x_prev) -> Optional[float]:
+        """max weighted |r + A_cur (x_cur − lin_cur) + A_prev (x_prev − lin_prev) − e(x)| over `check_rows` (the
+        relinearization check of a step linearized at (lin_prev, lin_cur) whose checked rows' linear model is
+        (A_cur, A_prev, r)) in one compiled call; NaN where not finite; None where there is no compiled kernel
+        or it finds the dynamics singular."""
+        kernel = self._kernel(ctx)
+        if kernel is None:
+            return None
+        return kernel.mismatch(A_cur, r, A_prev, lin_cur, lin_prev, x_cur, x_prev, params, self.check_weights)
 
     def _block_index(self, which, cols) -> int:
         return next(i for i, (w, c) in enumerate(self._blocks) if w == which and c == cols)

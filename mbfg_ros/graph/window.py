@@ -192,7 +192,11 @@ class FixedLagWindow:
         k = rec.k
         th_cur = theta[k]
         th_prev = theta[k - 1] if rec.x_prev is not None else None
-        A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
+        compiled = model.native_linearize(rec.x_prev, rec.x_cur, self.ctx, (th_prev, th_cur), rec.params)
+        if compiled is not None:
+            A_prev, A_cur, r, b = compiled
+        else:
+            A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
         rows = model.check_slice
         if rows is not None:
             rec.A_cur, rec.r = A_cur[rows].copy(), r[rows].copy()
@@ -204,12 +208,13 @@ class FixedLagWindow:
         else:
             rec.A_cur = rec.r = _EMPTY
             rec.A_prev = None
-        b = np.negative(r)
-        rs = model.static_rows
-        if th_cur is not rec.x_cur:
-            b[rs:] -= A_cur[rs:].dot(th_cur - rec.x_cur)
-        if model.dynamic_prev and th_prev is not rec.x_prev:
-            b[rs:] -= A_prev[rs:].dot(th_prev - rec.x_prev)
+        if compiled is None:
+            b = np.negative(r)
+            rs = model.static_rows
+            if th_cur is not rec.x_cur:
+                b[rs:] -= A_cur[rs:].dot(th_cur - rec.x_cur)
+            if model.dynamic_prev and th_prev is not rec.x_prev:
+                b[rs:] -= A_prev[rs:].dot(th_prev - rec.x_prev)
         noise = unit_noise(r.size)
         if A_prev is None:
             jf = gtsam.JacobianFactor(STATE_KEY_0 + k, A_cur, b, noise)
@@ -271,6 +276,12 @@ class FixedLagWindow:
         model = rec.model
         if restore:
             model.apply(rec.params)
+        m = model.native_mismatch(self.ctx, rec.params, rec.A_cur, rec.r, rec.A_prev, rec.x_cur, rec.x_prev, x_cur,
+                                  x_prev)
+        if m is not None:
+            if m != m:
+                raise FloatingPointError("non-finite residual at the estimate")
+            return m
         lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:

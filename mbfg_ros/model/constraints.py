@@ -270,6 +270,22 @@ class ConstraintSet:
         self._Hn_flat = Hn.reshape(m, n * n)
         self._angle_rows = [(t, [int(i) for i in r]) for t, r, _ in self._nonlinear] if self._all_angle else None
 
+    def native_form(self):
+        """The constraints as `mbfg_ros.native` takes them: (H̃ (m, ne+1, ne+1) with Φᵢ = ½ qe1ᵀ H̃ᵢ qe1 for the
+        quadratic types over qe1 = [q, fixed values, 1] (zero for the others), [fixed values, 1], and per relative
+        angle (row, its 5 extended indices x0, y0, x1, y1, θ, length)); None when a type is neither (the
+        compiled kernel does not know it)."""
+        angles = []
+        offset = 0
+        for t in self.types:
+            if isinstance(t, RelativeAngleConstraints):
+                angles.extend((offset + k, *(int(i) for i in t.index[k]), float(t.lengths[k])) for k in range(t.size))
+            elif not isinstance(t, QuadraticConstraints):
+                return None
+            offset += t.size
+        w = self.n_extended + 1
+        return self._Ht_rows.reshape(self.m, w, w), self._tail1, angles
+
     @property
     def quadratic_form(self):
         """(H_rows (m·ne, ne), H_flat (m, ne²), b (m, ne), c (m,)): the quadratic types folded into

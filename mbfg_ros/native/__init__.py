@@ -1,0 +1,98 @@
+"""The compiled kernel of the fast path: the per-step numerics in C (`_kernel.c`, a C extension that setup.py
+builds with the package; no dependency beyond a C compiler at build time).
+
+* `mechanism_kernel(mech)`: the mechanism's constrained dynamics (Φ, Φq, Φ̇q, q̈ and its exact first
+  derivatives), used by `dynamics.cache.EvalContext`;
+* `unit_form(unit)`: how a factor unit is written in the kernel's step program (`graph.step_model.StepModel`
+  builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
+  mismatch of a whole step in one call each).
+
+The Python forms stay the reference and the fallback: where the extension is not built (``AVAILABLE`` false,
+``UNAVAILABLE_REASON`` says why), is switched off (environment ``MBFG_ROS_NATIVE=0``), a mechanism has a
+constraint type or a step a unit the kernel does not know, or the augmented matrix is singular at a point,
+the same numbers come from numpy (to rounding: the tests compare both).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "module", "mechanism_kernel", "unit_form", "step_kernel"]
+
+try:
+    from mbfg_ros.native import _kernel
+    AVAILABLE = True
+    UNAVAILABLE_REASON = ""
+except ImportError as exc:          # not built (e.g. no compiler at install): the numpy forms do the work
+    _kernel = None
+    AVAILABLE = False
+    UNAVAILABLE_REASON = f"the C extension mbfg_ros.native._kernel is not built ({exc})"
+
+ENVIRONMENT = "MBFG_ROS_NATIVE"
+
+
+def enabled() -> bool:
+    """Is the compiled kernel used (built, and not switched off by ``MBFG_ROS_NATIVE=0``)?  Read when an
+    estimator is built."""
+    return AVAILABLE and os.environ.get(ENVIRONMENT, "1").strip() not in ("0", "false", "no", "off")
+
+
+def module():
+    """The extension module (`MechanismKernel`, `StepKernel`, the unit codes), or None where it is not built."""
+    return _kernel
+
+
+def mechanism_kernel(mech):
+    """A `_kernel.MechanismKernel` of `mech` (a new one: its work buffers belong to one caller), or None when the
+    kernel is not enabled or does not know one of the mechanism's constraint types."""
+    if not enabled():
+        return None
+    form = mech.constraints.native_form()
+    if form is None:
+        return None
+    Ht, tail, angles = form
+    return _kernel.MechanismKernel(mech.n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
+                                   angles, np.ascontiguousarray(mech.mass_matrix, dtype=float),
+                                   [int(i) for i in mech.independent_rows])
+
+
+def unit_form(unit) -> Optional[Tuple[int, list, list]]:
+    """(kernel code, integers, floats) of a factor unit in the step program, or None when the kernel does not know
+    it (the step model then linearizes in Python).  Only the dependent-coordinate forms: the independent ones
+    (``z``), the jerk and the hermite integrators stay in Python."""
+    if _kernel is None:
+        return None
+    from mbfg_ros.factors import constraints as C, dynamics as Dy, priors as P, sensors as S
+    kind = type(unit)
+    if kind is C.PositionConstraints:
+        return _kernel.POSITION, [], []
+    if kind is C.VelocityConstraints:
+        return _kernel.VELOCITY, [], []
+    if kind is Dy.ForwardDynamics and unit.z is None:
+        return _kernel.FORWARD_DYNAMICS, [], []
+    if kind is Dy.InverseDynamics and unit.z is None:
+        return _kernel.INVERSE_DYNAMICS, [int(i) for i in unit.actuated], []
+    if kind is S.Encoder:
+        return _kernel.ENCODER, [unit.coordinate, int(unit.angle)], []
+    if kind is S.ObservedCoordinate:
+        return _kernel.OBSERVED, [unit.coordinate], []
+    if kind is S.Gyroscope:
+        fi, fj = unit.fixed_i, unit.fixed_j
+        ints = [-1, -1] if fi is not None else [int(c) for c in unit.cols_i]
+        ints += [-1, -1] if fj is not None else [int(c) for c in unit.cols_j]
+        floats = [fi.x if fi is not None else 0.0, fi.y if fi is not None else 0.0,
+                  fj.x if fj is not None else 0.0, fj.y if fj is not None else 0.0]
+        return _kernel.GYROSCOPE, ints, [float(f) for f in floats]
+    if kind is P.Prior:
+        select = range(unit.dim) if unit.select is None else unit.select
+        return _kernel.PRIOR, [int(i) for i in select], []
+    return None
+
+
+def step_kernel(mech_kernel, D: int, S: np.ndarray, static_prev: bool, units: list, A_cur, A_prev, r, b):
+    """A `_kernel.StepKernel` (see `graph.step_model.StepModel`)."""
+    return _kernel.StepKernel(mech_kernel, D, np.ascontiguousarray(S, dtype=float), static_prev, units, A_cur,
+                              A_prev, r, b)

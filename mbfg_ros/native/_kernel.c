@@ -1,0 +1,1353 @@
+/* mbfg_ros.native._kernel: the per-step numerics of the fast path in C.
+ *
+ * Two types:
+ *   MechanismKernel  the constrained dynamics of one mechanism (natural coordinates: the quadratic constraints
+ *                    folded into one tensor, the relative angles as (row, 5 extended indices, length)):
+ *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (the formula of
+ *                    mbfg_ros.dynamics.constrained.acceleration_derivatives with K⁻¹ of the augmented matrix).
+ *   StepKernel       one StepModel's units (static rows as one matrix, the nonlinear units as a small
+ *                    program): the whitened linearization, the right-hand side of the δ-form factor, and the
+ *                    relinearization mismatch; writes into numpy arrays registered at construction.
+ *
+ * The Python modules mbfg_ros.dynamics.cache and mbfg_ros.graph.step_model hold the reference forms; the tests
+ * compare both (test/test_native_kernel.py).  No numpy C API: arrays pass through the buffer protocol.
+ * Nothing here releases the GIL, so the work buffers of a kernel are never used by two threads at once.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+#define TWO_PI 6.283185307179586
+#define SANE_NORM2 1e24
+
+/* ------------------------------------------------------------------------------------------------ buffers */
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static double *
+get_doubles(PyObject *obj, Buf *b, Py_ssize_t expect, int writable, const char *what)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
+        return NULL;
+    b->held = 1;
+    const char *f = b->view.format;
+    size_t fl = f ? strlen(f) : 0;
+    if (b->view.itemsize != 8 || fl == 0 || f[fl - 1] != 'd' || (fl == 2 && f[0] != '<' && f[0] != '=' && f[0] != '@')
+        || fl > 2) {
+        PyErr_Format(PyExc_TypeError, "%s: a contiguous float64 array is expected", what);
+        return NULL;
+    }
+    if (expect >= 0 && b->view.len / 8 != expect) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd values expected, got %zd", what, expect, b->view.len / 8);
+        return NULL;
+    }
+    return (double *)b->view.buf;
+}
+
+static void
+release(Buf *b)
+{
+    if (b->held) {
+        PyBuffer_Release(&b->view);
+        b->held = 0;
+    }
+}
+
+/* a copy of a float64 buffer into newly allocated memory */
+static double *
+copy_doubles(PyObject *obj, Py_ssize_t expect, const char *what)
+{
+    Buf b = {0};
+    double *src = get_doubles(obj, &b, expect, 0, what);
+    if (!src) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t n = b.view.len / 8;
+    double *dst = PyMem_Calloc(n > 0 ? n : 1, sizeof(double));
+    if (!dst) {
+        release(&b);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(dst, src, n * sizeof(double));
+    release(&b);
+    return dst;
+}
+
+static int *
+int_list(PyObject *seq, Py_ssize_t *count, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int *out = PyMem_Calloc(n > 0 ? n : 1, sizeof(int));
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            PyMem_Free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        out[i] = (int)v;
+    }
+    Py_DECREF(fast);
+    *count = n;
+    return out;
+}
+
+/* ----------------------------------------------------------------------------------- small dense algebra */
+
+/* LU factorization with partial pivoting of the N×N row-major matrix A (in place, as LAPACK's dgetrf: the
+ * unit lower and the upper factor); 0 on success, 1 at an exactly zero pivot (dgetrf's info > 0). */
+static int
+lu_factor(double *A, int *piv, int N)
+{
+    for (int k = 0; k < N; k++) {
+        int p = k;
+        double best = fabs(A[k * N + k]);
+        for (int i = k + 1; i < N; i++) {
+            double v = fabs(A[i * N + k]);
+            if (v > best) {
+                best = v;
+                p = i;
+            }
+        }
+        piv[k] = p;
+        if (A[p * N + k] == 0.0)
+            return 1;
+        if (p != k)
+            for (int j = 0; j < N; j++) {
+                double t = A[k * N + j];
+                A[k * N + j] = A[p * N + j];
+                A[p * N + j] = t;
+            }
+        double d = A[k * N + k];
+        for (int i = k + 1; i < N; i++) {
+            double l = A[i * N + k] / d;
+            A[i * N + k] = l;
+            if (l != 0.0)
+                for (int j = k + 1; j < N; j++)
+                    A[i * N + j] -= l * A[k * N + j];
+        }
+    }
+    return 0;
+}
+
+static void
+lu_solve(const double *LU, const int *piv, int N, double *b)
+{
+    for (int k = 0; k < N; k++) {
+        int p = piv[k];
+        if (p != k) {
+            double t = b[k];
+            b[k] = b[p];
+            b[p] = t;
+        }
+    }
+    for (int i = 1; i < N; i++) {
+        double s = b[i];
+        for (int j = 0; j < i; j++)
+            s -= LU[i * N + j] * b[j];
+        b[i] = s;
+    }
+    for (int i = N - 1; i >= 0; i--) {
+        double s = b[i];
+        for (int j = i + 1; j < N; j++)
+            s -= LU[i * N + j] * b[j];
+        b[i] = s / LU[i * N + i];
+    }
+}
+
+static int
+is_sane(const double *x, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += x[i] * x[i];
+    return s < SANE_NORM2;        /* NaN compares false */
+}
+
+/* ============================================================================================ MechanismKernel */
+typedef struct {
+    PyObject_HEAD
+    int n, m, ne, r, N;        /* coordinates, constraint rows, extended coordinates, independent rows, n + r */
+    double *Ht;                /* m × (ne+1) × (ne+1): Φᵢ = ½ qe1ᵀ H̃ᵢ qe1 over qe1 = [q, fixed values, 1] */
+    double *tail;              /* the fixed values, then 1 (ne + 1 − n) */
+    int nang;
+    int *ang_row, *ang_idx;    /* per relative angle: its row, its 5 extended indices (x0, y0, x1, y1, θ) */
+    double *ang_L;
+    double *M;                 /* n × n */
+    int *rows;                 /* the r independent rows */
+    /* work (the last evaluation) */
+    double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
+    double *lu, *Kinv, *col, *x, *low, *W, *lam, *tmp;
+    int *piv;
+} MechanismKernel;
+
+static void
+mech_free_arrays(MechanismKernel *k)
+{
+    void *arrs[] = {k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->qe1, k->T, k->phi, k->J,
+                    k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv};
+    for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
+        PyMem_Free(arrs[i]);
+}
+
+static void
+mech_dealloc(MechanismKernel *k)
+{
+    mech_free_arrays(k);
+    Py_TYPE(k)->tp_free((PyObject *)k);
+}
+
+/* MechanismKernel(n, Ht, tail, angles, M, rows): Ht (m, ne+1, ne+1) flat, tail = [fixed values, 1],
+ * angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows. */
+static int
+mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
+{
+    int n;
+    PyObject *Ht, *tail, *angles, *M, *rows;
+    if (!PyArg_ParseTuple(args, "iOOOOO", &n, &Ht, &tail, &angles, &M, &rows))
+        return -1;
+    mech_free_arrays(k);
+    memset(((char *)k) + sizeof(PyObject), 0, sizeof(MechanismKernel) - sizeof(PyObject));
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "MechanismKernel: n must be positive");
+        return -1;
+    }
+    k->n = n;
+    Buf b = {0};
+    if (!get_doubles(tail, &b, -1, 0, "MechanismKernel tail")) {
+        release(&b);
+        return -1;
+    }
+    k->ne = n + (int)(b.view.len / 8) - 1;
+    release(&b);
+    if (k->ne < n) {
+        PyErr_SetString(PyExc_ValueError, "MechanismKernel: tail must end with 1");
+        return -1;
+    }
+    int w = k->ne + 1;
+    if (!get_doubles(Ht, &b, -1, 0, "MechanismKernel Ht")) {
+        release(&b);
+        return -1;
+    }
+    Py_ssize_t hl = b.view.len / 8;
+    release(&b);
+    if (hl % (w * w)) {
+        PyErr_SetString(PyExc_ValueError, "MechanismKernel: Ht is not m × (ne+1) × (ne+1)");
+        return -1;
+    }
+    k->m = (int)(hl / (w * w));
+    if (!(k->Ht = copy_doubles(Ht, hl, "MechanismKernel Ht")) || !(k->tail = copy_doubles(tail, w - n, "tail"))
+        || !(k->M = copy_doubles(M, (Py_ssize_t)n * n, "MechanismKernel M")))
+        return -1;
+    Py_ssize_t nr;
+    if (!(k->rows = int_list(rows, &nr, "MechanismKernel rows")))
+        return -1;
+    k->r = (int)nr;
+    k->N = n + k->r;
+    PyObject *fast = PySequence_Fast(angles, "MechanismKernel angles");
+    if (!fast)
+        return -1;
+    k->nang = (int)PySequence_Fast_GET_SIZE(fast);
+    k->ang_row = PyMem_Calloc(k->nang + 1, sizeof(int));
+    k->ang_idx = PyMem_Calloc(5 * k->nang + 1, sizeof(int));
+    k->ang_L = PyMem_Calloc(k->nang + 1, sizeof(double));
+    for (int a = 0; a < k->nang; a++) {
+        int row, i0, i1, i2, i3, i4;
+        double L;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, a), "iiiiiid", &row, &i0, &i1, &i2, &i3, &i4, &L)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        k->ang_row[a] = row;
+        int *ix = k->ang_idx + 5 * a;
+        ix[0] = i0, ix[1] = i1, ix[2] = i2, ix[3] = i3, ix[4] = i4;
+        k->ang_L[a] = L;
+    }
+    Py_DECREF(fast);
+    int m = k->m, N = k->N;
+    k->qe1 = PyMem_Calloc(w, sizeof(double));
+    k->T = PyMem_Calloc((size_t)m * w + 1, sizeof(double));
+    k->phi = PyMem_Calloc(m + 1, sizeof(double));
+    k->J = PyMem_Calloc((size_t)m * n + 1, sizeof(double));
+    k->Jd = PyMem_Calloc((size_t)m * n + 1, sizeof(double));
+    k->c2 = PyMem_Calloc(k->nang + 1, sizeof(double));
+    k->c3 = PyMem_Calloc(k->nang + 1, sizeof(double));
+    k->lu = PyMem_Calloc((size_t)N * N, sizeof(double));
+    k->Kinv = PyMem_Calloc((size_t)N * N, sizeof(double));
+    k->col = PyMem_Calloc(N, sizeof(double));
+    k->x = PyMem_Calloc(N, sizeof(double));
+    k->low = PyMem_Calloc((size_t)m * n + 1, sizeof(double));
+    k->W = PyMem_Calloc((size_t)n * n, sizeof(double));
+    k->lam = PyMem_Calloc(m + 1, sizeof(double));
+    k->tmp = PyMem_Calloc((size_t)N * n + n, sizeof(double));
+    k->piv = PyMem_Calloc(N, sizeof(int));
+    if (!k->ang_row || !k->ang_idx || !k->ang_L || !k->qe1 || !k->T || !k->phi || !k->J || !k->Jd || !k->c2
+        || !k->c3 || !k->lu || !k->Kinv || !k->col || !k->x || !k->low || !k->W || !k->lam || !k->tmp || !k->piv) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < k->r; i++)
+        if (k->rows[i] < 0 || k->rows[i] >= m) {
+            PyErr_SetString(PyExc_ValueError, "MechanismKernel: independent row out of range");
+            return -1;
+        }
+    for (int a = 0; a < k->nang; a++) {
+        if (k->ang_row[a] < 0 || k->ang_row[a] >= m) {
+            PyErr_SetString(PyExc_ValueError, "MechanismKernel: angle row out of range");
+            return -1;
+        }
+        for (int j = 0; j < 5; j++)
+            if (k->ang_idx[5 * a + j] < 0 || k->ang_idx[5 * a + j] >= k->ne) {
+                PyErr_SetString(PyExc_ValueError, "MechanismKernel: angle index out of range");
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* Φ, T = H̃ qe1 (whose first n columns are Φq) and the angles' curvatures (∂²φ/∂θ², ∂³φ/∂θ³) at q */
+static void
+mk_positions(MechanismKernel *k, const double *q)
+{
+    int n = k->n, m = k->m, w = k->ne + 1;
+    double *qe1 = k->qe1;
+    memcpy(qe1, q, n * sizeof(double));
+    memcpy(qe1 + n, k->tail, (w - n) * sizeof(double));
+    const double *H = k->Ht;
+    for (int i = 0; i < m; i++) {
+        double *Ti = k->T + (size_t)i * w;
+        double p = 0.0;
+        for (int j = 0; j < w; j++) {
+            const double *h = H + ((size_t)i * w + j) * w;
+            double s = 0.0;
+            for (int l = 0; l < w; l++)
+                s += h[l] * qe1[l];
+            Ti[j] = s;
+            p += s * qe1[j];
+        }
+        k->phi[i] = 0.5 * p;
+    }
+    for (int a = 0; a < k->nang; a++) {
+        const int *ix = k->ang_idx + 5 * a;
+        double L = k->ang_L[a], th = qe1[ix[4]];
+        double s = sin(th), c = cos(th);
+        double *Ti = k->T + (size_t)k->ang_row[a] * w;
+        if (fabs(s) > 0.7071067811865475) {        /* Δx − L cos θ */
+            k->phi[k->ang_row[a]] = qe1[ix[2]] - qe1[ix[0]] - L * c;
+            Ti[ix[0]] = -1.0, Ti[ix[1]] = 0.0, Ti[ix[2]] = 1.0, Ti[ix[3]] = 0.0, Ti[ix[4]] = L * s;
+            k->c2[a] = L * c;
+            k->c3[a] = -L * s;
+        } else {                                    /* Δy − L sin θ */
+            k->phi[k->ang_row[a]] = qe1[ix[3]] - qe1[ix[1]] - L * s;
+            Ti[ix[0]] = 0.0, Ti[ix[1]] = -1.0, Ti[ix[2]] = 0.0, Ti[ix[3]] = 1.0, Ti[ix[4]] = -L * c;
+            k->c2[a] = L * s;
+            k->c3[a] = L * c;
+        }
+    }
+    for (int i = 0; i < m; i++)
+        memcpy(k->J + (size_t)i * n, k->T + (size_t)i * w, n * sizeof(double));
+}
+
+/* out (m × n) = ∂(Φq w)/∂q at the last mk_positions (w = q̇: Φ̇q) */
+static void
+mk_hessian_vector(MechanismKernel *k, const double *wv, double *out)
+{
+    int n = k->n, m = k->m, w = k->ne + 1;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            const double *h = k->Ht + ((size_t)i * w + j) * w;
+            double s = 0.0;
+            for (int l = 0; l < n; l++)
+                s += h[l] * wv[l];
+            out[(size_t)i * n + j] = s;
+        }
+    for (int a = 0; a < k->nang; a++) {
+        int th = k->ang_idx[5 * a + 4];
+        if (th < n)
+            out[(size_t)k->ang_row[a] * n + th] = k->c2[a] * wv[th];
+    }
+}
+
+/* the augmented matrix K = [[M, Jᵣᵀ], [Jᵣ, 0]] (independent rows) and its LU in k->lu; 0 on success */
+static int
+mk_factor(MechanismKernel *k)
+{
+    int n = k->n, N = k->N;
+    double *K = k->lu;
+    memset(K, 0, (size_t)N * N * sizeof(double));
+    for (int i = 0; i < n; i++)
+        memcpy(K + (size_t)i * N, k->M + (size_t)i * n, n * sizeof(double));
+    for (int t = 0; t < k->r; t++) {
+        const double *Jr = k->J + (size_t)k->rows[t] * n;
+        for (int j = 0; j < n; j++) {
+            K[(size_t)(n + t) * N + j] = Jr[j];
+            K[(size_t)j * N + n + t] = Jr[j];
+        }
+    }
+    return lu_factor(K, k->piv, N);
+}
+
+/* rhs of the augmented system: [Q; −Φ̇qᵣ q̇] into x */
+static void
+mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
+{
+    int n = k->n;
+    memcpy(x, Q, n * sizeof(double));
+    for (int t = 0; t < k->r; t++) {
+        const double *Jd = k->Jd + (size_t)k->rows[t] * n;
+        double s = 0.0;
+        for (int j = 0; j < n; j++)
+            s += Jd[j] * v[j];
+        x[n + t] = -s;
+    }
+}
+
+/* q̈ (n) at (q, q̇, Q) by one LU solve (no derivatives); 0 on success, 1 where K is singular or q̈ not sane */
+static int
+mk_acceleration(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a)
+{
+    mk_positions(k, q);
+    mk_hessian_vector(k, v, k->Jd);
+    if (mk_factor(k))
+        return 1;
+    mk_rhs(k, v, Q, k->x);
+    lu_solve(k->lu, k->piv, k->N, k->x);
+    if (!is_sane(k->x, k->N))
+        return 1;
+    memcpy(a, k->x, k->n * sizeof(double));
+    return 0;
+}
+
+/* the dynamics linearization at (q, q̇, Q): q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q = K⁻¹[:n, :n], λ (all rows), with Φq and Φ̇q
+ * of all rows left in k->J, k->Jd.  0 on success, 1 where K is singular or the solution not sane. */
+static int
+mk_linearize(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
+             double *da_dv, double *da_dQ, double *lam)
+{
+    int n = k->n, m = k->m, N = k->N, r = k->r, w = k->ne + 1;
+    mk_positions(k, q);
+    mk_hessian_vector(k, v, k->Jd);
+    if (mk_factor(k))
+        return 1;
+    /* the explicit inverse: K⁻¹ = column by column (K is small; its top rows turn the derivatives into products) */
+    double *Kinv = k->Kinv, *col = k->col;
+    for (int j = 0; j < N; j++) {
+        memset(col, 0, N * sizeof(double));
+        col[j] = 1.0;
+        lu_solve(k->lu, k->piv, N, col);
+        for (int i = 0; i < N; i++)
+            Kinv[(size_t)i * N + j] = col[i];
+    }
+    double *b = k->col, *x = k->x;
+    mk_rhs(k, v, Q, b);
+    for (int i = 0; i < N; i++) {
+        const double *Ki = Kinv + (size_t)i * N;
+        double s = 0.0;
+        for (int j = 0; j < N; j++)
+            s += Ki[j] * b[j];
+        x[i] = s;
+    }
+    if (!is_sane(x, N))
+        return 1;
+    memcpy(a, x, n * sizeof(double));
+    memset(lam, 0, m * sizeof(double));
+    for (int t = 0; t < r; t++)
+        lam[k->rows[t]] = x[n + t];
+    /* low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (independent rows), W = Σ λᵢ ∂²Φᵢ */
+    double *low = k->low, *W = k->W;
+    mk_hessian_vector(k, a, low);
+    for (int aa = 0; aa < k->nang; aa++) {
+        int th = k->ang_idx[5 * aa + 4];
+        if (th < n)
+            low[(size_t)k->ang_row[aa] * n + th] += k->c3[aa] * (v[th] * v[th]);
+    }
+    memset(W, 0, (size_t)n * n * sizeof(double));
+    for (int i = 0; i < m; i++) {
+        double li = lam[i];
+        if (li == 0.0)
+            continue;
+        for (int j = 0; j < n; j++) {
+            const double *h = k->Ht + ((size_t)i * w + j) * w;
+            double *Wj = W + (size_t)j * n;
+            for (int l = 0; l < n; l++)
+                Wj[l] += li * h[l];
+        }
+    }
+    for (int aa = 0; aa < k->nang; aa++) {
+        int th = k->ang_idx[5 * aa + 4];
+        if (th < n)
+            W[(size_t)th * n + th] += k->c2[aa] * lam[k->ang_row[aa]];
+    }
+    /* ∂q̈/∂q = −(A W + B lowᵣ), ∂q̈/∂q̇ = −2 B Φ̇qᵣ, ∂q̈/∂Q = A, with [A B] = K⁻¹[:n] */
+    for (int i = 0; i < n; i++) {
+        const double *Ai = Kinv + (size_t)i * N, *Bi = Ai + n;
+        for (int j = 0; j < n; j++) {
+            double s = 0.0, sv = 0.0;
+            for (int l = 0; l < n; l++)
+                s += Ai[l] * W[(size_t)l * n + j];
+            for (int t = 0; t < r; t++) {
+                s += Bi[t] * low[(size_t)k->rows[t] * n + j];
+                sv += Bi[t] * k->Jd[(size_t)k->rows[t] * n + j];
+            }
+            da_dq[(size_t)i * n + j] = -s;
+            da_dv[(size_t)i * n + j] = -2.0 * sv;
+            da_dQ[(size_t)i * n + j] = Ai[j];
+        }
+    }
+    return 0;
+}
+
+/* --- Python methods of MechanismKernel */
+
+static int
+mk_check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *name)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+/* phi_and_jacobian(q, phi_out, J_out) */
+static PyObject *
+mk_py_phi_and_jacobian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 3, "phi_and_jacobian") < 0)
+        return NULL;
+    Buf bq = {0}, bp = {0}, bj = {0};
+    PyObject *ret = NULL;
+    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
+    double *phi = q ? get_doubles(args[1], &bp, k->m, 1, "phi") : NULL;
+    double *J = phi ? get_doubles(args[2], &bj, (Py_ssize_t)k->m * k->n, 1, "J") : NULL;
+    if (J) {
+        mk_positions(k, q);
+        memcpy(phi, k->phi, k->m * sizeof(double));
+        memcpy(J, k->J, (size_t)k->m * k->n * sizeof(double));
+        ret = Py_NewRef(Py_None);
+    }
+    release(&bq), release(&bp), release(&bj);
+    return ret;
+}
+
+/* max_abs_phi(q) -> max |Φ(q)| (0 without constraints; NaN propagates) */
+static PyObject *
+mk_py_max_abs_phi(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 1, "max_abs_phi") < 0)
+        return NULL;
+    Buf bq = {0};
+    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
+    if (!q) {
+        release(&bq);
+        return NULL;
+    }
+    mk_positions(k, q);
+    release(&bq);
+    double mx = 0.0;
+    for (int i = 0; i < k->m; i++) {
+        double v = fabs(k->phi[i]);
+        if (v > mx || v != v)
+            mx = v;
+        if (mx != mx)
+            break;
+    }
+    return PyFloat_FromDouble(mx);
+}
+
+/* jacobian_dot(q, v, out): Φ̇q (m × n) */
+static PyObject *
+mk_py_jacobian_dot(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 3, "jacobian_dot") < 0)
+        return NULL;
+    Buf bq = {0}, bv = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
+    double *v = q ? get_doubles(args[1], &bv, k->n, 0, "v") : NULL;
+    double *out = v ? get_doubles(args[2], &bo, (Py_ssize_t)k->m * k->n, 1, "out") : NULL;
+    if (out) {
+        mk_positions(k, q);
+        mk_hessian_vector(k, v, out);
+        ret = Py_NewRef(Py_None);
+    }
+    release(&bq), release(&bv), release(&bo);
+    return ret;
+}
+
+/* acceleration(q, v, Q, a_out) -> bool (False: K singular or q̈ not sane) */
+static PyObject *
+mk_py_acceleration(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 4, "acceleration") < 0)
+        return NULL;
+    Buf bq = {0}, bv = {0}, bQ = {0}, ba = {0};
+    PyObject *ret = NULL;
+    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
+    double *v = q ? get_doubles(args[1], &bv, k->n, 0, "v") : NULL;
+    double *Q = v ? get_doubles(args[2], &bQ, k->n, 0, "Q") : NULL;
+    double *a = Q ? get_doubles(args[3], &ba, k->n, 1, "a") : NULL;
+    if (a)
+        ret = PyBool_FromLong(mk_acceleration(k, q, v, Q, a) == 0);
+    release(&bq), release(&bv), release(&bQ), release(&ba);
+    return ret;
+}
+
+/* linearize(q, v, Q, a, da_dq, da_dv, da_dQ, lam, J, Jd) -> bool (False: K singular or not sane) */
+static PyObject *
+mk_py_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 10, "linearize") < 0)
+        return NULL;
+    int n = k->n, m = k->m;
+    Py_ssize_t sizes[10] = {n, n, n, n, (Py_ssize_t)n * n, (Py_ssize_t)n * n, (Py_ssize_t)n * n, m,
+                            (Py_ssize_t)m * n, (Py_ssize_t)m * n};
+    static const char *names[10] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam", "J", "Jd"};
+    Buf b[10];
+    double *p[10];
+    memset(b, 0, sizeof(b));
+    PyObject *ret = NULL;
+    int i;
+    for (i = 0; i < 10; i++)
+        if (!(p[i] = get_doubles(args[i], &b[i], sizes[i], i >= 3, names[i])))
+            break;
+    if (i == 10) {
+        int fail = mk_linearize(k, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+        if (!fail) {
+            memcpy(p[8], k->J, (size_t)m * n * sizeof(double));
+            memcpy(p[9], k->Jd, (size_t)m * n * sizeof(double));
+        }
+        ret = PyBool_FromLong(!fail);
+    }
+    for (i = 0; i < 10; i++)
+        release(&b[i]);
+    return ret;
+}
+
+static PyMethodDef mech_methods[] = {
+    {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
+     "phi_and_jacobian(q, phi_out, J_out): Φ(q) and Φq(q) into the given arrays."},
+    {"max_abs_phi", (PyCFunction)(void (*)(void))mk_py_max_abs_phi, METH_FASTCALL, "max |Φ(q)|."},
+    {"jacobian_dot", (PyCFunction)(void (*)(void))mk_py_jacobian_dot, METH_FASTCALL,
+     "jacobian_dot(q, v, out): Φ̇q(q, q̇) into out (m × n)."},
+    {"acceleration", (PyCFunction)(void (*)(void))mk_py_acceleration, METH_FASTCALL,
+     "acceleration(q, v, Q, a_out) -> ok: q̈ by one LU solve of the augmented system."},
+    {"linearize", (PyCFunction)(void (*)(void))mk_py_linearize, METH_FASTCALL,
+     "linearize(q, v, Q, a, da_dq, da_dv, da_dQ, lam, J, Jd) -> ok: the dynamics linearization into the arrays."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject MechanismKernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mbfg_ros.native._kernel.MechanismKernel",
+    .tp_basicsize = sizeof(MechanismKernel),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The constrained dynamics of one mechanism (see the module docstring).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)mech_init,
+    .tp_dealloc = (destructor)mech_dealloc,
+    .tp_methods = mech_methods,
+};
+
+/* ================================================================================================= StepKernel */
+enum {
+    U_POSITION = 1,       /* Φ(q)                          slots q */
+    U_VELOCITY = 2,       /* Φq q̇                          slots q, v */
+    U_FORWARD = 3,        /* q̈(q, q̇; Q) − a               slots q, v, a; param Q (n) */
+    U_INVERSE = 4,        /* q̈(q, q̇; Q_known + E τ) − a   slots q, v, a, tau; param Q_known (n); ints: actuated */
+    U_ENCODER = 5,        /* q[c] − value (wrapped angle)  slot q; param value; ints: c, angle */
+    U_OBSERVED = 6,       /* x[c] − value                  slot x; param value; ints: c */
+    U_GYROSCOPE = 7,      /* ω(q, q̇) − value               slots q, v; param value; ints: cxi, cyi, cxj, cyj
+                                                            (−1: fixed point, its position in doubles) */
+    U_PRIOR = 8,          /* x[select] − mean              slot x; param mean (dim); ints: select (dim) */
+};
+
+#define MAX_SLOTS 4
+
+typedef struct {
+    int code, row, dim, param, check;      /* check: its rows are in the relinearization check (offset check_row) */
+    int check_row;
+    int nslots;
+    int which[MAX_SLOTS], col[MAX_SLOTS], width[MAX_SLOTS];  /* per slot: 1 this step / 0 previous, its block's
+                                                              first column and size */
+    double *w;                             /* 1/σ per row */
+    int *ints;
+    int nints;
+    double fixed[4];                       /* gyroscope: fixed points' (x, y) */
+} Unit;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *mech_obj;
+    MechanismKernel *mk;
+    int D, rows, rs, need_prev, static_prev, nunits, nchecks;
+    double *S;                 /* rs × (D or 2D): the static rows' whitened Jacobians ([prev | cur]) */
+    Unit *units;
+    Buf bA_cur, bA_prev, br, bb;
+    double *A_cur, *A_prev, *r, *b;
+    /* work: one dynamics linearization per call */
+    double *a, *da_dq, *da_dv, *da_dQ, *lam, *Q, *e, *dx;
+} StepKernel;
+
+static void
+sk_free(StepKernel *s)
+{
+    if (s->units)
+        for (int i = 0; i < s->nunits; i++) {
+            PyMem_Free(s->units[i].w);
+            PyMem_Free(s->units[i].ints);
+        }
+    PyMem_Free(s->units);
+    s->units = NULL;
+    void *arrs[] = {s->S, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam, s->Q, s->e, s->dx};
+    for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
+        PyMem_Free(arrs[i]);
+    s->S = s->a = s->da_dq = s->da_dv = s->da_dQ = s->lam = s->Q = s->e = s->dx = NULL;
+    release(&s->bA_cur), release(&s->bA_prev), release(&s->br), release(&s->bb);
+    Py_CLEAR(s->mech_obj);
+}
+
+static void
+sk_dealloc(StepKernel *s)
+{
+    sk_free(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* StepKernel(mech_kernel, D, S, static_prev, units, A_cur, A_prev, r, b)
+ *   S: rs × (2D if static_prev else D) flat (rs = its rows); units: [(code, row, dim, param, check,
+ *   [(which, first column, width) per slot], w (dim), ints, doubles), ...]; A_cur, A_prev (or None), r, b: the output arrays
+ *   (rows × D, rows × D, rows, rows), kept for the kernel's lifetime. */
+static int
+sk_init(StepKernel *s, PyObject *args, PyObject *kw)
+{
+    PyObject *mobj, *S, *units, *A_cur, *A_prev, *r, *b;
+    int D, static_prev;
+    if (!PyArg_ParseTuple(args, "O!iOpOOOOO", &MechanismKernelType, &mobj, &D, &S, &static_prev, &units, &A_cur,
+                          &A_prev, &r, &b))
+        return -1;
+    sk_free(s);
+    s->mech_obj = Py_NewRef(mobj);
+    s->mk = (MechanismKernel *)mobj;
+    s->D = D;
+    s->static_prev = static_prev;
+    int n = s->mk->n, m = s->mk->m;
+    if (!(s->r = get_doubles(r, &s->br, -1, 1, "r")))
+        return -1;
+    s->rows = (int)(s->br.view.len / 8);
+    if (!(s->b = get_doubles(b, &s->bb, s->rows, 1, "b")) ||
+        !(s->A_cur = get_doubles(A_cur, &s->bA_cur, (Py_ssize_t)s->rows * D, 1, "A_cur")))
+        return -1;
+    s->need_prev = A_prev != Py_None;
+    if (s->need_prev && !(s->A_prev = get_doubles(A_prev, &s->bA_prev, (Py_ssize_t)s->rows * D, 1, "A_prev")))
+        return -1;
+    Buf bs = {0};
+    if (!get_doubles(S, &bs, -1, 0, "S")) {
+        release(&bs);
+        return -1;
+    }
+    Py_ssize_t sl = bs.view.len / 8;
+    release(&bs);
+    int width = static_prev ? 2 * D : D;
+    if (sl % width) {
+        PyErr_SetString(PyExc_ValueError, "StepKernel: S is not rs × (D or 2D)");
+        return -1;
+    }
+    s->rs = (int)(sl / width);
+    if (!(s->S = copy_doubles(S, sl, "S")))
+        return -1;
+    PyObject *fast = PySequence_Fast(units, "StepKernel units");
+    if (!fast)
+        return -1;
+    s->nunits = (int)PySequence_Fast_GET_SIZE(fast);
+    s->units = PyMem_Calloc(s->nunits + 1, sizeof(Unit));
+    if (!s->units) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int check_row = 0;
+    for (int i = 0; i < s->nunits; i++) {
+        Unit *u = &s->units[i];
+        PyObject *slots, *w, *ints, *dbl;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iiiipOOOO", &u->code, &u->row, &u->dim, &u->param,
+                              &u->check, &slots, &w, &ints, &dbl))
+            goto fail;
+        if (u->row < s->rs || u->row + u->dim > s->rows || u->dim < 0) {
+            PyErr_SetString(PyExc_ValueError, "StepKernel: unit rows out of range");
+            goto fail;
+        }
+        PyObject *sf = PySequence_Fast(slots, "slots");
+        if (!sf)
+            goto fail;
+        u->nslots = (int)PySequence_Fast_GET_SIZE(sf);
+        if (u->nslots > MAX_SLOTS) {
+            Py_DECREF(sf);
+            PyErr_SetString(PyExc_ValueError, "StepKernel: too many slots");
+            goto fail;
+        }
+        for (int j = 0; j < u->nslots; j++) {
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(sf, j), "iii", &u->which[j], &u->col[j], &u->width[j])) {
+                Py_DECREF(sf);
+                goto fail;
+            }
+            if (!u->which[j] && !s->need_prev) {
+                Py_DECREF(sf);
+                PyErr_SetString(PyExc_ValueError, "StepKernel: a unit reads the previous state but A_prev is None");
+                goto fail;
+            }
+        }
+        Py_DECREF(sf);
+        if (!(u->w = copy_doubles(w, u->dim, "w")))
+            goto fail;
+        Py_ssize_t ni;
+        if (!(u->ints = int_list(ints, &ni, "ints")))
+            goto fail;
+        u->nints = (int)ni;
+        PyObject *df = PySequence_Fast(dbl, "doubles");
+        if (!df)
+            goto fail;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(df) && j < 4; j++)
+            u->fixed[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(df, j));
+        Py_DECREF(df);
+        if (PyErr_Occurred())
+            goto fail;
+        int need_ints = 0;
+        switch (u->code) {
+        case U_POSITION: case U_VELOCITY:
+            if (u->dim != m) goto bad_dim;
+            break;
+        case U_FORWARD:
+            if (u->dim != n) goto bad_dim;
+            break;
+        case U_INVERSE:
+            if (u->dim != n) goto bad_dim;
+            need_ints = 1;
+            break;
+        case U_ENCODER:
+            need_ints = 2;
+            if (u->dim != 1) goto bad_dim;
+            break;
+        case U_OBSERVED:
+            need_ints = 1;
+            if (u->dim != 1) goto bad_dim;
+            break;
+        case U_GYROSCOPE:
+            need_ints = 4;
+            if (u->dim != 1) goto bad_dim;
+            break;
+        case U_PRIOR:
+            need_ints = u->dim;
+            break;
+        default:
+            PyErr_Format(PyExc_ValueError, "StepKernel: unknown unit code %d", u->code);
+            goto fail;
+        }
+        if (u->nints < need_ints) {
+            PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d needs %d integers", u->code, need_ints);
+            goto fail;
+        }
+        for (int j = 0; j < u->nslots; j++) {
+            /* every slot is a coordinate block (n wide) but the efforts' (one per actuator) and a prior's */
+            int want = (u->code == U_PRIOR) ? u->width[j] : (u->code == U_INVERSE && j == 3) ? u->nints : n;
+            if (u->col[j] < 0 || u->width[j] != want || u->col[j] + u->width[j] > D) {
+                PyErr_Format(PyExc_ValueError, "StepKernel: slot %d of unit code %d: columns out of range", j,
+                             u->code);
+                goto fail;
+            }
+        }
+        if (u->nslots < (u->code == U_INVERSE ? 4 : u->code == U_FORWARD ? 3 :
+                         (u->code == U_VELOCITY || u->code == U_GYROSCOPE) ? 2 : 1)) {
+            PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d has too few slots", u->code);
+            goto fail;
+        }
+        for (int j = 0; j < u->nints; j++) {
+            int v = u->ints[j];
+            int bad = (u->code == U_INVERSE || u->code == U_OBSERVED || (u->code == U_ENCODER && j == 0))
+                          ? (v < 0 || v >= n)
+                      : u->code == U_GYROSCOPE ? (v < -1 || v >= n)
+                      : u->code == U_PRIOR     ? (v < 0 || v >= u->width[0])
+                                               : 0;
+            if (bad) {
+                PyErr_Format(PyExc_ValueError, "StepKernel: index %d of unit code %d out of range", v, u->code);
+                goto fail;
+            }
+        }
+        u->check_row = check_row;
+        if (u->check)
+            check_row += u->dim;
+        continue;
+bad_dim:
+        PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d has the wrong number of rows (%d)", u->code, u->dim);
+        goto fail;
+    }
+    Py_DECREF(fast);
+    s->nchecks = check_row;
+    s->a = PyMem_Calloc(n, sizeof(double));
+    s->da_dq = PyMem_Calloc((size_t)n * n, sizeof(double));
+    s->da_dv = PyMem_Calloc((size_t)n * n, sizeof(double));
+    s->da_dQ = PyMem_Calloc((size_t)n * n, sizeof(double));
+    s->lam = PyMem_Calloc(m + 1, sizeof(double));
+    s->Q = PyMem_Calloc(n, sizeof(double));
+    s->e = PyMem_Calloc(s->rows + 1, sizeof(double));
+    s->dx = PyMem_Calloc(2 * (size_t)D + 1, sizeof(double));
+    if (!s->a || !s->da_dq || !s->da_dv || !s->da_dQ || !s->lam || !s->Q || !s->e || !s->dx) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+/* the per-step parameter of unit u: a float, or a buffer of `len` values (params[u->param][0]) */
+static int
+unit_param(PyObject *params, const Unit *u, double *scalar, Buf *buf, double **vec, Py_ssize_t len)
+{
+    if (u->param < 0 || u->param >= PyList_GET_SIZE(params)) {
+        PyErr_SetString(PyExc_ValueError, "StepKernel: a unit's parameters are missing");
+        return -1;
+    }
+    PyObject *t = PyList_GET_ITEM(params, u->param);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+        PyErr_SetString(PyExc_TypeError, "StepKernel: parameters must be tuples");
+        return -1;
+    }
+    PyObject *p = PyTuple_GET_ITEM(t, 0);
+    if (vec) {
+        *vec = get_doubles(p, buf, len, 0, "unit parameter");
+        return *vec ? 0 : -1;
+    }
+    *scalar = PyFloat_AsDouble(p);
+    return (*scalar == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static inline const double *
+slot_block(const Unit *u, int j, const double *xp, const double *xc)
+{
+    return (u->which[j] ? xc : xp) + u->col[j];
+}
+
+/* unit u's raw error into e (dim) and, with jac, its raw Jacobians added into the rows of A_cur / A_prev (D
+ * columns, zeroed by the caller) — whitened afterwards; the dynamics are linearized (or, without jac,
+ * solved) at most once per call (dyn: 0 not yet, 1 done).  0 on success, 1 where the dynamics are singular,
+ * −1 on a Python error. */
+static int
+unit_eval(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e, int jac,
+          double *Acur, double *Aprev, int *dyn)
+{
+    MechanismKernel *k = s->mk;
+    int n = k->n, m = k->m, D = s->D;
+    double *A[2] = {Aprev, Acur};
+#define JROW(slot, i) (A[u->which[slot]] + (size_t)(u->row + (i)) * D + u->col[slot])
+    switch (u->code) {
+    case U_POSITION: {
+        const double *q = slot_block(u, 0, xp, xc);
+        mk_positions(k, q);
+        memcpy(e, k->phi, m * sizeof(double));
+        if (jac)
+            for (int i = 0; i < m; i++) {
+                double *row = JROW(0, i);
+                for (int j = 0; j < n; j++)
+                    row[j] += k->J[(size_t)i * n + j];
+            }
+        return 0;
+    }
+    case U_VELOCITY: {
+        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
+        mk_positions(k, q);
+        for (int i = 0; i < m; i++) {
+            double sum = 0.0;
+            for (int j = 0; j < n; j++)
+                sum += k->J[(size_t)i * n + j] * v[j];
+            e[i] = sum;
+        }
+        if (jac) {
+            mk_hessian_vector(k, v, k->Jd);
+            for (int i = 0; i < m; i++) {
+                double *rq = JROW(0, i), *rv = JROW(1, i);
+                for (int j = 0; j < n; j++) {
+                    rq[j] += k->Jd[(size_t)i * n + j];
+                    rv[j] += k->J[(size_t)i * n + j];
+                }
+            }
+        }
+        return 0;
+    }
+    case U_FORWARD:
+    case U_INVERSE: {
+        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
+        Buf bq = {0};
+        double *Qp, dummy;
+        if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
+            release(&bq);
+            return -1;
+        }
+        memcpy(s->Q, Qp, n * sizeof(double));
+        release(&bq);
+        const int *act = u->ints;
+        int na = u->nints;
+        if (u->code == U_INVERSE) {
+            const double *tau = slot_block(u, 3, xp, xc);
+            for (int t = 0; t < na; t++)
+                s->Q[act[t]] += tau[t];
+        }
+        int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
+                       : mk_acceleration(k, q, v, s->Q, s->a);
+        if (fail)
+            return 1;
+        *dyn = 1;
+        for (int i = 0; i < n; i++)
+            e[i] = s->a[i] - acc[i];
+        if (jac)
+            for (int i = 0; i < n; i++) {
+                double *rq = JROW(0, i), *rv = JROW(1, i), *ra = JROW(2, i);
+                for (int j = 0; j < n; j++) {
+                    rq[j] += s->da_dq[(size_t)i * n + j];
+                    rv[j] += s->da_dv[(size_t)i * n + j];
+                }
+                ra[i] += -1.0;
+                if (u->code == U_INVERSE) {
+                    double *rt = JROW(3, i);
+                    for (int t = 0; t < na; t++)
+                        rt[t] += s->da_dQ[(size_t)i * n + act[t]];
+                }
+            }
+        return 0;
+    }
+    case U_ENCODER: {
+        double value;
+        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+            return -1;
+        int c = u->ints[0];
+        double d = slot_block(u, 0, xp, xc)[c] - value;
+        if (u->ints[1])
+            d -= TWO_PI * floor((d + M_PI) / TWO_PI);
+        e[0] = d;
+        if (jac)
+            JROW(0, 0)[c] += 1.0;
+        return 0;
+    }
+    case U_OBSERVED: {
+        double value;
+        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+            return -1;
+        int c = u->ints[0];
+        e[0] = slot_block(u, 0, xp, xc)[c] - value;
+        if (jac)
+            JROW(0, 0)[c] += 1.0;
+        return 0;
+    }
+    case U_GYROSCOPE: {
+        double value;
+        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+            return -1;
+        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
+        const int *c = u->ints;
+        double xi, yi, vxi, vyi, xj, yj, vxj, vyj;
+        if (c[0] >= 0)
+            xi = q[c[0]], yi = q[c[1]], vxi = v[c[0]], vyi = v[c[1]];
+        else
+            xi = u->fixed[0], yi = u->fixed[1], vxi = 0.0, vyi = 0.0;
+        if (c[2] >= 0)
+            xj = q[c[2]], yj = q[c[3]], vxj = v[c[2]], vyj = v[c[3]];
+        else
+            xj = u->fixed[2], yj = u->fixed[3], vxj = 0.0, vyj = 0.0;
+        double dx = xj - xi, dy = yj - yi, ddx = vxj - vxi, ddy = vyj - vyi;
+        double r2 = dx * dx + dy * dy;
+        double om = (dx * ddy - dy * ddx) / r2;
+        e[0] = om - value;
+        if (jac) {
+            double gqx = (ddy - 2.0 * om * dx) / r2, gqy = (-ddx - 2.0 * om * dy) / r2;
+            double gvx = -dy / r2, gvy = dx / r2;
+            double *rq = JROW(0, 0), *rv = JROW(1, 0);
+            if (c[2] >= 0)
+                rq[c[2]] += gqx, rq[c[3]] += gqy, rv[c[2]] += gvx, rv[c[3]] += gvy;
+            if (c[0] >= 0)
+                rq[c[0]] += -gqx, rq[c[1]] += -gqy, rv[c[0]] += -gvx, rv[c[1]] += -gvy;
+        }
+        return 0;
+    }
+    case U_PRIOR: {
+        Buf bm = {0};
+        double *mean, dummy;
+        if (unit_param(params, u, &dummy, &bm, &mean, u->dim) < 0) {
+            release(&bm);
+            return -1;
+        }
+        const double *x = slot_block(u, 0, xp, xc);
+        for (int i = 0; i < u->dim; i++) {
+            e[i] = x[u->ints[i]] - mean[i];
+            if (jac)
+                JROW(0, i)[u->ints[i]] += 1.0;
+        }
+        release(&bm);
+        return 0;
+    }
+    }
+#undef JROW
+    PyErr_SetString(PyExc_RuntimeError, "StepKernel: unknown unit");
+    return -1;
+}
+
+/* linearize(x_prev, x_cur, static_prev, static_cur, params) -> ok
+ * The whitened linearization of the step's rows into A_cur, A_prev, r: the static rows evaluated at
+ * (static_prev, static_cur), the others at (x_prev, x_cur); and b = −r − A (static − x) on the non-static rows
+ * (the factor in δ = X − θ about θ = the static point).  False where the dynamics are singular (nothing usable
+ * written: the caller linearizes in Python). */
+static PyObject *
+sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 5, "linearize") < 0)
+        return NULL;
+    int D = s->D, rs = s->rs, rows = s->rows;
+    Buf bxp = {0}, bxc = {0}, btp = {0}, btc = {0};
+    double *xp = NULL, *tp = NULL;
+    PyObject *params = args[4];
+    PyObject *ret = NULL;
+    if (!PyList_Check(params)) {
+        PyErr_SetString(PyExc_TypeError, "linearize: params must be a list");
+        return NULL;
+    }
+    double *xc = get_doubles(args[1], &bxc, D, 0, "x_cur");
+    double *tc = xc ? get_doubles(args[3], &btc, D, 0, "static_cur") : NULL;
+    if (!tc)
+        goto done;
+    if (s->need_prev) {
+        if (!(xp = get_doubles(args[0], &bxp, D, 0, "x_prev")) || !(tp = get_doubles(args[2], &btp, D, 0, "static_prev")))
+            goto done;
+    }
+    /* static rows: r = S [θ_prev; θ_cur] (their A rows are fixed, written by the caller once) */
+    for (int i = 0; i < rs; i++) {
+        const double *Si = s->S + (size_t)i * (s->static_prev ? 2 * D : D);
+        double sum = 0.0;
+        if (s->static_prev) {
+            for (int j = 0; j < D; j++)
+                sum += Si[j] * tp[j];
+            Si += D;
+        }
+        for (int j = 0; j < D; j++)
+            sum += Si[j] * tc[j];
+        s->r[i] = sum;
+        s->b[i] = -sum;
+    }
+    memset(s->A_cur + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
+    if (s->A_prev)
+        memset(s->A_prev + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
+    int dyn = 0;
+    for (int i = 0; i < s->nunits; i++) {
+        const Unit *u = &s->units[i];
+        int st = unit_eval(s, u, xp, xc, params, s->r + u->row, 1, s->A_cur, s->A_prev, &dyn);
+        if (st < 0)
+            goto done;
+        if (st > 0) {
+            ret = Py_NewRef(Py_False);
+            goto done;
+        }
+        for (int t = 0; t < u->dim; t++) {
+            double w = u->w[t];
+            int row = u->row + t;
+            s->r[row] *= w;
+            double *ac = s->A_cur + (size_t)row * D;
+            for (int j = 0; j < D; j++)
+                ac[j] *= w;
+            if (s->A_prev) {
+                double *ap = s->A_prev + (size_t)row * D;
+                for (int j = 0; j < D; j++)
+                    ap[j] *= w;
+            }
+        }
+    }
+    /* b = −r − A_cur (θ_cur − x_cur) − A_prev (θ_prev − x_prev) on the non-static rows */
+    double *dc = s->dx, *dp = s->dx + D;
+    for (int j = 0; j < D; j++)
+        dc[j] = tc[j] - xc[j];
+    if (s->A_prev)
+        for (int j = 0; j < D; j++)
+            dp[j] = tp[j] - xp[j];
+    for (int i = rs; i < rows; i++) {
+        const double *ac = s->A_cur + (size_t)i * D;
+        double sum = 0.0;
+        for (int j = 0; j < D; j++)
+            sum += ac[j] * dc[j];
+        if (s->A_prev) {
+            const double *ap = s->A_prev + (size_t)i * D;
+            for (int j = 0; j < D; j++)
+                sum += ap[j] * dp[j];
+        }
+        s->b[i] = -s->r[i] - sum;
+    }
+    ret = Py_NewRef(Py_True);
+done:
+    release(&bxp), release(&bxc), release(&btp), release(&btc);
+    return ret;
+}
+
+/* mismatch(A_cur, r, A_prev, lin_cur, lin_prev, x_cur, x_prev, params, weights) -> float or None
+ * max over the checked rows of weight · |r + A_cur (x_cur − lin_cur) + A_prev (x_prev − lin_prev) − e_w(x)|,
+ * e_w the whitened nonlinear error at (x_prev, x_cur) (A_prev / lin_prev / x_prev None where the checked rows do
+ * not read X_{k−1}; weights None: all 1).  NaN where not finite; None where the dynamics are singular there. */
+static PyObject *
+sk_py_mismatch(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 9, "mismatch") < 0)
+        return NULL;
+    int D = s->D, nc = s->nchecks;
+    Buf bA = {0}, br = {0}, bAp = {0}, blc = {0}, blp = {0}, bxc = {0}, bxp = {0}, bw = {0};
+    double *Ap = NULL, *lp = NULL, *xp = NULL, *wts = NULL;
+    PyObject *params = args[7];
+    PyObject *ret = NULL;
+    if (!PyList_Check(params)) {
+        PyErr_SetString(PyExc_TypeError, "mismatch: params must be a list");
+        return NULL;
+    }
+    double *A = get_doubles(args[0], &bA, (Py_ssize_t)nc * D, 0, "A_cur");
+    double *r = A ? get_doubles(args[1], &br, nc, 0, "r") : NULL;
+    double *lc = r ? get_doubles(args[3], &blc, D, 0, "lin_cur") : NULL;
+    double *xc = lc ? get_doubles(args[5], &bxc, D, 0, "x_cur") : NULL;
+    if (!xc)
+        goto done;
+    if (args[2] != Py_None) {
+        if (!(Ap = get_doubles(args[2], &bAp, (Py_ssize_t)nc * D, 0, "A_prev")) ||
+            !(lp = get_doubles(args[4], &blp, D, 0, "lin_prev")) || !(xp = get_doubles(args[6], &bxp, D, 0, "x_prev")))
+            goto done;
+    } else if (args[6] != Py_None) {
+        if (!(xp = get_doubles(args[6], &bxp, D, 0, "x_prev")))
+            goto done;
+    }
+    if (args[8] != Py_None && !(wts = get_doubles(args[8], &bw, nc, 0, "weights")))
+        goto done;
+    double *e = s->e;
+    int dyn = 0;
+    for (int i = 0; i < s->nunits; i++) {
+        const Unit *u = &s->units[i];
+        if (!u->check)
+            continue;
+        int reads_prev = 0;
+        for (int j = 0; j < u->nslots; j++)
+            reads_prev |= !u->which[j];
+        if (reads_prev && !xp) {
+            PyErr_SetString(PyExc_ValueError, "mismatch: the checked rows read X_{k-1}: x_prev is required");
+            goto done;
+        }
+        int st = unit_eval(s, u, xp, xc, params, e + u->check_row, 0, NULL, NULL, &dyn);
+        if (st < 0)
+            goto done;
+        if (st > 0) {
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
+        for (int t = 0; t < u->dim; t++)
+            e[u->check_row + t] *= u->w[t];
+    }
+    double *dc = s->dx, *dp = s->dx + D;
+    for (int j = 0; j < D; j++)
+        dc[j] = xc[j] - lc[j];
+    if (Ap)
+        for (int j = 0; j < D; j++)
+            dp[j] = xp[j] - lp[j];
+    double mx = 0.0;
+    for (int i = 0; i < nc; i++) {
+        const double *Ai = A + (size_t)i * D;
+        double sum = 0.0;
+        for (int j = 0; j < D; j++)
+            sum += Ai[j] * dc[j];
+        double lin = sum + r[i];
+        if (Ap) {
+            const double *Api = Ap + (size_t)i * D;
+            double sp = 0.0;
+            for (int j = 0; j < D; j++)
+                sp += Api[j] * dp[j];
+            lin += sp;
+        }
+        double d = fabs(lin - e[i]);
+        if (wts)
+            d *= wts[i];
+        if (d != d) {
+            mx = d;
+            break;
+        }
+        if (d > mx)
+            mx = d;
+    }
+    ret = PyFloat_FromDouble(mx);
+done:
+    release(&bA), release(&br), release(&bAp), release(&blc), release(&blp), release(&bxc), release(&bxp), release(&bw);
+    return ret;
+}
+
+static PyObject *
+sk_get_rows(StepKernel *s, void *closure)
+{
+    return PyLong_FromLong(s->nchecks);
+}
+
+static PyGetSetDef sk_getset[] = {
+    {"check_rows", (getter)sk_get_rows, NULL, "number of rows in the relinearization check", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyMethodDef sk_methods[] = {
+    {"linearize", (PyCFunction)(void (*)(void))sk_py_linearize, METH_FASTCALL,
+     "linearize(x_prev, x_cur, static_prev, static_cur, params) -> ok (see the C source)."},
+    {"mismatch", (PyCFunction)(void (*)(void))sk_py_mismatch, METH_FASTCALL,
+     "mismatch(A_cur, r, A_prev, lin_cur, lin_prev, x_cur, x_prev, params, weights) -> float, or None where the "
+     "dynamics are singular."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject StepKernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mbfg_ros.native._kernel.StepKernel",
+    .tp_basicsize = sizeof(StepKernel),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One step model's linearization and relinearization check (see the module docstring).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sk_init,
+    .tp_dealloc = (destructor)sk_dealloc,
+    .tp_methods = sk_methods,
+    .tp_getset = sk_getset,
+};
+
+/* ================================================================================================== module */
+static struct PyModuleDef kernel_module = {
+    PyModuleDef_HEAD_INIT, "mbfg_ros.native._kernel",
+    "The per-step numerics of mbfg_ros's fast path in C (see mbfg_ros.native).", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__kernel(void)
+{
+    if (PyType_Ready(&MechanismKernelType) < 0 || PyType_Ready(&StepKernelType) < 0)
+        return NULL;
+    PyObject *mod = PyModule_Create(&kernel_module);
+    if (!mod)
+        return NULL;
+    if (PyModule_AddObjectRef(mod, "MechanismKernel", (PyObject *)&MechanismKernelType) < 0 ||
+        PyModule_AddObjectRef(mod, "StepKernel", (PyObject *)&StepKernelType) < 0 ||
+        PyModule_AddIntConstant(mod, "POSITION", U_POSITION) < 0 ||
+        PyModule_AddIntConstant(mod, "VELOCITY", U_VELOCITY) < 0 ||
+        PyModule_AddIntConstant(mod, "FORWARD_DYNAMICS", U_FORWARD) < 0 ||
+        PyModule_AddIntConstant(mod, "INVERSE_DYNAMICS", U_INVERSE) < 0 ||
+        PyModule_AddIntConstant(mod, "ENCODER", U_ENCODER) < 0 ||
+        PyModule_AddIntConstant(mod, "OBSERVED", U_OBSERVED) < 0 ||
+        PyModule_AddIntConstant(mod, "GYROSCOPE", U_GYROSCOPE) < 0 ||
+        PyModule_AddIntConstant(mod, "PRIOR", U_PRIOR) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

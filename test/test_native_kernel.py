@@ -1,0 +1,210 @@
+"""The compiled kernel (mbfg_ros.native) against the numpy forms it replaces: the mechanism's dynamics
+linearization, q̈ and Φ; a whole step's whitened linearization, right-hand side and relinearization mismatch for
+every unit type it knows; whole estimator runs with and without it; the fallbacks (unknown units, singular
+dynamics) and the errors of wrong inputs."""
+
+import os
+
+import numpy as np
+import pytest
+
+import mbfg_ros.factors as F
+from mbfg_ros import native
+from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.dynamics.kinematics import solve_positions
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.graph.layout import StateLayout
+from mbfg_ros.graph.step_model import StepModel
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+
+MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank"]
+
+pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
+
+
+def test_the_kernel_is_built_where_required():
+    # `make test` sets MBFG_ROS_REQUIRE_NATIVE=1: CI fails when setup.py did not build the extension
+    if os.environ.get("MBFG_ROS_REQUIRE_NATIVE") == "1":
+        assert native.AVAILABLE, native.UNAVAILABLE_REASON
+        assert native.enabled()
+
+
+def _python_context(mech):
+    ctx = EvalContext(mech)
+    ctx.native = None
+    return ctx
+
+
+def _configurations(mech, count, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        q = solve_positions(mech, np.array(mech.q0) + 0.005 * rng.standard_normal(mech.n)).q
+        yield q, rng.standard_normal(mech.n), mech.gravity_forces + rng.standard_normal(mech.n)
+
+
+def _close(a, b, tol=1e-10):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    assert a.shape == b.shape
+    scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+    assert float(np.abs(a - b).max(initial=0.0)) <= tol * scale
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_dynamics_linearization_matches_numpy(name):
+    mech = load_mechanism(name)
+    compiled, reference = EvalContext(mech), _python_context(mech)
+    assert compiled.native is not None
+    for q, v, Q in _configurations(mech, 8, 3):
+        d1, d2 = compiled.linearize(q, v, Q), reference.linearize(q, v, Q)
+        for field in ("a", "da_dq", "da_dv", "da_dQ", "multipliers", "Phi_q", "Phi_q_dot"):
+            _close(getattr(d1, field), getattr(d2, field))
+        _close(compiled.acceleration(q, v, Q + 1.0), reference.acceleration(q, v, Q + 1.0))
+        _close(compiled.predicted_acceleration(q, v, Q - 1.0), reference.predicted_acceleration(q, v, Q - 1.0))
+        off = q + 0.01
+        assert compiled.constraint_residual(off) == pytest.approx(reference.constraint_residual(off), rel=1e-12)
+
+
+def test_kinematics_match_numpy(crank):
+    kernel = native.mechanism_kernel(crank)
+    for q, v, _ in _configurations(crank, 5, 4):
+        phi, J, Jd = np.empty(crank.m), np.empty((crank.m, crank.n)), np.empty((crank.m, crank.n))
+        kernel.phi_and_jacobian(q, phi, J)
+        kernel.jacobian_dot(q, v, Jd)
+        phi_ref, J_ref = crank.constraints.phi_and_jacobian(q)
+        _close(phi, phi_ref, 1e-13)
+        _close(J, J_ref, 1e-13)
+        _close(Jd, crank.constraints.jacobian_dot(q, v), 1e-13)
+
+
+def _layout(mech, na):
+    n = mech.n
+    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na)])
+
+
+def _every_unit(mech, h):
+    """Units of every compiled type (and static integrators) on one step of `mech`, with their per-step values."""
+    n, na = mech.n, len(mech.actuated)
+    dyn_fwd = F.ForwardDynamics(mech, sigma=0.3)
+    dyn_inv = F.InverseDynamics(mech, sigma=0.2)
+    angle = n - 1                                   # (the last coordinate of the shipped crank is its angle)
+    enc_angle = F.Encoder(mech, angle, sigma=1e-3)
+    enc_point = F.Encoder(mech, 0, sigma=2e-3)
+    obs = F.ObservedCoordinate(mech, 1, order=1, sigma=0.05)
+    gyro_fixed = F.Gyroscope(mech, 0, sigma=0.01)
+    gyro_moving = F.Gyroscope(mech, 1, sigma=0.02)
+    prior = F.Prior("tau", np.zeros(na), 3.0, select=list(range(na)), size=na)
+    units = [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
+             F.PositionConstraints(mech), F.VelocityConstraints(mech), dyn_fwd, dyn_inv, enc_angle, enc_point, obs,
+             gyro_fixed, gyro_moving, prior]
+    rng = np.random.default_rng(7)
+    values = {dyn_fwd: {"Q": mech.gravity_forces + rng.standard_normal(n)},
+              dyn_inv: {"Q_known": mech.gravity_forces + rng.standard_normal(n)},
+              enc_angle: {"value": 3.0}, enc_point: {"value": 0.1}, obs: {"value": -0.2},
+              gyro_fixed: {"value": 0.5}, gyro_moving: {"value": -0.4}, prior: {"mean": rng.standard_normal(na)}}
+    return units, values
+
+
+def test_a_whole_step_matches_numpy(crank):
+    n, na, h = crank.n, len(crank.actuated), 1e-3
+    layout = _layout(crank, na)
+    units, values = _every_unit(crank, h)
+    model = StepModel(layout, units)
+    ctx, ref_ctx = EvalContext(crank), _python_context(crank)
+    params = model.params_of(values)
+    rng = np.random.default_rng(11)
+    for q, v, _ in _configurations(crank, 4, 5):
+        x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na))
+        x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
+        th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4
+        compiled = model.native_linearize(x_prev, x_cur, ctx, (th_prev, th_cur), params)
+        assert compiled is not None
+        A_prev, A_cur, r, b = [np.array(a) for a in compiled]
+        model.apply(params)
+        P_prev, P_cur, p_r = [np.array(a) for a in model.linearize(x_prev, x_cur, ref_ctx, static_at=(th_prev, th_cur))]
+        _close(A_prev, P_prev)
+        _close(A_cur, P_cur)
+        _close(r, p_r)
+        rs = model.static_rows
+        p_b = -p_r
+        p_b[rs:] -= P_cur[rs:].dot(th_cur - x_cur) + P_prev[rs:].dot(th_prev - x_prev)
+        _close(b, p_b)
+        # the relinearization check at another point, against the numpy form
+        rows = model.check_rows
+        x_new, x_new_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim), x_prev + 1e-3 * rng.standard_normal(layout.dim)
+        lin = P_cur[rows].dot(x_new - x_cur) + p_r[rows] + P_prev[rows].dot(x_new_prev - x_prev)
+        expected = np.abs(lin - model.check_residual(x_new_prev, x_new, ref_ctx))
+        if model.check_weights is not None:
+            expected *= model.check_weights
+        got = model.native_mismatch(ctx, params, np.ascontiguousarray(P_cur[rows]), np.ascontiguousarray(p_r[rows]),
+                                    np.ascontiguousarray(P_prev[rows]), x_cur, x_prev, x_new, x_new_prev)
+        assert got == pytest.approx(float(expected.max()), rel=1e-9, abs=1e-12)
+
+
+def test_the_encoder_residual_is_wrapped(crank):
+    n = crank.n
+    layout = StateLayout([("q", n)])
+    enc = F.Encoder(crank, n - 1, sigma=1.0)
+    model = StepModel(layout, [enc])
+    x = np.array(crank.q0, dtype=float)
+    for reading in (x[n - 1] + 0.3, x[n - 1] + 0.3 + 2 * np.pi, x[n - 1] + 0.3 - 6 * np.pi):
+        _, _, r, _ = model.native_linearize(None, x, EvalContext(crank), (None, x), model.params_of({enc: {"value": reading}}))
+        assert r[0] == pytest.approx(-0.3, abs=1e-12)
+
+
+def test_units_without_a_compiled_form_stay_in_python(crank):
+    n = crank.n
+    layout = StateLayout([("q", n), ("v", n), ("a", n), ("zdd", 1)])
+    model = StepModel(layout, [F.PositionConstraints(crank), F.ForwardDynamics(crank, z=[n - 1])])
+    x = layout.pack(q=np.array(crank.q0, float), v=np.zeros(n), a=np.zeros(n), zdd=np.zeros(1))
+    assert model.native_linearize(None, x, EvalContext(crank), (None, x), model.params_of({})) is None
+    assert native.unit_form(F.ForwardDynamics(crank, z=[n - 1])) is None
+
+
+def test_singular_dynamics_are_left_to_numpy():
+    # no constraints and a zero mass matrix: K is singular (an exactly zero pivot)
+    kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [])
+    out = [np.empty(1), np.empty((1, 1)), np.empty((1, 1)), np.empty((1, 1)), np.empty(0), np.empty((0, 1)),
+           np.empty((0, 1))]
+    assert kernel.linearize(np.zeros(1), np.zeros(1), np.ones(1), *out) is False
+    assert kernel.acceleration(np.zeros(1), np.zeros(1), np.ones(1), np.empty(1)) is False
+
+
+def test_wrong_inputs_raise_clear_errors(crank):
+    kernel = native.mechanism_kernel(crank)
+    n = crank.n
+    with pytest.raises(ValueError, match="q: 5 values expected, got 3"):
+        kernel.acceleration(np.zeros(3), np.zeros(n), np.zeros(n), np.empty(n))
+    with pytest.raises(TypeError, match="a: a contiguous float64 array"):
+        kernel.acceleration(np.zeros(n), np.zeros(n), np.zeros(n), np.empty(n, dtype=np.float32))
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        kernel.acceleration(np.zeros(n))
+    with pytest.raises(ValueError, match="columns out of range"):
+        native.step_kernel(kernel, 3, np.zeros((0, 3)), False, [(native.module().POSITION, 0, crank.m, -1, True,
+                                                                    [(1, 0, n)], np.ones(crank.m), [], [])],
+                           np.zeros((crank.m, 3)), None, np.zeros(crank.m), np.zeros(crank.m))
+
+
+def _run(mech, mode, steps, enabled, monkeypatch):
+    monkeypatch.setenv(native.ENVIRONMENT, "1" if enabled else "0")
+    cfg = EstimatorConfig(dt=1e-3, window=10, mode=mode, sensor_sigmas={"crank_encoder": 1e-3}).validated()
+    est = FixedLagEstimator(mech, cfg)
+    assert (est.ctx.native is not None) == enabled
+    plant = SimulatedPlant(mech, dt=1e-3, seed=3, actuator=Actuator.ideal(mech))
+    out = []
+    for k in range(steps):
+        s = plant.step()
+        e = est.step(k * 1e-3, efforts=s.efforts, observations=s.readings)
+        out.append(np.concatenate([e.q, e.v, e.a, e.efforts, [e.constraint_residual]]))
+        est.prepare_next_step()
+    return np.array(out), est
+
+
+@pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
+def test_estimates_with_and_without_the_kernel_agree(crank, mode, monkeypatch):
+    compiled, est = _run(crank, mode, 300, True, monkeypatch)
+    reference, _ = _run(crank, mode, 300, False, monkeypatch)
+    assert est.window.last.model.compiled          # the compiled path did the work
+    d = np.abs(compiled - reference) / (1.0 + np.abs(reference))
+    assert float(d.max()) < 1e-9
