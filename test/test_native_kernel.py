@@ -208,3 +208,16 @@ def test_estimates_with_and_without_the_kernel_agree(crank, mode, monkeypatch):
     assert est.window.last.model.compiled          # the compiled path did the work
     d = np.abs(compiled - reference) / (1.0 + np.abs(reference))
     assert float(d.max()) < 1e-9
+
+
+def test_scaled_distance_matches_numpy(monkeypatch):
+    rng = np.random.default_rng(2)
+    A, x, lin = rng.standard_normal((7, 9)), rng.standard_normal(9), rng.standard_normal(9)
+    compiled = native.scaled_distance2()
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    reference = native.scaled_distance2()
+    assert compiled is not reference
+    assert compiled(A, x, lin) == pytest.approx(reference(A, x, lin), rel=1e-14)
+    assert compiled(np.zeros((0, 9)), x, lin) == 0.0
+    with pytest.raises(ValueError, match="lin: 9 values expected, got 8"):
+        compiled(A, x, lin[:8])

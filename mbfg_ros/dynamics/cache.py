@@ -33,7 +33,7 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_K", "_b", "_rows", "_n", "_third", "_older", "_fac_key", "_fac", "native", "_scratch")
+                 "_K", "_b", "_rows", "_n", "_third", "_older", "_fac_key", "_fac", "native")
 
     def __init__(self, mech: Mechanism):
         self.mech = mech
@@ -46,10 +46,6 @@ class EvalContext:
         self._b = np.zeros(n + rows.size)
         self._third = has_third_derivatives(mech)
         self.native = mechanism_kernel(mech)
-        m = mech.m
-        # the compiled prediction's outputs (a, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, λ, Φq, Φ̇q): only q̈ is kept
-        self._scratch = (np.empty(n), np.empty((n, n)), np.empty((n, n)), np.empty((n, n)), np.empty(m),
-                         np.empty((m, n)), np.empty((m, n)))
         self.clear()
 
     def clear(self):
@@ -176,14 +172,15 @@ class EvalContext:
         """q̈(q, q̇, Q) as `dynamics` would give it (the same K⁻¹ and product; the same numbers), without the
         derivatives: a prediction needs q̈ alone, and the step's dynamics factor, linearized at the same
         (q, q̇) under its own forces, then reuses K⁻¹ (`linearize`)."""
+        if self.native is not None:
+            # (compiled: one LU solve, no memo to consult; q̈ to rounding of the linearization's)
+            a = np.empty(self._n)
+            if self.native.acceleration(q, v, Q, a):
+                return a
+            return self.dynamics(q, v, Q).a
         key = q.tobytes() + v.tobytes() + Q.tobytes()
         if key == self._dyn_key:
             return self._dyn.a
-        if self.native is not None:
-            out = self._scratch
-            if self.native.linearize(q, v, Q, *out):
-                return out[0].copy()
-            return self.dynamics(q, v, Q).a
         fac = self._factorization(q, v)
         x = None if fac is None else self._solution(fac[0], fac[4], Q)
         if x is None:

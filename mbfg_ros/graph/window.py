@@ -17,6 +17,7 @@ from typing import Deque, Dict, List, Optional
 import gtsam
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.graph.gtsam_adapters import STATE_KEY_0, state_key, unit_noise
 from mbfg_ros.graph.layout import StateLayout
@@ -27,7 +28,6 @@ __all__ = ["FixedLagWindow", "StepRecord"]
 _EMPTY = np.zeros(0)
 _NO_VALUES: StepValues = {}
 _max = np.maximum.reduce
-_add_reduce = np.add.reduce
 
 
 class StepRecord:
@@ -107,6 +107,7 @@ class FixedLagWindow:
         self._curvatures: Deque[float] = deque(maxlen=self.CURVATURE_MEMORY)
         self._curvature = math.inf       # largest recent mismatch / ‖δ‖² (inf: nothing measured yet)
         self._unchecked = 0              # steps in a row whose check was skipped
+        self._scaled_distance2 = native.scaled_distance2()
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize
@@ -316,10 +317,7 @@ class FixedLagWindow:
             thr = self.threshold if newest.threshold is None else newest.threshold
             if self.check_interval > 1:
                 # δ scaled by the checked rows' sensitivity to each variable (column norms of A)
-                A = newest.A_cur
-                d = x_est - newest.x_cur
-                d *= np.sqrt(_add_reduce(A * A, 0))
-                dd = float(d.dot(d))
+                dd = self._scaled_distance2(newest.A_cur, x_est, newest.x_cur)
                 bound = self._curvature * dd if dd > 0.0 else 0.0
                 if self._unchecked < self.check_interval - 1 and bound < self.CHECK_MARGIN * thr:
                     self._unchecked += 1

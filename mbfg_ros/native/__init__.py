@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "module", "mechanism_kernel", "unit_form", "step_kernel"]
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "module", "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
 
 try:
     from mbfg_ros.native import _kernel
@@ -90,6 +90,19 @@ def unit_form(unit) -> Optional[Tuple[int, list, list]]:
         select = range(unit.dim) if unit.select is None else unit.select
         return _kernel.PRIOR, [int(i) for i in select], []
     return None
+
+
+def _scaled_distance2(A: np.ndarray, x: np.ndarray, lin: np.ndarray) -> float:
+    d = x - lin
+    d *= np.sqrt(np.add.reduce(A * A, 0))
+    return float(d.dot(d))
+
+
+def scaled_distance2():
+    """The function (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))² (the distance of x from lin, each variable scaled by
+    the column norm of A, i.e. the sensitivity of A's rows to it): compiled where the kernel is enabled (chosen
+    now, once per caller)."""
+    return _kernel.scaled_distance2 if enabled() else _scaled_distance2
 
 
 def step_kernel(mech_kernel, D: int, S: np.ndarray, static_prev: bool, units: list, A_cur, A_prev, r, b):

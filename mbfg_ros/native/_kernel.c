@@ -1323,9 +1323,51 @@ static PyTypeObject StepKernelType = {
 };
 
 /* ================================================================================================== module */
+
+/* scaled_distance2(A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²: the squared distance of x from lin, each variable
+ * scaled by the column norm of A (rows × D) — the relinearization check's quadratic bound (FixedLagWindow). */
+static PyObject *
+py_scaled_distance2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 3, "scaled_distance2") < 0)
+        return NULL;
+    Buf bA = {0}, bx = {0}, bl = {0};
+    PyObject *ret = NULL;
+    double *x = get_doubles(args[1], &bx, -1, 0, "x");
+    Py_ssize_t D = x ? bx.view.len / 8 : 0;
+    double *lin = x ? get_doubles(args[2], &bl, D, 0, "lin") : NULL;
+    double *A = lin ? get_doubles(args[0], &bA, -1, 0, "A") : NULL;
+    if (A) {
+        Py_ssize_t len = bA.view.len / 8;
+        if (D == 0 ? len != 0 : len % D) {
+            PyErr_Format(PyExc_ValueError, "A: rows of %zd values expected, got %zd values", D, len);
+        } else {
+            Py_ssize_t rows = D ? len / D : 0;
+            double sum = 0.0;
+            for (Py_ssize_t j = 0; j < D; j++) {
+                double c = 0.0;
+                for (Py_ssize_t i = 0; i < rows; i++) {
+                    double a = A[i * D + j];
+                    c += a * a;
+                }
+                double t = (x[j] - lin[j]) * sqrt(c);
+                sum += t * t;
+            }
+            ret = PyFloat_FromDouble(sum);
+        }
+    }
+    release(&bA), release(&bx), release(&bl);
+    return ret;
+}
+
+static PyMethodDef module_methods[] = {
+    {"scaled_distance2", (PyCFunction)(void (*)(void))py_scaled_distance2, METH_FASTCALL,
+     "scaled_distance2(A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²."},
+    {NULL, NULL, 0, NULL}};
+
 static struct PyModuleDef kernel_module = {
     PyModuleDef_HEAD_INIT, "mbfg_ros.native._kernel",
-    "The per-step numerics of mbfg_ros's fast path in C (see mbfg_ros.native).", -1, NULL,
+    "The per-step numerics of mbfg_ros's fast path in C (see mbfg_ros.native).", -1, module_methods,
 };
 
 PyMODINIT_FUNC
