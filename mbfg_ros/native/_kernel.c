@@ -186,6 +186,10 @@ typedef struct {
     PyObject_HEAD
     int n, m, ne, r, N;        /* coordinates, constraint rows, extended coordinates, independent rows, n + r */
     double *Ht;                /* m × (ne+1) × (ne+1): Φᵢ = ½ qe1ᵀ H̃ᵢ qe1 over qe1 = [q, fixed values, 1] */
+    /* its non-zeros (a distance or slider row touches a few coordinates), row (i, j) = i·(ne+1) + j: all of
+     * them (T = H̃ qe1), and those of the coordinates' part j, l < n (Hessian products) */
+    int *hp, *hc, *np_, *nc;
+    double *hv, *nv;
     double *tail;              /* the fixed values, then 1 (ne + 1 − n) */
     int nang;
     int *ang_row, *ang_idx;    /* per relative angle: its row, its 5 extended indices (x0, y0, x1, y1, θ) */
@@ -201,7 +205,7 @@ typedef struct {
 static void
 mech_free_arrays(MechanismKernel *k)
 {
-    void *arrs[] = {k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->qe1, k->T, k->phi, k->J,
+    void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->qe1, k->T, k->phi, k->J,
                     k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
@@ -319,6 +323,40 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
                 return -1;
             }
     }
+    /* the non-zeros of H̃ by (i, j) row, and of its coordinates' part */
+    size_t rowsH = (size_t)m * w, nnz = 0, nnzn = 0;
+    for (size_t t = 0; t < rowsH * w; t++)
+        if (k->Ht[t] != 0.0) {
+            nnz++;
+            if ((int)((t / w) % w) < n && (int)(t % w) < n)
+                nnzn++;
+        }
+    k->hp = PyMem_Calloc(rowsH + 1, sizeof(int));
+    k->hc = PyMem_Calloc(nnz + 1, sizeof(int));
+    k->hv = PyMem_Calloc(nnz + 1, sizeof(double));
+    k->np_ = PyMem_Calloc(rowsH + 1, sizeof(int));
+    k->nc = PyMem_Calloc(nnzn + 1, sizeof(int));
+    k->nv = PyMem_Calloc(nnzn + 1, sizeof(double));
+    if (!k->hp || !k->hc || !k->hv || !k->np_ || !k->nc || !k->nv) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t e = 0, en = 0;
+    for (size_t row = 0; row < rowsH; row++) {
+        k->hp[row] = (int)e;
+        k->np_[row] = (int)en;
+        int j = (int)(row % w);
+        for (int l = 0; l < w; l++) {
+            double h = k->Ht[row * w + l];
+            if (h == 0.0)
+                continue;
+            k->hc[e] = l, k->hv[e] = h, e++;
+            if (j < n && l < n)
+                k->nc[en] = l, k->nv[en] = h, en++;
+        }
+    }
+    k->hp[rowsH] = (int)e;
+    k->np_[rowsH] = (int)en;
     return 0;
 }
 
@@ -330,15 +368,14 @@ mk_positions(MechanismKernel *k, const double *q)
     double *qe1 = k->qe1;
     memcpy(qe1, q, n * sizeof(double));
     memcpy(qe1 + n, k->tail, (w - n) * sizeof(double));
-    const double *H = k->Ht;
     for (int i = 0; i < m; i++) {
         double *Ti = k->T + (size_t)i * w;
         double p = 0.0;
         for (int j = 0; j < w; j++) {
-            const double *h = H + ((size_t)i * w + j) * w;
+            size_t row = (size_t)i * w + j;
             double s = 0.0;
-            for (int l = 0; l < w; l++)
-                s += h[l] * qe1[l];
+            for (int e = k->hp[row]; e < k->hp[row + 1]; e++)
+                s += k->hv[e] * qe1[k->hc[e]];
             Ti[j] = s;
             p += s * qe1[j];
         }
@@ -372,10 +409,10 @@ mk_hessian_vector(MechanismKernel *k, const double *wv, double *out)
     int n = k->n, m = k->m, w = k->ne + 1;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
-            const double *h = k->Ht + ((size_t)i * w + j) * w;
+            size_t row = (size_t)i * w + j;
             double s = 0.0;
-            for (int l = 0; l < n; l++)
-                s += h[l] * wv[l];
+            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
+                s += k->nv[e] * wv[k->nc[e]];
             out[(size_t)i * n + j] = s;
         }
     for (int a = 0; a < k->nang; a++) {
@@ -446,24 +483,18 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
         return 1;
-    /* the explicit inverse: K⁻¹ = column by column (K is small; its top rows turn the derivatives into products) */
+    /* the top n rows [A B] of K⁻¹, which turn the derivatives into products: K is symmetric, so they are the
+     * transposed first n columns, n solves (not N) */
     double *Kinv = k->Kinv, *col = k->col;
-    for (int j = 0; j < N; j++) {
+    for (int j = 0; j < n; j++) {
         memset(col, 0, N * sizeof(double));
         col[j] = 1.0;
         lu_solve(k->lu, k->piv, N, col);
-        for (int i = 0; i < N; i++)
-            Kinv[(size_t)i * N + j] = col[i];
+        memcpy(Kinv + (size_t)j * N, col, N * sizeof(double));
     }
-    double *b = k->col, *x = k->x;
-    mk_rhs(k, v, Q, b);
-    for (int i = 0; i < N; i++) {
-        const double *Ki = Kinv + (size_t)i * N;
-        double s = 0.0;
-        for (int j = 0; j < N; j++)
-            s += Ki[j] * b[j];
-        x[i] = s;
-    }
+    double *x = k->x;
+    mk_rhs(k, v, Q, x);
+    lu_solve(k->lu, k->piv, N, x);
     if (!is_sane(x, N))
         return 1;
     memcpy(a, x, n * sizeof(double));
@@ -484,10 +515,10 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
         if (li == 0.0)
             continue;
         for (int j = 0; j < n; j++) {
-            const double *h = k->Ht + ((size_t)i * w + j) * w;
+            size_t row = (size_t)i * w + j;
             double *Wj = W + (size_t)j * n;
-            for (int l = 0; l < n; l++)
-                Wj[l] += li * h[l];
+            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
+                Wj[k->nc[e]] += li * k->nv[e];
         }
     }
     for (int aa = 0; aa < k->nang; aa++) {
