@@ -24,7 +24,9 @@ import numpy as np
 import mbfg_ros.factors as F
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model"]
+__all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model", "EARLY_RATE_STEPS"]
+
+EARLY_RATE_STEPS = 2     # the window's steps after which `EffortModel.early_rates` may correct earlier ones
 
 
 class EffortModel:
@@ -61,7 +63,9 @@ class EffortModel:
         """The efforts argument of a step as an array in actuator order (None: all unknown)."""
         if efforts is None:
             return self.no_efforts
-        e = np.array(efforts, dtype=float).reshape(-1)
+        e = np.array(efforts, dtype=float)
+        if e.ndim != 1:             # (the usual 1-D array skips numpy's reshape)
+            e = e.reshape(-1)
         if e.size != self.na:
             raise ValueError(f"expected {self.na} efforts (actuators {list(self.mech.actuator_names)}), "
                              f"got {e.size}")
@@ -143,7 +147,7 @@ class EffortModel:
         second-order differences (forward at 0, central at 1), which keeps the 4th-order integrator
         4th-order under time-varying efforts.  None: no correction applies to this step (or model); [] none
         yet."""
-        if not (self.rates and self.rates_from_commands) or k > 2:
+        if not (self.rates and self.rates_from_commands) or k > EARLY_RATE_STEPS:
             return None
         taus = self._first
         taus.append(self._history[-1])

@@ -26,7 +26,7 @@ import numpy as np
 
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import EstimatorConfig
-from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.estimation.efforts import EARLY_RATE_STEPS, EffortModel
 from mbfg_ros.estimation.estimates import StepFailure
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors
 from mbfg_ros.estimation.step_factors import StepFactors
@@ -108,9 +108,8 @@ class Stepper:
             unknown = self.sensors.unknown(obs)
             if unknown:
                 messages.append(f"ignored unknown observations {unknown}")
-        rejected = self.gate.take_rejected()
-        if rejected:
-            messages.append(f"rejected outlier readings {rejected}")
+        if self.gate.rejected:
+            messages.append(f"rejected outlier readings {self.gate.take_rejected()}")
 
     def advance(self, h: float, efforts: np.ndarray, obs: Dict[str, float]):
         """One step h after the newest."""
@@ -119,7 +118,8 @@ class Stepper:
         values, prior = factors.step_values(efforts, h, window)
         x_prev = self.x
         xp, offset = self._predicted(x_prev, h, values)
-        factors.prediction_values(offset, values)
+        if offset is not None:
+            factors.prediction_values(offset, values)
         readings = self.sensors.step_units(obs, values) if obs else []
         thr = self.threshold_readings
         rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None, values)
@@ -135,7 +135,7 @@ class Stepper:
             self._check_turns(readings, obs, xp, k)
         x = window.commit(rec)
         self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
-        rates = self.efforts.early_rates(k, h)
+        rates = self.efforts.early_rates(k, h) if k <= EARLY_RATE_STEPS else None
         if rates is not None:
             if rates:
                 factors.correct_early_rates(window, k, h, rates)
@@ -157,7 +157,7 @@ class Stepper:
             name, c = encoder
             if c in self.single_turn:
                 continue
-            d = obs[name] - x[c]
+            d = obs[name] - float(x[c])     # (plain floats: numpy's scalar round costs ~1 µs)
             turns = round(d / TWO_PI)
             if abs(d - TWO_PI * turns) > 0.25 * TWO_PI:
                 continue        # far from any whole turn: a disagreement, not a turn (only with the gate off)
