@@ -315,7 +315,7 @@ class FixedLagEstimator:
             self._reseeded = False
             if t - stepper.t <= 1e-9 * self.config.dt:
                 return self.last
-            return self._advance_or_resync(t, efforts, obs, "initialized", [self.REINITIALIZED])
+            return self._advance_to(t, efforts, obs, "initialized", [self.REINITIALIZED], resync=True)
         if stepper.window is None:
             retry, self._retry = self._retry, None
             if retry is not None and self.last is not None and self._failures <= self.TRUST_LAST_FAILURES:
@@ -340,22 +340,22 @@ class FixedLagEstimator:
                                                   f"{list(self.independent_coordinates)} (window re-seeded)",
                                                   est.message]))
             return est
-        nsub = max(1, int(round(gap / dt)))
-        if nsub > self.config.max_substeps:
+        substeps = stepper.substeps(t)
+        if substeps[0] > self.config.max_substeps:
             return self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "initialized",
-                                    f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
-        return self._advance_or_resync(t, efforts, obs, "ok", [])
+                                    f"gap of {gap:.6g} s ({substeps[0]} steps): re-initialized")
+        return self._advance_to(t, efforts, obs, "ok", [], resync=True, substeps=substeps)
 
-    def _advance_or_resync(self, t, efforts, obs, status, messages) -> Estimate:
+    def _advance_to(self, t, efforts, obs, status, messages, resync=False, substeps=None) -> Estimate:
+        """Integrate from the window's newest time to t (`Stepper.advance_to`), make the estimate and check it;
+        with `resync`, readings that disagree with the prediction re-initialize from them."""
         try:
-            return self._advance_to(t, efforts, obs, status, messages)
+            self.stepper.advance_to(t, efforts, obs, messages, substeps)
         except ReadingsDisagree as why:
+            if not resync:
+                raise
             return self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
                                     f"{why}: re-initialized from the readings")
-
-    def _advance_to(self, t, efforts, obs, status, messages) -> Estimate:
-        """Integrate from the window's newest time to t, make the estimate and check it."""
-        self.stepper.advance_to(t, efforts, obs, messages)
         est = self._estimate(t, self.stepper.x, efforts, status, messages)
         self.estimates.check(est)
         self.last = est

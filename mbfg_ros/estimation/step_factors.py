@@ -268,8 +268,7 @@ class StepFactors:
             # made before the step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization
             # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
             known = self._known_before if values is not None else self._known_newest
-            Q = (dyn.Q_known if known is None else known).copy()
-            Q[self.mech.actuated_index] += xp[self._tau]
+            Q = self.efforts.add_efforts(dyn.Q_known if known is None else known, xp[self._tau])
         if self._predict_linearizes:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
