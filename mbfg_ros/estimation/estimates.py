@@ -43,6 +43,8 @@ class Estimates:
         self.requested = (None if config.assembly_mode is None
                           else np.array(self.check_mode(config.assembly_mode), dtype=int))
         self._tau = factors.layout.slices.get("tau")
+        self._n = mech.n
+        self._covariance = config.compute_covariance
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
         self.reset()
 
@@ -65,22 +67,21 @@ class Estimates:
     def make(self, t: float, x: np.ndarray, efforts: np.ndarray, status: str, messages: list,
              window: Optional[FixedLagWindow], k: int, step: int) -> Estimate:
         """The estimate of state x (step k of `window`, id `step`); `messages` joined into its message."""
-        mech = self.mech
-        n = mech.n
+        n = self._n
         qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
         q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
         x_tau = None if self._tau is None else x[self._tau]
-        tau = self.efforts.reported(x_tau, efforts)
-        Q = self.efforts.gravity.copy()
-        if tau.size:
-            Q[mech.actuated_index] += tau
+        efforts_model = self.efforts
+        tau = efforts_model.reported(x_tau, efforts)
+        # (a non-finite τ, for which `add_efforts` does not apply, fails `check`: such an estimate is not kept)
+        Q = efforts_model.add_efforts(efforts_model.gravity, tau)
         phi = self.ctx.phi(q)
         # (a few values: plain floats are cheaper than numpy's reductions; a NaN or inf in q or q̇ is caught by
         # the norm of x in `check` before these are looked at)
         residual = max(map(abs, phi.tolist())) if phi.size else 0.0
         self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
         self._speed = max(map(abs, v.tolist())) if n else 0.0
-        mode = mech.assembly_mode(q)
+        mode = self.mech.assembly_mode(q)
         if self.mode is not None and mode.size and mode.tolist() != self.mode.tolist():
             if self.requested is not None and not np.array_equal(mode, self.requested):
                 raise StepFailure(f"assembly mode left the requested {self.mode_text(self.requested)} "
@@ -89,7 +90,7 @@ class Estimates:
         if mode.size:
             self.mode = mode
         cov = std = efforts_std = disturbance_std = None
-        if self.config.compute_covariance and window is not None:
+        if self._covariance and window is not None:
             try:
                 P = window.marginal_covariance(k)
                 cov = P[np.ix_(self._qv, self._qv)]
@@ -104,7 +105,7 @@ class Estimates:
         if k % COORDINATE_CHECK_INTERVAL == 0:
             self._check_coordinates(q, messages)
         return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
-                        self.efforts.disturbance(x_tau), std, efforts_std, disturbance_std)
+                        efforts_model.disturbance(x_tau), std, efforts_std, disturbance_std)
 
     def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
         """The answer before any estimate: the guess q at rest."""

@@ -308,20 +308,21 @@ class FixedLagEstimator:
     # -- stepping -----------------------------------------------------------------------------
     def _step(self, t, efforts, obs) -> Estimate:
         self._last_obs.update(obs)
+        stepper = self.stepper
         if self._reseed is not None and self.last is not None:
             self._reseed_at_last()
-        if self._reseeded and self.window is not None:
+        if self._reseeded and stepper.window is not None:
             self._reseeded = False
-            if t - self.stepper.t <= 1e-9 * self.config.dt:
+            if t - stepper.t <= 1e-9 * self.config.dt:
                 return self.last
-            return self._advance_or_resync(t, efforts, obs, "initialized", [self.REINITIALIZED])
-        if self.window is None:
+            return self._advance_to(t, efforts, obs, "initialized", [self.REINITIALIZED], resync=True)
+        if stepper.window is None:
             retry, self._retry = self._retry, None
             if retry is not None and self.last is not None and self._failures <= self.TRUST_LAST_FAILURES:
                 # an earlier recovery could not re-initialize: try again from the last good estimate
                 return self._reseed_and_advance(t, efforts, obs, "recovered", f"re-initialized after: {retry}")
             return self._initialize(t, efforts, obs, self.seeder.fresh(self.last is None), "initialized", "initialized")
-        gap = t - self.stepper.t
+        gap = t - stepper.t
         dt = self.config.dt
         if gap < -1e-9 * dt:
             self.reset()
@@ -339,38 +340,36 @@ class FixedLagEstimator:
                                                   f"{list(self.independent_coordinates)} (window re-seeded)",
                                                   est.message]))
             return est
-        nsub = max(1, int(round(gap / dt)))
-        if nsub > self.config.max_substeps:
+        substeps = stepper.substeps(t)
+        if substeps[0] > self.config.max_substeps:
             return self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "initialized",
-                                    f"gap of {gap:.6g} s ({nsub} steps): re-initialized")
-        return self._advance_or_resync(t, efforts, obs, "ok", [])
+                                    f"gap of {gap:.6g} s ({substeps[0]} steps): re-initialized")
+        return self._advance_to(t, efforts, obs, "ok", [], resync=True, substeps=substeps)
 
-    def _advance_or_resync(self, t, efforts, obs, status, messages) -> Estimate:
+    def _advance_to(self, t, efforts, obs, status, messages, resync=False, substeps=None) -> Estimate:
+        """Integrate from the window's newest time to t (`Stepper.advance_to`), make the estimate and check it;
+        with `resync`, readings that disagree with the prediction re-initialize from them."""
         try:
-            return self._advance_to(t, efforts, obs, status, messages)
+            self.stepper.advance_to(t, efforts, obs, messages, substeps)
         except ReadingsDisagree as why:
+            if not resync:
+                raise
             return self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
                                     f"{why}: re-initialized from the readings")
-
-    def _advance_to(self, t, efforts, obs, status, messages) -> Estimate:
-        """Integrate from the window's newest time to t and make the estimate."""
-        self.stepper.advance_to(t, efforts, obs, messages)
-        return self._accept(self._estimate(t, self.stepper.x, efforts, status, messages), efforts)
+        est = self._estimate(t, self.stepper.x, efforts, status, messages)
+        self.estimates.check(est)
+        self.last = est
+        self._last_efforts = efforts
+        if status == "ok":
+            # only a step advanced as usual shows the state sane again: a recovery's own estimate (re-seeded
+            # at a possibly diverged estimate) must not reset the escalation of `_recover`
+            self._failures = 0
+        return est
 
     def _estimate(self, t, x, efforts, status, messages) -> Estimate:
         st = self.stepper
         est = self.estimates.make(t, x, efforts, status, messages, st.window, st.k, st.first_id + st.k)
         st.estimated()
-        return est
-
-    def _accept(self, est: Estimate, efforts) -> Estimate:
-        self.estimates.check(est)
-        self.last = est
-        self._last_efforts = efforts
-        if est.status == "ok":
-            # only a step advanced as usual shows the state sane again: a recovery's own estimate (re-seeded
-            # at a possibly diverged estimate) must not reset the escalation of `_recover`
-            self._failures = 0
         return est
 
     # -- seeding and recovery -------------------------------------------------------------------

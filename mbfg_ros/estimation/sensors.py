@@ -32,12 +32,13 @@ def observations_in(observations) -> Dict[str, float]:
     out = {}
     if observations:
         for name, val in observations.items():
-            try:
-                val = float(val)
-            except (TypeError, ValueError):
-                continue
+            if type(val) is not float:      # (the usual float needs no conversion)
+                try:
+                    val = float(val)
+                except (TypeError, ValueError):
+                    continue
             if math.isfinite(val):
-                out[str(name)] = val
+                out[name if type(name) is str else str(name)] = val
     return out
 
 
@@ -100,6 +101,8 @@ class Sensors:
         return units
 
     def unknown(self, obs) -> List[str]:
+        if self.units.keys() >= obs.keys():       # the usual case: only the mechanism's sensors
+            return []
         return [k for k in obs if k not in self.units and self.generic(k) is None]
 
     def observed(self, obs) -> bool:
@@ -179,27 +182,28 @@ class InnovationGate:
         rejections, seen, unconfirmed = self.rejections, self.seen, self.unconfirmed
         kept = []
         for u in units:
+            name = u.name
             w = whitened(u)
             m = abs(w.item()) if w.size == 1 else float(_max(np.abs(w)))      # (one row: a plain float)
-            since = k - seen.get(u.name, k)
-            seen[u.name] = k
+            since = k - seen.get(name, k)
+            seen[name] = k
             if m > gate:
                 if since > self.outage_steps:
                     rejections.clear()
-                    raise ReadingsDisagree(f"{u.name} disagreed with the prediction by {m:.3g} σ after "
+                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ after "
                                            f"{since} steps without a reading")
                 limit = self.max_rejections
-                if u.name in unconfirmed:
+                if name in unconfirmed:
                     limit = min(limit, UNCONFIRMED_REJECTIONS)
-                if rejections.get(u.name, 0) >= limit:
+                if rejections.get(name, 0) >= limit:
                     rejections.clear()
-                    raise ReadingsDisagree(f"{u.name} disagreed with the prediction by {m:.3g} σ for {limit + 1} "
-                                           f"steps" + (" (the start was a guess)" if u.name in unconfirmed else ""))
-                rejections[u.name] = rejections.get(u.name, 0) + 1
-                self.rejected.append(f"{u.name} ({m:.3g} σ)")
+                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ for {limit + 1} "
+                                           f"steps" + (" (the start was a guess)" if name in unconfirmed else ""))
+                rejections[name] = rejections.get(name, 0) + 1
+                self.rejected.append(f"{name} ({m:.3g} σ)")
                 continue
-            rejections.pop(u.name, None)
-            unconfirmed.discard(u.name)
+            rejections.pop(name, None)
+            unconfirmed.discard(name)
             kept.append(u)
         return kept
 

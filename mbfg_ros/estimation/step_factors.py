@@ -72,6 +72,12 @@ class StepFactors:
         self.layout = StateLayout(blocks)
         self.a_slice = self.layout.slices["a"]
         self._tau = self.layout.slices.get("tau")
+        # with τ a state, the dynamics' forces are its known part (gravity, and the commands in fused mode)
+        self._forces_name = "Q_known" if efforts.has_state else "Q"
+        # does the prediction linearize the dynamics (`predict`), or take q̈ alone (fused: the step's own
+        # commands differ from the prediction's; its factor reuses the factorization for them)?
+        self._predict_linearizes = (self.prediction_uses_linearization or not efforts.has_state
+                                    or not efforts.known_forces_vary)
         self.z: Optional[np.ndarray] = None
         self._models: Dict[tuple, StepModel] = {}
         self._step_models: Dict[tuple, StepModel] = {}
@@ -168,10 +174,8 @@ class StepFactors:
         a step's values on them whenever it evaluates that step."""
         Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
         self._known_before, self._known_newest = self._known_newest, Q
-        values: StepValues = {}
+        values: StepValues = {self.dynamics: {self._forces_name: Q}}
         jerk = self.jerk
-        # with τ a state, Q is the known part (gravity, and the commands in fused mode)
-        values[self.dynamics] = {"Q_known" if self.efforts.has_state else "Q": Q}
         if jerk is not None:
             values[jerk] = {"Q": Q}
         if jerk is not None and Qdot is not None:
@@ -195,13 +199,12 @@ class StepFactors:
         if not self.efforts.uses_commands or self.efforts.rates or self.jerk is not None:
             return None
         Q, _, _ = self.efforts.forces(efforts, self.default_h)      # (pure without rates)
-        return {self.dynamics: {"Q_known" if self.efforts.has_state else "Q": Q}}
+        return {self.dynamics: {self._forces_name: Q}}
 
     def newest_commands_replaced(self, values: StepValues):
         """The newest step's commands were replaced (`command_values`): the next step's prediction, which uses
         the known forces of the step it predicts from (`predict`), takes the new ones."""
-        own = values[self.dynamics]
-        self._known_newest = own["Q_known"] if "Q_known" in own else own["Q"]
+        self._known_newest = values[self.dynamics][self._forces_name]
 
     def _dynamic_units(self, prior) -> list:
         units = [self.dynamics]
@@ -243,12 +246,12 @@ class StepFactors:
         xp = x.copy()
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
-        j = self._jerk_before(x, h, a_prev, h_prev, values)
         # q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j on plain floats: the same operations in the same order
         # as elementwise numpy (the same numbers), without the eight numpy calls that cost more than the
         # arithmetic on a mechanism's few coordinates (and little beside the rest of a step on many)
         xl = x[:n3].tolist()
         ql, vl, al = xl[:n], xl[n:n2], xl[n2:]
+        j = self._jerk_before(x, al, h, a_prev, h_prev, values)
         if j is not None:
             xp[:n2] = ([qi + h * vi + (h2 * ai + h3 * ji) for qi, vi, ai, ji in zip(ql, vl, al, j)]
                        + [vi + h * ai + h2 * ji for vi, ai, ji in zip(vl, al, j)])
@@ -265,24 +268,21 @@ class StepFactors:
             # made before the step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization
             # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
             known = self._known_before if values is not None else self._known_newest
-            Q = (dyn.Q_known if known is None else known).copy()
-            Q[self.mech.actuated_index] += xp[self._tau]
-        if self.prediction_uses_linearization or self._tau is None or not self.efforts.known_forces_vary:
+            Q = self.efforts.add_efforts(dyn.Q_known if known is None else known, xp[self._tau])
+        if self._predict_linearizes:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
             ap = d.a
         else:
-            # (fused: the step's own commands differ; its factor reuses this factorization for them)
             d, ap = None, self.ctx.predicted_acceleration(qp, vp, Q)
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
 
-    def _jerk_before(self, x, h, a_prev, h_prev, values) -> Optional[list]:
-        """The jerk at x (plain floats, see `predict`): the backward difference of q̈, or None before a
-        previous q̈."""
+    def _jerk_before(self, x, a, h, a_prev, h_prev, values) -> Optional[list]:
+        """The jerk at x (q̈ = `a` as plain floats, see `predict`): the backward difference of q̈, or None
+        before a previous q̈."""
         if a_prev is not None:
-            n = self.mech.n
-            return [(ai - pi) / h_prev for ai, pi in zip(x[2 * n:3 * n].tolist(), a_prev.tolist())]
+            return [(ai - pi) / h_prev for ai, pi in zip(a, a_prev.tolist())]
         return None
 
     def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
@@ -340,7 +340,7 @@ class DependentHermiteFactors(DependentFactors):
                           "lin_prev": (x[:n], x[n:2 * n], x[self._tau] if self._tau is not None else None)}
         self._forces_last = (Q, Qdot)
 
-    def _jerk_before(self, x, h, a_prev, h_prev, values):
+    def _jerk_before(self, x, a, h, a_prev, h_prev, values):
         # the jerk at the previous estimate, on the linear model the step factors use for it
         n = self.mech.n
         hv = self.integrators(h)[1]

@@ -26,7 +26,7 @@ import numpy as np
 
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import EstimatorConfig
-from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.estimation.efforts import EARLY_RATE_STEPS, EffortModel
 from mbfg_ros.estimation.estimates import StepFailure
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors
 from mbfg_ros.estimation.step_factors import StepFactors
@@ -92,25 +92,31 @@ class Stepper:
         """The newest step's estimate was made: its id is taken."""
         self.next_id = max(self.next_id, self.first_id + self.k + 1)
 
-    def advance_to(self, t: float, efforts: np.ndarray, obs: Dict[str, float], messages: list):
-        """Integrate from the newest time to t (sub-steps of about dt); notes for the estimate's message go
-        to `messages`."""
+    def substeps(self, t: float) -> Tuple[int, float]:
+        """(number, length) of the sub-steps of about dt from the newest time to t."""
         dt = self.dt
         gap = t - self.t
         nsub = max(1, int(round(gap / dt)))
-        h = dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub
-        if nsub > 1:
+        return nsub, (dt if abs(gap - nsub * dt) <= 1e-6 * dt else gap / nsub)
+
+    def advance_to(self, t: float, efforts: np.ndarray, obs: Dict[str, float], messages: list,
+                   substeps: Optional[Tuple[int, float]] = None):
+        """Integrate from the newest time to t (`substeps` of about dt, if the caller has them already); notes
+        for the estimate's message go to `messages`."""
+        nsub, h = self.substeps(t) if substeps is None else substeps
+        if nsub == 1:
+            self.advance(h, efforts, obs)
+        else:
             messages.append(f"{nsub - 1} missed step(s) integrated")
-        for i in range(nsub):
-            self.advance(h, efforts, obs if i == nsub - 1 else {})
+            for i in range(nsub):
+                self.advance(h, efforts, obs if i == nsub - 1 else {})
         self.t = t
         if obs:
             unknown = self.sensors.unknown(obs)
             if unknown:
                 messages.append(f"ignored unknown observations {unknown}")
-        rejected = self.gate.take_rejected()
-        if rejected:
-            messages.append(f"rejected outlier readings {rejected}")
+        if self.gate.rejected:
+            messages.append(f"rejected outlier readings {self.gate.take_rejected()}")
 
     def advance(self, h: float, efforts: np.ndarray, obs: Dict[str, float]):
         """One step h after the newest."""
@@ -118,8 +124,14 @@ class Stepper:
         factors, window = self.factors, self.window
         values, prior = factors.step_values(efforts, h, window)
         x_prev = self.x
-        xp, offset = self._predicted(x_prev, h, values)
-        factors.prediction_values(offset, values)
+        # the prediction `prepare_next` made, if for this step
+        prepared, self._prediction = self._prediction, None
+        if prepared is not None and prepared[0] is x_prev and prepared[1] == h and prepared[2] is self.a_prev:
+            xp, offset = prepared[3]
+        else:
+            xp, offset = factors.predict(x_prev, h, self.a_prev, self.h_prev, values)
+        if offset is not None:
+            factors.prediction_values(offset, values)
         readings = self.sensors.step_units(obs, values) if obs else []
         thr = self.threshold_readings
         rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None, values)
@@ -135,7 +147,7 @@ class Stepper:
             self._check_turns(readings, obs, xp, k)
         x = window.commit(rec)
         self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
-        rates = self.efforts.early_rates(k, h)
+        rates = self.efforts.early_rates(k, h) if k <= EARLY_RATE_STEPS else None
         if rates is not None:
             if rates:
                 factors.correct_early_rates(window, k, h, rates)
@@ -157,7 +169,7 @@ class Stepper:
             name, c = encoder
             if c in self.single_turn:
                 continue
-            d = obs[name] - x[c]
+            d = obs[name] - float(x[c])     # (plain floats: numpy's scalar round costs ~1 µs)
             turns = round(d / TWO_PI)
             if abs(d - TWO_PI * turns) > 0.25 * TWO_PI:
                 continue        # far from any whole turn: a disagreement, not a turn (only with the gate off)
@@ -168,15 +180,6 @@ class Stepper:
             else:
                 raise ReadingsDisagree(f"{name} reads {obs[name]:.6g} rad, {turns:+d} turn(s) from the "
                                        f"predicted {x[c]:.6g} rad")
-
-    def _predicted(self, x, h, values):
-        """The prediction of the step h after x: the one `prepare_next` made, if for this step."""
-        p = self._prediction
-        if p is not None:
-            self._prediction = None
-            if p[0] is x and p[1] == h and p[2] is self.a_prev:
-                return p[3]
-        return self.factors.predict(x, h, self.a_prev, self.h_prev, values)
 
     def prepare_next(self) -> bool:
         """Predict the next step (one dt after the newest) now, if the prediction does not depend on the
