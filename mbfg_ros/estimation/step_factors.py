@@ -45,6 +45,8 @@ class StepFactors:
     # and the step's forces may differ from the prediction's (fused), it takes q̈ alone, and the step's
     # dynamics factor linearizes there under its own forces on the same factorization
     prediction_uses_linearization = False
+    #: the step models have compiled forms (`graph.step_model.StepModel.native_linearize`) where the kernel is on
+    compiled_step_models = False
     soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
@@ -74,10 +76,13 @@ class StepFactors:
         self._tau = self.layout.slices.get("tau")
         # with τ a state, the dynamics' forces are its known part (gravity, and the commands in fused mode)
         self._forces_name = "Q_known" if efforts.has_state else "Q"
-        # does the prediction linearize the dynamics (`predict`), or take q̈ alone (fused: the step's own
-        # commands differ from the prediction's; its factor reuses the factorization for them)?
-        self._predict_linearizes = (self.prediction_uses_linearization or not efforts.has_state
-                                    or not efforts.known_forces_vary)
+        # does the prediction linearize the dynamics (`predict`), or take q̈ alone?  The whole linearization
+        # pays where the step's dynamics factor then finds it in the context, under the same forces; not in
+        # fused mode (the step's own commands differ; its factor reuses the factorization for them) nor where
+        # the step models are compiled (the kernel linearizes the step itself)
+        self._predict_linearizes = self.prediction_uses_linearization or (
+            (not efforts.has_state or not efforts.known_forces_vary)
+            and not (self.compiled_step_models and ctx.native is not None))
         self.z: Optional[np.ndarray] = None
         self._models: Dict[tuple, StepModel] = {}
         self._step_models: Dict[tuple, StepModel] = {}
@@ -305,6 +310,8 @@ class StepFactors:
 class DependentFactors(StepFactors):
     """X_k = [q, q̇, q̈ (, τ)], trapezoidal or Euler integrators on (q, q̇, q̈), f_pc, f_vc."""
 
+    compiled_step_models = True        # every unit has a compiled form (`mbfg_ros.native.unit_form`)
+
     def _build(self):
         mech, s = self.mech, self.sigmas
         self._integrated = ("q", "v", "a", mech.n)
@@ -318,6 +325,8 @@ class DependentFactors(StepFactors):
 class DependentHermiteFactors(DependentFactors):
     """The velocity integrator's forces at both ends, and the previous step's linearization point (its
     jerk's linear model: see factors.HermiteVelocityIntegrator), are set every step."""
+
+    compiled_step_models = False       # (the hermite velocity integrator has no compiled form)
 
     def _build(self):
         super()._build()
