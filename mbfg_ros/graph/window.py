@@ -181,10 +181,8 @@ class FixedLagWindow:
         self._linearize(rec)
         return rec
 
-    def _linearize(self, rec: StepRecord, restore: bool = True):
+    def _linearize(self, rec: StepRecord):
         model = rec.model
-        if restore:
-            model.apply(rec.params)
         # iSAM2 never relinearizes (every factor is linear), so each key's linearization point stays the
         # value θ it was inserted with; the factor is handed over as a linear factor in δ = X − θ, without a
         # linearization point of its own: the static rows are evaluated at θ directly, the others shifted
@@ -194,9 +192,10 @@ class FixedLagWindow:
         th_cur = theta[k]
         th_prev = theta[k - 1] if rec.x_prev is not None else None
         compiled = model.native_linearize(rec.x_prev, rec.x_cur, self.ctx, (th_prev, th_cur), rec.params)
-        if compiled is not None:
+        if compiled is not None:           # (the kernel reads the parameters from the record)
             A_prev, A_cur, r, b = compiled
-        else:
+        else:                              # (the numpy forms read them on the units, shared by every step)
+            model.apply(rec.params)
             A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
         rows = model.check_slice
         if rows is not None:
@@ -270,19 +269,18 @@ class FixedLagWindow:
         for i, rec in enumerate(recs):
             rec.factor_index = int(idx[i])
 
-    def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray, restore: bool = True) -> float:
+    def mismatch(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> float:
         """max weighted |nonlinear − linear model| of the step's nonlinear rows at (x_prev, x_cur)."""
         if rec.r.size == 0:
             return 0.0
         model = rec.model
-        if restore:
-            model.apply(rec.params)
         m = model.native_mismatch(self.ctx, rec.params, rec.A_cur, rec.r, rec.A_prev, rec.x_cur, rec.x_prev, x_cur,
                                   x_prev)
         if m is not None:
             if m != m:
                 raise FloatingPointError("non-finite residual at the estimate")
             return m
+        model.apply(rec.params)
         lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:
@@ -325,7 +323,7 @@ class FixedLagWindow:
                     newest.mismatch = bound
                     return x_est
                 self._unchecked = 0
-            newest.mismatch = m = self.mismatch(newest, None, x_est, restore=False)
+            newest.mismatch = m = self.mismatch(newest, None, x_est)
             if self.check_interval > 1 and dd > 0.0:
                 curv = self._curvatures
                 curv.append(m / dd)
@@ -346,8 +344,7 @@ class FixedLagWindow:
                     x_prev = cache.get(k - 1)
                     if x_prev is None and rec.A_prev is not None:
                         x_prev = cache[k - 1] = calc(k - 1)
-                # the step just added still has its parameters in place: no restore
-                rec.mismatch = self.mismatch(rec, x_prev, x_cur, restore=rec is not newest or round_ > 0)
+                rec.mismatch = self.mismatch(rec, x_prev, x_cur)
                 thr = self.threshold if rec.threshold is None else rec.threshold
                 if rec.mismatch > thr and round_ < self.max_relinearizations:
                     if rec.x_prev is not None and x_prev is None:
