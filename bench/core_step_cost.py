@@ -2,6 +2,7 @@
 """CPU per step of the estimator's core as the node runs it, and the iSAM2 update's share of it.
 
     python bench/core_step_cost.py [--steps 4000] [--repeat 3] [--mode fused estimation] [--window 10] [--breakdown]
+                                   [--kernel compiled numpy]
 
 The four-bar with crank, dt = 1 ms, window 10 (`--window`), encoder + gyroscope, as `config/four_bar.yaml`
 sets the node up (fused mode there; `--mode` runs the given modes interleaved, repetition by repetition, so
@@ -14,14 +15,17 @@ step + prepare over the median update of the same run (issue 14's target: ≤ 2)
 median thread CPU of the step's `calculateEstimateVector` calls, inside step + prepare: iSAM2 defers an
 update's back-substitution to the first estimate read after it, so this is solver work the Python around
 the solver does not control.  `--breakdown` then prints the mean cost of each part of a step (`PartTimers`,
-`breakdown`).  `bench/node_latency.py --core-cost` says what a core of a given cost means for the node's
+`breakdown`).  `--kernel compiled numpy` runs each case with the compiled kernel (`mbfg_ros.native`) and with
+its numpy forms (`MBFG_ROS_NATIVE=0`), interleaved.  `bench/node_latency.py --core-cost` says what a core of a given cost means for the node's
 latency.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -168,6 +172,21 @@ def breakdown(steps: int, mode: str = "fused", window: int = 10) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def kernel_choice(kernel: str):
+    """Estimators built inside use the compiled kernel ('compiled', where built) or the numpy forms ('numpy')."""
+    from mbfg_ros import native
+    before = os.environ.get(native.ENVIRONMENT)
+    os.environ[native.ENVIRONMENT] = "1" if kernel == "compiled" else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[native.ENVIRONMENT]
+        else:
+            os.environ[native.ENVIRONMENT] = before
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=4000)
@@ -177,28 +196,38 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--breakdown", action="store_true",
                     help="then the mean cost of each part of a step, per mode (one more run each)")
+    ap.add_argument("--kernel", nargs="+", default=["compiled"], choices=["compiled", "numpy"],
+                    help="the compiled kernel (mbfg_ros.native) and/or its numpy forms (MBFG_ROS_NATIVE=0), "
+                         "interleaved (default: compiled, where built)")
     a = ap.parse_args(argv)
+    from mbfg_ros import native
+    if "compiled" in a.kernel and not native.AVAILABLE:
+        print(f"note: {native.UNAVAILABLE_REASON}: 'compiled' runs the numpy forms", file=sys.stderr)
     if a.steps <= 200:
         ap.error("--steps must be over 200 (the first 200 steps are not counted)")
-    print("| run | mode | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio "
+    print("| run | mode | kernel | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio "
           "| estimate reads, median |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for i in range(a.repeat):
         for mode in a.mode:
-            sm, smed, um, umed, emed = run(a.steps, mode, a.window)
-            print(f"| {i + 1} | {mode} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | "
-                  f"{100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |", flush=True)
+            for kernel in a.kernel:
+                with kernel_choice(kernel):
+                    sm, smed, um, umed, emed = run(a.steps, mode, a.window)
+                print(f"| {i + 1} | {mode} | {kernel} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | "
+                      f"{100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |", flush=True)
     print(f"\nfour-bar with crank, dt 1 ms, window {a.window}, encoder + gyroscope; thread CPU per step; "
           f"ratio = median step + prepare / median update; estimate reads = the step's calculateEstimateVector "
           f"calls (the first after an update does iSAM2's deferred back-substitution)")
     if a.breakdown:
         cols = ("step + prepare", "prediction", "linearization", "update", "estimate reads",
                 "safeguard, rest of commit", "estimate", "rest")
-        print("\n| mode | " + " | ".join(cols) + " |")
-        print("|---|" + "---|" * len(cols))
+        print("\n| mode | kernel | " + " | ".join(cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
         for mode in a.mode:
-            b = breakdown(a.steps, mode, a.window)
-            print(f"| {mode} | " + " | ".join(f"{b[c]:.1f}" for c in cols) + " |", flush=True)
+            for kernel in a.kernel:
+                with kernel_choice(kernel):
+                    b = breakdown(a.steps, mode, a.window)
+                print(f"| {mode} | {kernel} | " + " | ".join(f"{b[c]:.1f}" for c in cols) + " |", flush=True)
         print("\nmeans in µs per step: prediction = StepFactors.predict (in prepare_next_step); linearization = "
               "FixedLagWindow.prepare (units, dynamics, whitening, gtsam factor); update and estimate reads inside "
               "FixedLagWindow.commit; estimate = Estimates.make + check; rest = facade, stepper, gate, sensors "

@@ -164,7 +164,7 @@ def test_units_without_a_compiled_form_stay_in_python(crank):
 
 def test_singular_dynamics_are_left_to_numpy():
     # no constraints and a zero mass matrix: K is singular (an exactly zero pivot)
-    kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [])
+    kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [], [])
     out = [np.empty(1), np.empty((1, 1)), np.empty((1, 1)), np.empty((1, 1)), np.empty(0), np.empty((0, 1)),
            np.empty((0, 1))]
     assert kernel.linearize(np.zeros(1), np.zeros(1), np.ones(1), *out) is False

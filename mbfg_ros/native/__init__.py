@@ -56,7 +56,7 @@ def mechanism_kernel(mech):
     Ht, tail, angles = form
     return _kernel.MechanismKernel(mech.n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
                                    angles, np.ascontiguousarray(mech.mass_matrix, dtype=float),
-                                   [int(i) for i in mech.independent_rows])
+                                   [int(i) for i in mech.independent_rows], [int(i) for i in mech.actuated])
 
 
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:

@@ -196,6 +196,8 @@ typedef struct {
     double *ang_L;
     double *M;                 /* n × n */
     int *rows;                 /* the r independent rows */
+    int na;
+    int *act;                  /* the actuated coordinates, in actuator order */
     /* work (the last evaluation) */
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
     double *lu, *Kinv, *col, *x, *low, *W, *lam, *tmp;
@@ -205,7 +207,7 @@ typedef struct {
 static void
 mech_free_arrays(MechanismKernel *k)
 {
-    void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->qe1, k->T, k->phi, k->J,
+    void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->qe1, k->T, k->phi, k->J,
                     k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
@@ -218,14 +220,15 @@ mech_dealloc(MechanismKernel *k)
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
-/* MechanismKernel(n, Ht, tail, angles, M, rows): Ht (m, ne+1, ne+1) flat, tail = [fixed values, 1],
- * angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows. */
+/* MechanismKernel(n, Ht, tail, angles, M, rows, actuated): Ht (m, ne+1, ne+1) flat, tail = [fixed values, 1],
+ * angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows, actuated = the
+ * actuated coordinates in actuator order. */
 static int
 mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
 {
     int n;
-    PyObject *Ht, *tail, *angles, *M, *rows;
-    if (!PyArg_ParseTuple(args, "iOOOOO", &n, &Ht, &tail, &angles, &M, &rows))
+    PyObject *Ht, *tail, *angles, *M, *rows, *actuated;
+    if (!PyArg_ParseTuple(args, "iOOOOOO", &n, &Ht, &tail, &angles, &M, &rows, &actuated))
         return -1;
     mech_free_arrays(k);
     memset(((char *)k) + sizeof(PyObject), 0, sizeof(MechanismKernel) - sizeof(PyObject));
@@ -265,6 +268,15 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
         return -1;
     k->r = (int)nr;
     k->N = n + k->r;
+    Py_ssize_t nact;
+    if (!(k->act = int_list(actuated, &nact, "MechanismKernel actuated")))
+        return -1;
+    k->na = (int)nact;
+    for (int t = 0; t < k->na; t++)
+        if (k->act[t] < 0 || k->act[t] >= n) {
+            PyErr_SetString(PyExc_ValueError, "MechanismKernel: actuated coordinate out of range");
+            return -1;
+        }
     PyObject *fast = PySequence_Fast(angles, "MechanismKernel angles");
     if (!fast)
         return -1;
@@ -672,7 +684,64 @@ mk_py_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     return ret;
 }
 
+/* predict(x, h, a_prev, h_prev, Q_base, tau_start, out) -> ok
+ * The continuity predictor of the state h after x (the layout starts with q, q̇, q̈; out gets a copy of x with
+ * those replaced): q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j with the jerk j = (q̈ − a_prev)/h_prev (no
+ * jerk terms where a_prev is None), then q̈ at the predicted (q, q̇) under Q = Q_base + E τ, τ = out[tau_start:]
+ * (tau_start −1: Q_base).  The operations of the numpy form (StepFactors.predict) in its order: the same numbers.
+ * False where the dynamics are singular there (out's q̈ is then not set). */
+static PyObject *
+mk_py_predict(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 7, "predict") < 0)
+        return NULL;
+    int n = k->n;
+    Buf bx = {0}, ba = {0}, bQ = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *ap = NULL;
+    double h = PyFloat_AsDouble(args[1]), h_prev = PyFloat_AsDouble(args[3]);
+    long tau_start = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    double *x = get_doubles(args[0], &bx, -1, 0, "x");
+    Py_ssize_t D = x ? bx.view.len / 8 : 0;
+    double *out = x ? get_doubles(args[6], &bo, D, 1, "out") : NULL;
+    double *Qb = out ? get_doubles(args[4], &bQ, n, 0, "Q_base") : NULL;
+    if (!Qb)
+        goto done;
+    if (D < 3 * n || (tau_start >= 0 && tau_start + k->na > D)) {
+        PyErr_SetString(PyExc_ValueError, "predict: the state is shorter than its q, q̇, q̈ (and τ) blocks");
+        goto done;
+    }
+    if (args[2] != Py_None && !(ap = get_doubles(args[2], &ba, n, 0, "a_prev")))
+        goto done;
+    memcpy(out, x, D * sizeof(double));
+    double h2 = 0.5 * h * h, h3 = h * h2 / 3.0;
+    const double *q = x, *v = x + n, *a = x + 2 * n;
+    for (int i = 0; i < n; i++) {
+        if (ap) {
+            double j = (a[i] - ap[i]) / h_prev;
+            out[i] = q[i] + h * v[i] + (h2 * a[i] + h3 * j);
+            out[n + i] = v[i] + h * a[i] + h2 * j;
+        } else {
+            out[i] = q[i] + h * v[i] + h2 * a[i];
+            out[n + i] = v[i] + h * a[i];
+        }
+    }
+    double *Q = k->tmp;           /* (n values: the work buffer is N·n + n long) */
+    memcpy(Q, Qb, n * sizeof(double));
+    if (tau_start >= 0)
+        for (int t = 0; t < k->na; t++)
+            Q[k->act[t]] += out[tau_start + t];
+    ret = PyBool_FromLong(mk_acceleration(k, out, out + n, Q, out + 2 * n) == 0);
+done:
+    release(&bx), release(&ba), release(&bQ), release(&bo);
+    return ret;
+}
+
 static PyMethodDef mech_methods[] = {
+    {"predict", (PyCFunction)(void (*)(void))mk_py_predict, METH_FASTCALL,
+     "predict(x, h, a_prev, h_prev, Q_base, tau_start, out) -> ok: the continuity predictor (see the C source)."},
     {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
      "phi_and_jacobian(q, phi_out, J_out): Φ(q) and Φq(q) into the given arrays."},
     {"max_abs_phi", (PyCFunction)(void (*)(void))mk_py_max_abs_phi, METH_FASTCALL, "max |Φ(q)|."},
