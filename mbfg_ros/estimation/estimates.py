@@ -75,10 +75,8 @@ class Estimates:
         tau = efforts_model.reported(x_tau, efforts)
         # (a non-finite τ, for which `add_efforts` does not apply, fails `check`: such an estimate is not kept)
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
-        phi = self.ctx.phi(q)
-        # (a few values: plain floats are cheaper than numpy's reductions; a NaN or inf in q or q̇ is caught by
-        # the norm of x in `check` before these are looked at)
-        residual = max(map(abs, phi.tolist())) if phi.size else 0.0
+        # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
+        residual = self.ctx.constraint_residual(q)
         self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
         self._speed = max(map(abs, v.tolist())) if n else 0.0
         mode = self.mech.assembly_mode(q)
