@@ -119,6 +119,26 @@ def test_efforts_argument_is_checked(crank):
     assert np.isnan(m.efforts_in(None)).all()
     with pytest.raises(ValueError, match="expected 1 efforts"):
         m.efforts_in([1.0, 2.0])
+    given = np.array([0.5])
+    e = m.efforts_in(given)
+    assert e.tolist() == [0.5] and e is not given             # the estimator's own copy
+    assert m.efforts_in(0.25).tolist() == [0.25] and m.efforts_in([[0.75]]).tolist() == [0.75]
+
+
+@pytest.mark.parametrize("mech", ["crank", "robot"])
+def test_added_efforts_are_the_sums_on_the_actuated_coordinates(mech, request):
+    """`add_efforts` (one product with a 0/1 matrix) gives exactly the numbers of adding τ on the actuated
+    entries, which the estimates were made with before."""
+    mech = request.getfixturevalue(mech)
+    m = FusedEfforts(mech, _sigmas(), rates=False)
+    rng = np.random.default_rng(3)
+    for scale in (1e-300, 1e-3, 1.0, 1e5, 1e300):
+        base = rng.normal(size=mech.n) * scale
+        tau = rng.normal(size=m.na) * scale
+        expected = base.copy()
+        expected[mech.actuated] += tau
+        got = m.add_efforts(base, tau)
+        assert got.tolist() == expected.tolist() and got is not base
 
 
 # -- sensors and the innovation gate ---------------------------------------------------------------
@@ -132,11 +152,25 @@ def test_sensor_units_of_a_step(crank):
     assert [values[u]["value"] for u in units] == [0.3, 0.2, 0.1]
     assert [u.value for u in units] == [0.0, 0.0, 0.0]          # the readings are passed, not set
     assert sensors.unknown(obs) == ["bogus", "v:nothing"]
+    assert sensors.unknown({"crank": 0.3, "coupler_gyro": 0.2}) == [] == sensors.unknown({"q:x1": 0.1})
     assert sensors.read_coordinate_indices(obs) == sorted({crank.coordinate_index("crank"),
                                                           crank.coordinate_index("x1")})
     twin = Sensors(crank, EstimatorConfig(mode="forward_dynamics"), _sigmas())
     assert twin.step_units(obs, {}) == [] and not twin.observed(obs)
     assert observations_in({"a": None, "b": float("nan"), "c": "x", "d": 1}) == {"d": 1.0}
+    got = observations_in({"e": np.float64(0.5), "f": float("inf"), 7: 2.5, "g": True, "h": "3.5"})
+    assert got == {"e": 0.5, "7": 2.5, "g": 1.0, "h": 3.5} and all(type(v) is float for v in got.values())
+
+
+def test_substeps_of_a_gap(crank):
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=1e-3, window=5))
+    est.step(0.0)
+    stepper = est.stepper
+    assert stepper.substeps(1e-3) == (1, 1e-3)                 # the usual step: exactly dt
+    assert stepper.substeps(1e-3 + 1e-10) == (1, 1e-3)         # jitter within 1e-6 dt
+    assert stepper.substeps(1.2e-3) == (1, 1.2e-3)
+    nsub, h = stepper.substeps(3.1e-3)
+    assert nsub == 3 and h == pytest.approx(3.1e-3 / 3, rel=1e-15)
 
 
 def _encoder_gate(crank, **config):

@@ -75,7 +75,7 @@ class Estimates:
         tau = efforts_model.reported(x_tau, efforts)
         # (a non-finite τ, for which `add_efforts` does not apply, fails `check`: such an estimate is not kept)
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
-        # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before these are looked at)
+        # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
         residual = self.ctx.constraint_residual(q)
         self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
         self._speed = max(map(abs, v.tolist())) if n else 0.0

@@ -247,8 +247,7 @@ class StepFactors:
         prediction is then input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
-        q = x[:n]                                   # the layout starts with q, q̇, q̈
-        xp = x.copy()
+        xp = x.copy()                               # the layout starts with q, q̇, q̈
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
         # q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j on plain floats: the same operations in the same order
@@ -281,7 +280,7 @@ class StepFactors:
         else:
             d, ap = None, self.ctx.predicted_acceleration(qp, vp, Q)
         xp[n2:n3] = ap
-        return xp, self._predicted(xp, x, q, qp, vp, ap, d, h, h2, h3, values)
+        return xp, self._predicted(xp, x, qp, vp, ap, d, h, h2, h3, values)
 
     def _jerk_before(self, x, a, h, a_prev, h_prev, values) -> Optional[list]:
         """The jerk at x (q̈ = `a` as plain floats, see `predict`): the backward difference of q̈, or None
@@ -290,7 +289,7 @@ class StepFactors:
             return [(ai - pi) / h_prev for ai, pi in zip(a, a_prev.tolist())]
         return None
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
+    def _predicted(self, xp, x, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
         return None
 
     def prediction_values(self, offset: Optional[np.ndarray], values: StepValues):
@@ -392,12 +391,12 @@ class IndependentFactors(StepFactors):
         z = self.z
         blocks.update(z=blocks["q"][z], zd=blocks["v"][z], zdd=blocks["a"][z])
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values):
+    def _predicted(self, xp, x, qp, vp, ap, d, h, h2, h3, values):
         sl, z = self.layout.slices, self.z
         xp[sl["z"]] = qp[z]
         xp[sl["zd"]] = vp[z]
         xp[sl["zdd"]] = ap[z]
-        return qp - q            # predictive soft equality (see factors.SoftEquality)
+        return qp - x[:self.mech.n]            # predictive soft equality (see factors.SoftEquality)
 
     def better_coordinates(self, q):
         """When the current z has become much worse conditioned than the best choice here (σ_min of N[z], N
@@ -437,7 +436,7 @@ class IndependentHermiteFactors(IndependentFactors):
         blocks["zj"] = j0[self.z]
         super()._seed_blocks(blocks, d)
 
-    def _predicted(self, xp, x, q, qp, vp, ap, d, h, h2, h3, values):
+    def _predicted(self, xp, x, qp, vp, ap, d, h, h2, h3, values):
         sl, z = self.layout.slices, self.z
         own = values.get(self.jerk) if values else None
         Qdot = own["Qdot"] if own and "Qdot" in own else self.jerk.Qdot
@@ -447,7 +446,7 @@ class IndependentHermiteFactors(IndependentFactors):
         xp[sl["zd"]] = zd + h * zdd + h2 * zj
         xp[sl["zdd"]] = ap[z]
         xp[sl["zj"]] = jp[z]
-        return qp - q
+        return qp - x[:self.mech.n]
 
     def correct_early_rates(self, window, k, h, rates):
         for j in range(k):
