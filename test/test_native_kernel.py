@@ -221,3 +221,16 @@ def test_scaled_distance_matches_numpy(monkeypatch):
     assert compiled(np.zeros((0, 9)), x, lin) == 0.0
     with pytest.raises(ValueError, match="lin: 9 values expected, got 8"):
         compiled(A, x, lin[:8])
+
+
+@pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
+def test_the_compiled_prediction_is_the_numpy_one(crank, mode, monkeypatch):
+    _, est = _run(crank, mode, 50, True, monkeypatch)
+    factors = est.factors
+    x, a_prev = est.stepper.x, est.stepper.a_prev
+    values = None if mode != "forward_dynamics" else factors.step_values(np.zeros(len(crank.actuated)), 1e-3,
+                                                                         est.window)[0]
+    for prev in (a_prev, None):
+        compiled, _ = factors.predict(x, 1e-3, prev, 1e-3, values)
+        reference, _ = super(type(factors), factors).predict(x, 1e-3, prev, 1e-3, values)
+        np.testing.assert_array_equal(compiled, reference)

@@ -74,6 +74,7 @@ class StepFactors:
         self.layout = StateLayout(blocks)
         self.a_slice = self.layout.slices["a"]
         self._tau = self.layout.slices.get("tau")
+        self._tau_start = -1 if self._tau is None else self._tau.start
         # with τ a state, the dynamics' forces are its known part (gravity, and the commands in fused mode)
         self._forces_name = "Q_known" if efforts.has_state else "Q"
         # does the prediction linearize the dynamics (`predict`), or take q̈ alone?  The whole linearization
@@ -263,16 +264,9 @@ class StepFactors:
             xp[:n2] = ([qi + h * vi + h2 * ai for qi, vi, ai in zip(ql, vl, al)]
                        + [vi + h * ai for vi, ai in zip(vl, al)])
         qp, vp = xp[:n], xp[n:n2]
-        dyn = self.dynamics
-        if self._tau is None:
-            Q = values[dyn]["Q"]
-        else:
-            # with τ a state the predicted q̈ uses the known forces of the step predicted from (gravity; in
-            # fused mode + its commands), not the new step's: the prediction is then input-free and can be
-            # made before the step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization
-            # point (a command change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)
-            known = self._known_before if values is not None else self._known_newest
-            Q = self.efforts.add_efforts(dyn.Q_known if known is None else known, xp[self._tau])
+        Q = self._prediction_forces(values)
+        if self._tau is not None:
+            Q = self.efforts.add_efforts(Q, xp[self._tau])
         if self._predict_linearizes:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
@@ -281,6 +275,17 @@ class StepFactors:
             d, ap = None, self.ctx.predicted_acceleration(qp, vp, Q)
         xp[n2:n3] = ap
         return xp, self._predicted(xp, x, qp, vp, ap, d, h, h2, h3, values)
+
+    def _prediction_forces(self, values: Optional[StepValues]) -> np.ndarray:
+        """The generalized forces of the prediction's q̈ (`predict`), without the estimated efforts: the step's
+        forces (`values`), or with τ a state the known forces of the step predicted from (gravity; in fused mode
+        + its commands), not the new step's: the prediction is then input-free and can be made before the
+        step's inputs arrive (`Stepper.prepare_next`), and it is only the linearization point (a command
+        change moves it by ∂q̈/∂Q Δτ, far inside the relinearization threshold)."""
+        if self._tau is None:
+            return values[self.dynamics]["Q"]
+        known = self._known_before if values is not None else self._known_newest
+        return self.dynamics.Q_known if known is None else known
 
     def _jerk_before(self, x, a, h, a_prev, h_prev, values) -> Optional[list]:
         """The jerk at x (q̈ = `a` as plain floats, see `predict`): the backward difference of q̈, or None
@@ -310,6 +315,16 @@ class DependentFactors(StepFactors):
     """X_k = [q, q̇, q̈ (, τ)], trapezoidal or Euler integrators on (q, q̇, q̈), f_pc, f_vc."""
 
     compiled_step_models = True        # every unit has a compiled form (`mbfg_ros.native.unit_form`)
+
+    def predict(self, x, h, a_prev, h_prev, values=None):
+        # compiled where the kernel is on: `MechanismKernel.predict` does the numpy form's operations in its order
+        # (the same numbers: test_native_kernel); the numpy form where it finds the dynamics singular
+        native = self.ctx.native
+        if native is not None and self.compiled_step_models:
+            xp = np.empty(x.size)
+            if native.predict(x, h, a_prev, h_prev, self._prediction_forces(values), self._tau_start, xp):
+                return xp, None
+        return super().predict(x, h, a_prev, h_prev, values)
 
     def _build(self):
         mech, s = self.mech, self.sigmas
