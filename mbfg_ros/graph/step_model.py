@@ -136,6 +136,8 @@ class StepModel:
         self.check_weights = None if all(w == 1.0 for w in weights) else np.array(weights)
         self.check_units = [u for u in dynamic if not u.linear and u.check_weight > 0.0]
         self.param_units = [(u, u.params) for u in dynamic if u.params]
+        self._single_params = ([(u, names[0]) for u, names in self.param_units]
+                               if all(len(names) == 1 for _, names in self.param_units) else None)
         self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan
                             if not u.linear and u.check_weight > 0.0]
         # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
@@ -218,7 +220,8 @@ class StepModel:
         the factor in δ = X − θ about θ = ``static_at``: (A_prev or None, A_cur, r, b) with
         b = −r − A (θ − x) on the non-static rows (internal buffers); None where there is no compiled kernel or
         it finds the dynamics singular (then `linearize`)."""
-        kernel = self._kernel(ctx)
+        held = self._native
+        kernel = held[1] if held is not None and ctx is not None and held[0] is ctx.native else self._kernel(ctx)
         if kernel is None or not kernel.linearize(x_prev, x_cur, static_at[0], static_at[1], params):
             return None
         return self.A_prev, self.A_cur, self.r, self._b
@@ -246,6 +249,11 @@ class StepModel:
     def params_of(self, values: StepValues) -> list:
         """This model's per-step parameters, one tuple per unit that has any: from `values` (unit -> {name:
         value}) where given, else the unit's own, fixed at construction."""
+        single = self._single_params
+        if single is not None:         # (the usual case: one parameter per unit)
+            get = values.get
+            return [(given[name],) if (given := get(u)) is not None and name in given else (getattr(u, name),)
+                    for u, name in single]
         out = []
         for u, names in self.param_units:
             given = values.get(u)
