@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import mbfg_ros.factors as F
+from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel
@@ -60,10 +61,13 @@ def test_prepare_then_commit_a_step_with_or_without_a_reading(crank):
     assert abs(x1[c] - enc.value) > 0.4
 
 
-def test_each_step_is_evaluated_with_its_own_values(crank):
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_each_step_is_evaluated_with_its_own_values(crank, kernel, monkeypatch):
     """A unit shared by the models of several steps (an encoder) gets each step's reading passed with the
-    step: the window keeps them per step, puts them on the unit whenever it evaluates that step, and the
-    caller never sets them."""
+    step: the window keeps them per step and evaluates each step with its own (the compiled kernel reads them
+    from the step's record, the numpy forms from the unit, where the window puts them), and the caller never
+    sets them."""
+    monkeypatch.setenv(native.ENVIRONMENT, "1" if kernel == "compiled" else "0")
     window, layout, _, _, x = _seeded(crank)
     c = crank.coordinate_index("crank")
     enc = F.Encoder(crank, c, 0.0, 1.0)
@@ -79,6 +83,8 @@ def test_each_step_is_evaluated_with_its_own_values(crank):
     # re-linearizing step 1 after step 2 was added evaluates it with step 1's reading again
     rec1 = window.records[1]
     assert window.mismatch(rec1, window.estimate(0), window.estimate(1)) < 1e-6
-    assert enc.value == readings[1]
+    assert model.compiled == (kernel == "compiled" and native.AVAILABLE)
+    if not model.compiled:
+        assert enc.value == readings[1]
     # without a passed value the unit's current one is taken (for parameters fixed at construction)
-    assert model.params_of({})[i] == (readings[1],)
+    assert model.params_of({})[i] == (enc.value,)
