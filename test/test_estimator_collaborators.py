@@ -127,8 +127,8 @@ def test_efforts_argument_is_checked(crank):
 
 @pytest.mark.parametrize("mech", ["crank", "robot"])
 def test_added_efforts_are_the_sums_on_the_actuated_coordinates(mech, request):
-    """`add_efforts` (one product with a 0/1 matrix) gives exactly the numbers of adding τ on the actuated
-    entries, which the estimates were made with before."""
+    """`add_efforts` (entry by entry) gives exactly the numbers of numpy's indexed add on the actuated entries,
+    which the estimates were made with before, non-finite ones included."""
     mech = request.getfixturevalue(mech)
     m = FusedEfforts(mech, _sigmas(), rates=False)
     rng = np.random.default_rng(3)
@@ -139,6 +139,11 @@ def test_added_efforts_are_the_sums_on_the_actuated_coordinates(mech, request):
         expected[mech.actuated] += tau
         got = m.add_efforts(base, tau)
         assert got.tolist() == expected.tolist() and got is not base
+    tau = np.full(m.na, np.inf)
+    tau[0] = np.nan
+    expected = np.zeros(mech.n)
+    expected[mech.actuated] += tau
+    np.testing.assert_array_equal(m.add_efforts(np.zeros(mech.n), tau), expected)
 
 
 # -- sensors and the innovation gate ---------------------------------------------------------------

@@ -73,7 +73,6 @@ class Estimates:
         x_tau = None if self._tau is None else x[self._tau]
         efforts_model = self.efforts
         tau = efforts_model.reported(x_tau, efforts)
-        # (a non-finite τ, for which `add_efforts` does not apply, fails `check`: such an estimate is not kept)
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
         # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
         residual = self.ctx.constraint_residual(q)
