@@ -63,27 +63,34 @@ class TimedSmoother:
         return getattr(self._smoother, name)
 
 
-def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf, min_steps: int = 30):
+def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf, min_steps: int = 30,
+               alternate: bool = True):
     """Thread CPU of `step()` + `prepare_next_step()`, of the iSAM2 updates inside it and of its estimate reads
-    (`TimedSmoother`), per sample (s); sample k is stepped at time (first + k)·dt.  Stops early once
-    `min_steps` steps have taken `budget` s."""
+    (`TimedSmoother`), per sample (s; NaN where not measured); sample k is stepped at time (first + k)·dt.
+    With `alternate` the steps of even index (first + k) run without the update timers and give the step's cost,
+    the odd ones with them and give the update's and the reads' (each timer reads the thread's CPU clock, a
+    system call of ~0.4 µs: four of them and their wrappers would add ~2 µs to the step they sit in); without,
+    every step gives all three (the step's cost then includes the timers).  Stops early once `min_steps` steps
+    have taken `budget` s."""
     step_cpu, update_cpu, estimate_cpu = [], [], []
+    nan = math.nan
     for k, s in enumerate(samples):
         w = est.window
-        if w is not None and not isinstance(w.smoother, TimedSmoother):   # (a new window after a re-seed)
-            w.smoother = TimedSmoother(w.smoother)
-        timed = w.smoother if w is not None else None
-        before = timed.spent if timed is not None else 0.0
-        before_estimate = timed.estimate_spent if timed is not None else 0.0
+        timed_step = not alternate or (first + k) % 2 == 1
+        if w is not None:
+            raw = w.smoother._smoother if isinstance(w.smoother, TimedSmoother) else w.smoother
+            w.smoother = TimedSmoother(raw) if timed_step else raw
+        timed = w.smoother if w is not None and timed_step else None
         t = time.thread_time()
         est.step((first + k) * dt, efforts=s.efforts, observations=s.readings)
         est.prepare_next_step()
-        step_cpu.append(time.thread_time() - t)
+        spent = time.thread_time() - t
         # (a step that re-seeds replaces the window: its update is not counted)
         same = timed is not None and est.window is w
-        update_cpu.append((timed.spent - before) if same else 0.0)
-        estimate_cpu.append((timed.estimate_spent - before_estimate) if same else 0.0)
-        if len(step_cpu) >= min_steps and sum(step_cpu) >= budget:
+        step_cpu.append(spent if not alternate or not timed_step else nan)
+        update_cpu.append(timed.spent if same else (0.0 if not alternate else nan))
+        estimate_cpu.append(timed.estimate_spent if same else (0.0 if not alternate else nan))
+        if len(step_cpu) >= min_steps and sum(x for x in step_cpu if x == x) >= budget / (2 if alternate else 1):
             break
     return step_cpu, update_cpu, estimate_cpu
 
@@ -114,6 +121,7 @@ def run(steps: int, mode: str = "fused", window: int = 10):
     est, samples, dt = setup(steps, mode, window)
     step_cpu, update_cpu, estimate_cpu = step_costs(est, samples, dt)
     a, b, c = (1e6 * np.array(x[200:]) for x in (step_cpu, update_cpu, estimate_cpu))
+    a, b, c = a[a == a], b[b == b], c[c == c]      # (each on its own steps: see `step_costs`)
     return a.mean(), np.median(a), b.mean(), np.median(b), np.median(c)
 
 
@@ -157,12 +165,12 @@ def breakdown(steps: int, mode: str = "fused", window: int = 10) -> dict:
     estimate reads of `TimedSmoother`) over the steps after the first 200; `rest` is what the facade, the
     stepper, the gate and the sensors take besides."""
     est, samples, dt = setup(steps, mode, window)
-    step_costs(est, samples[:200], dt)
+    step_costs(est, samples[:200], dt, alternate=False)
     parts = PartTimers(est)
     totals = [0.0, 0.0, 0.0]
     for k in range(200, len(samples)):
         parts.watch(est.window)
-        for i, x in enumerate(step_costs(est, samples[k:k + 1], dt, first=k)):
+        for i, x in enumerate(step_costs(est, samples[k:k + 1], dt, first=k, alternate=False)):
             totals[i] += x[0]
     n = len(samples) - 200
     out = {"step + prepare": totals[0], **parts.spent, "update": totals[1], "estimate reads": totals[2]}

@@ -116,12 +116,16 @@ def test_independent_user_choice_and_auto_choice(crank):
 
 # -- equality with the fully nonlinear CustomFactor graph ----------------------------------------
 def _record(monkeypatch):
-    """Record (k, copies of the units) of every step the estimator adds."""
+    """Record (k, copies of the units with the step's own parameters) of every step the estimator adds."""
     log = []
     orig = G.FixedLagWindow.commit
 
     def commit(self, rec, *args, **kw):
-        log.append((rec.k, [u.copy() for u in rec.model.units]))
+        copies = {id(u): u.copy() for u in rec.model.units}
+        for (u, names), values in zip(rec.model.param_units, rec.params):
+            for name, value in zip(names, values):
+                setattr(copies[id(u)], name, value)
+        log.append((rec.k, [copies[id(u)] for u in rec.model.units]))
         return orig(self, rec, *args, **kw)
 
     monkeypatch.setattr(G.FixedLagWindow, "commit", commit)

@@ -594,6 +594,7 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
     from rclpy.context import Context
     from rclpy.parameter import Parameter
     from rclpy.serialization import serialize_message
+    from mbfg_ros import native
     from mbfg_ros.estimation.estimator import FixedLagEstimator
     from mbfg_ros.ros import node as N
     built = []
@@ -613,6 +614,7 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         # estimation mode fits the effort density online: the diagnostics report the value in use
         kv = node.diagnostic_status()[1][4]
         assert float(kv["effort_density"]) == built[0][1].fitted_effort_density() > 0
+        assert kv["kernel"] == native.describe() and kv["kernel"].startswith(("compiled", "numpy ("))
         assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
         assert "effort_density" not in node.diagnostic_status()[1][4]      # fused: nothing fitted
         assert [mode for mode, _ in built] == ["estimation", "fused"] and node.core is built[1][1]

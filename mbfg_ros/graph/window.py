@@ -225,8 +225,9 @@ class FixedLagWindow:
     def _update1(self, rec, values, timestamps):
         g = self._graph
         g.resize(0)
-        # (the factor stays with its record: `_index_of` finds it again in iSAM2's factor list)
-        g.push_back(rec._factor)
+        # (the factor stays with its record: `_index_of` finds it again in iSAM2's factor list; `add`, not
+        # `push_back`, whose dozens of pybind11 overloads cost 0.5 µs to resolve)
+        g.add(rec._factor)
         self._index_pending = None
         self.smoother.update(g, values, timestamps, self._no_removals)
         if self.scope == "newest" and self.steps >= 3:
@@ -262,7 +263,7 @@ class FixedLagWindow:
         g = self._graph
         g.resize(0)
         for rec in recs:
-            g.push_back(rec._factor)
+            g.add(rec._factor)
         self._index_pending = None
         self.smoother.update(g, values, timestamps, remove)
         idx = self.smoother.getISAM2Result().getNewFactorsIndices()
@@ -374,7 +375,7 @@ class FixedLagWindow:
         b = -(r + A.dot(theta - x_lin))           # the factor in δ = X_k − θ_k (see `_linearize`)
         g = self._graph
         g.resize(0)
-        g.push_back(gtsam.LinearContainerFactor(gtsam.JacobianFactor(STATE_KEY_0 + k, A, b, unit_noise(r.size))))
+        g.add(gtsam.LinearContainerFactor(gtsam.JacobianFactor(STATE_KEY_0 + k, A, b, unit_noise(r.size))))
         self.smoother.update(g, self._empty_values, self._empty_stamps, self._no_removals)
         return True
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "module", "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "describe", "module", "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
 
 try:
     from mbfg_ros.native import _kernel
@@ -38,6 +38,15 @@ def enabled() -> bool:
     """Is the compiled kernel used (built, and not switched off by ``MBFG_ROS_NATIVE=0``)?  Read when an
     estimator is built."""
     return AVAILABLE and os.environ.get(ENVIRONMENT, "1").strip() not in ("0", "false", "no", "off")
+
+
+def describe() -> str:
+    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's diagnostics and log)."""
+    if enabled():
+        return "compiled"
+    if not AVAILABLE:
+        return f"numpy ({UNAVAILABLE_REASON})"
+    return f"numpy (switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')})"
 
 
 def module():

@@ -199,6 +199,7 @@ typedef struct {
     int na;
     int *act;                  /* the actuated coordinates, in actuator order */
     /* work (the last evaluation) */
+    int positions_valid;       /* qe1[:n] is the q of T, Φ, Φq and the curvatures (several units read them) */
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
     double *lu, *Kinv, *col, *x, *low, *W, *lam, *tmp;
     int *piv;
@@ -378,6 +379,9 @@ mk_positions(MechanismKernel *k, const double *q)
 {
     int n = k->n, m = k->m, w = k->ne + 1;
     double *qe1 = k->qe1;
+    if (k->positions_valid && memcmp(qe1, q, n * sizeof(double)) == 0)
+        return;
+    k->positions_valid = 1;
     memcpy(qe1, q, n * sizeof(double));
     memcpy(qe1 + n, k->tail, (w - n) * sizeof(double));
     for (int i = 0; i < m; i++) {
@@ -796,6 +800,7 @@ typedef struct {
     PyObject *mech_obj;
     MechanismKernel *mk;
     int D, rows, rs, need_prev, static_prev, nunits, nchecks;
+    int dynamic_prev;          /* does a non-static unit read X_{k−1}? (if not, A_prev's non-static rows stay 0) */
     double *S;                 /* rs × (D or 2D): the static rows' whitened Jacobians ([prev | cur]) */
     Unit *units;
     Buf bA_cur, bA_prev, br, bb;
@@ -991,6 +996,8 @@ sk_init(StepKernel *s, PyObject *args, PyObject *kw)
         u->check_row = check_row;
         if (u->check)
             check_row += u->dim;
+        for (int j = 0; j < u->nslots; j++)
+            s->dynamic_prev |= !u->which[j];
         continue;
 bad_dim:
         PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d has the wrong number of rows (%d)", u->code, u->dim);
@@ -1248,8 +1255,9 @@ sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
         s->b[i] = -sum;
     }
     memset(s->A_cur + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
-    if (s->A_prev)
-        memset(s->A_prev + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
+    double *A_prev = s->dynamic_prev ? s->A_prev : NULL;     /* (else its non-static rows are zero, and stay) */
+    if (A_prev)
+        memset(A_prev + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
     int dyn = 0;
     for (int i = 0; i < s->nunits; i++) {
         const Unit *u = &s->units[i];
@@ -1267,8 +1275,8 @@ sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
             double *ac = s->A_cur + (size_t)row * D;
             for (int j = 0; j < D; j++)
                 ac[j] *= w;
-            if (s->A_prev) {
-                double *ap = s->A_prev + (size_t)row * D;
+            if (A_prev) {
+                double *ap = A_prev + (size_t)row * D;
                 for (int j = 0; j < D; j++)
                     ap[j] *= w;
             }
@@ -1278,7 +1286,7 @@ sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
     double *dc = s->dx, *dp = s->dx + D;
     for (int j = 0; j < D; j++)
         dc[j] = tc[j] - xc[j];
-    if (s->A_prev)
+    if (A_prev)
         for (int j = 0; j < D; j++)
             dp[j] = tp[j] - xp[j];
     for (int i = rs; i < rows; i++) {
@@ -1286,8 +1294,8 @@ sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
         double sum = 0.0;
         for (int j = 0; j < D; j++)
             sum += ac[j] * dc[j];
-        if (s->A_prev) {
-            const double *ap = s->A_prev + (size_t)i * D;
+        if (A_prev) {
+            const double *ap = A_prev + (size_t)i * D;
             for (int j = 0; j < D; j++)
                 sum += ap[j] * dp[j];
         }

@@ -11,6 +11,7 @@ import numpy as np
 
 from diagnostic_msgs.msg import DiagnosticStatus
 
+from mbfg_ros import native
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import KINDS
@@ -65,6 +66,7 @@ class Diagnostics:
         self.last_error = ""
         self.last_message = ""
         self._failures_reported = 0
+        self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why
         self._log_times: Dict[str, float] = {}
 
     def warn_kind(self, kind: str, detail: str):
@@ -99,7 +101,7 @@ class Diagnostics:
             level, st = DiagnosticStatus.WARN, "waiting for valid ROS time"
         kv = {"state": st, "mechanism": self.mech.name, "mode": config.mode,
               "formulation": config.formulation, "integrator": config.integrator,
-              "dt": dt, "window": config.window}
+              "dt": dt, "window": config.window, "kernel": self.kernel}
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)
