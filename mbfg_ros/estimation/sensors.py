@@ -101,8 +101,6 @@ class Sensors:
         return units
 
     def unknown(self, obs) -> List[str]:
-        if self.units.keys() >= obs.keys():       # the usual case: only the mechanism's sensors
-            return []
         return [k for k in obs if k not in self.units and self.generic(k) is None]
 
     def observed(self, obs) -> bool:

@@ -64,6 +64,7 @@ class Stepper:
         # the encoders of relative angles (unit -> (sensor name, coordinate)): their readings' turns are checked
         self._angle_encoders = {u: (name, u.coordinate) for name, u in sensors.units.items()
                                 if getattr(u, "angle", False)}
+        self._sensor_names = sensors.units.keys()
         self.outage_steps = config.outage_steps
         # coordinates whose encoder was seen to wrap (a single-turn encoder); kept over resets: the sensor
         # does not change.  Shared with the seeder (`seeding.Seeder.single_turn`).
@@ -111,7 +112,7 @@ class Stepper:
             for i in range(nsub):
                 self.advance(h, efforts, obs if i == nsub - 1 else {})
         self.t = t
-        if obs:
+        if obs and not self._sensor_names >= obs.keys():      # (usually only the mechanism's sensors read)
             unknown = self.sensors.unknown(obs)
             if unknown:
                 messages.append(f"ignored unknown observations {unknown}")
@@ -154,7 +155,8 @@ class Stepper:
             x = window.estimate(k)
         rec = window.last
         self.relinearizations = window.total_relinearizations
-        if rec.mismatch > max(1e3 * (rec.threshold or self.threshold), 1e3):
+        # (more than max(1e3 × the threshold, 1e3): the usual step stops at the first comparison)
+        if rec.mismatch > 1e3 and rec.mismatch > 1e3 * (rec.threshold or self.threshold):
             raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
                               f"{rec.relinearizations} relinearizations)")
         self.k, self.x = k, x
