@@ -164,7 +164,7 @@ def test_units_without_a_compiled_form_stay_in_python(crank):
 
 def test_singular_dynamics_are_left_to_numpy():
     # no constraints and a zero mass matrix: K is singular (an exactly zero pivot)
-    kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [], [])
+    kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [], [], [])
     out = [np.empty(1), np.empty((1, 1)), np.empty((1, 1)), np.empty((1, 1)), np.empty(0), np.empty((0, 1)),
            np.empty((0, 1))]
     assert kernel.linearize(np.zeros(1), np.zeros(1), np.ones(1), *out) is False
@@ -234,3 +234,22 @@ def test_the_compiled_prediction_is_the_numpy_one(crank, mode, monkeypatch):
         compiled, _ = factors.predict(x, 1e-3, prev, 1e-3, values)
         reference, _ = super(type(factors), factors).predict(x, 1e-3, prev, 1e-3, values)
         np.testing.assert_array_equal(compiled, reference)
+
+
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+def test_state_summary_matches_numpy(name):
+    mech = load_mechanism(name)
+    compiled, reference = EvalContext(mech), _python_context(mech)
+    rng = np.random.default_rng(8)
+    for q, v, _ in _configurations(mech, 4, 9):
+        x = np.concatenate([q + 0.01 * rng.standard_normal(mech.n), v, rng.standard_normal(mech.n + 2)])
+        got, want = compiled.state_summary(x), reference.state_summary(x)
+        assert got[0] == pytest.approx(want[0], rel=1e-12)
+        assert got[1] == pytest.approx(want[1], rel=1e-12)
+        assert got[2] == want[2] and got[3] == want[3]
+    # a mirrored pose flips the crank four-bar's indicator
+    if mech.assembly_mode_points.size:
+        q = np.array(mech.q0, dtype=float)
+        assert compiled.state_summary(np.concatenate([q, np.zeros(mech.n)]))[3] == tuple(mech.assembly_mode(q))
+    bad = np.full(2 * mech.n, np.nan)
+    assert all(np.isnan(compiled.state_summary(bad)[:3]))

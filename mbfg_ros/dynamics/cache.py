@@ -60,6 +60,16 @@ class EvalContext:
             self._pj_key = key
         return self._pj
 
+    def state_summary(self, x: np.ndarray):
+        """(max |Φ(q)|, x·x, max |q̇|, assembly mode as a tuple of ±1) of a state x whose layout starts with q, q̇:
+        what an estimate reports and is checked on (NaN propagates into the first three)."""
+        if self.native is not None:
+            return self.native.summary(x)
+        n = self._n
+        q, v = x[:n], x[n:2 * n]
+        speed = max(map(abs, v.tolist())) if n else 0.0
+        return self.constraint_residual(q), float(x.dot(x)), speed, tuple(self.mech.assembly_mode(q).tolist())
+
     def constraint_residual(self, q) -> float:
         """max |Φ(q)| (0 without constraints; NaN propagates)."""
         if self.native is not None:

@@ -46,6 +46,7 @@ class Estimates:
         self._n = mech.n
         self._covariance = config.compute_covariance
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
+        self._mode_arrays: dict = {}         # assembly mode (tuple) -> its read-only array, shared by estimates
         self.reset()
 
     def reset(self):
@@ -75,11 +76,12 @@ class Estimates:
         tau = efforts_model.reported(x_tau, efforts)
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
         # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
-        residual = self.ctx.constraint_residual(q)
-        self._x_norm2 = float(x.dot(x))        # NaN / inf propagate (checked in `check`)
-        self._speed = max(map(abs, v.tolist())) if n else 0.0
-        mode = self.mech.assembly_mode(q)
-        if self.mode is not None and mode.size and mode.tolist() != self.mode.tolist():
+        residual, self._x_norm2, self._speed, indicators = self.ctx.state_summary(x)
+        mode = self._mode_arrays.get(indicators)
+        if mode is None:
+            mode = self._mode_arrays[indicators] = np.array(indicators, dtype=int)
+            mode.flags.writeable = False
+        if self.mode is not None and mode is not self.mode and mode.size and mode.tolist() != self.mode.tolist():
             if self.requested is not None and not np.array_equal(mode, self.requested):
                 raise StepFailure(f"assembly mode left the requested {self.mode_text(self.requested)} "
                                   f"(now {self.mode_text(mode)})")

@@ -65,7 +65,9 @@ def mechanism_kernel(mech):
     Ht, tail, angles = form
     return _kernel.MechanismKernel(mech.n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
                                    angles, np.ascontiguousarray(mech.mass_matrix, dtype=float),
-                                   [int(i) for i in mech.independent_rows], [int(i) for i in mech.actuated])
+                                   [int(i) for i in mech.independent_rows], [int(i) for i in mech.actuated],
+                                   [int(c) for pts in mech.assembly_mode_points.tolist() for p in pts
+                                    for c in mech.extended_point_index[p]])
 
 
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:

@@ -198,6 +198,8 @@ typedef struct {
     int *rows;                 /* the r independent rows */
     int na;
     int *act;                  /* the actuated coordinates, in actuator order */
+    int nmodes;
+    int *modes;                /* per assembly-mode indicator: the extended x, y columns of its points i, j, k */
     /* work (the last evaluation) */
     int positions_valid;       /* qe1[:n] is the q of T, Φ, Φq and the curvatures (several units read them) */
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
@@ -208,7 +210,7 @@ typedef struct {
 static void
 mech_free_arrays(MechanismKernel *k)
 {
-    void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->qe1, k->T, k->phi, k->J,
+    void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->modes, k->qe1, k->T, k->phi, k->J,
                     k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
@@ -221,15 +223,16 @@ mech_dealloc(MechanismKernel *k)
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
-/* MechanismKernel(n, Ht, tail, angles, M, rows, actuated): Ht (m, ne+1, ne+1) flat, tail = [fixed values, 1],
- * angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows, actuated = the
- * actuated coordinates in actuator order. */
+/* MechanismKernel(n, Ht, tail, angles, M, rows, actuated, modes): Ht (m, ne+1, ne+1) flat, tail = [fixed
+ * values, 1], angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows,
+ * actuated = the actuated coordinates in actuator order, modes = the assembly-mode indicators' extended columns
+ * (xi, yi, xj, yj, xk, yk) flat. */
 static int
 mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
 {
     int n;
-    PyObject *Ht, *tail, *angles, *M, *rows, *actuated;
-    if (!PyArg_ParseTuple(args, "iOOOOOO", &n, &Ht, &tail, &angles, &M, &rows, &actuated))
+    PyObject *Ht, *tail, *angles, *M, *rows, *actuated, *modes;
+    if (!PyArg_ParseTuple(args, "iOOOOOOO", &n, &Ht, &tail, &angles, &M, &rows, &actuated, &modes))
         return -1;
     mech_free_arrays(k);
     memset(((char *)k) + sizeof(PyObject), 0, sizeof(MechanismKernel) - sizeof(PyObject));
@@ -273,6 +276,14 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
     if (!(k->act = int_list(actuated, &nact, "MechanismKernel actuated")))
         return -1;
     k->na = (int)nact;
+    Py_ssize_t nmc;
+    if (!(k->modes = int_list(modes, &nmc, "MechanismKernel modes")))
+        return -1;
+    if (nmc % 6) {
+        PyErr_SetString(PyExc_ValueError, "MechanismKernel: modes must be 6 columns per indicator");
+        return -1;
+    }
+    k->nmodes = (int)(nmc / 6);
     for (int t = 0; t < k->na; t++)
         if (k->act[t] < 0 || k->act[t] >= n) {
             PyErr_SetString(PyExc_ValueError, "MechanismKernel: actuated coordinate out of range");
@@ -323,6 +334,11 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
     for (int i = 0; i < k->r; i++)
         if (k->rows[i] < 0 || k->rows[i] >= m) {
             PyErr_SetString(PyExc_ValueError, "MechanismKernel: independent row out of range");
+            return -1;
+        }
+    for (int t = 0; t < 6 * k->nmodes; t++)
+        if (k->modes[t] < 0 || k->modes[t] >= k->ne) {
+            PyErr_SetString(PyExc_ValueError, "MechanismKernel: assembly-mode column out of range");
             return -1;
         }
     for (int a = 0; a < k->nang; a++) {
@@ -743,7 +759,61 @@ done:
     return ret;
 }
 
+/* summary(x) -> (max |Φ(q)|, x·x, max |q̇|, (±1 per assembly-mode indicator)) of a state whose layout starts with
+ * q, q̇: what an estimate reports and is checked on.  NaN propagates into the first three. */
+static PyObject *
+mk_py_summary(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 1, "summary") < 0)
+        return NULL;
+    int n = k->n;
+    Buf bx = {0};
+    double *x = get_doubles(args[0], &bx, -1, 0, "x");
+    if (!x) {
+        release(&bx);
+        return NULL;
+    }
+    Py_ssize_t D = bx.view.len / 8;
+    if (D < 2 * n) {
+        release(&bx);
+        PyErr_SetString(PyExc_ValueError, "summary: the state is shorter than its q, q̇ blocks");
+        return NULL;
+    }
+    mk_positions(k, x);
+    double residual = 0.0, norm2 = 0.0, speed = 0.0;
+    for (int i = 0; i < k->m; i++) {
+        double v = fabs(k->phi[i]);
+        if (v > residual || v != v)
+            residual = v;
+        if (residual != residual)
+            break;
+    }
+    for (Py_ssize_t i = 0; i < D; i++)
+        norm2 += x[i] * x[i];
+    for (int i = 0; i < n; i++) {
+        double v = fabs(x[n + i]);
+        if (v > speed || v != v)
+            speed = v;
+        if (speed != speed)
+            break;
+    }
+    release(&bx);
+    PyObject *modes = PyTuple_New(k->nmodes);
+    if (!modes)
+        return NULL;
+    const double *qe = k->qe1;
+    for (int t = 0; t < k->nmodes; t++) {
+        const int *c = k->modes + 6 * t;
+        double x0 = qe[c[0]], y0 = qe[c[1]];
+        double ax = qe[c[2]] - x0, ay = qe[c[3]] - y0, bx_ = qe[c[4]] - x0, by = qe[c[5]] - y0;
+        PyTuple_SET_ITEM(modes, t, PyLong_FromLong(ax * by - ay * bx_ >= 0.0 ? 1 : -1));
+    }
+    return Py_BuildValue("dddN", residual, norm2, speed, modes);
+}
+
 static PyMethodDef mech_methods[] = {
+    {"summary", (PyCFunction)(void (*)(void))mk_py_summary, METH_FASTCALL,
+     "summary(x) -> (max |Φ(q)|, x·x, max |q̇|, assembly-mode indicators) of a state starting with q, q̇."},
     {"predict", (PyCFunction)(void (*)(void))mk_py_predict, METH_FASTCALL,
      "predict(x, h, a_prev, h_prev, Q_base, tau_start, out) -> ok: the continuity predictor (see the C source)."},
     {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
