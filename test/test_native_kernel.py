@@ -247,7 +247,7 @@ def test_state_summary_matches_numpy(name):
         assert got[0] == pytest.approx(want[0], rel=1e-12)
         assert got[1] == pytest.approx(want[1], rel=1e-12)
         assert got[2] == want[2] and got[3] == want[3]
-    # a mirrored pose flips the crank four-bar's indicator
+    # the drawn pose's indicators, as Mechanism.assembly_mode gives them
     if mech.assembly_mode_points.size:
         q = np.array(mech.q0, dtype=float)
         assert compiled.state_summary(np.concatenate([q, np.zeros(mech.n)]))[3] == tuple(mech.assembly_mode(q))
