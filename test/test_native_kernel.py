@@ -253,3 +253,31 @@ def test_state_summary_matches_numpy(name):
         assert compiled.state_summary(np.concatenate([q, np.zeros(mech.n)]))[3] == tuple(mech.assembly_mode(q))
     bad = np.full(2 * mech.n, np.nan)
     assert all(np.isnan(compiled.state_summary(bad)[:3]))
+
+
+def test_a_package_without_the_kernel_runs_on_numpy(tmp_path):
+    # the package as a build without a C compiler installs it: no compiled module beside the sources
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    import mbfg_ros
+    src = Path(mbfg_ros.__file__).parent
+    shutil.copytree(src, tmp_path / "mbfg_ros", ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    shutil.copytree(src.parent / "mechanisms", tmp_path / "mechanisms")
+    code = ("import numpy as np\n"
+            "from mbfg_ros import native\n"
+            "from mbfg_ros.estimation.config import EstimatorConfig\n"
+            "from mbfg_ros.estimation.estimator import FixedLagEstimator\n"
+            "from mbfg_ros.model.mechanism import load_mechanism\n"
+            "est = FixedLagEstimator(load_mechanism('four_bar_crank'), EstimatorConfig(mode='estimation'))\n"
+            "for k in range(20):\n"
+            "    e = est.step(k * 1e-3, observations={'crank': 0.0})\n"
+            "assert est.ctx.native is None and e.status == 'ok', (e.status, e.message)\n"
+            "print(native.AVAILABLE, native.describe())\n")
+    env = {k: v for k, v in os.environ.items() if k != native.ENVIRONMENT}
+    env["PYTHONPATH"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False numpy (the C kernel mbfg_ros.native._kernel is not built"), out.stdout

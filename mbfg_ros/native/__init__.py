@@ -15,6 +15,7 @@ the same numbers come from numpy (to rounding: the tests compare both).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Optional, Tuple
 
@@ -22,14 +23,19 @@ import numpy as np
 
 __all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "describe", "module", "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
 
-try:
-    from mbfg_ros.native import _kernel
-    AVAILABLE = True
-    UNAVAILABLE_REASON = ""
-except ImportError as exc:          # not built (e.g. no compiler at install): the numpy forms do the work
+if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
+    # not built (no C compiler or Python headers at install): the numpy forms do the work
     _kernel = None
-    AVAILABLE = False
-    UNAVAILABLE_REASON = f"the C extension mbfg_ros.native._kernel is not built ({exc})"
+    UNAVAILABLE_REASON = ("the C kernel mbfg_ros.native._kernel is not built (install the package where a C compiler "
+                          "and Python's headers are: build-essential, python3-dev)")
+else:
+    try:
+        from mbfg_ros.native import _kernel
+        UNAVAILABLE_REASON = ""
+    except ImportError as exc:      # built for another Python, or damaged
+        _kernel = None
+        UNAVAILABLE_REASON = f"the C kernel mbfg_ros.native._kernel does not load ({exc})"
+AVAILABLE = _kernel is not None
 
 ENVIRONMENT = "MBFG_ROS_NATIVE"
 
