@@ -183,6 +183,19 @@ def test_the_drift_integrals_are_exact_for_a_quadratic():
     assert np.allclose(DA.drift_weights(np.array([0.0]), H) @ np.array([[2.0]]), [[H * H], [2.0 * H]])
 
 
+def test_sample_times_round_to_ns_as_python_does():
+    """round_to_ns, the drift's sample times to 1 ns, is Python's round(x, 9): ties and near ties, the times of
+    a 1-kHz run relative to a bank step, large, tiny and non-finite values."""
+    rng = np.random.default_rng(0)
+    values = list(rng.uniform(-1.0, 1.0, 20000)) + list(rng.uniform(-1e4, 1e4, 20000))
+    values += [k * 1e-3 - j * 1e-3 for k in range(1000, 1100) for j in range(1000, 1025)]
+    ties = [(k + 0.5) * 1e-9 for k in range(-3000, 3000)]
+    values += ties + [math.nextafter(v, math.inf) for v in ties] + [math.nextafter(v, -math.inf) for v in ties]
+    values += [0.0, 1e-300, 1e300, 8.7e3, 9e3, math.inf, -math.inf]
+    assert [DA.round_to_ns(v) for v in values] == [round(v, 9) for v in values]
+    assert math.isnan(DA.round_to_ns(math.nan))
+
+
 def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
     """`mbfg estimate` fits the density by default; --no-adapt-effort-density and a file's
     `adapt_effort_density: false` keep it fixed (the same output as each other), an explicit option wins."""

@@ -42,7 +42,7 @@ from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.estimation.reduced_ekf import encoded_acceleration_noise
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights"]
+__all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights", "round_to_ns"]
 
 GRID_DECADES = 4.0     # the bank's densities: start × 10^(−4 … +4) ...
 GRID_STEP = 0.5        # ... every half decade (17 filters)
@@ -69,6 +69,19 @@ def encoded_coordinates(mech: Mechanism):
     if not enc or len(enc) != int(mech.degrees_of_freedom()) or len(set(coords)) != len(coords):
         return None
     return [s.name for s in enc], coords, np.array([float(s.sigma) for s in enc])
+
+
+def round_to_ns(x: float) -> float:
+    """round(x, 9) (the sample times of the drift's fit, to 1 ns) at half its cost: Python rounds the exact decimal
+    value and converts back; x·10⁹ rounded to an integer and divided by 10⁹ (both exact in binary, the division
+    correctly rounded) is the same number wherever x·10⁹ is not within 10⁻³ of a tie and below 2⁴³ (its own
+    rounding error under 10⁻³), else Python's round is asked."""
+    y = x * 1e9
+    if abs(y) < 8.0e12:
+        r = round(y)
+        if abs(abs(y - r) - 0.5) > 1e-3:
+            return r / 1e9
+    return round(x, 9)
 
 
 def chain_noise(H: float, B: np.ndarray) -> np.ndarray:
@@ -272,10 +285,10 @@ class EffortDensityAdaptation:
     def _reading(self, readings) -> Optional[np.ndarray]:
         """This step's readings of the encoded coordinates, or None unless every one is there and finite."""
         y = [readings.get(n) for n in self.names]
-        if any(r is None for r in y):
+        if None in y:
             return None
         y = np.array(y, dtype=float)
-        return y if np.all(np.isfinite(y)) else None
+        return y if all(map(math.isfinite, y.tolist())) else None
 
     def _drift_input(self, t: float) -> np.ndarray:
         """What the drift adds to (z, ż) over the bank's step to t.  The drift u = q̈[z] − B τ (the model's
@@ -285,16 +298,16 @@ class EffortDensityAdaptation:
         interpolation still by ü h² H / 12, which the filters took for effort variation (a density 30 % to 5×
         too large on a swinging crank); the estimate at t itself is left out (it has seen the reading the
         filters are about to be scored on)."""
-        held = self.held
-        rel = tuple(round(h[0] - self.t_bank, 9) for h in held)
-        key = (rel, round(t - self.t_bank, 9))
+        held, t_bank = self.held, self.t_bank
+        rel = tuple(round_to_ns(h[0] - t_bank) for h in held)
+        key = (rel, round_to_ns(t - t_bank))
         weights = self._weights.get(key)
         if weights is None:
             weights = self._weights[key] = drift_weights(np.array(rel), key[1])
             if len(self._weights) > 64:
                 self._weights.clear()
                 self._weights[key] = weights
-        A = np.array([h[1] for h in held])[:, self.z]
+        A = np.array([h[1] for h in held]).take(self.z, axis=1)
         E = np.array([h[2] for h in held])
         U = A - E @ self.B.T
         c = np.zeros(self.nx)
