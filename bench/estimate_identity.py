@@ -10,6 +10,10 @@ difference between two such files.  For refactorings that must not change a numb
     PYTHONPATH=. python bench/estimate_identity.py --out /tmp/after.npz
     python bench/estimate_identity.py --compare /tmp/before.npz /tmp/after.npz
 
+`--perturb 1e-15` shows how much a scenario's estimates move when one step's readings change at the level of
+rounding (e.g. on the numpy path, `MBFG_ROS_NATIVE=0`): differences of that size between two versions are
+the scenario's sensitivity, not a change of the model.
+
 Changes of the estimates on purpose (compare across them only with that in mind): the fused scenarios
 change where the disturbance became damped back to 0 (`disturbance_time_constant`, default 1 s; before: an
 undamped integrated random walk).
@@ -26,7 +30,7 @@ def imports():
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     return EstimatorConfig, FixedLagEstimator, load_mechanism, SimulatedPlant, Actuator
 
-def run(out):
+def run(out, perturb=0.0):
     EstimatorConfig, FixedLagEstimator, load_mechanism, Plant, Actuator = imports()
 
     def SimulatedPlant(mech, dt, seed):        # exact commands: the scenarios compare code, not plants
@@ -48,6 +52,8 @@ def run(out):
         outs = []
         for k in range(len(traj.t)):
             obs = {n: float(v[k]) for n, v in traj.readings.items()} if use_obs else None
+            if obs is not None and perturb and k == 5:
+                obs = {n: v + perturb for n, v in obs.items()}
             if obs is not None and glitch is not None and k == glitch:
                 obs = {n: v + 0.5 for n, v in obs.items()}
             if obs is not None and glitch is not None and 700 <= k < 780:
@@ -125,7 +131,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="add this to every reading of step 5 (a scenario's sensitivity to rounding: compare "
+                         "against an unperturbed run of the same code)")
     a = ap.parse_args()
     if a.compare:
         sys.exit(compare(*a.compare))
-    run(a.out)
+    run(a.out, a.perturb)
