@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process,
+from ros_helpers import (CONFIG, OVERLOAD_DT, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process,
                          fresh_domain_id, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
@@ -515,10 +515,10 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
 
 
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
-    """A step far below the solve time (0.2 ms): the node cannot keep up, so it skips to the newest
+    """A step far below the solve time (0.1 ms): the node cannot keep up, so it skips to the newest
     inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
-    dt = 0.0002
+    dt = OVERLOAD_DT
     fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(1.0)
     with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
         f = Feeder(probe, fast_traj, dt, mech).start()

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, rclpy_available, running_estimator,
-                         stamp_ns, wait_until)
+from ros_helpers import (OVERLOAD_DT, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, rclpy_available,
+                         running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -196,10 +196,10 @@ def test_numerical_trouble_keeps_the_crank_on_its_encoders_turn(node, mech, traj
 
 
 def test_overload_skip_ahead_keeps_the_crank_on_its_encoders_turn(tmp_path, mech):
-    """A step far below the solve time (0.2 ms, as test_node.py's overload test): the node skips to the newest
+    """A step far below the solve time (0.1 ms, as test_node.py's overload test): the node skips to the newest
     inputs again and again (the issue's 6.285 rad for a crank at 0 came from an overloaded run); every
     published crank is on its reading's turn."""
-    dt = 0.0002
+    dt = OVERLOAD_DT
     fast = turned_plant(mech, dt, 1.0, seed=2)
     with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
         f = Feeder(probe, fast, dt, mech).start()
