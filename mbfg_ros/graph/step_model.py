@@ -1,7 +1,8 @@
-"""Linearization of one step's units in Python: all units of step k (which read X_k and possibly X_{k−1})
+"""Linearization of one step's units outside GTSAM: all units of step k (which read X_k and possibly X_{k−1})
 linearized at once, whitened and stacked into the rows of one linear factor (`linearize_step`, and
-`StepModel`, which pre-arranges a fixed set of units for fast repeated linearization; the window hands the
-rows to GTSAM).  GTSAM never calls back into Python for these factors."""
+`StepModel`, which pre-arranges a fixed set of units for fast repeated linearization, in the compiled kernel
+where it can, `mbfg_ros.native`; the window hands the rows to GTSAM).  GTSAM never calls back into Python for
+these factors."""
 
 from __future__ import annotations
 

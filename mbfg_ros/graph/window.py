@@ -1,6 +1,6 @@
 """The fixed-lag window of the fast path: one stacked state variable per step (`graph.layout.StateLayout`),
-each step's units linearized once in Python and handed to iSAM2 as one linear C++ factor
-(`graph.step_model.StepModel`).  Since such a factor is a fixed first-order model, `FixedLagWindow`
+each step's units linearized once outside GTSAM (`graph.step_model.StepModel`: the compiled kernel, or numpy)
+and handed to iSAM2 as one linear C++ factor.  Since such a factor is a fixed first-order model, `FixedLagWindow`
 implements the relinearization safeguard: after each update it evaluates the newest step's nonlinear
 residual at the estimate and, while it departs from the linear model by more than a threshold, replaces
 the factor (`factorsToRemove`) by one linearized at the new estimate.  (The window hands iSAM2 its

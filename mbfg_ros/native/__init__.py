@@ -2,10 +2,12 @@
 builds with the package; no dependency beyond a C compiler at build time).
 
 * `mechanism_kernel(mech)`: the mechanism's constrained dynamics (Φ, Φq, Φ̇q, q̈ and its exact first
-  derivatives), used by `dynamics.cache.EvalContext`;
+  derivatives), the continuity predictor and an estimate's summary (residual, norm, speed, assembly mode),
+  used by `dynamics.cache.EvalContext`;
 * `unit_form(unit)`: how a factor unit is written in the kernel's step program (`graph.step_model.StepModel`
   builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
-  mismatch of a whole step in one call each).
+  mismatch of a whole step in one call each);
+* `scaled_distance2()`: the relinearization check's quadratic bound (`graph.window.FixedLagWindow`).
 
 The Python forms stay the reference and the fallback: where the extension is not built (``AVAILABLE`` false,
 ``UNAVAILABLE_REASON`` says why), is switched off (environment ``MBFG_ROS_NATIVE=0``), a mechanism has a
@@ -21,7 +23,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "enabled", "describe", "module", "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "ENVIRONMENT", "enabled", "describe", "module", "mechanism_kernel",
+           "unit_form", "step_kernel", "scaled_distance2"]
 
 if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
     # not built (no C compiler or Python headers at install): the numpy forms do the work
