@@ -221,8 +221,7 @@ class StepModel:
         the factor in δ = X − θ about θ = ``static_at``: (A_prev or None, A_cur, r, b) with
         b = −r − A (θ − x) on the non-static rows (internal buffers); None where there is no compiled kernel or
         it finds the dynamics singular (then `linearize`)."""
-        held = self._native
-        kernel = held[1] if held is not None and ctx is not None and held[0] is ctx.native else self._kernel(ctx)
+        kernel = self._kernel(ctx)
         if kernel is None or not kernel.linearize(x_prev, x_cur, static_at[0], static_at[1], params):
             return None
         return self.A_prev, self.A_cur, self.r, self._b

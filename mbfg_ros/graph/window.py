@@ -197,6 +197,12 @@ class FixedLagWindow:
         else:                              # (the numpy forms read them on the units, shared by every step)
             model.apply(rec.params)
             A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
+            b = np.negative(r)
+            rs = model.static_rows
+            if th_cur is not rec.x_cur:
+                b[rs:] -= A_cur[rs:].dot(th_cur - rec.x_cur)
+            if model.dynamic_prev and th_prev is not rec.x_prev:
+                b[rs:] -= A_prev[rs:].dot(th_prev - rec.x_prev)
         rows = model.check_slice
         if rows is not None:
             rec.A_cur, rec.r = A_cur[rows].copy(), r[rows].copy()
@@ -208,13 +214,6 @@ class FixedLagWindow:
         else:
             rec.A_cur = rec.r = _EMPTY
             rec.A_prev = None
-        if compiled is None:
-            b = np.negative(r)
-            rs = model.static_rows
-            if th_cur is not rec.x_cur:
-                b[rs:] -= A_cur[rs:].dot(th_cur - rec.x_cur)
-            if model.dynamic_prev and th_prev is not rec.x_prev:
-                b[rs:] -= A_prev[rs:].dot(th_prev - rec.x_prev)
         noise = unit_noise(r.size)
         if A_prev is None:
             jf = gtsam.JacobianFactor(STATE_KEY_0 + k, A_cur, b, noise)
