@@ -110,7 +110,7 @@ class Estimates:
         """The answer before any estimate: the guess q at rest."""
         n = self.mech.n
         return Estimate(t, q, np.zeros(n), np.zeros(n), self.efforts.gravity.copy(), np.zeros(self.efforts.na),
-                        self.mech.assembly_mode(q), float(np.abs(self.mech.constraints.phi(q)).max(initial=0.0)),
+                        self.mech.assembly_mode(q), self.ctx.constraint_residual(q),
                         0.0, "waiting", message)
 
     def _check_coordinates(self, q, messages):
