@@ -172,6 +172,21 @@ lu_solve(const double *LU, const int *piv, int N, double *b)
     }
 }
 
+/* max |xᵢ| (0 for none); a NaN propagates */
+static double
+max_abs(const double *x, Py_ssize_t n)
+{
+    double mx = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = fabs(x[i]);
+        if (v != v)
+            return v;
+        if (v > mx)
+            mx = v;
+    }
+    return mx;
+}
+
 static int
 is_sane(const double *x, int n)
 {
@@ -624,15 +639,7 @@ mk_py_max_abs_phi(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     }
     mk_positions(k, q);
     release(&bq);
-    double mx = 0.0;
-    for (int i = 0; i < k->m; i++) {
-        double v = fabs(k->phi[i]);
-        if (v > mx || v != v)
-            mx = v;
-        if (mx != mx)
-            break;
-    }
-    return PyFloat_FromDouble(mx);
+    return PyFloat_FromDouble(max_abs(k->phi, k->m));
 }
 
 /* jacobian_dot(q, v, out): Φ̇q (m × n) */
@@ -780,23 +787,9 @@ mk_py_summary(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     mk_positions(k, x);
-    double residual = 0.0, norm2 = 0.0, speed = 0.0;
-    for (int i = 0; i < k->m; i++) {
-        double v = fabs(k->phi[i]);
-        if (v > residual || v != v)
-            residual = v;
-        if (residual != residual)
-            break;
-    }
+    double residual = max_abs(k->phi, k->m), speed = max_abs(x + n, n), norm2 = 0.0;
     for (Py_ssize_t i = 0; i < D; i++)
         norm2 += x[i] * x[i];
-    for (int i = 0; i < n; i++) {
-        double v = fabs(x[n + i]);
-        if (v > speed || v != v)
-            speed = v;
-        if (speed != speed)
-            break;
-    }
     release(&bx);
     PyObject *modes = PyTuple_New(k->nmodes);
     if (!modes)
