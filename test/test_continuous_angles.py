@@ -123,18 +123,32 @@ def test_reinitialization_from_readings_a_turn_and_more_away(crank, plant):
     errors = np.array([out[k].q[c] - readings[k] for k in range(1500) if not 1000 <= k < 1100])
     assert np.abs(errors[:500]).max() < 0.01 and np.abs(errors[believed:]).max() < 0.05
     assert np.abs(errors[believed + 100:1000]).max() < 0.01 and np.abs(errors[-100:]).max() < 0.01
-    assert not est.stepper.single_turn
+    assert (out[believed].recovery, out[1100].recovery) == ("readings", "turn")
+
+
+def single_turn_crank(crank):
+    """The crank four-bar with its crank encoder declared single-turn (`turns: single`)."""
+    from mbfg_ros.model.mechanism import Mechanism
+    from mbfg_ros.model.loader import load_spec_from_string
+    text = open(crank.spec.source).read().replace("{type: encoder, coordinate: crank, sigma: 0.001}",
+                                                  "{type: encoder, coordinate: crank, sigma: 0.001, turns: single}")
+    mech = Mechanism(load_spec_from_string(text, "four_bar_crank (single-turn encoder)"))
+    assert [s.single_turn for s in mech.sensors] == [True, False]
+    return mech
+
+
+def wrapped_readings(traj):
+    return {"crank": np.remainder(traj.readings["crank"] + math.pi, TWO_PI) - math.pi,
+            "coupler_gyro": traj.readings["coupler_gyro"]}
 
 
 def test_a_single_turn_encoder_keeps_the_estimate_continuous(crank, turning):
-    """A single-turn encoder (readings in [-π, π)) on a turning crank: the estimate starts on the reading and
-    stays continuous with its own past where the readings wrap (each wrap is the reading's jump, right
-    after readings on the estimate's turn: no re-initialization), and a re-initialization on request or
-    from the readings and a reset keep it on its own turn."""
+    """An encoder declared single-turn (readings in [-π, π)) on a turning crank: the estimate starts on the
+    reading and stays continuous with its own past where the readings wrap (no re-initialization), and a
+    re-initialization on request or from the readings and a reset keep it on its own turn."""
     c = crank.coordinate_index("crank")
-    wrapped = {"crank": np.remainder(turning.readings["crank"] + math.pi, TWO_PI) - math.pi,
-               "coupler_gyro": turning.readings["coupler_gyro"]}
-    est = estimator(crank)
+    wrapped = wrapped_readings(turning)
+    est = estimator(single_turn_crank(crank))
     out = {}
     for k in range(2000):
         if k == 900:
@@ -145,13 +159,47 @@ def test_a_single_turn_encoder_keeps_the_estimate_continuous(crank, turning):
         if 1500 <= k < 1510:
             obs["crank"] += 0.5         # 10 glitches: rejected, as on any encoder
         out[k] = est.step(float(turning.t[k]), observations=obs)
-    assert est.stepper.single_turn == {c}
     q = np.array([out[k].q[c] for k in range(2000)])
     assert np.abs(np.diff(q)).max() < 0.1                         # continuous: never a jump of a turn
     truth = turning.q[:2000, c]
     offset = q - truth                                            # a whole number of turns, always the same
     assert np.abs(offset - offset[0]).max() < 0.02 and abs(offset[0] - TWO_PI * round(offset[0] / TWO_PI)) < 0.01
     assert [k for k in range(1, 2000) if out[k].status == "recovered"] == []
+
+
+def test_a_wrapping_encoder_not_declared_single_turn_is_followed_on_its_reading(crank, turning):
+    """The same wrapped readings from an encoder left at the default (multi-turn: the reading is the angle):
+    nothing guesses that it wrapped; each wrap is a reading a turn from the prediction, which re-initializes
+    on the reading's turn (counted as a turn recovery, the message says how to declare the encoder), so every
+    estimate is on its reading's turn."""
+    c = crank.coordinate_index("crank")
+    wrapped = wrapped_readings(turning)
+    est = estimator(crank)
+    out = {k: est.step(float(turning.t[k]), observations={n: float(v[k]) for n, v in wrapped.items()})
+           for k in range(2000)}
+    jumps = np.flatnonzero(np.abs(np.diff(wrapped["crank"][:2000])) > math.pi) + 1
+    assert len(jumps) >= 1
+    turned = [k for k in range(2000) if out[k].recovery == "turn"]
+    assert turned == list(jumps), (turned, jumps)
+    assert all("turns: single" in out[k].message for k in turned)
+    assert max(abs(out[k].q[c] - wrapped["crank"][k]) for k in range(2000)) < 0.05
+
+
+def test_a_burst_of_readings_whole_turns_off_is_followed_and_left(crank, plant):
+    """1 s of readings 50 turns off (a multi-turn encoder's glitch, or a re-homing): the estimate follows the
+    readings onto their turn and back (two turn recoveries); the encoder's turns are still checked afterwards
+    (a reading a turn off re-initializes again), and a later divergence re-initializes on the reading's turn."""
+    c = crank.coordinate_index("crank")
+    est = estimator(crank)
+    readings = plant.readings["crank"].copy()
+    readings[300:1000] += 50 * TWO_PI
+    readings[1300:] += TWO_PI
+    out = {k: est.step(float(plant.t[k]), observations={"crank": float(readings[k]),
+                                                        "coupler_gyro": float(plant.readings["coupler_gyro"][k])})
+           for k in range(1500)}
+    assert [k for k in range(1500) if out[k].recovery == "turn"] == [300, 1000, 1300]
+    assert_on_the_readings_turn({k: e for k, e in out.items()}, type(plant)(plant.t, plant.q, plant.v, plant.a,
+                                plant.efforts, plant.Q, {**plant.readings, "crank": readings}), crank)
 
 
 def test_reset(crank, plant):
@@ -263,6 +311,6 @@ def test_with_the_gate_off_a_glitch_is_not_taken_for_a_wrap(crank, plant):
     readings = plant.readings["crank"].copy()
     readings[300] += 4.0
     out = {k: est.step(float(plant.t[k]), observations={"crank": float(readings[k])}) for k in range(600)}
-    assert not est.stepper.single_turn
+    assert not any(e.recovery for e in out.values())
     assert not any("turn(s) from the predicted" in e.message for e in out.values())
     assert max(abs(out[k].q[4] - readings[k]) for k in range(600) if k != 300) < 1.0

@@ -637,6 +637,36 @@ def test_error_sensors():
     doc = base()
     del doc["sensors"][1]["sigma"]
     assert error(doc).startswith("m.yaml: sensors[1]: missing required key 'sigma'")
+    doc = base()
+    del doc["sensors"][0]["sigma"]
+    assert error(doc).startswith("m.yaml: sensors[0]: missing required key 'sigma' (the reading's standard "
+                                 "deviation), or 'counts_per_turn'")
+    for key, value, message in (("turns", "several", "sensors[0].turns: expected 'multi'"),
+                                ("counts_per_turn", 1, "sensors[0].counts_per_turn: expected a whole number"),
+                                ("counts_per_turn", 4096.5, "sensors[0].counts_per_turn: expected a whole number"),
+                                ("counts_per_turn", True, "sensors[0].counts_per_turn: expected a whole number")):
+        doc = base()
+        doc["sensors"][0][key] = value
+        assert error(doc).startswith("m.yaml: " + message), (key, value, error(doc))
+
+
+def test_encoder_turns_and_resolution():
+    """`turns` (default multi) and `counts_per_turn` (σ = one count / √12 when no sigma is given) of an angle
+    encoder; a length cannot be single-turn nor have counts per turn."""
+    doc = base()
+    spec = load(doc, "m.yaml")
+    assert [(e.turns, e.counts_per_turn) for e in spec.encoders] == [("multi", None)]
+    doc["sensors"][0].update(turns="single", counts_per_turn=4096)
+    del doc["sensors"][0]["sigma"]
+    enc = load(doc, "m.yaml").encoders[0]
+    assert (enc.turns, enc.counts_per_turn) == ("single", 4096)
+    assert enc.sigma == pytest.approx(2 * math.pi / 4096 / math.sqrt(12))
+    doc["sensors"][0]["sigma"] = 0.01                       # a given sigma wins
+    assert load(doc, "m.yaml").encoders[0].sigma == 0.01
+    for key, value in (("turns", "single"), ("counts_per_turn", 1000)):
+        doc = base()
+        doc["sensors"][0].update(coordinate="x1", **{key: value})
+        assert f"sensors[0].{key}: coordinate 'x1' is a length" in error(doc)
 
 
 def test_error_sliders():

@@ -99,8 +99,8 @@ def test_encoder_readings_near_the_drawn_pose_before_and_near_the_estimate_after
     assert limits.reading_problem("swing", q[swing] - span, q) is None
     kind, detail = limits.reading_problem("swing", q[swing] + span * 1.0001, q)
     assert kind == "implausible_position" and "from the estimate (6283 rad)" in detail
-    for single_turn in (0.3, -math.pi, 2 * math.pi):
-        assert limits.reading_problem("swing", single_turn, q) is None
+    for near_zero in (0.3, -math.pi, 2 * math.pi):
+        assert limits.reading_problem("swing", near_zero, q) is None
     assert limits.reading_problem("swing", 2 * math.pi * 1.0001, np.array(mech.q0)) is None   # near the estimate
     q[swing] = 0.1
     assert limits.reading_problem("swing", 2 * math.pi * 500, q)[0] == "implausible_position"  # a jump of 500 turns
@@ -197,3 +197,17 @@ def test_efforts_and_trajectories_are_checked_too(tmp_path, capsys):
     assert code == 2
     assert err.startswith(f"mbfg: error: {traj}: row 4, column 'crank': implausible position: coordinate 'crank' is "
                           f"-1e+07 rad"), err
+
+
+def test_a_single_turn_encoder_reads_within_one_turn_of_zero(crank):
+    """An encoder declared `turns: single` reads within one turn of zero, whatever the estimate and before it."""
+    text = open(crank.spec.source).read().replace("coordinate: crank, sigma: 0.001}",
+                                                  "coordinate: crank, sigma: 0.001, turns: single}")
+    limits = InputLimits(Mechanism(load_spec_from_string(text)))
+    q = np.array(crank.q0)
+    q[4] = 2 * math.pi * 6 + 1.0                     # the estimate counts turns itself
+    for value in (0.3, -math.pi, 2 * math.pi):
+        assert limits.reading_problem("crank", value) is None and limits.reading_problem("crank", value, q) is None
+    for estimate in (None, q):
+        kind, detail = limits.reading_problem("crank", q[4], estimate)
+        assert kind == "implausible_position" and "single-turn encoder" in detail

@@ -100,3 +100,6 @@ class Estimate:
     std: Optional[np.ndarray] = None
     efforts_std: Optional[np.ndarray] = None
     disturbance_std: Optional[np.ndarray] = None
+    # why a "recovered" estimate re-initialized: "turn" (a multi-turn encoder read whole turns from the
+    # prediction), "readings" (readings kept disagreeing with it), "" (a numerical failure, or not recovered)
+    recovery: str = ""

@@ -96,7 +96,7 @@ class FixedLagEstimator:
 
     Relative angles stay continuous through every path (a seed at start-up, after a reset, a gap, a
     disagreement, a failure, on request or on another branch): an angle read by an encoder is on the turn
-    of its reading, turns included (a single-turn encoder, once seen to wrap, only modulo 2π), and any
+    of its reading, turns included (a single-turn encoder, declared so in the mechanism, only modulo 2π), and any
     other angle on the turn of its last estimate (kept over a reset); see `seeding` and `stepping.Stepper`.
     """
 
@@ -123,7 +123,7 @@ class FixedLagEstimator:
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
-                             self.stepper.threshold, q0, v0, self.stepper.single_turn)
+                             self.stepper.threshold, q0, v0)
         self.density_adaptation = self._density_adaptation()
         self.last: Optional[Estimate] = None
         self.reset()
@@ -354,8 +354,10 @@ class FixedLagEstimator:
         except ReadingsDisagree as why:
             if not resync:
                 raise
-            return self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
-                                    f"{why}: re-initialized from the readings")
+            est = self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
+                                   f"{why}: re-initialized from the readings")
+            est.recovery = "turn" if why.turns else "readings"
+            return est
         est = self._estimate(t, self.stepper.x, efforts, status, messages)
         self.estimates.check(est)
         self.last = est

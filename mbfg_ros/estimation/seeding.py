@@ -11,7 +11,7 @@ Turns of the relative angles: a pose has one value of each angle per turn, and t
 encoders (their residual is wrapped) and the gyroscopes accept them all, so a new window would stay on
 whatever turn its seed is on.  A seed is therefore on the turns of what it follows: an angle read by an
 encoder or a 'q:' reading that the seed fixes is the reading itself, turns included (an encoder reports
-the angle, not the angle modulo 2π; a single-turn encoder, once seen to wrap, only modulo 2π); every
+the angle, not the angle modulo 2π; a single-turn encoder, declared so in the mechanism, only modulo 2π); every
 other angle is on the turn of the guess, which is the last estimate (extrapolated over a short gap, or
 solved on request), and for a fresh start (the drawn pose or the q0 argument) the last estimate before
 the reset (`Seeder.published`).  `Seeder.position` solves every seed's position problem and puts its
@@ -152,8 +152,7 @@ class Seeder:
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, sensors: Sensors,
                  gate: InnovationGate, factors: StepFactors, efforts: EffortModel, ctx: EvalContext,
-                 threshold: float, q0: Optional[np.ndarray] = None,
-                 v0: Optional[np.ndarray] = None, single_turn: Optional[set] = None):
+                 threshold: float, q0: Optional[np.ndarray] = None, v0: Optional[np.ndarray] = None):
         self.mech, self.config, self.sigmas = mech, config, sigmas
         self.sensors, self.gate, self.factors, self.efforts, self.ctx = sensors, gate, factors, efforts, ctx
         self.threshold = threshold
@@ -162,9 +161,6 @@ class Seeder:
         self.pending_q: Optional[np.ndarray] = None   # position solved on request before the first estimate
         # q of the last estimate before a reset (None: none yet): the turns a fresh start's angles are on
         self.published: Optional[np.ndarray] = None
-        # coordinates read by single-turn encoders (seen to wrap by `stepping.Stepper`): their readings' turns
-        # say nothing, a seed puts them on the guess's turn
-        self.single_turn = set() if single_turn is None else single_turn
 
     def initial_guess(self) -> np.ndarray:
         """The position guess of a start: the position solved on request, the q0 argument or the drawn pose,
@@ -188,8 +184,9 @@ class Seeder:
         """Put encoder / 'q:' readings into q_guess (an angle's reading with its turns: the seed follows it;
         a single-turn encoder's on the guess's turn); return the coordinates they fix."""
         readings = self.sensors.read_coordinates(obs)
+        single = self.sensors.single_turn_coordinates
         for c, val in readings:
-            q_guess[c] = val + TWO_PI * round((q_guess[c] - val) / TWO_PI) if c in self.single_turn else val
+            q_guess[c] = val + TWO_PI * round((q_guess[c] - val) / TWO_PI) if c in single else val
         return sorted({c for c, _ in readings})
 
     def seed(self, seed: Seed, efforts: np.ndarray, obs, mode) -> Tuple[FixedLagWindow, np.ndarray]:

@@ -24,7 +24,12 @@ UNCONFIRMED_REJECTIONS = 2  # readings of a sensor not yet confirmed after a gue
 
 
 class ReadingsDisagree(Exception):
-    """Readings kept disagreeing with the prediction: re-initialize from them."""
+    """Readings kept disagreeing with the prediction: re-initialize from them.  `turns`: a multi-turn
+    encoder read whole turns from the prediction (see `stepping`)."""
+
+    def __init__(self, message: str, turns: bool = False):
+        super().__init__(message)
+        self.turns = turns
 
 
 def observations_in(observations) -> Dict[str, float]:
@@ -59,6 +64,10 @@ class Sensors:
                 self.units[s.name] = F.Gyroscope(mech, s.body, 0.0, sigma)
         self._order = list(self.units)
         self._generic: Dict[str, F.ObservedCoordinate] = {}
+        # coordinates read by single-turn encoders (mechanism YAML `turns: single`): their readings' turns say
+        # nothing, a seed puts them on the guess's turn
+        self.single_turn_coordinates = frozenset(s.coordinate for s in mech.sensors
+                                                 if s.kind == "encoder" and s.single_turn)
 
     def unit(self, name: str) -> Optional[F.Factor]:
         """The unit of a reading name (None: unknown)."""

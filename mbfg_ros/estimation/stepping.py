@@ -7,14 +7,16 @@ window become extra factors on its state; late commands of such a step replace t
 with (`correct_commands`).
 
 An encoder's residual is wrapped (a reading matches its angle on any turn), so a prediction that has
-gone a whole turn away from the readings (a long gap bridged without them, a diverging step) would stay
-there with every reading accepted: a step whose angle reading passed the gate but is a whole turn from
-the prediction raises `ReadingsDisagree`, and the facade re-initializes from the readings, on their turn
-(see `seeding`).  Unless it is the reading that jumped: when the sensor's previous reading, at most
-``outage_steps`` steps before and none rejected since, was on the estimate's turn, the estimate cannot have
-moved a whole turn in between; the encoder is a single-turn one that wrapped (its coordinate goes into
-``single_turn``): its readings' turns say nothing from then on, and the estimate stays continuous with its
-own past."""
+gone a whole turn away from the readings (a long gap bridged without them, a diverging step, a skip ahead
+under overload) would stay there with every reading accepted: a step whose reading of a multi-turn encoder
+(the default: the reading is the angle, whole turns included) passed the gate but is whole turns from the
+prediction raises `ReadingsDisagree`, and the facade re-initializes from the readings, on their turn (see
+`seeding`).  Whatever made the two disagree, the reading is what says which turn the angle is on.  A
+single-turn encoder (declared `turns: single` in the mechanism's sensors) says nothing about turns: its
+readings are never checked so, and the estimate stays continuous with its own past.  Whether an encoder
+is single-turn is never guessed from its readings (a guess that an encoder wrapped is indistinguishable
+from an estimate that drifted a turn while steps were skipped).
+"""
 
 from __future__ import annotations
 
@@ -61,14 +63,12 @@ class Stepper:
         # the prediction is input-free (`prepare_next`) with estimated efforts and a jerk-free integrator
         # (fused mode: the prediction uses the newest step's commands, `StepFactors.predict`)
         self._input_free_prediction = efforts.has_state and config.integrator != "hermite"
-        # the encoders of relative angles (unit -> (sensor name, coordinate)): their readings' turns are checked
+        # the multi-turn encoders of relative angles (unit -> (sensor name, coordinate)): their readings'
+        # turns are checked
+        single = sensors.single_turn_coordinates
         self._angle_encoders = {u: (name, u.coordinate) for name, u in sensors.units.items()
-                                if getattr(u, "angle", False)}
+                                if getattr(u, "angle", False) and u.coordinate not in single}
         self._sensor_names = sensors.units.keys()
-        self.outage_steps = config.outage_steps
-        # coordinates whose encoder was seen to wrap (a single-turn encoder); kept over resets: the sensor
-        # does not change.  Shared with the seeder (`seeding.Seeder.single_turn`).
-        self.single_turn: set = set()
         self.first_id = self.next_id = 0
         self.reset()
 
@@ -80,14 +80,12 @@ class Stepper:
         self.relinearizations = 0       # of the current window
         self._prediction = None         # (x, h, q̈ before, (prediction, offset)) made by `prepare_next`
         self.a_prev, self.h_prev = None, self.dt
-        self._on_turn: Dict[str, int] = {}   # angle encoder -> step of its last reading on the estimate's turn
 
     def start(self, window: FixedLagWindow, x: np.ndarray, t: float):
         """A new window (seeded at t, first estimate x)."""
         self.window, self.x, self.k, self.t = window, x, 0, t
         self.first_id = self.next_id
         self.a_prev, self.h_prev = None, self.dt
-        self._on_turn = {}
 
     def estimated(self):
         """The newest step's estimate was made: its id is taken."""
@@ -140,12 +138,9 @@ class Stepper:
             kept = self.gate.screen(readings, rec.model.whitened_rows, k)
             if len(kept) != len(readings):
                 rec = window.prepare(k, factors.model(h, prior, kept), xp, x_prev, thr if kept else None, values)
-                for u in readings:
-                    if u not in kept and u in self._angle_encoders:
-                        self._on_turn.pop(self._angle_encoders[u][0], None)
             readings = kept
         if readings and self._angle_encoders:
-            self._check_turns(readings, obs, xp, k)
+            self._check_turns(readings, obs, xp)
         x = window.commit(rec)
         self.a_prev, self.h_prev = x_prev[factors.a_slice], h      # (estimates are never modified in place)
         rates = self.efforts.early_rates(k, h) if k <= EARLY_RATE_STEPS else None
@@ -161,27 +156,21 @@ class Stepper:
                               f"{rec.relinearizations} relinearizations)")
         self.k, self.x = k, x
 
-    def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray, k: int):
-        """Raise ReadingsDisagree if an angle encoder's reading among step k's `units` is whole turns (within a
-        quarter turn) from its angle in x, unless the reading wrapped (see the module docstring)."""
+    def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray):
+        """Raise ReadingsDisagree if a multi-turn angle encoder's reading among a step's `units` is whole turns
+        (within a quarter turn) from its angle in x (see the module docstring)."""
         for u in units:
             encoder = self._angle_encoders.get(u)
             if encoder is None:
                 continue
             name, c = encoder
-            if c in self.single_turn:
-                continue
             d = obs[name] - float(x[c])     # (plain floats: numpy's scalar round costs ~1 µs)
             turns = round(d / TWO_PI)
-            if abs(d - TWO_PI * turns) > 0.25 * TWO_PI:
-                continue        # far from any whole turn: a disagreement, not a turn (only with the gate off)
-            if not turns:
-                self._on_turn[name] = k
-            elif k - self._on_turn.get(name, -self.outage_steps - 1) <= self.outage_steps:
-                self.single_turn.add(c)
-            else:
-                raise ReadingsDisagree(f"{name} reads {obs[name]:.6g} rad, {turns:+d} turn(s) from the "
-                                       f"predicted {x[c]:.6g} rad")
+            if turns and abs(d - TWO_PI * turns) <= 0.25 * TWO_PI:
+                # (farther from a whole turn: a disagreement the gate judges, not a turn; only with the gate off)
+                raise ReadingsDisagree(f"{name} reads {obs[name]:.6g} rad, {turns:+d} turn(s) from the predicted "
+                                       f"{x[c]:.6g} rad (a multi-turn encoder; declare `turns: single` in the "
+                                       f"mechanism's sensors if it reads modulo one turn)", turns=True)
 
     def prepare_next(self) -> bool:
         """Predict the next step (one dt after the newest) now, if the prediction does not depend on the

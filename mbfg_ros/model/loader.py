@@ -47,7 +47,8 @@ _RELCOORD_TYPES = ("RelativeAngleAbsoluteDOF",)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
 _ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit")
-_SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name"), ("type", "coordinate", "sigma")),
+_SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
+                               ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
 _ASSEMBLY_KEYS = ("name", "points")
 
@@ -597,10 +598,7 @@ class _Builder:
         names: Dict[str, str] = {}
         for _, path, kind, entry in self.typed_entries(doc, "sensors", "sensor", _SENSOR_SCHEMAS):
             if kind == "encoder":
-                coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)
-                sigma = self.positive(entry["sigma"], f"{path}.sigma")
-                sname = self.unique_name(entry, path, names, coord, "sensor")
-                encoders.append(EncoderSpec(name=sname, coordinate=coord, sigma=sigma))
+                encoders.append(self.encoder(entry, path, coords, names))
             else:
                 body = self.index(entry["body"], f"{path}.body", nbodies, what="body")
                 sigma = self.positive(entry["sigma"], f"{path}.sigma")
@@ -608,6 +606,37 @@ class _Builder:
                 max_rate = self.positive(entry["max_rate"], f"{path}.max_rate") if "max_rate" in entry else None
                 gyros.append(GyroscopeSpec(name=sname, body=body, sigma=sigma, max_rate=max_rate))
         return encoders, gyros
+
+    def encoder(self, entry: Dict[str, Any], path: str, coords: List[str], names: Dict[str, str]) -> EncoderSpec:
+        coord = self.coordinate(entry["coordinate"], f"{path}.coordinate", coords)
+        angle = not _POINT_COORDINATE.match(coord)
+        turns = entry.get("turns", "multi")
+        if turns not in ("multi", "single"):
+            self.fail(f"{path}.turns", f"expected 'multi' (the reading is the angle, whole turns included) or "
+                                       f"'single' (the angle modulo one turn); got {_show(turns)}")
+        counts = None
+        if "counts_per_turn" in entry:
+            if not angle:
+                self.fail(f"{path}.counts_per_turn", f"coordinate {_show(coord)} is a length, not an angle: "
+                                                     "state its resolution through 'sigma'")
+            value = entry["counts_per_turn"]
+            x = None if isinstance(value, bool) else self.expr(value, f"{path}.counts_per_turn")
+            if x is None or x != math.floor(x) or not 2 <= x <= 2.0 ** 62:
+                self.fail(f"{path}.counts_per_turn", f"expected a whole number of counts per turn, at least 2; "
+                                                     f"got {_show(value)}")
+            counts = int(x)
+        if turns == "single" and not angle:
+            self.fail(f"{path}.turns", f"coordinate {_show(coord)} is a length: only an angle can be read "
+                                       "modulo a turn")
+        if "sigma" in entry:
+            sigma = self.positive(entry["sigma"], f"{path}.sigma")
+        elif counts is not None:
+            sigma = 2.0 * math.pi / counts / math.sqrt(12.0)     # the quantization error's σ: one count / √12
+        else:
+            self.fail(path, "missing required key 'sigma' (the reading's standard deviation), or "
+                            "'counts_per_turn' for an angle encoder whose σ is its quantization")
+        sname = self.unique_name(entry, path, names, coord, "sensor")
+        return EncoderSpec(name=sname, coordinate=coord, sigma=sigma, turns=turns, counts_per_turn=counts)
 
     def assembly_modes(self, doc: Dict[str, Any]) -> List[AssemblyModeSpec]:
         out: List[AssemblyModeSpec] = []

@@ -29,6 +29,7 @@ class Sensor:
     sigma: float
     coordinate: int = -1        # encoder: index in q
     body: int = -1              # gyroscope: body index
+    single_turn: bool = False   # encoder of an angle that reads it modulo one turn (YAML `turns: single`)
 
 
 def _readonly(a) -> np.ndarray:
@@ -101,8 +102,8 @@ class Mechanism:
         self.actuated_index = (slice(int(act[0]), int(act[-1]) + 1)
                                if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
         self.actuator_names = tuple(a.joint for a in spec.actuators)
-        sensors = [Sensor(e.name, "encoder", float(e.sigma), coordinate=self.coordinate_index(e.coordinate, "sensors"))
-                   for e in spec.encoders]
+        sensors = [Sensor(e.name, "encoder", float(e.sigma), coordinate=self.coordinate_index(e.coordinate, "sensors"),
+                          single_turn=e.turns == "single") for e in spec.encoders]
         sensors += [Sensor(g.name, "gyroscope", float(g.sigma), body=int(g.body)) for g in spec.gyroscopes]
         self.sensors = tuple(sensors)
         self.assembly_mode_names = tuple(a.name for a in spec.assembly_modes)
@@ -329,7 +330,8 @@ class Mechanism:
             "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
             "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,
-                         **({"coordinate": self.coordinate_names[s.coordinate]} if s.kind == "encoder"
+                         **({"coordinate": self.coordinate_names[s.coordinate],
+                             "turns": "single" if s.single_turn else "multi"} if s.kind == "encoder"
                             else {"body": s.body, "max_rate": limits.max_rates[s.name]})} for s in self.sensors],
             "assembly_modes": {nm: int(v) for nm, v in zip(self.assembly_mode_names, self.assembly_mode(self.q0))},
             "mass": self.total_mass,

@@ -14,8 +14,9 @@ The rules (README, "Mechanism YAML format"; docs/decisions.md has the reasons):
   coordinate can be (``implausible_position``).  An angle: before the first estimate, within
   `START_SPAN_TURNS` turns of the drawn pose (a 32-bit count of a 4096-count multi-turn encoder spans
   ±5.2e5 turns); once there is an estimate, within `ESTIMATE_SPAN_TURNS` turns of it, or within one turn
-  of zero (a single-turn encoder reads in [−π, π) or [0, 2π) whatever turn the estimate is on; the
-  encoder factor wraps an angle's residual).  A length: within `POSITION_SPAN_REACHES` times the
+  of zero.  An encoder declared single-turn (`turns: single`: it reads in [−π, π) or [0, 2π) whatever turn
+  the angle is on; the encoder factor wraps an angle's residual) must always read within one turn of
+  zero.  A length: within `POSITION_SPAN_REACHES` times the
   mechanism's reach of the drawn pose, or (once there is one) of the estimate.  Should an estimate ever
   be more than 100 turns off a multi-turn encoder, that encoder's readings are refused until the
   estimator starts again (the node's ``~/reset``), which the start rule then allows;
@@ -63,7 +64,8 @@ KINDS = {
     "non_finite": "NaN or Inf value",
     "implausible_position": f"encoder reading of an angle more than {START_SPAN_TURNS:g} turns from the drawn pose "
                             f"(before the first estimate) or more than {ESTIMATE_SPAN_TURNS:g} turns from the "
-                            f"estimate and outside one turn of zero; of a length, more than "
+                            f"estimate and outside one turn of zero, or outside one turn of zero for a single-turn "
+                            f"encoder; of a length, more than "
                             f"{POSITION_SPAN_REACHES:g} reaches of the mechanism from the drawn pose and the estimate",
     "implausible_rate": "gyroscope reading faster than the sensor's max_rate",
     "implausible_effort": "commanded effort larger in magnitude than the actuator's effort_limit",
@@ -101,6 +103,18 @@ def default_effort_limit(spec: MechanismSpec, angle: bool) -> float:
 
 def _text(x: float) -> str:
     return f"{x:.4g}"
+
+
+class _SingleTurn:
+    """The rule of a single-turn encoder's readings: within one turn of zero, whatever the estimate."""
+    __slots__ = ()
+    span = 2.0 * math.pi
+
+    def problem(self, value: float, q, what: str) -> Optional[Problem]:
+        if abs(value) <= self.span:
+            return None
+        return ("implausible_position", f"{what} {_text(value)} rad, more than one turn ({_text(self.span)} rad) "
+                                        f"from 0 (a single-turn encoder)")
 
 
 class _Coordinate:
@@ -155,7 +169,8 @@ class InputLimits:
         self.max_rates: Dict[str, float] = {
             g.name: (g.max_rate if g.max_rate is not None else DEFAULT_MAX_RATE) for g in spec.gyroscopes}
         self._coordinates = [_Coordinate(c, float(mech.q0[c]), c in angles, self.reach) for c in range(mech.n)]
-        self._encoders = {s.name: self._coordinates[s.coordinate] for s in mech.sensors if s.kind == "encoder"}
+        self._encoders = {s.name: _SingleTurn() if s.single_turn else self._coordinates[s.coordinate]
+                          for s in mech.sensors if s.kind == "encoder"}
         self._limits_list = self.effort_limits.tolist()
 
     @property

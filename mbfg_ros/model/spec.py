@@ -69,7 +69,11 @@ class EncoderSpec:
     """Measures one coordinate (normally a relative angle)."""
     name: str                 # joint name on ROS topics (defaults to the coordinate name)
     coordinate: str
-    sigma: float
+    sigma: float              # given, or the quantization σ of `counts_per_turn` (one count / √12)
+    # an angle encoder's readings: 'multi' (the angle itself, whole turns included) or 'single' (the angle
+    # modulo one turn, in [−π, π) or [0, 2π)); lengths are always read whole ('multi')
+    turns: str = "multi"
+    counts_per_turn: Optional[int] = None   # resolution of an angle encoder (None: not stated)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ REJECT_KINDS = {
             "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
     "too_old": "stamp older than the estimator window",
 }
-EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "solver_failures", "overruns",
+EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "turn_recoveries", "solver_failures",
+          "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
           "late_steps")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
@@ -67,6 +68,9 @@ class Diagnostics:
         self.last_message = ""
         self._failures_reported = 0
         self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why
+        # what each angle encoder's readings say about turns (mechanism YAML `turns:`): fixed for the node's life
+        self.encoder_turns = ", ".join(f"{s.name}={'single' if s.single_turn else 'multi'}" for s in mech.sensors
+                                       if s.kind == "encoder" and s.coordinate >= mech.n_point_coordinates)
         self._log_times: Dict[str, float] = {}
 
     def warn_kind(self, kind: str, detail: str):
@@ -102,6 +106,8 @@ class Diagnostics:
         kv = {"state": st, "mechanism": self.mech.name, "mode": config.mode,
               "formulation": config.formulation, "integrator": config.integrator,
               "dt": dt, "window": config.window, "kernel": self.kernel}
+        if self.encoder_turns:
+            kv["encoder_turns"] = self.encoder_turns
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

@@ -377,8 +377,15 @@ class EstimatorNode(Node):
         events = diag.events
         if est.status == "recovered":
             events["solver_recoveries"] += 1
-            diag.warn_kind("solver_recoveries", f"the core re-initialized (numerical failure, or readings that "
-                                                f"contradict the prediction) at t={t_k / NS:.6f}: {est.message}")
+            if est.recovery == "turn":
+                events["turn_recoveries"] += 1
+                diag.warn_kind("turn_recoveries", f"an encoder read whole turns from the prediction at "
+                                                  f"t={t_k / NS:.6f}; re-initialized on the reading's turn: "
+                                                  f"{est.message}")
+            else:
+                diag.warn_kind("solver_recoveries", f"the core re-initialized (numerical failure, or readings "
+                                                    f"that contradict the prediction) at t={t_k / NS:.6f}: "
+                                                    f"{est.message}")
         if est.status == "waiting":
             return
         if observations is None and not self.sched.own_command:
