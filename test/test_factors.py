@@ -443,3 +443,25 @@ def test_stacked_linear_adapter_matches_units():
                                                      "inverse_dynamics", "encoder(crank)",
                                                      "gyroscope(body 1)"}
     np.testing.assert_allclose(model.check_residual(x_prev, x_cur), r2[model.check_rows], rtol=1e-12, atol=1e-12)
+
+
+def test_default_densities_follow_the_mechanisms_scale(crank, robot):
+    """The densities and start-up priors that depend on the mechanism's size are the crank four-bar's measured
+    values there, and scale with τ_c = M·g·R and T = √(R/g) elsewhere (a 4× heavier mechanism of the same size:
+    16× the effort densities, 4× the effort priors, the same acceleration density)."""
+    import dataclasses
+    from mbfg_ros.factors.noise import SCALED
+    from mbfg_ros.model.plausibility import mechanism_scale
+    plain = default_sigmas()
+    at_crank = default_sigmas(crank.spec)
+    assert all(at_crank[k] == pytest.approx(plain[k], rel=1e-12) for k in plain)
+    spec = crank.spec
+    heavy = dataclasses.replace(spec, bodies=tuple(dataclasses.replace(b, mass=4 * b.mass) for b in spec.bodies))
+    scaled = default_sigmas(heavy)
+    for k, (pe, pt) in SCALED.items():
+        assert scaled[k] == pytest.approx(plain[k] * 4.0 ** pe, rel=1e-12), k
+    assert {k: v for k, v in scaled.items() if k not in SCALED} == {k: v for k, v in plain.items() if k not in SCALED}
+    effort, time = mechanism_scale(robot.spec)
+    ref_effort, ref_time = mechanism_scale(spec)
+    assert default_sigmas(robot.spec)["effort_density"] == pytest.approx(
+        plain["effort_density"] * (effort / ref_effort) ** 2 * (ref_time / time) ** 3)

@@ -26,7 +26,7 @@ from mbfg_ros.cli import csvio
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
-from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.factors.noise import SCALED, default_sigmas
 from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.model.spec import MechanismError
 from mbfg_ros.tuning.likelihood import TuningError
@@ -178,6 +178,11 @@ def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # sub-commands
 # ----------------------------------------------------------------------------------------------
+def _scale_unit(effort_units) -> str:
+    """The unit of the effort scale: N where every actuator is prismatic (`mechanism_scale`), else N·m."""
+    return "N" if effort_units and set(effort_units) == {"N"} else "N·m"
+
+
 def cmd_info(args) -> int:
     mech = _load(args.mechanism)
     info = mech.describe()
@@ -201,6 +206,8 @@ def cmd_info(args) -> int:
         ("actuated", acts),
         ("sensors", sensors),
         ("total mass", f"{info['mass']:g} kg"),
+        ("scale", f"effort τ_c = {info['scale']['effort']:.4g} {_scale_unit(info['effort_units'])}, "
+                  f"time T = {info['scale']['time']:.4g} s (the noise densities' defaults follow them)"),
         ("gravity", f"({info['gravity'][0]:g}, {info['gravity'][1]:g}) m/s²"),
         ("assembly modes", modes),
         ("YAML pose", ("satisfies the constraints" if info["pose_consistent"] else "does NOT satisfy the constraints")
@@ -361,8 +368,7 @@ def cmd_estimate(args) -> int:
         efforts = _efforts_from_csv(mech, args.torques, t)
     elif mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
-    sigmas = default_sigmas()
-    sigmas.update(from_file.get("sigmas", {}))
+    sigmas = dict(from_file.get("sigmas", {}))     # (the rest: the defaults scaled to the mechanism)
     for name in DENSITY_OPTIONS:        # the options given explicitly win over the file
         value = getattr(args, name)
         if value is not None:
@@ -521,6 +527,14 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+def _default_text(defaults: dict, name: str) -> str:
+    """A noise parameter's default in --help: a number, or the crank four-bar's for those scaled to the
+    mechanism (`factors.noise`)."""
+    if name in SCALED:
+        return f"scaled to the mechanism's mass, reach and time scale; {defaults[name]:g} for the crank four-bar"
+    return f"{defaults[name]:g}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Multibody factor-graph tools: mechanism info, forward dynamics, "
                 "staged inverse dynamics and state estimation from CSV files.",
@@ -583,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fused: time constant over which the disturbance's prior returns to 0 [s]")):
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="T" if name.endswith("time_constant") else "S",
-                       help=f"{text} (default {defaults[name]:g})")
+                       help=f"{text} (default: {_default_text(defaults, name)})")
     s.add_argument("--adapt-effort-density", action=argparse.BooleanOptionalAction, default=None,
                    help="estimation: fit the effort density online from the readings, starting from "
                         "--effort-density (default: on, unless the --params file says adapt_effort_density: "
@@ -610,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in DENSITY_OPTIONS:
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="S",
-                       help=f"starting (or held) value (default {defaults[name]:g})")
+                       help=f"starting (or held) value (default: {_default_text(defaults, name)})")
     s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
                    help="an encoder's starting (or held) σ in its units (repeatable; default: the mechanism file's)")
     s.add_argument("--max-steps", type=_positive("--max-steps", int), default=2000, metavar="N",

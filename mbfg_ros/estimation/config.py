@@ -22,7 +22,8 @@ class EstimatorConfig:
     formulation: str = "dependent"         # dependent | independent coordinates
     integrator: str = "trapezoidal"        # trapezoidal | hermite (4th order) | euler
     independent: Tuple[str, ...] = ()      # independent coordinate names (independent formulation); auto if empty
-    sigmas: Dict[str, float] = field(default_factory=default_sigmas)
+    # noise parameters by name (`factors.noise`); those not given take the defaults scaled to the mechanism
+    sigmas: Dict[str, float] = field(default_factory=dict)
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     adapt_effort_density: bool = True     # estimation mode: fit effort_density online (starting from sigmas'

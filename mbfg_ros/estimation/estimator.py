@@ -107,7 +107,7 @@ class FixedLagEstimator:
     def __init__(self, mech: Mechanism, config: Optional[EstimatorConfig] = None, q0=None, v0=None):
         self.mech = mech
         self.config = c = (config if config is not None else EstimatorConfig()).validated()
-        self.sigmas = {**default_sigmas(), **dict(c.sigmas)}
+        self.sigmas = {**default_sigmas(mech.spec), **dict(c.sigmas)}
         if c.relinearize_scope not in FixedLagWindow.SCOPES:
             raise ValueError(f"relinearize_scope must be one of {FixedLagWindow.SCOPES} (got {c.relinearize_scope!r})")
         if c.blas_threads:

@@ -7,12 +7,22 @@
   unmodelled accelerations (they replace the integrators' sigmas, `factors.white_acceleration_sigmas`) and
   the unknown efforts or the disturbance (their second derivative, `factors.IntegratedRandomWalk`), and the
   disturbance's time constant (its prior damped back to 0, seconds).
-  Defaults measured with bench/stochastic_model.py (crank four-bar, encoder σ 1 mrad at 1 kHz).
+  Defaults measured with bench/stochastic_model.py (crank four-bar, encoder σ 1 mrad at 1 kHz) and carried
+  to every other mechanism by its scale (`mechanism_scale`): a density in (N·m)²/s³ of a 1-kg pendulum is not
+  that of a 24-kg robot.  A mechanism's efforts scale with τ_c = M·g·R (N·m; M·g in N where every actuator
+  is prismatic) and its motions with T = √(R/g) (M its total mass, R its reach, g standard gravity: a scale,
+  also for a mechanism without gravity), so each density is its value on the crank four-bar times the ratio of
+  its unit in those scales (efforts: τ_c²/T³, accelerations: 1/T³), and so are the start-up priors (efforts
+  τ_c, their rate τ_c/T, velocities 1/T); `model.plausibility.mechanism_scale` gives (τ_c, T).  On the crank four-bar the defaults are the measured numbers.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import math
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mbfg_ros.model.spec import MechanismSpec
 
 
 # the shipped densities of the estimation and fused modes (bench/stochastic_model.py)
@@ -22,8 +32,30 @@ DISTURBANCE_DENSITY = 3e3
 DISTURBANCE_TIME_CONSTANT = 1.0   # [s]
 
 
-def default_sigmas() -> Dict[str, float]:
-    """The noise parameters by name (see the module docstring), units in the comments."""
+from mbfg_ros.model.plausibility import STANDARD_GRAVITY  # noqa: E402  (the scale's g)
+
+#: the crank four-bar's scale (mechanisms/four_bar_crank.yaml: 7 kg, reach 4 m), where the defaults were measured
+REFERENCE_EFFORT_SCALE = 7.0 * STANDARD_GRAVITY * 4.0          # τ_c [N·m]
+REFERENCE_TIME_SCALE = math.sqrt(4.0 / STANDARD_GRAVITY)        # T [s]
+#: the defaults that follow the mechanism's scale: name -> (power of τ_c, power of T) of their unit
+SCALED = {"acceleration_density": (0, -3), "effort_density": (2, -3), "disturbance_density": (2, -3),
+          "initial_effort": (1, 0), "initial_effort_rate": (1, -1), "initial_velocity": (0, -1)}
+
+
+def default_sigmas(spec: Optional["MechanismSpec"] = None) -> Dict[str, float]:
+    """The noise parameters by name (see the module docstring), units in the comments; with a mechanism's
+    `spec`, those that follow its scale (`SCALED`) scaled to it."""
+    sigmas = _reference_sigmas()
+    if spec is not None:
+        from mbfg_ros.model.plausibility import mechanism_scale
+        effort, time = mechanism_scale(spec)
+        re, rt = effort / REFERENCE_EFFORT_SCALE, time / REFERENCE_TIME_SCALE
+        for name, (pe, pt) in SCALED.items():
+            sigmas[name] *= re ** pe * rt ** pt
+    return sigmas
+
+
+def _reference_sigmas() -> Dict[str, float]:
     return {
         "prior_q0": 1e-5,            # f_prior on q0 (covariance 1e-10)
         "prior_v0": 1e-5,

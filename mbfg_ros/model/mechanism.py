@@ -313,7 +313,7 @@ class Mechanism:
 
     def describe(self) -> dict:
         """Summary used by `mbfg info`."""
-        from mbfg_ros.model.plausibility import InputLimits   # (it reads a Mechanism)
+        from mbfg_ros.model.plausibility import InputLimits, mechanism_scale   # (it reads a Mechanism)
         limits = InputLimits(self)
         Phi, J = self.constraints.phi_and_jacobian(np.array(self.q0))
         rank = self.constraint_rank()
@@ -335,6 +335,7 @@ class Mechanism:
                             else {"body": s.body, "max_rate": limits.max_rates[s.name]})} for s in self.sensors],
             "assembly_modes": {nm: int(v) for nm, v in zip(self.assembly_mode_names, self.assembly_mode(self.q0))},
             "mass": self.total_mass,
+            "scale": dict(zip(("effort", "time"), mechanism_scale(self.spec))),
             "gravity": list(map(float, self.gravity)),
             "constraint_residual": float(np.abs(Phi).max(initial=0.0)),
             "pose_consistent": bool(np.abs(Phi).max(initial=0.0) < 1e-9),

@@ -29,6 +29,7 @@ The rules (README, "Mechanism YAML format"; docs/decisions.md has the reasons):
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,11 +39,12 @@ from mbfg_ros.model.spec import MechanismSpec
 if TYPE_CHECKING:  # pragma: no cover
     from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", "START_SPAN_TURNS",
+__all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", "mechanism_scale", "STANDARD_GRAVITY", "START_SPAN_TURNS",
            "ESTIMATE_SPAN_TURNS", "POSITION_SPAN_REACHES", "DEFAULT_MAX_RATE", "EFFORT_LIMIT_GRAVITY_FACTOR",
            "EFFORT_LIMIT_ACCELERATION", "KINDS"]
 
 Problem = Tuple[str, str]
+_POINT_COORDINATE = re.compile(r"[xy][0-9]+\Z")
 
 #: before the first estimate, an angle reading farther than this many turns from the drawn pose is implausible
 START_SPAN_TURNS = 1e6
@@ -79,6 +81,19 @@ def mechanism_reach(spec: MechanismSpec) -> float:
     xy = np.array([(p.x, p.y) for p in spec.points], dtype=float)
     d = xy[:, None, :] - xy[None, :, :]
     return float(np.sqrt((d * d).sum(-1)).max())
+
+
+STANDARD_GRAVITY = 9.80665   # [m/s²] the scale's g (not the mechanism's gravity, which may be 0)
+
+
+def mechanism_scale(spec: MechanismSpec) -> Tuple[float, float]:
+    """(τ_c, T): the mechanism's effort scale τ_c = M·g·R [N·m] (M·g [N] where every actuator is prismatic) and
+    time scale T = √(R/g) [s], M its total mass, R its reach, g standard gravity (a scale: also for a mechanism
+    without gravity).  The noise densities' defaults follow them (`factors.noise`)."""
+    mass = float(sum(b.mass for b in spec.bodies))
+    reach = mechanism_reach(spec)
+    prismatic = bool(spec.actuators) and all(_POINT_COORDINATE.match(a.coordinate) for a in spec.actuators)
+    return mass * STANDARD_GRAVITY * (1.0 if prismatic else reach), math.sqrt(reach / STANDARD_GRAVITY)
 
 
 def default_effort_limit(spec: MechanismSpec, angle: bool) -> float:

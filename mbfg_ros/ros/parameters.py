@@ -102,7 +102,7 @@ def declare_parameters(node) -> StartupParameters:
         read_only=True)).value or []
     sigmas = {}
     descriptions = noise_descriptions()
-    for k, v in default_sigmas().items():
+    for k, v in default_sigmas(mech.spec).items():
         sigmas[k] = d(f"sigmas.{k}", float(v), PD(
             description=f"{descriptions[k]}; > 0; changing it restarts the estimator",
             floating_point_range=_float_range(1e-15, 1e15))).value

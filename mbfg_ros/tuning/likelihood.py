@@ -261,7 +261,7 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
                    sensor_sigmas: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Every value the filter needs: the estimator's default densities (updated by `sigmas`) and the encoders'
     σ from the mechanism file (updated by `sensor_sigmas`)."""
-    d = default_sigmas()
+    d = default_sigmas(mech.spec)
     d.update(sigmas or {})
     out = {k: float(d[k]) for k in ("acceleration_density", "effort_density", "disturbance_density",
                                     "disturbance_time_constant")}
