@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 
 
 REPO = Path(__file__).resolve().parents[1]
+TEST_DIR = Path(__file__).resolve().parent
 sys.setswitchinterval(5e-4)   # the feeder thread must not wait 5 ms for the GIL
 CONFIG = REPO / "config" / "four_bar.yaml"
 CONFIG_ROBOT = REPO / "config" / "pick_and_place.yaml"
@@ -91,13 +92,20 @@ class RosProcess:
 
 def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str, object]] = None,
                       config: Path = CONFIG, remaps: Optional[Dict[str, str]] = None,
-                      extra_env=None, preexec_fn: Optional[Callable[[], None]] = None) -> RosProcess:
+                      extra_env=None, preexec_fn: Optional[Callable[[], None]] = None,
+                      step_cost: Optional[float] = None) -> RosProcess:
+    """The estimator node; with `step_cost` [s] its core's every step lasts at least that long (wall clock:
+    test/slow_core_node.py), so that a `dt` below it overloads the node on any machine."""
     args = ["--params-file", str(config)]
     for k, v in (params or {}).items():
         args += ["-p", f"{k}:={_param_text(v)}"]
     for a, b in (remaps or {}).items():
         args += ["-r", f"{a}:={b}"]
-    return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
+    if step_cost is None:
+        return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
+    env = {"MBFG_TEST_STEP_COST_S": repr(float(step_cost)),
+           "PYTHONPATH": str(TEST_DIR) + os.pathsep + ros_env(domain_id)["PYTHONPATH"], **(extra_env or {})}
+    return RosProcess("slow_core_node", args, domain_id, log_path, env, preexec_fn)
 
 
 # Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
@@ -109,8 +117,11 @@ STEADY_PARAMS = {"dt": STEADY_DT, "diagnostics_period": 0.2, "max_input_delay": 
 
 # A step far below the solve time: the node cannot keep up and skips ahead.  (0.2 ms was enough before the
 # compiled kernel: the node now keeps up with a 5-kHz feed; at 0.1 ms the feed asks 10 k steps a second.)
+# Whether the real core is slower than 0.1 ms depends on the machine: `overloaded_estimator` makes sure.
 OVERLOAD_DT = 0.0001
 OVERLOAD_PARAMS = {"max_backlog": 0.05, "max_input_delay": 0.001}
+# The least wall time of a core step in `overloaded_estimator`: 10 × OVERLOAD_DT, and 3 × a 1-ms step.
+OVERLOAD_STEP_COST = 0.003
 
 
 @contextlib.contextmanager
@@ -127,6 +138,20 @@ def running_estimator(log_path: Path, **kwargs):
     finally:
         probe.close()
         est.stop()
+
+
+@contextlib.contextmanager
+def overloaded_estimator(log_path: Path, dt: float = OVERLOAD_DT, step_cost: float = OVERLOAD_STEP_COST,
+                         params: Optional[Dict[str, object]] = None, **kwargs):
+    """`running_estimator` with a node that is overloaded on any machine: step `dt` with OVERLOAD_PARAMS
+    (skip ahead once 50 ms behind) over `params`, and every core step lasting at least `step_cost` s (>
+    dt: test/slow_core_node.py).  Yields (est, probe); feed it at `dt` (e.g. `Feeder(probe, traj, dt, mech)`)
+    and it overruns and skips steps however fast the machine is."""
+    if not step_cost > dt:
+        raise ValueError(f"step_cost ({step_cost} s) must exceed dt ({dt} s) to overload the node")
+    with running_estimator(log_path, params={**(params or {}), **OVERLOAD_PARAMS, "dt": dt}, step_cost=step_cost,
+                           **kwargs) as (est, probe):
+        yield est, probe
 
 
 def _param_text(v) -> str:

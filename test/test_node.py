@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, OVERLOAD_DT, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process,
-                         fresh_domain_id, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until)
+from ros_helpers import (CONFIG, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process, fresh_domain_id, joint_state,
+                         overloaded_estimator, rclpy_available, running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -515,24 +515,28 @@ def test_stock_executor_fallback(tmp_path, mech, traj):
 
 
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
-    """A step far below the solve time (0.1 ms): the node cannot keep up, so it skips to the newest
-    inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
+    """Every core step made to last at least OVERLOAD_STEP_COST (3 ms, test/slow_core_node.py) at a 1-ms step:
+    the node cannot keep up on any machine, so it skips to the newest inputs whenever it falls max_backlog
+    behind, keeps publishing, and says so in the diagnostics."""
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
-    dt = OVERLOAD_DT
-    fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(1.0)
-    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
+    dt = 0.001
+    fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(4.0)
+    with overloaded_estimator(tmp_path / "est.log", dt=dt, params=TEST_PARAMS) as (est, probe):
         f = Feeder(probe, fast_traj, dt, mech).start()
-        f.join()
-        time.sleep(0.3)
+        try:
+            # fed until the node has skipped and published enough (bounded by the 4-s trajectory)
+            d = probe.wait_diag(lambda d: int(d["skipped_steps"]) > 0 and len(probe.snapshot("state")) > 100,
+                                4.0 + 10.0)
+        finally:
+            f.stop()
         st, q, v, a, Q, recv = _state_arrays(probe)
-        assert len(st) > 100 and np.all(np.isfinite(q))
+        assert d is not None and len(st) > 100 and np.all(np.isfinite(q)), (len(st), d)
         lat = (recv - st) / 1e9
         print(f"\n  {len(st)} estimates for {len(f.stamps)} input steps; latency median {np.median(lat) * 1e3:.1f} ms, "
               f"max {lat.max() * 1e3:.1f} ms")
         # latency itself is machine-dependent (bench/node_latency.py measures it); the test checks the mechanism:
         # the node counted the overruns, skipped steps instead of queueing, and kept publishing finite estimates
-        d = probe.wait_diag(lambda d: int(d["overruns"]) > 0, 3.0)
-        assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0
+        assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0, d
         assert est.alive()
     assert est.proc.returncode == 0
 
