@@ -41,6 +41,13 @@ def traj(mech):
 
 
 @pytest.fixture(scope="module")
+def long_traj(mech):
+    """5 s of the plant of `traj`: for the tests that feed until the node has published enough estimates."""
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    return SimulatedPlant(mech, dt=DT, seed=7, actuator=Actuator.ideal(mech)).simulate(5.0)
+
+
+@pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     with running_estimator(tmp_path_factory.mktemp("node") / "estimator.log", params=TEST_PARAMS) as (est, probe):
         yield est, probe
@@ -496,19 +503,31 @@ def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp
     assert est.proc.returncode == 0
 
 
-def test_stock_executor_fallback(tmp_path, mech, traj):
+def test_stock_executor_fallback(tmp_path, mech, long_traj):
     """fast_loop:=false (or an rclpy without the pybind11 wait-set API): plain executor, same interfaces.
-    Less robust under load (the stock executor runs a due timer before queued inputs, so a stalled node
-    may predict a few steps whose inputs are already waiting): the accuracy check is on the median."""
+    Less robust under load: the stock executor runs a due timer before queued inputs, so a node that the
+    machine stalls for longer than max_input_delay predicts the steps whose inputs are already waiting (on a
+    busy machine, stalls of 0.1 s and more: estimates off by a radian and readings dropped as too old).  Here
+    the node waits up to 0.3 s for inputs before it predicts a step, so that this test checks the executor's
+    service, not the machine's.  Fed until the node has published 150 estimates from 0.3 s on (start-up and
+    the first solve take longer on a busy machine; bounded by the 5-s trajectory); the accuracy check is on
+    the median."""
     from std_srvs.srv import Trigger
-    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, "fast_loop": False}) as (est, probe):
-        f = Feeder(probe, traj.head(250), DT, mech).start()
-        f.join()
-        assert wait_until(lambda: probe.snapshot("state") and
-                          stamp_ns(probe.snapshot("state")[-1][1].header.stamp) >= f.stamps[-1], 5.0)
+    params = {**TEST_PARAMS, "fast_loop": False, "max_input_delay": 0.3, "sensor_timeout": 0.5, "max_backlog": 1.0}
+    with running_estimator(tmp_path / "est.log", params=params) as (est, probe):
+        f = Feeder(probe, long_traj, DT, mech).start()
+        try:
+            assert wait_until(lambda: len(f.stamps) > 0, 10.0)
+            settled = f.stamps[0] + int(0.3 * NS)
+            enough = wait_until(lambda: sum(stamp_ns(m.header.stamp) >= settled for _, m in probe.snapshot("state"))
+                                >= 150, len(long_traj.t) * DT + 10.0, 0.05)
+        finally:
+            f.stop()
+        assert enough, (len(probe.snapshot("state")), len(f.stamps), est.output()[-3000:])
+        assert wait_until(lambda: stamp_ns(probe.snapshot("state")[-1][1].header.stamp) >= f.stamps[-1], 5.0)
         st, q, v, a, Q, _ = _state_arrays(probe)
-        E = _errors(f, traj, mech, st, q, v, Q)
-        assert len(E) > 100 and np.median(E[:, 0]) < 5e-3
+        E = _errors(f, long_traj, mech, st, q, v, Q)
+        assert len(E) > 100 and np.median(E[:, 0]) < 5e-3, (len(E), np.median(E[:, 0]) if len(E) else None)
         res, _ = probe.call(Trigger, "/mbfg_estimator/reinitialize", Trigger.Request())
         assert res.success
     assert est.proc.returncode == 0
