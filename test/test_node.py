@@ -388,8 +388,15 @@ def test_effort_array_input_and_mode_change(shared, mech, traj):
     f = Feeder(probe, traj, DT, mech, observations=True, efforts=False)
     f.start()
     try:
-        t_end = time.monotonic() + 1.0
-        while time.monotonic() < t_end:
+        # at least 1 s, and until the node has counted 50 arrays (a busy machine runs this loop slower than
+        # 1/DT), while the 2-s feed lasts
+        t_min = time.monotonic() + 1.0
+
+        def enough():
+            d = probe.latest_diag()
+            return (time.monotonic() > t_min and d is not None and d["mode"] == "forward_dynamics"
+                    and int(d["input.efforts.received"]) > 50)
+        while not enough() and f.thread.is_alive():
             k = min(len(f.stamps), len(traj.t)) - 1
             probe.pub_eff_arr.publish(Float64MultiArray(data=[float(traj.efforts[max(k, 0), 0])]))
             time.sleep(DT)
