@@ -120,7 +120,7 @@ STEADY_PARAMS = {"dt": STEADY_DT, "diagnostics_period": 0.2, "max_input_delay": 
 # Whether the real core is slower than 0.1 ms depends on the machine: `overloaded_estimator` makes sure.
 OVERLOAD_DT = 0.0001
 OVERLOAD_PARAMS = {"max_backlog": 0.05, "max_input_delay": 0.001}
-# The least wall time of a core step in `overloaded_estimator`: 10 × OVERLOAD_DT, and 3 × a 1-ms step.
+# The least wall time of a core step in `overloaded_estimator`: 30 × OVERLOAD_DT, 3 × a 1-ms step.
 OVERLOAD_STEP_COST = 0.003
 
 
