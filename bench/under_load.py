@@ -118,6 +118,23 @@ def failed_tests(output: str) -> List[str]:
             if line.startswith(("FAILED ", "ERROR ")) and len(line.split(None, 1)) > 1]
 
 
+def stop_group(proc: subprocess.Popen, grace: float = 15.0):
+    """SIGINT to the run's process group (pytest then stops its ROS node processes, which live in sessions
+    of their own, on its way out), SIGKILL to what is left after `grace` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def run_once(command: List[str], log_path: Path, timeout: float, verbose: bool) -> Dict[str, object]:
     """Run `command` from the repository root, output to `log_path` (and the terminal if verbose); on
     timeout its whole process group is killed."""
@@ -129,7 +146,7 @@ def run_once(command: List[str], log_path: Path, timeout: float, verbose: bool) 
 
         def kill_on_timeout():
             timed_out.set()
-            os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc)
         timer = threading.Timer(timeout, kill_on_timeout)
         timer.start()
         chunks = []
@@ -142,8 +159,7 @@ def run_once(command: List[str], log_path: Path, timeout: float, verbose: bool) 
                     sys.stdout.flush()
             code = proc.wait()
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop_group(proc)
             raise
         finally:
             timer.cancel()
