@@ -6,12 +6,15 @@ Every test that starts ROS nodes uses its own ROS_DOMAIN_ID and keeps discovery 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
+import fcntl
 import gc
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,17 +41,42 @@ def rclpy_available() -> bool:
 
 _domain_lock = threading.Lock()
 _domain_next = [0]
+# Test runs of several worktrees (or CI jobs) on one machine: two tests on one domain would take each other's
+# inputs and diagnostics (estimates radians off, counters of messages never sent).  Each domain id in use is
+# reserved by an flock on a file here, released when this process ends (also when killed) or when it holds
+# DOMAINS_HELD newer ones.
+DOMAIN_LOCK_DIR = Path(tempfile.gettempdir()) / "mbfg_ros_test_domains"
+DOMAINS_HELD = 16
+_held_domains: "collections.OrderedDict[int, int]" = collections.OrderedDict()   # domain id -> lock file fd
 
 
 from mbfg_ros.ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
 
 
 def fresh_domain_id() -> int:
-    """A ROS_DOMAIN_ID for one test: distinct per test in this process, spread by pid across processes
-    (xdist workers, concurrent test runs)."""
+    """A ROS_DOMAIN_ID for one test (1..100; ≤ 101 for localhost): distinct per test in this process, and
+    from those of the other test processes on this machine that use this function (reserved: DOMAIN_LOCK_DIR)."""
     with _domain_lock:
+        DOMAIN_LOCK_DIR.mkdir(mode=0o777, exist_ok=True)
         _domain_next[0] += 1
-        return 1 + (os.getpid() * 7 + _domain_next[0]) % 100   # domain ids 1..100 (≤ 101 for localhost)
+        start = os.getpid() * 7 + _domain_next[0]
+        for i in range(100):
+            domain = 1 + (start + i) % 100
+            if domain in _held_domains:
+                continue
+            fd = os.open(DOMAIN_LOCK_DIR / f"{domain}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:               # another test process has it
+                os.close(fd)
+                continue
+            _held_domains[domain] = fd
+            while len(_held_domains) > DOMAINS_HELD:
+                os.close(_held_domains.popitem(last=False)[1])      # the oldest: its test is over
+            _domain_next[0] += i
+            return domain
+        raise RuntimeError(f"every ROS domain id 1..100 is in use by test processes on this machine "
+                           f"(locks in {DOMAIN_LOCK_DIR})")
 
 
 def set_domain(domain_id: int):
