@@ -83,9 +83,9 @@ def test_late_commands_replace_the_held_ones_in_the_window(tmp_path):
     # a window of WINDOW_STEPS (1 s) keeps the late commands in it while a busy machine stalls the node or the
     # probe for up to a second (with 10 steps of 4 ms, most of them could leave it before the node took them)
     # (max_input_age 5 s: the command older than the window below, 1.2 s, must not be merely stale.)  The node
-    # waits up to 0.2 s for a step's inputs: the readings of a stalled feed still come in time (a reading
+    # waits up to 0.5 s for a step's inputs: the readings of a stalled feed still come in time (a reading
     # refused after its step was predicted counts as `late` too), the commands never do
-    params = {"dt": DT, "max_input_delay": 0.2, "max_backlog": 2.0, "max_input_age": 5.0, "window": WINDOW_STEPS,
+    params = {"dt": DT, "max_input_delay": 0.5, "max_backlog": 2.0, "max_input_age": 5.0, "window": WINDOW_STEPS,
               "publish_markers": False}
     with running_estimator(tmp_path / "estimator.log", params=params) as (est, probe):
         f = LateCommandFeeder(probe, traj, mech).start()
