@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import PublisherThread, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until
+from ros_helpers import PublisherThread, joint_state, rclpy_available, running_estimator, stamp_ns
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
