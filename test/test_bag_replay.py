@@ -35,8 +35,9 @@ NS = 1_000_000_000
 # How long (bag time) the node waits for a step's inputs before it predicts the step.  The player publishes
 # each step's inputs right after its /clock tick, but a busy machine can hold the node's input thread while
 # its clock thread goes on: with a short wait (20 ms) it then predicted steps whose inputs were on their way
-# (effort p95 2.4 against 1.5 N·m).  A step whose inputs are all there is estimated at once either way.
-INPUT_WAIT_S = 0.25
+# (effort p95 2.4 against 1.5 N·m; 1.9 with a 0.25-s wait at a load of 16).  A step whose inputs are all
+# there is estimated at once either way.
+INPUT_WAIT_S = 1.0
 
 
 def _make_bags():

@@ -514,14 +514,16 @@ def test_stock_executor_fallback(tmp_path, mech, long_traj):
     """fast_loop:=false (or an rclpy without the pybind11 wait-set API): plain executor, same interfaces.
     Less robust under load: the stock executor runs a due timer before queued inputs, so a node that the
     machine stalls for longer than max_input_delay predicts the steps whose inputs are already waiting (at a
-    load of 15-25 on 2 cores, stalls of 0.4-1.5 s were seen).  Here the node waits up to 2 s for inputs
-    before it predicts a step, so that this test checks the executor's service, not the machine's.  Fed
-    until the node has published 150 estimates from 0.3 s on (start-up and the first solve take longer on a
-    busy machine; bounded by the 5-s trajectory); the accuracy check is on the median."""
+    load of 15-25 on 2 cores, stalls of 0.4-3 s were seen, of the node and of this process's feed).  Here
+    the feed drives the node's clock (use_sim_time, a /clock tick before each sample: a stalled feed stalls
+    time) and the node waits up to 2 s for inputs before it predicts a step, so that this test checks the
+    executor's service, not the machine's.  Fed until the node has published 150 estimates from 0.3 s on
+    (bounded by the 5-s trajectory); the accuracy check is on the median."""
     from std_srvs.srv import Trigger
-    params = {**TEST_PARAMS, "fast_loop": False, "max_input_delay": 2.0, "sensor_timeout": 2.5, "max_backlog": 3.0}
+    params = {**TEST_PARAMS, "fast_loop": False, "use_sim_time": True, "max_input_delay": 2.0, "sensor_timeout": 2.5,
+              "max_backlog": 3.0}
     with running_estimator(tmp_path / "est.log", params=params) as (est, probe):
-        f = Feeder(probe, long_traj, DT, mech).start()
+        f = Feeder(probe, long_traj, DT, mech, t_start_ns=500 * NS, clock=True).start()
         try:
             assert wait_until(lambda: len(f.stamps) > 0, 10.0)
             settled = f.stamps[0] + int(0.3 * NS)
