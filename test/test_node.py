@@ -388,13 +388,15 @@ def test_effort_array_input_and_mode_change(shared, mech, traj):
     f = Feeder(probe, traj, DT, mech, observations=True, efforts=False)
     f.start()
     try:
-        # at least 1 s, and until the node has published 60 estimates on fed steps (a busy machine runs this
-        # loop slower than 1/DT and stalls the node), while the 2-s feed lasts
+        # at least 1 s, and until the node has counted 50 arrays and published 60 estimates on fed steps (a
+        # busy machine runs this loop slower than 1/DT and stalls the node), while the 2-s feed lasts
         t_min = time.monotonic() + 1.0
 
         def enough():
             fed = set(f.stamps)
-            return (time.monotonic() > t_min
+            d = probe.latest_diag()
+            return (time.monotonic() > t_min and d is not None and d["mode"] == "forward_dynamics"
+                    and int(d["input.efforts.received"]) > 50
                     and sum(stamp_ns(m.header.stamp) in fed for _, m in probe.snapshot("state")) >= 60)
         while not enough() and f.thread.is_alive():
             k = min(len(f.stamps), len(traj.t)) - 1
