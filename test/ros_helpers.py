@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import ctypes
 import fcntl
 import gc
 import os
@@ -84,8 +85,24 @@ def set_domain(domain_id: int):
     os.environ.update(ros_env(domain_id))
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl     # looked up before any fork (a child must not load it)
+PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_this_process(then: Optional[Callable[[], None]]) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGTERM (a clean stop) when this process dies, also when it is killed (a
+    test run stopped by a timeout would otherwise leave its nodes running, in sessions of their own, on a
+    domain that the next run may take), then runs `then`."""
+    def preexec():
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if then is not None:
+            then()
+    return preexec
+
+
 class RosProcess:
-    """A ROS node run as `python -m <module> --ros-args ...`, output captured to a log file."""
+    """A ROS node run as `python -m <module> --ros-args ...`, output captured to a log file; it stops when
+    this process dies."""
 
     def __init__(self, module: str, ros_args: List[str], domain_id: int, log_path: Path,
                  extra_env: Optional[Dict[str, str]] = None, preexec_fn: Optional[Callable[[], None]] = None):
@@ -95,7 +112,7 @@ class RosProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--ros-args", *ros_args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                     start_new_session=True, preexec_fn=preexec_fn)
+                                     start_new_session=True, preexec_fn=_dies_with_this_process(preexec_fn))
         _children.append(self)
 
     def alive(self) -> bool:
