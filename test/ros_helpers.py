@@ -6,12 +6,16 @@ Every test that starts ROS nodes uses its own ROS_DOMAIN_ID and keeps discovery 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
+import ctypes
+import fcntl
 import gc
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 
 REPO = Path(__file__).resolve().parents[1]
+TEST_DIR = Path(__file__).resolve().parent
 sys.setswitchinterval(5e-4)   # the feeder thread must not wait 5 ms for the GIL
 CONFIG = REPO / "config" / "four_bar.yaml"
 CONFIG_ROBOT = REPO / "config" / "pick_and_place.yaml"
@@ -37,17 +42,42 @@ def rclpy_available() -> bool:
 
 _domain_lock = threading.Lock()
 _domain_next = [0]
+# Test runs of several worktrees (or CI jobs) on one machine: two tests on one domain would take each other's
+# inputs and diagnostics (estimates radians off, counters of messages never sent).  Each domain id in use is
+# reserved by an flock on a file here, released when this process ends (also when killed) or when it holds
+# DOMAINS_HELD newer ones.
+DOMAIN_LOCK_DIR = Path(tempfile.gettempdir()) / "mbfg_ros_test_domains"
+DOMAINS_HELD = 16
+_held_domains: "collections.OrderedDict[int, int]" = collections.OrderedDict()   # domain id -> lock file fd
 
 
 from mbfg_ros.ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
 
 
 def fresh_domain_id() -> int:
-    """A ROS_DOMAIN_ID for one test: distinct per test in this process, spread by pid across processes
-    (xdist workers, concurrent test runs)."""
+    """A ROS_DOMAIN_ID for one test (1..100; ≤ 101 for localhost): distinct per test in this process, and
+    from those of the other test processes on this machine that use this function (reserved: DOMAIN_LOCK_DIR)."""
     with _domain_lock:
+        DOMAIN_LOCK_DIR.mkdir(mode=0o777, exist_ok=True)
         _domain_next[0] += 1
-        return 1 + (os.getpid() * 7 + _domain_next[0]) % 100   # domain ids 1..100 (≤ 101 for localhost)
+        start = os.getpid() * 7 + _domain_next[0]
+        for i in range(100):
+            domain = 1 + (start + i) % 100
+            if domain in _held_domains:
+                continue
+            fd = os.open(DOMAIN_LOCK_DIR / f"{domain}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:               # another test process has it
+                os.close(fd)
+                continue
+            _held_domains[domain] = fd
+            while len(_held_domains) > DOMAINS_HELD:
+                os.close(_held_domains.popitem(last=False)[1])      # the oldest: its test is over
+            _domain_next[0] += i
+            return domain
+        raise RuntimeError(f"every ROS domain id 1..100 is in use by test processes on this machine "
+                           f"(locks in {DOMAIN_LOCK_DIR})")
 
 
 def set_domain(domain_id: int):
@@ -55,8 +85,24 @@ def set_domain(domain_id: int):
     os.environ.update(ros_env(domain_id))
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl     # looked up before any fork (a child must not load it)
+PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_this_process(then: Optional[Callable[[], None]]) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGTERM (a clean stop) when this process dies, also when it is killed (a
+    test run stopped by a timeout would otherwise leave its nodes running, in sessions of their own, on a
+    domain that the next run may take), then runs `then`."""
+    def preexec():
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if then is not None:
+            then()
+    return preexec
+
+
 class RosProcess:
-    """A ROS node run as `python -m <module> --ros-args ...`, output captured to a log file."""
+    """A ROS node run as `python -m <module> --ros-args ...`, output captured to a log file; it stops when
+    this process dies."""
 
     def __init__(self, module: str, ros_args: List[str], domain_id: int, log_path: Path,
                  extra_env: Optional[Dict[str, str]] = None, preexec_fn: Optional[Callable[[], None]] = None):
@@ -66,7 +112,7 @@ class RosProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--ros-args", *ros_args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                     start_new_session=True, preexec_fn=preexec_fn)
+                                     start_new_session=True, preexec_fn=_dies_with_this_process(preexec_fn))
         _children.append(self)
 
     def alive(self) -> bool:
@@ -91,13 +137,20 @@ class RosProcess:
 
 def estimator_process(domain_id: int, log_path: Path, params: Optional[Dict[str, object]] = None,
                       config: Path = CONFIG, remaps: Optional[Dict[str, str]] = None,
-                      extra_env=None, preexec_fn: Optional[Callable[[], None]] = None) -> RosProcess:
+                      extra_env=None, preexec_fn: Optional[Callable[[], None]] = None,
+                      step_cost: Optional[float] = None) -> RosProcess:
+    """The estimator node; with `step_cost` [s] its core's every step lasts at least that long (wall clock:
+    test/slow_core_node.py), so that a `dt` below it overloads the node on any machine."""
     args = ["--params-file", str(config)]
     for k, v in (params or {}).items():
         args += ["-p", f"{k}:={_param_text(v)}"]
     for a, b in (remaps or {}).items():
         args += ["-r", f"{a}:={b}"]
-    return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
+    if step_cost is None:
+        return RosProcess("mbfg_ros.ros.node", args, domain_id, log_path, extra_env, preexec_fn)
+    env = {"MBFG_TEST_STEP_COST_S": repr(float(step_cost)),
+           "PYTHONPATH": str(TEST_DIR) + os.pathsep + ros_env(domain_id)["PYTHONPATH"], **(extra_env or {})}
+    return RosProcess("slow_core_node", args, domain_id, log_path, env, preexec_fn)
 
 
 # Test-only overrides of config/four_bar.yaml: a 4 ms step, a generous wait for late inputs and a large
@@ -109,8 +162,11 @@ STEADY_PARAMS = {"dt": STEADY_DT, "diagnostics_period": 0.2, "max_input_delay": 
 
 # A step far below the solve time: the node cannot keep up and skips ahead.  (0.2 ms was enough before the
 # compiled kernel: the node now keeps up with a 5-kHz feed; at 0.1 ms the feed asks 10 k steps a second.)
+# Whether the real core is slower than 0.1 ms depends on the machine: `overloaded_estimator` makes sure.
 OVERLOAD_DT = 0.0001
 OVERLOAD_PARAMS = {"max_backlog": 0.05, "max_input_delay": 0.001}
+# The least wall time of a core step in `overloaded_estimator`: 30 × OVERLOAD_DT, 3 × a 1-ms step.
+OVERLOAD_STEP_COST = 0.003
 
 
 @contextlib.contextmanager
@@ -127,6 +183,20 @@ def running_estimator(log_path: Path, **kwargs):
     finally:
         probe.close()
         est.stop()
+
+
+@contextlib.contextmanager
+def overloaded_estimator(log_path: Path, dt: float = OVERLOAD_DT, step_cost: float = OVERLOAD_STEP_COST,
+                         params: Optional[Dict[str, object]] = None, **kwargs):
+    """`running_estimator` with a node that is overloaded on any machine: step `dt` with OVERLOAD_PARAMS
+    (skip ahead once 50 ms behind) over `params`, and every core step lasting at least `step_cost` s (>
+    dt: test/slow_core_node.py).  Yields (est, probe); feed it at `dt` (e.g. `Feeder(probe, traj, dt, mech)`)
+    and it overruns and skips steps however fast the machine is."""
+    if not step_cost > dt:
+        raise ValueError(f"step_cost ({step_cost} s) must exceed dt ({dt} s) to overload the node")
+    with running_estimator(log_path, params={**(params or {}), **OVERLOAD_PARAMS, "dt": dt}, step_cost=step_cost,
+                           **kwargs) as (est, probe):
+        yield est, probe
 
 
 def _param_text(v) -> str:

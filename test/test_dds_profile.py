@@ -95,7 +95,10 @@ def test_an_estimator_started_with_the_profile_beside_the_running_plant_estimate
         plant_up = wait_until(lambda: probe.node.count_publishers("/joint_observations") > 0, 60, 0.05)
         assert plant_up, plant.output()
         time.sleep(0.5)
-        est = estimator_process(dom, tmp_path / "estimator.log", params={"dt": DT}, extra_env=with_profile)
+        # max_input_age 60 s: a busy machine can hold the Python plant seconds behind the wall clock, and the
+        # estimator would reject all its readings as stale (this test is about discovery, not the plant's pace)
+        est = estimator_process(dom, tmp_path / "estimator.log", params={"dt": DT, "max_input_age": 60.0},
+                                extra_env=with_profile)
         assert wait_until(lambda: len(probe.snapshot("js")) > 0, 90, 0.05), est.output()
         assert est.alive() and plant.alive()
         out = est.output()

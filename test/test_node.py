@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from ros_helpers import (CONFIG, OVERLOAD_DT, OVERLOAD_PARAMS, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process,
-                         fresh_domain_id, joint_state, rclpy_available, running_estimator, stamp_ns, wait_until)
+from ros_helpers import (CONFIG, STEADY_DT, STEADY_PARAMS, Feeder, estimator_process, fresh_domain_id, joint_state,
+                         overloaded_estimator, rclpy_available, running_estimator, stamp_ns, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -38,6 +38,13 @@ def mech():
 def traj(mech):
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     return SimulatedPlant(mech, dt=DT, seed=7, actuator=Actuator.ideal(mech)).simulate(2.0)   # exact commands
+
+
+@pytest.fixture(scope="module")
+def long_traj(mech):
+    """5 s of the plant of `traj`: for the tests that feed until the node has published enough estimates."""
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    return SimulatedPlant(mech, dt=DT, seed=7, actuator=Actuator.ideal(mech)).simulate(5.0)
 
 
 @pytest.fixture(scope="module")
@@ -381,8 +388,17 @@ def test_effort_array_input_and_mode_change(shared, mech, traj):
     f = Feeder(probe, traj, DT, mech, observations=True, efforts=False)
     f.start()
     try:
-        t_end = time.monotonic() + 1.0
-        while time.monotonic() < t_end:
+        # at least 1 s, and until the node has counted 50 arrays and published 60 estimates on fed steps (a
+        # busy machine runs this loop slower than 1/DT and stalls the node), while the 2-s feed lasts
+        t_min = time.monotonic() + 1.0
+
+        def enough():
+            fed = set(f.stamps)
+            d = probe.latest_diag()
+            return (time.monotonic() > t_min and d is not None and d["mode"] == "forward_dynamics"
+                    and int(d["input.efforts.received"]) > 50
+                    and sum(stamp_ns(m.header.stamp) in fed for _, m in probe.snapshot("state")) >= 60)
+        while not enough() and f.thread.is_alive():
             k = min(len(f.stamps), len(traj.t)) - 1
             probe.pub_eff_arr.publish(Float64MultiArray(data=[float(traj.efforts[max(k, 0), 0])]))
             time.sleep(DT)
@@ -496,43 +512,60 @@ def test_multi_indicator_mechanism_points_set_assembly_mode_at_the_parameter(tmp
     assert est.proc.returncode == 0
 
 
-def test_stock_executor_fallback(tmp_path, mech, traj):
+def test_stock_executor_fallback(tmp_path, mech, long_traj):
     """fast_loop:=false (or an rclpy without the pybind11 wait-set API): plain executor, same interfaces.
-    Less robust under load (the stock executor runs a due timer before queued inputs, so a stalled node
-    may predict a few steps whose inputs are already waiting): the accuracy check is on the median."""
+    Less robust under load: the stock executor runs a due timer before queued inputs, so a node that the
+    machine stalls for longer than max_input_delay predicts the steps whose inputs are already waiting (at a
+    load of 15-25 on 2 cores, stalls of 0.4-3 s were seen, of the node and of this process's feed).  Here
+    the feed drives the node's clock (use_sim_time, a /clock tick before each sample: a stalled feed stalls
+    time) and the node waits up to 2 s for inputs before it predicts a step, so that this test checks the
+    executor's service, not the machine's.  Fed until the node has published 150 estimates from 0.3 s on
+    (bounded by the 5-s trajectory); the accuracy check is on the median."""
     from std_srvs.srv import Trigger
-    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, "fast_loop": False}) as (est, probe):
-        f = Feeder(probe, traj.head(250), DT, mech).start()
-        f.join()
-        assert wait_until(lambda: probe.snapshot("state") and
-                          stamp_ns(probe.snapshot("state")[-1][1].header.stamp) >= f.stamps[-1], 5.0)
+    params = {**TEST_PARAMS, "fast_loop": False, "use_sim_time": True, "max_input_delay": 2.0, "sensor_timeout": 2.5,
+              "max_backlog": 3.0}
+    with running_estimator(tmp_path / "est.log", params=params) as (est, probe):
+        f = Feeder(probe, long_traj, DT, mech, t_start_ns=500 * NS, clock=True).start()
+        try:
+            assert wait_until(lambda: len(f.stamps) > 0, 10.0)
+            settled = f.stamps[0] + int(0.3 * NS)
+            enough = wait_until(lambda: sum(stamp_ns(m.header.stamp) >= settled for _, m in probe.snapshot("state"))
+                                >= 150, len(long_traj.t) * DT + 10.0, 0.05)
+        finally:
+            f.stop()
+        assert enough, (len(probe.snapshot("state")), len(f.stamps), est.output()[-3000:])
+        assert wait_until(lambda: stamp_ns(probe.snapshot("state")[-1][1].header.stamp) >= f.stamps[-1], 5.0)
         st, q, v, a, Q, _ = _state_arrays(probe)
-        E = _errors(f, traj, mech, st, q, v, Q)
-        assert len(E) > 100 and np.median(E[:, 0]) < 5e-3
+        E = _errors(f, long_traj, mech, st, q, v, Q)
+        assert len(E) > 100 and np.median(E[:, 0]) < 5e-3, (len(E), np.median(E[:, 0]) if len(E) else None)
         res, _ = probe.call(Trigger, "/mbfg_estimator/reinitialize", Trigger.Request())
         assert res.success
     assert est.proc.returncode == 0
 
 
 def test_overload_skips_ahead_with_bounded_latency(tmp_path, mech):
-    """A step far below the solve time (0.1 ms): the node cannot keep up, so it skips to the newest
-    inputs whenever it falls max_backlog behind, keeps publishing, and says so in the diagnostics."""
+    """Every core step made to last at least OVERLOAD_STEP_COST (3 ms, test/slow_core_node.py) at a 1-ms step:
+    the node cannot keep up on any machine, so it skips to the newest inputs whenever it falls max_backlog
+    behind, keeps publishing, and says so in the diagnostics."""
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
-    dt = OVERLOAD_DT
-    fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(1.0)
-    with running_estimator(tmp_path / "est.log", params={**TEST_PARAMS, **OVERLOAD_PARAMS, "dt": dt}) as (est, probe):
+    dt = 0.001
+    fast_traj = SimulatedPlant(mech, dt=dt, seed=2, actuator=Actuator.ideal(mech)).simulate(4.0)
+    with overloaded_estimator(tmp_path / "est.log", dt=dt, params=TEST_PARAMS) as (est, probe):
         f = Feeder(probe, fast_traj, dt, mech).start()
-        f.join()
-        time.sleep(0.3)
+        try:
+            # fed until the node has skipped and published enough (bounded by the 4-s trajectory)
+            d = probe.wait_diag(lambda d: int(d["skipped_steps"]) > 0 and len(probe.snapshot("state")) > 100,
+                                4.0 + 10.0)
+        finally:
+            f.stop()
         st, q, v, a, Q, recv = _state_arrays(probe)
-        assert len(st) > 100 and np.all(np.isfinite(q))
+        assert d is not None and len(st) > 100 and np.all(np.isfinite(q)), (len(st), d)
         lat = (recv - st) / 1e9
         print(f"\n  {len(st)} estimates for {len(f.stamps)} input steps; latency median {np.median(lat) * 1e3:.1f} ms, "
               f"max {lat.max() * 1e3:.1f} ms")
         # latency itself is machine-dependent (bench/node_latency.py measures it); the test checks the mechanism:
         # the node counted the overruns, skipped steps instead of queueing, and kept publishing finite estimates
-        d = probe.wait_diag(lambda d: int(d["overruns"]) > 0, 3.0)
-        assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0
+        assert int(d["overruns"]) > 0 and int(d["skipped_steps"]) > 0, d
         assert est.alive()
     assert est.proc.returncode == 0
 

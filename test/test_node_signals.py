@@ -52,7 +52,10 @@ class NodeGroup:
         self.domain_id = domain_id
         self.logs = {"estimator": log_dir / "estimator.log", "plant": log_dir / "plant.log"}
         base = ["--ros-args", "--params-file", str(CONFIG), "-p", f"dt:={DT}"]
-        est_args = base + ["-p", "diagnostics_period:=0.2", "-p", "max_input_delay:=0.03", "-p", "max_backlog:=0.5"]
+        # max_input_age 60 s: on a busy machine the Python plant can fall seconds behind the wall clock, and its
+        # readings would all be rejected as stale: the nodes under test would never start estimating
+        est_args = base + ["-p", "diagnostics_period:=0.2", "-p", "max_input_delay:=0.03", "-p", "max_backlog:=0.5",
+                           "-p", "max_input_age:=60.0"]
         for p in estimator_params:
             est_args += ["-p", p]
         plant_args = list(base)
