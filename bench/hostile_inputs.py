@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""What hostile or broken inputs do to a running estimator node, over real DDS (issue 20, point 6).
+
+    python bench/hostile_inputs.py [--seconds 3]
+
+The estimator runs as a subprocess (config/four_bar.yaml, dt = 1 ms, fused) fed the simulated plant's
+readings and commands at 1 kHz by a probe node in this process.  Each case runs beside that feed for
+`--seconds`, after a baseline of the same length; per case, markdown rows with the node's output rate,
+its resident memory (VmRSS), the growth of its log and its longest log line, and the `rejected.*`
+counters that moved:
+
+* `frame_id_1MB`: JointState readings whose header.frame_id is 1 MB, published as fast as the probe can;
+* `joint_name_1MB`: JointState readings naming a 1 MB joint;
+* `bad_cdr_array`: serialized bytes on commanded_effort_array that do not decode as a Float64MultiArray;
+* `duplicate_stamps`: every reading published twice with the same stamp (the second with other values);
+* `max_input_age_0`: `ros2 param set ... max_input_age 0.0` (accepted or refused, and the rate after).
+
+For a before/after, copy this script into another checkout (e.g. `git archive <commit>` unpacked, the
+compiled kernel copied into its mbfg_ros/native/) and run it from there: the node runs from the script's tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "test"))
+sys.path.insert(0, str(REPO))
+
+MB = 1 << 20
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    from ros_helpers import Feeder, Probe, PublisherThread, estimator_process, fresh_domain_id, joint_state, wait_until
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+
+    dt = 0.001
+    mech = load_mechanism("four_bar_crank")
+    cases = ["baseline", "frame_id_1MB", "joint_name_1MB", "bad_cdr_array", "duplicate_stamps", "max_input_age_0"]
+    total = args.seconds * (len(cases) + 1) + 5.0
+    traj = SimulatedPlant(mech, dt=dt, seed=3, actuator=Actuator.ideal(mech)).simulate(total)
+    dom = fresh_domain_id()
+    log = Path(tempfile.mkdtemp(prefix="hostile_")) / "estimator.log"
+    est = estimator_process(dom, log, params={"thread_priority": 0, "diagnostics_period": 0.25},)
+    probe = Probe(dom)
+    rows = []
+    try:
+        assert probe.wait_for_node(40), est.output()
+        feeder = Feeder(probe, traj, dt, mech).start()
+        assert wait_until(lambda: len(probe.snapshot("state")) > 200, 20.0), est.output()[-3000:]
+        time.sleep(1.0)
+
+        class Attack(PublisherThread):
+            def __init__(self, send):
+                self.send, self.sent = send, 0
+                super().__init__()
+
+            def _run(self):
+                while not self._stop.is_set():
+                    self.send()
+                    self.sent += 1
+                    time.sleep(0.0005)
+
+        big = "x" * MB
+
+        def frame_id_msg():
+            m = joint_state(time.time_ns(), ["crank"], [float(traj.readings["crank"][0])])
+            m.header.frame_id = big
+            probe.pub_obs.publish(m)
+
+        def joint_name_msg():
+            probe.pub_obs.publish(joint_state(time.time_ns(), [big], [0.0]))
+
+        def bad_cdr():
+            probe.pub_eff_arr.publish(b"\x00\x01\x00\x00" + b"\xff" * 12)
+
+        def duplicate():
+            # the feeder's newest stamp again, with another crank reading
+            stamps = feeder.stamps
+            if stamps:
+                probe.pub_obs.publish(joint_state(stamps[-1], ["crank"], [float(traj.readings["crank"][0]) + 0.5]))
+
+        attacks = {"frame_id_1MB": frame_id_msg, "joint_name_1MB": joint_name_msg, "bad_cdr_array": bad_cdr,
+                   "duplicate_stamps": duplicate}
+
+        def diag():
+            t = time.time_ns()
+            wait_until(lambda: probe.latest_diag(t) is not None, 10.0, 0.05)
+            return probe.latest_diag(t) or {}
+
+        for case in cases:
+            d0 = diag()
+            n0 = len(probe.snapshot("js"))
+            log0 = log.stat().st_size
+            t0 = time.monotonic()
+            attack, note = None, ""
+            if case in attacks:
+                attack = Attack(attacks[case]).start()
+            elif case == "max_input_age_0":
+                res = probe.set_params({"max_input_age": 0.0})[0]
+                note = "accepted" if res.successful else f"refused: {res.reason}"
+            rss_peak = rss_mb(est.proc.pid)
+            while time.monotonic() - t0 < args.seconds:
+                time.sleep(0.1)
+                rss_peak = max(rss_peak, rss_mb(est.proc.pid))
+            if attack is not None:
+                attack.stop()
+                note = f"{attack.sent / args.seconds:.0f} msg/s sent"
+            rate = (len(probe.snapshot("js")) - n0) / (time.monotonic() - t0)
+            d1 = diag()
+            text = log.read_text(errors="replace")[log0:]
+            longest = max((len(line) for line in text.splitlines()), default=0)
+            moved = {k: int(d1[k]) - int(d0.get(k, 0)) for k in d1 if k.startswith("rejected.")
+                     and d1[k] != d0.get(k)}
+            rows.append(f"| {case} | {note} | {rate:.0f} | {rss_peak:.0f} | {(log.stat().st_size - log0) / 1024:.1f} "
+                        f"| {longest} | {', '.join(f'{k}={v}' for k, v in sorted(moved.items())) or '-'} |")
+            if case == "max_input_age_0" and note == "accepted":
+                probe.set_params({"max_input_age": 1.0})
+            time.sleep(0.5)
+        feeder.stop()
+    finally:
+        probe.close()
+        est.stop()
+    print(f"node from {REPO}; feed 1 kHz readings + commands; {args.seconds:g} s per case\n")
+    print("| case | attack | output rate [Hz] | peak RSS [MB] | log growth [KiB] | longest log line [chars] "
+          "| rejected.* counted |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
