@@ -6,8 +6,9 @@
 The estimator runs as a subprocess (config/four_bar.yaml, dt = 1 ms, fused) fed the simulated plant's
 readings and commands at 1 kHz by a probe node in this process.  Each case runs beside that feed for
 `--seconds`, after a baseline of the same length; per case, markdown rows with the node's output rate,
-its resident memory (VmRSS), the growth of its log and its longest log line, and the `rejected.*`
-counters that moved:
+its resident memory (VmRSS), the growth of its log and its longest log line, the 95th percentile of
+the published crank angle's error against the plant's truth, the solver recoveries, and the
+`rejected.*` counters that moved; first, what decoding one JointState with a 1 MB frame_id costs:
 
 * `frame_id_1MB`: JointState readings whose header.frame_id is 1 MB, published as fast as the probe can;
 * `joint_name_1MB`: JointState readings naming a 1 MB joint;
@@ -22,10 +23,10 @@ compiled kernel copied into its mbfg_ros/native/) and run it from there: the nod
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,19 @@ def main(argv=None) -> int:
     from ros_helpers import Feeder, Probe, PublisherThread, estimator_process, fresh_domain_id, joint_state, wait_until
     from mbfg_ros.model.mechanism import load_mechanism
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+
+    from rclpy.serialization import serialize_message
+    from mbfg_ros.ros import conversions as rc
+    m = joint_state(time.time_ns(), ["crank"], [0.0])
+    m.header.frame_id = "x" * MB
+    buf = serialize_message(m)
+
+    def decode():
+        try:
+            rc.decode_joint_state(buf)
+        except ValueError:      # LongString (where the tree has it)
+            pass
+    decode_us = min(timeit.repeat(decode, number=20, repeat=5)) / 20 * 1e6
 
     dt = 0.001
     mech = load_mechanism("four_bar_crank")
@@ -110,6 +124,7 @@ def main(argv=None) -> int:
         for case in cases:
             d0 = diag()
             n0 = len(probe.snapshot("js"))
+            n_state0 = len(probe.snapshot("state"))
             log0 = log.stat().st_size
             t0 = time.monotonic()
             attack, note = None, ""
@@ -131,8 +146,15 @@ def main(argv=None) -> int:
             longest = max((len(line) for line in text.splitlines()), default=0)
             moved = {k: int(d1[k]) - int(d0.get(k, 0)) for k in d1 if k.startswith("rejected.")
                      and d1[k] != d0.get(k)}
+            recoveries = int(d1.get("solver_recoveries", 0)) - int(d0.get("solver_recoveries", 0))
+            index = {s: k for k, s in enumerate(list(feeder.stamps))}
+            c = mech.coordinate_index("crank")
+            err = [abs(msg.points[0].positions[c] - traj.q[index[st]][c])
+                   for t, msg in probe.snapshot("state")[n_state0:]
+                   if (st := msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec) in index]
+            err95 = np.percentile(err, 95) * 1e3 if err else float("nan")
             rows.append(f"| {case} | {note} | {rate:.0f} | {rss_peak:.0f} | {(log.stat().st_size - log0) / 1024:.1f} "
-                        f"| {longest} | {', '.join(f'{k}={v}' for k, v in sorted(moved.items())) or '-'} |")
+                        f"| {longest} | {err95:.2f} | {recoveries} | {', '.join(f'{k}={v}' for k, v in sorted(moved.items())) or '-'} |")
             if case == "max_input_age_0" and note == "accepted":
                 probe.set_params({"max_input_age": 1.0})
             time.sleep(0.5)
@@ -140,10 +162,11 @@ def main(argv=None) -> int:
     finally:
         probe.close()
         est.stop()
-    print(f"node from {REPO}; feed 1 kHz readings + commands; {args.seconds:g} s per case\n")
+    print(f"node from {REPO}; decoding a JointState with a 1 MB frame_id: {decode_us:.1f} µs")
+    print(f"feed 1 kHz readings + commands; {args.seconds:g} s per case\n")
     print("| case | attack | output rate [Hz] | peak RSS [MB] | log growth [KiB] | longest log line [chars] "
-          "| rejected.* counted |")
-    print("|---|---|---|---|---|---|---|")
+          "| crank error p95 [mrad] | solver recoveries | rejected.* counted |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 

@@ -175,6 +175,9 @@ def test_long_strings_are_refused_by_their_length_field():
     m.position = [0.5, 0.0]
     with pytest.raises(rc.LongString, match="joint name of 1048576 bytes"):
         rc.decode_joint_state(serialize_message(m))
+    m.name, m.position = [f"j{i}" for i in range(rc.MAX_INPUT_NAMES + 1)], []
+    with pytest.raises(rc.LongString, match="1025 joint names"):
+        rc.decode_joint_state(serialize_message(m))
     # a length field claiming more than the buffer holds is malformed, not long
     buf = bytearray(serialize_message(js(["crank"], [0.5])))
     buf[12:16] = (10).to_bytes(4, "little") if buf[1] == 1 else (10).to_bytes(4, "big")

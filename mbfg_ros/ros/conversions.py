@@ -80,6 +80,9 @@ _STAMP = {"<": struct.Struct("<iI"), ">": struct.Struct(">iI")}
 # message would then drag through decoding and every log line about it.  A longer one drops the
 # message (`rejected.long_string`); the check reads the length field only.
 MAX_INPUT_STRING = 256
+# Most joint names (or layout dimensions) an input may carry: each costs Python work in the decoder, and a
+# whole robot's /joint_states has tens.  More drops the message (`long_string`, it is oversized the same way).
+MAX_INPUT_NAMES = 1024
 
 
 class LongString(ValueError):
@@ -108,7 +111,7 @@ def _string_end(buf: bytes, p: int, length: int, what: str) -> int:
 
 def decode_joint_state(buf: bytes) -> RawJointState:
     """Decode a serialized JointState.  Raises LongString for a frame_id or joint name longer than
-    MAX_INPUT_STRING, ValueError on a truncated or malformed buffer."""
+    MAX_INPUT_STRING or more than MAX_INPUT_NAMES names, ValueError on a truncated or malformed buffer."""
     n = len(buf)
     if n < 16:
         raise ValueError("not a CDR-encapsulated JointState")
@@ -123,6 +126,8 @@ def decode_joint_state(buf: bytes) -> RawJointState:
         p += 4
         if count > n:
             raise ValueError("bad name count")
+        if count > MAX_INPUT_NAMES:
+            raise LongString(f"{count} joint names (at most {MAX_INPUT_NAMES})")
         names = []
         for _ in range(count):
             (length,) = u32(buf, p)
@@ -159,6 +164,8 @@ def decode_float64_multi_array(buf: bytes) -> Tuple[float, ...]:
         p = 8
         if dims > n:
             raise ValueError("bad layout.dim count")
+        if dims > MAX_INPUT_NAMES:
+            raise LongString(f"{dims} layout dimensions (at most {MAX_INPUT_NAMES})")
         for _ in range(dims):           # MultiArrayDimension: label, size, stride
             (length,) = u32(buf, p)
             q = _string_end(buf, p + 4, length, "layout.dim label")

@@ -22,7 +22,7 @@ from mbfg_ros.shown import MAX_LINE, shown
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
     "bad_message": "serialized message that does not decode as its type (JointState, Float64MultiArray)",
-    "long_string": "frame_id, joint name or layout label longer than 256 bytes",
+    "long_string": "frame_id, joint name or layout label longer than 256 bytes, or more than 1024 names",
     "empty": "JointState without joint names, or without the values (position / velocity / effort) its topic "
              "needs; Float64MultiArray without values",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
