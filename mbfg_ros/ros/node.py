@@ -523,6 +523,13 @@ class EstimatorNode(Node):
             change = P.validate_change(new, self.mech, self.config)
             if isinstance(change, str):
                 return SetParametersResult(successful=False, reason=change)
+            if new.get("use_sim_time") is True and not self.get_clock().ros_time_is_active \
+                    and self.count_publishers("/clock") == 0:
+                # (this callback runs before rclpy's TimeSource, which would switch the clock at once)
+                return SetParametersResult(successful=False, reason=(
+                    "parameter 'use_sim_time': nothing publishes /clock, so the node clock would stand still "
+                    "and every input be rejected (no_clock); start the clock source first (ros2 bag play "
+                    "--clock, four_bar_sim with publish_clock)"))
             if "assembly_mode" in new:
                 am = tuple(int(x) for x in (new["assembly_mode"] or ())) or None
                 if am != self._branch_applied:
