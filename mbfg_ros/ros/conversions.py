@@ -99,27 +99,30 @@ def _encapsulation(buf: bytes, what: str):
     return e, (_LE if e == "<" else _BE).unpack_from
 
 
-def _string_end(buf: bytes, p: int, length: int, what: str) -> int:
-    """End of a CDR string of `length` bytes (NUL included) whose characters start at p."""
-    if length > MAX_INPUT_STRING + 1:
-        raise LongString(f"{what} of {length - 1} bytes (at most {MAX_INPUT_STRING})")
-    q = p + length
-    if length == 0 or q > len(buf):
-        raise ValueError(f"bad {what} length")
-    return q
+_MAX_CDR_STRING = MAX_INPUT_STRING + 1      # the length field counts the terminating NUL
+
+
+def _bad_string(length: int, what: str) -> ValueError:
+    """The error for a CDR string length that is 0, beyond the buffer or beyond MAX_INPUT_STRING."""
+    if length > _MAX_CDR_STRING:
+        return LongString(f"{what} of {length - 1} bytes (at most {MAX_INPUT_STRING})")
+    return ValueError(f"bad {what} length")
 
 
 def decode_joint_state(buf: bytes) -> RawJointState:
     """Decode a serialized JointState.  Raises LongString for a frame_id or joint name longer than
     MAX_INPUT_STRING or more than MAX_INPUT_NAMES names, ValueError on a truncated or malformed buffer."""
     n = len(buf)
-    if n < 16:
+    if n < 16 or buf[0] != 0 or buf[1] not in (0, 1):
         raise ValueError("not a CDR-encapsulated JointState")
-    e, u32 = _encapsulation(buf, "JointState")
+    e = "<" if buf[1] == 1 else ">"
+    u32 = (_LE if e == "<" else _BE).unpack_from
     try:
         sec, nanosec = _STAMP[e].unpack_from(buf, 4)
         (length,) = u32(buf, 12)
-        p = _string_end(buf, 16, length, "frame_id")
+        p = 16 + length
+        if length > _MAX_CDR_STRING or p > n:      # (length 0, without the NUL, is read as "")
+            raise _bad_string(length, "frame_id")
         frame_id = buf[16:p - 1].decode("utf-8", "replace")
         p += -p % 4
         (count,) = u32(buf, p)
@@ -131,7 +134,9 @@ def decode_joint_state(buf: bytes) -> RawJointState:
         names = []
         for _ in range(count):
             (length,) = u32(buf, p)
-            q = _string_end(buf, p + 4, length, "joint name")
+            q = p + 4 + length
+            if not 0 < length <= _MAX_CDR_STRING or q > n:
+                raise _bad_string(length, "joint name")
             names.append(buf[p + 4:q - 1].decode("utf-8", "replace"))
             p = q + (-q % 4)
         arrays = []
@@ -168,7 +173,9 @@ def decode_float64_multi_array(buf: bytes) -> Tuple[float, ...]:
             raise LongString(f"{dims} layout dimensions (at most {MAX_INPUT_NAMES})")
         for _ in range(dims):           # MultiArrayDimension: label, size, stride
             (length,) = u32(buf, p)
-            q = _string_end(buf, p + 4, length, "layout.dim label")
+            q = p + 4 + length
+            if not 0 < length <= _MAX_CDR_STRING or q > n:
+                raise _bad_string(length, "layout.dim label")
             p = q + (-q % 4) + 8
         p += 4                          # layout.data_offset
         (count,) = u32(buf, p)
