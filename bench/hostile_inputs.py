@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """What hostile or broken inputs do to a running estimator node, over real DDS (issue 20, point 6).
 
-    python bench/hostile_inputs.py [--seconds 3]
+    python bench/hostile_inputs.py [--seconds 3] [--steady]
 
 The estimator runs as a subprocess (config/four_bar.yaml, dt = 1 ms, fused) fed the simulated plant's
 readings and commands at 1 kHz by a probe node in this process.  Each case runs beside that feed for
 `--seconds`, after a baseline of the same length; per case, markdown rows with the node's output rate,
 its resident memory (VmRSS), the growth of its log and its longest log line, the 95th percentile of
 the published crank angle's error against the plant's truth, the solver recoveries, and the
-`rejected.*` counters that moved; first, what decoding one JointState with a 1 MB frame_id costs:
+`rejected.*` counters that moved; first, what decoding one JointState with a 1 MB frame_id costs.
+`--steady`: the tests' settings (dt = 4 ms, max_input_delay 30 ms, max_backlog 0.5 s), so that a busy
+machine does not overload the node and the crank error shows what the inputs did:
 
 * `frame_id_1MB`: JointState readings whose header.frame_id is 1 MB, published as fast as the probe can;
 * `joint_name_1MB`: JointState readings naming a 1 MB joint;
 * `bad_cdr_array`: serialized bytes on commanded_effort_array that do not decode as a Float64MultiArray;
-* `duplicate_stamps`: every reading published twice with the same stamp (the second with other values);
+* `duplicate_stamps`: the newest crank reading published again with its stamp, once as it was and once
+  0.5 rad off (racing the feeder: the copies may come first);
 * `max_input_age_0`: `ros2 param set ... max_input_age 0.0` (accepted or refused, and the rate after).
 
 For a before/after, copy this script into another checkout (e.g. `git archive <commit>` unpacked, the
@@ -47,10 +50,12 @@ def rss_mb(pid: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--steady", action="store_true", help="dt 4 ms and the tests' generous waits")
     args = ap.parse_args(argv)
 
     import numpy as np
-    from ros_helpers import Feeder, Probe, PublisherThread, estimator_process, fresh_domain_id, joint_state, wait_until
+    from ros_helpers import (STEADY_DT, STEADY_PARAMS, Feeder, Probe, PublisherThread, estimator_process,
+                             fresh_domain_id, joint_state, wait_until)
     from mbfg_ros.model.mechanism import load_mechanism
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
@@ -67,14 +72,15 @@ def main(argv=None) -> int:
             pass
     decode_us = min(timeit.repeat(decode, number=20, repeat=5)) / 20 * 1e6
 
-    dt = 0.001
+    dt = STEADY_DT if args.steady else 0.001
+    params = {**(STEADY_PARAMS if args.steady else {}), "thread_priority": 0, "diagnostics_period": 0.25}
     mech = load_mechanism("four_bar_crank")
     cases = ["baseline", "frame_id_1MB", "joint_name_1MB", "bad_cdr_array", "duplicate_stamps", "max_input_age_0"]
     total = args.seconds * (len(cases) + 1) + 5.0
     traj = SimulatedPlant(mech, dt=dt, seed=3, actuator=Actuator.ideal(mech)).simulate(total)
     dom = fresh_domain_id()
     log = Path(tempfile.mkdtemp(prefix="hostile_")) / "estimator.log"
-    est = estimator_process(dom, log, params={"thread_priority": 0, "diagnostics_period": 0.25},)
+    est = estimator_process(dom, log, params=params)
     probe = Probe(dom)
     rows = []
     try:
@@ -107,11 +113,15 @@ def main(argv=None) -> int:
         def bad_cdr():
             probe.pub_eff_arr.publish(b"\x00\x01\x00\x00" + b"\xff" * 12)
 
+        last = [-1]
+
         def duplicate():
-            # the feeder's newest stamp again, with another crank reading
-            stamps = feeder.stamps
-            if stamps:
-                probe.pub_obs.publish(joint_state(stamps[-1], ["crank"], [float(traj.readings["crank"][0]) + 0.5]))
+            k = len(feeder.stamps) - 1
+            if k > last[0]:
+                last[0] = k
+                crank = float(traj.readings["crank"][k])
+                probe.pub_obs.publish(joint_state(feeder.stamps[k], ["crank"], [crank]))
+                probe.pub_obs.publish(joint_state(feeder.stamps[k], ["crank"], [crank + 0.5]))
 
         attacks = {"frame_id_1MB": frame_id_msg, "joint_name_1MB": joint_name_msg, "bad_cdr_array": bad_cdr,
                    "duplicate_stamps": duplicate}
@@ -163,7 +173,7 @@ def main(argv=None) -> int:
         probe.close()
         est.stop()
     print(f"node from {REPO}; decoding a JointState with a 1 MB frame_id: {decode_us:.1f} µs")
-    print(f"feed 1 kHz readings + commands; {args.seconds:g} s per case\n")
+    print(f"feed {1 / dt:g} Hz readings + commands (dt {dt * 1e3:g} ms); {args.seconds:g} s per case\n")
     print("| case | attack | output rate [Hz] | peak RSS [MB] | log growth [KiB] | longest log line [chars] "
           "| crank error p95 [mrad] | solver recoveries | rejected.* counted |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -285,8 +285,8 @@ def test_malformed_effort_arrays_are_counted_as_bad_messages(node):
 
 def test_repeated_readings_and_commands_are_counted_and_not_used_again(node, mech):
     """While the plant's inputs run, a step 3 steps old gets its crank reading and command again, once as
-    they were (`duplicate`) and once with other values (`conflicting`: the first is kept, so the 0.3 rad /
-    50 N·m offsets never reach the estimate).  Before: counted nowhere, the reading fused a second time."""
+    they were (`duplicate`) and once with other values (`conflicting`: the step was estimated with the
+    first, so the 0.3 rad / 50 N·m offsets never reach the estimate).  Before: counted nowhere, the reading fused a second time."""
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     est, probe = node
     traj = SimulatedPlant(mech, dt=DT, seed=13, actuator=Actuator.ideal(mech)).simulate(3.0)

@@ -333,7 +333,7 @@ def test_a_reset_forgets_the_commands_steps_were_handed():
 
 def test_a_repeated_reading_is_named_and_never_used_twice():
     """One reading per sensor and step: the same reading again is a `duplicate`, the same stamp with another
-    value `conflicting` (the first kept), another stamp of the same step `same_step` (the one nearest the
+    value `conflicting` (both dropped while the step is pending), another stamp of the same step `same_step` (the one nearest the
     step's time kept while the step is pending); after the step was estimated, a repeat is dropped the same
     way instead of going to the late fusion (it would be fused a second time)."""
     s = scheduler(window=5)
@@ -341,6 +341,7 @@ def test_a_repeated_reading_is_named_and_never_used_twice():
     values = {"crank": 0.1}
     assert s.add_observations(T0, values, now_ns=T0) == "duplicate" and values == {}
     assert s.add_observations(T0, {"crank": 0.2}, now_ns=T0) == "conflicting"
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0) == "conflicting"     # the first again: still
     # step 1: a reading 0.4 ms after its time, then one 0.1 ms after: the nearer is used
     assert s.add_observations(T0 + MS + 400_000, {"crank": 0.3}, now_ns=T0 + MS) is None
     assert s.add_observations(T0 + MS + 100_000, {"crank": 0.4}, now_ns=T0 + MS) == "same_step"
@@ -349,10 +350,13 @@ def test_a_repeated_reading_is_named_and_never_used_twice():
     values = {"crank": 0.4, "coupler_gyro": 2.0}
     assert s.add_observations(T0 + MS + 100_000, values, now_ns=T0 + MS) == "duplicate"
     assert values == {"coupler_gyro": 2.0}
-    assert s.pop()[2] == {"crank": 0.1, "coupler_gyro": 1.0}
+    assert s.pop()[2] == {"coupler_gyro": 1.0}
     assert s.pop()[2] == {"crank": 0.4, "coupler_gyro": 2.0}
+    # an estimated step keeps what it used; a conflicting reading is dropped
+    assert s.add_observations(T0 + MS + 100_000, {"crank": 0.9}, now_ns=T0 + 2 * MS) == "conflicting"
     # estimated steps: a repeat is named as such, a reading of a sensor the step had none of is late
-    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0 + 2 * MS) == "duplicate"
+    assert s.add_observations(T0 + MS + 100_000, {"crank": 0.4}, now_ns=T0 + 2 * MS) == "duplicate"
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0 + 2 * MS) == "conflicting"   # (withdrawn at step 0)
     assert s.add_observations(T0 + 10_000, {"crank": 0.7}, now_ns=T0 + 2 * MS) == "same_step"
     s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now_ns=T0 + 2 * MS)
     s.pop()
@@ -364,13 +368,24 @@ def test_a_repeated_reading_is_named_and_never_used_twice():
 
 
 def test_a_repeated_command_is_named_and_not_applied_again():
-    """A command with the stamp of an earlier one: `duplicate` (same values) or `conflicting` (other values,
-    the first kept); an actuator the earlier one did not name is taken."""
+    """A command with the stamp of an earlier one: `duplicate` (same values) or `conflicting` (other values:
+    the earlier one is withdrawn too while pending, the hold goes on); an actuator the earlier one did not
+    name is taken."""
     s = scheduler(n_actuators=2)
+    assert s.add_efforts(T0 - MS, np.array([0.5, math.nan]), now_ns=T0) is None      # the hold before
+    assert s.add_observations(T0 - MS, {"crank": 0.0}, now_ns=T0) is None
+    s.pop()
     assert s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0) is None
     assert s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0) == "duplicate"
     assert s.add_efforts(T0, np.array([5.0, math.nan]), now_ns=T0) == "conflicting"
-    assert s.add_efforts(T0, np.array([5.0, 2.0]), now_ns=T0) == "conflicting"    # ...but actuator 2 is new
+    assert s.add_efforts(T0, np.array([1.0, 2.0]), now_ns=T0) == "conflicting"    # ...but actuator 2 is new
     assert s.add_observations(T0, {"crank": 0.0}, now_ns=T0) is None
     _, eff, _ = s.pop()
-    assert eff.tolist() == [1.0, 2.0]
+    assert eff.tolist() == [0.5, 2.0]
+    # once its step is estimated, a command keeps what it was used for
+    assert s.add_efforts(T0 + MS, np.array([3.0, 3.0]), now_ns=T0 + MS) is None
+    assert s.add_observations(T0 + MS, {"crank": 0.0}, now_ns=T0 + MS) is None
+    assert s.pop()[1].tolist() == [3.0, 3.0]
+    assert s.add_efforts(T0 + MS, np.array([4.0, 3.0]), now_ns=T0 + 2 * MS) == "conflicting"
+    assert s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now_ns=T0 + 2 * MS) is None
+    assert s.pop()[1].tolist() == [3.0, 3.0]

@@ -37,7 +37,8 @@ REJECT_KINDS = {
             "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
     "too_old": "stamp older than the estimator window",
     "duplicate": "the same reading (sensor, stamp, value) or command (stamp, values) again",
-    "conflicting": "a reading or command with the stamp of an earlier one but another value (the first is kept)",
+    "conflicting": "a reading or command with the stamp of an earlier one but another value (both dropped while "
+                   "their step is pending, else the second)",
     "same_step": "another reading of a sensor for a step that has one (a sensor faster than the timestep): "
                  "the one stamped nearest the step's time is used while the step is pending, else the first",
 }

@@ -162,7 +162,8 @@ class InputScheduler:
         already has one for that step (removed from `values`; the others are taken):
 
         * 'duplicate': the same stamp and value again (a republished message);
-        * 'conflicting': the same stamp, another value (the first is kept: neither can be told right);
+        * 'conflicting': the same stamp, another value: neither can be told right, so while the step is
+          pending both are dropped (a publisher racing the sensor cannot put its value in), else the second;
         * 'same_step': another stamp rounding to the same step (a sensor faster than the timestep): while
           the step is pending the reading stamped nearest its time is kept, afterwards the first."""
         bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["observations"])
@@ -185,6 +186,9 @@ class InputScheduler:
                     continue
                 if prev[0] == stamp_ns:
                     kind = "duplicate" if prev[1] == v else "conflicting"
+                    if kind == "conflicting" and pending is not None:
+                        pending.pop(name, None)
+                        seen[name] = (stamp_ns, math.nan)    # (a third one conflicts as well)
                 else:
                     kind = "same_step"
                     if pending is not None and name in pending and abs(stamp_ns - t_k) < abs(prev[0] - t_k):
@@ -202,7 +206,9 @@ class InputScheduler:
     def add_efforts(self, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
         """A command stamped stamp_ns: None if used, else why not (a refused stamp, 'late' / 'too_old',
         or 'duplicate' / 'conflicting': every actuator it names already has a command of the same stamp,
-        with the same / another value; the first is kept).  Actuators it repeats are not applied again."""
+        with the same / another value).  Actuators it repeats are not applied again; on a conflict the
+        earlier command of that stamp is withdrawn too while it is pending (neither can be told right: the
+        held one goes on), else it stays."""
         bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["efforts"])
         if bad:
             return bad
@@ -221,7 +227,14 @@ class InputScheduler:
                     if prev[i] != prev[i]:
                         prev[i] = v               # an actuator this stamp had not named yet
                         continue
-                    repeated = "conflicting" if repeated == "conflicting" or prev[i] != v else "duplicate"
+                    if prev[i] != v:
+                        repeated = "conflicting"
+                        prev[i] = math.inf            # (no finite command matches it: a third conflicts too)
+                        for _, st, pending_tau in self.pending_efforts:
+                            if st == stamp_ns:
+                                pending_tau[i] = math.nan
+                    elif repeated is None:
+                        repeated = "duplicate"
                     vals[i] = math.nan
                 if repeated is not None:
                     if all(v != v for v in vals):
