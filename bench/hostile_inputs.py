@@ -26,6 +26,7 @@ compiled kernel copied into its mbfg_ros/native/) and run it from there: the nod
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,47 @@ sys.path.insert(0, str(REPO / "test"))
 sys.path.insert(0, str(REPO))
 
 MB = 1 << 20
+
+# The hostile publisher runs in a process of its own: in the feeder's process, building and sending megabyte
+# messages would hold the GIL and delay the feed itself (then the node sees late inputs, not hostile ones).
+ATTACKER = r"""
+import struct, sys, time
+import rclpy
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.serialization import serialize_message
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+kind, seconds = sys.argv[1], float(sys.argv[2])
+rclpy.init()
+node = rclpy.create_node("hostile_publisher")
+array = kind == "bad_cdr_array"
+pub = node.create_publisher(Float64MultiArray if array else JointState,
+                            "/commanded_effort_array" if array else "/joint_observations",
+                            QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+end = time.monotonic() + 10.0
+while pub.get_subscription_count() == 0 and time.monotonic() < end:
+    time.sleep(0.05)
+if array:
+    template = bytearray(b"\x00\x01\x00\x00" + b"\xff" * 12)          # a data length beyond the buffer
+else:
+    m = JointState()
+    if kind == "frame_id_1MB":
+        m.header.frame_id, m.name, m.position = "x" * (1 << 20), ["crank"], [3.0]   # a crank reading too
+    else:
+        m.name, m.position = ["x" * (1 << 20)], [0.0]
+    template = bytearray(serialize_message(m))
+sent, end = 0, time.monotonic() + seconds
+print("ready", flush=True)
+while time.monotonic() < end:
+    if not array:
+        struct.pack_into("<iI", template, 4, *divmod(time.time_ns(), 1_000_000_000))   # stamped now
+    pub.publish(bytes(template))
+    sent += 1
+    time.sleep(0.0005)
+print(sent, flush=True)
+node.destroy_node()
+rclpy.shutdown()
+"""
 
 
 def rss_mb(pid: int) -> float:
@@ -76,7 +118,7 @@ def main(argv=None) -> int:
     params = {**(STEADY_PARAMS if args.steady else {}), "thread_priority": 0, "diagnostics_period": 0.25}
     mech = load_mechanism("four_bar_crank")
     cases = ["baseline", "frame_id_1MB", "joint_name_1MB", "bad_cdr_array", "duplicate_stamps", "max_input_age_0"]
-    total = args.seconds * (len(cases) + 1) + 5.0
+    total = args.seconds * (len(cases) + 1) + 40.0      # (+ each attacker process's start-up)
     traj = SimulatedPlant(mech, dt=dt, seed=3, actuator=Actuator.ideal(mech)).simulate(total)
     dom = fresh_domain_id()
     log = Path(tempfile.mkdtemp(prefix="hostile_")) / "estimator.log"
@@ -100,19 +142,6 @@ def main(argv=None) -> int:
                     self.sent += 1
                     time.sleep(0.0005)
 
-        big = "x" * MB
-
-        def frame_id_msg():
-            m = joint_state(time.time_ns(), ["crank"], [float(traj.readings["crank"][0])])
-            m.header.frame_id = big
-            probe.pub_obs.publish(m)
-
-        def joint_name_msg():
-            probe.pub_obs.publish(joint_state(time.time_ns(), [big], [0.0]))
-
-        def bad_cdr():
-            probe.pub_eff_arr.publish(b"\x00\x01\x00\x00" + b"\xff" * 12)
-
         last = [-1]
 
         def duplicate():
@@ -123,8 +152,8 @@ def main(argv=None) -> int:
                 probe.pub_obs.publish(joint_state(feeder.stamps[k], ["crank"], [crank]))
                 probe.pub_obs.publish(joint_state(feeder.stamps[k], ["crank"], [crank + 0.5]))
 
-        attacks = {"frame_id_1MB": frame_id_msg, "joint_name_1MB": joint_name_msg, "bad_cdr_array": bad_cdr,
-                   "duplicate_stamps": duplicate}
+        attacks = {"duplicate_stamps": duplicate}
+        from mbfg_ros.ros.demo import ros_env
 
         def diag():
             t = time.time_ns()
@@ -140,6 +169,12 @@ def main(argv=None) -> int:
             attack, note = None, ""
             if case in attacks:
                 attack = Attack(attacks[case]).start()
+            elif case.endswith("MB") or case == "bad_cdr_array":
+                attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, case, str(args.seconds)],
+                                            env=ros_env(dom), stdout=subprocess.PIPE, text=True)
+                attacker.stdout.readline()                     # "ready": discovered, sending from now
+                t0 = time.monotonic()
+                n0, n_state0 = len(probe.snapshot("js")), len(probe.snapshot("state"))
             elif case == "max_input_age_0":
                 res = probe.set_params({"max_input_age": 0.0})[0]
                 note = "accepted" if res.successful else f"refused: {res.reason}"
@@ -150,6 +185,10 @@ def main(argv=None) -> int:
             if attack is not None:
                 attack.stop()
                 note = f"{attack.sent / args.seconds:.0f} msg/s sent"
+            elif case.endswith("MB") or case == "bad_cdr_array":
+                sent = int(attacker.stdout.readline() or 0)
+                attacker.wait(30)
+                note = f"{sent / args.seconds:.0f} msg/s sent (another process)"
             rate = (len(probe.snapshot("js")) - n0) / (time.monotonic() - t0)
             d1 = diag()
             text = log.read_text(errors="replace")[log0:]
