@@ -159,6 +159,90 @@ def test_decode_joint_state_big_endian_and_bad_buffers(limits):
     assert vals == {"crank": 0.5}
 
 
+def test_long_strings_are_refused_by_their_length_field():
+    """A frame_id or joint name longer than MAX_INPUT_STRING raises LongString (the node counts
+    `long_string`), read from the length field: the megabyte is never decoded; at the bound it decodes."""
+    from rclpy.serialization import serialize_message
+    limit = rc.MAX_INPUT_STRING
+    m = js(["crank"], [0.5])
+    m.header.frame_id = "w" * limit
+    assert rc.decode_joint_state(serialize_message(m)).frame_id == "w" * limit
+    m.header.frame_id = "w" * (limit + 1)
+    with pytest.raises(rc.LongString, match="frame_id of 257 bytes"):
+        rc.decode_joint_state(serialize_message(m))
+    m.header.frame_id = "world"
+    m.name = ["crank", "x" * (1 << 20)]
+    m.position = [0.5, 0.0]
+    with pytest.raises(rc.LongString, match="joint name of 1048576 bytes"):
+        rc.decode_joint_state(serialize_message(m))
+    m.name, m.position = [f"j{i}" for i in range(rc.MAX_INPUT_NAMES + 1)], []
+    with pytest.raises(rc.LongString, match="1025 joint names"):
+        rc.decode_joint_state(serialize_message(m))
+    # a length field claiming more than the buffer holds is malformed, not long
+    buf = bytearray(serialize_message(js(["crank"], [0.5])))
+    buf[12:16] = (10).to_bytes(4, "little") if buf[1] == 1 else (10).to_bytes(4, "big")
+    with pytest.raises(ValueError):
+        rc.decode_joint_state(bytes(buf[:20]))
+
+
+def test_outside_strings_are_cut_in_problem_texts(limits):
+    """A megabyte joint name is reported in a bounded, one-line detail with a visible cut."""
+    name = "evil\n" + "x" * (1 << 20)
+    _, problems = rc.parse_observations(js([name], [0.0]), SENSORS, limits)
+    assert problems[0][0] == "unknown_joint"
+    assert len(problems[0][1]) < 400 and "\n" not in problems[0][1] and "…[+" in problems[0][1]
+    _, problems = rc.parse_effort_joint_state(js([name]), {"crank": 0}, limits)
+    assert problems[0][0] == "empty" and len(problems[0][1]) < 400
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_decode_float64_multi_array_matches_rclpy(seed):
+    """Random Float64MultiArrays (layouts with labels of every length mod 4, empty data) serialized by rclpy
+    decode to the same data."""
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+    rng = np.random.default_rng(seed)
+    m = Float64MultiArray(data=rng.standard_normal(int(rng.integers(0, 4))).tolist())
+    m.layout.dim = [MultiArrayDimension(label="l" * int(rng.integers(0, 7)), size=int(rng.integers(0, 9)),
+                                        stride=int(rng.integers(0, 9))) for _ in range(int(rng.integers(0, 3)))]
+    m.layout.data_offset = int(rng.integers(0, 5))
+    assert list(rc.decode_float64_multi_array(serialize_message(m))) == list(m.data)
+
+
+def test_decode_float64_multi_array_bad_buffers():
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+    good = serialize_message(Float64MultiArray(data=[1.0, 2.0]))
+    for bad in (b"", b"\x00\x01\x00\x00" + b"\xff" * 12, good[:-1], good[:10], b"\x02\x01" + good[2:]):
+        with pytest.raises(ValueError):
+            rc.decode_float64_multi_array(bad)
+    m = Float64MultiArray(data=[1.0])
+    m.layout.dim = [MultiArrayDimension(label="d" * 1000)]
+    with pytest.raises(rc.LongString):
+        rc.decode_float64_multi_array(serialize_message(m))
+
+
+# -- parameters ---------------------------------------------------------------------------------
+def test_parameters_that_would_stop_estimation_are_refused():
+    """max_input_age below max(10 ms, window × dt) (0: every input stale), sensor_timeout below dt, and
+    string values beyond their bound are refused with a reason naming the parameter; the shipped values pass."""
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.ros import parameters as P
+    mech = load_mechanism("four_bar_crank")
+    config = EstimatorConfig(dt=0.001, window=10).validated()
+    for name, value, phrase in (("max_input_age", 0.0, "at least 0.01 s"), ("max_input_age", 0.005, "stale"),
+                                ("sensor_timeout", 0.0, "at least dt"), ("frame_id", "f" * 257, "at most 256"),
+                                ("mode", "m" * 10**6, "at most 256")):
+        reason = P.validate_change({name: value}, mech, config)
+        assert isinstance(reason, str) and f"'{name}'" in reason and phrase in reason, (name, reason)
+        assert len(reason) < 400
+    assert P.min_input_age(0.001, 100) == pytest.approx(0.1)
+    for name, value in (("max_input_age", 1.0), ("max_input_age", 0.01), ("sensor_timeout", 0.1),
+                        ("frame_id", "f" * 256), ("mode", "estimation")):
+        assert not isinstance(P.validate_change({name: value}, mech, config), str), name
+
+
 # -- serialized output templates ------------------------------------------------------------------
 @pytest.mark.parametrize("mech_name", ["four_bar_crank", "pick_and_place_robot"])
 def test_serialized_templates_equal_rclpy_serialization(mech_name):

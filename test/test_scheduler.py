@@ -128,7 +128,8 @@ def test_late_too_old_and_inadmissible_inputs_are_named():
         s.add_observations(T0 + k * MS, {"crank": 0.0}, now_ns=T0 + k * MS)
         s.pop()
     now = T0 + 20 * MS
-    assert s.add_observations(T0 + 18 * MS, {"crank": 0.0}, now) == "late"
+    # (a sensor step 18 has no reading of: the crank's again would be a duplicate)
+    assert s.add_observations(T0 + 18 * MS, {"coupler_gyro": 0.0}, now) == "late"
     assert s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now) == "too_old"
     assert s.add_observations(0, {"crank": 0.0}, now) == "bad_stamp"
     assert s.add_observations(now + 10**9, {"crank": 0.0}, now) == "future"
@@ -254,8 +255,8 @@ def test_a_late_command_replaces_the_hold_in_its_step():
     assert s.add_efforts(T0 + 7 * MS, np.array([17.0]), now) is None
     assert s.add_efforts(T0 + 6 * MS, np.array([16.0]), now) is None
     assert corrections(s) == [(6, [16.0]), (7, [17.0])]                 # together: one update
-    # the same command again, or one older than what its steps have now: nothing to replace
-    assert s.add_efforts(T0 + 6 * MS, np.array([16.0]), now) == "late"
+    # the same command again is a duplicate; one older than what its steps have now replaces nothing
+    assert s.add_efforts(T0 + 6 * MS, np.array([16.0]), now) == "duplicate"
     assert s.add_efforts(T0 + 4 * MS - 1, np.array([1.0]), now) == "late"
     assert s.take_command_corrections() == [] and not s.deferred_corrections
     _, eff, _ = s.pop()
@@ -328,3 +329,63 @@ def test_a_reset_forgets_the_commands_steps_were_handed():
     s.clear(reset_stamp_ns=T0 + 9 * MS)
     assert s.add_efforts(T0 + 9 * MS, np.array([19.0]), T0 + 9 * MS) is None      # anchors a new grid
     assert s.take_command_corrections() == []
+
+
+def test_a_repeated_reading_is_named_and_never_used_twice():
+    """One reading per sensor and step: the same reading again is a `duplicate`, the same stamp with another
+    value `conflicting` (both dropped while the step is pending), another stamp of the same step `same_step` (the one nearest the
+    step's time kept while the step is pending); after the step was estimated, a repeat is dropped the same
+    way instead of going to the late fusion (it would be fused a second time)."""
+    s = scheduler(window=5)
+    assert s.add_observations(T0, {"crank": 0.1, "coupler_gyro": 1.0}, now_ns=T0) is None
+    values = {"crank": 0.1}
+    assert s.add_observations(T0, values, now_ns=T0) == "duplicate" and values == {}
+    assert s.add_observations(T0, {"crank": 0.2}, now_ns=T0) == "conflicting"
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0) == "conflicting"     # the first again: still
+    # step 1: a reading 0.4 ms after its time, then one 0.1 ms after: the nearer is used
+    assert s.add_observations(T0 + MS + 400_000, {"crank": 0.3}, now_ns=T0 + MS) is None
+    assert s.add_observations(T0 + MS + 100_000, {"crank": 0.4}, now_ns=T0 + MS) == "same_step"
+    assert s.add_observations(T0 + MS + 300_000, {"crank": 0.5}, now_ns=T0 + MS) == "same_step"
+    # a message with a repeated and a new reading: the new one is taken
+    values = {"crank": 0.4, "coupler_gyro": 2.0}
+    assert s.add_observations(T0 + MS + 100_000, values, now_ns=T0 + MS) == "duplicate"
+    assert values == {"coupler_gyro": 2.0}
+    assert s.pop()[2] == {"coupler_gyro": 1.0}
+    assert s.pop()[2] == {"crank": 0.4, "coupler_gyro": 2.0}
+    # an estimated step keeps what it used; a conflicting reading is dropped
+    assert s.add_observations(T0 + MS + 100_000, {"crank": 0.9}, now_ns=T0 + 2 * MS) == "conflicting"
+    # estimated steps: a repeat is named as such, a reading of a sensor the step had none of is late
+    assert s.add_observations(T0 + MS + 100_000, {"crank": 0.4}, now_ns=T0 + 2 * MS) == "duplicate"
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0 + 2 * MS) == "conflicting"   # (withdrawn at step 0)
+    assert s.add_observations(T0 + 10_000, {"crank": 0.7}, now_ns=T0 + 2 * MS) == "same_step"
+    s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now_ns=T0 + 2 * MS)
+    s.pop()
+    values = {"crank": 0.0, "coupler_gyro": 3.0}
+    assert s.add_observations(T0 + 2 * MS, values, now_ns=T0 + 3 * MS) == "late" and values == {"coupler_gyro": 3.0}
+    # after a reset nothing is remembered
+    s.clear()
+    assert s.add_observations(T0, {"crank": 0.1}, now_ns=T0) is None
+
+
+def test_a_repeated_command_is_named_and_not_applied_again():
+    """A command with the stamp of an earlier one: `duplicate` (same values) or `conflicting` (other values:
+    the earlier one is withdrawn too while pending, the hold goes on); an actuator the earlier one did not
+    name is taken."""
+    s = scheduler(n_actuators=2)
+    assert s.add_efforts(T0 - MS, np.array([0.5, math.nan]), now_ns=T0) is None      # the hold before
+    assert s.add_observations(T0 - MS, {"crank": 0.0}, now_ns=T0) is None
+    s.pop()
+    assert s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0) is None
+    assert s.add_efforts(T0, np.array([1.0, math.nan]), now_ns=T0) == "duplicate"
+    assert s.add_efforts(T0, np.array([5.0, math.nan]), now_ns=T0) == "conflicting"
+    assert s.add_efforts(T0, np.array([1.0, 2.0]), now_ns=T0) == "conflicting"    # ...but actuator 2 is new
+    assert s.add_observations(T0, {"crank": 0.0}, now_ns=T0) is None
+    _, eff, _ = s.pop()
+    assert eff.tolist() == [0.5, 2.0]
+    # once its step is estimated, a command keeps what it was used for
+    assert s.add_efforts(T0 + MS, np.array([3.0, 3.0]), now_ns=T0 + MS) is None
+    assert s.add_observations(T0 + MS, {"crank": 0.0}, now_ns=T0 + MS) is None
+    assert s.pop()[1].tolist() == [3.0, 3.0]
+    assert s.add_efforts(T0 + MS, np.array([4.0, 3.0]), now_ns=T0 + 2 * MS) == "conflicting"
+    assert s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now_ns=T0 + 2 * MS) is None
+    assert s.pop()[1].tolist() == [3.0, 3.0]

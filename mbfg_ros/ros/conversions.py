@@ -23,6 +23,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from visualization_msgs.msg import Marker, MarkerArray
 
 from mbfg_ros.model.plausibility import InputLimits, Problem
+from mbfg_ros.shown import shown
 
 NS = 1_000_000_000
 
@@ -74,11 +75,43 @@ class RawJointState:
 _LE, _BE = struct.Struct("<I"), struct.Struct(">I")
 _STAMP = {"<": struct.Struct("<iI"), ">": struct.Struct(">iI")}
 
+# Longest frame_id, joint name or dimension label an input may carry, in bytes (UTF-8).  ROS frame and
+# joint names are a few dozen characters; a publisher on the domain could send megabytes, which every
+# message would then drag through decoding and every log line about it.  A longer one drops the
+# message (`rejected.long_string`); the check reads the length field only.
+MAX_INPUT_STRING = 256
+# Most joint names (or layout dimensions) an input may carry: each costs Python work in the decoder, and a
+# whole robot's /joint_states has tens.  More drops the message (`long_string`, it is oversized the same way).
+MAX_INPUT_NAMES = 1024
+
+
+class LongString(ValueError):
+    """An input message carries a string longer than MAX_INPUT_STRING (counted as `long_string`)."""
+
+
+def _encapsulation(buf: bytes, what: str):
+    """(byte order, u32 unpacker) of a CDR-encapsulated message (XCDR1 / plain CDR as rmw
+    implementations write it: a 4-byte encapsulation header, then the fields aligned to their size
+    relative to the end of that header).  Offsets below are absolute; alignment is relative to 4."""
+    if len(buf) < 8 or buf[0] != 0 or buf[1] not in (0, 1):
+        raise ValueError(f"not a CDR-encapsulated {what}")
+    e = "<" if buf[1] == 1 else ">"
+    return e, (_LE if e == "<" else _BE).unpack_from
+
+
+_MAX_CDR_STRING = MAX_INPUT_STRING + 1      # the length field counts the terminating NUL
+
+
+def _bad_string(length: int, what: str) -> ValueError:
+    """The error for a CDR string length that is 0, beyond the buffer or beyond MAX_INPUT_STRING."""
+    if length > _MAX_CDR_STRING:
+        return LongString(f"{what} of {length - 1} bytes (at most {MAX_INPUT_STRING})")
+    return ValueError(f"bad {what} length")
+
 
 def decode_joint_state(buf: bytes) -> RawJointState:
-    """Decode a serialized JointState (XCDR1 / plain CDR as rmw implementations write it: a 4-byte
-    encapsulation header, then the fields aligned to their size relative to the end of that header).
-    Raises ValueError on a truncated or malformed buffer."""
+    """Decode a serialized JointState.  Raises LongString for a frame_id or joint name longer than
+    MAX_INPUT_STRING or more than MAX_INPUT_NAMES names, ValueError on a truncated or malformed buffer."""
     n = len(buf)
     if n < 16 or buf[0] != 0 or buf[1] not in (0, 1):
         raise ValueError("not a CDR-encapsulated JointState")
@@ -86,21 +119,24 @@ def decode_joint_state(buf: bytes) -> RawJointState:
     u32 = (_LE if e == "<" else _BE).unpack_from
     try:
         sec, nanosec = _STAMP[e].unpack_from(buf, 4)
-        # offsets below are absolute; alignment is relative to 4 (the end of the encapsulation header)
         (length,) = u32(buf, 12)
         p = 16 + length
+        if length > _MAX_CDR_STRING or p > n:      # (length 0, without the NUL, is read as "")
+            raise _bad_string(length, "frame_id")
         frame_id = buf[16:p - 1].decode("utf-8", "replace")
         p += -p % 4
         (count,) = u32(buf, p)
         p += 4
         if count > n:
             raise ValueError("bad name count")
+        if count > MAX_INPUT_NAMES:
+            raise LongString(f"{count} joint names (at most {MAX_INPUT_NAMES})")
         names = []
         for _ in range(count):
             (length,) = u32(buf, p)
             q = p + 4 + length
-            if length == 0 or q > n:
-                raise ValueError("bad string length")
+            if not 0 < length <= _MAX_CDR_STRING or q > n:
+                raise _bad_string(length, "joint name")
             names.append(buf[p + 4:q - 1].decode("utf-8", "replace"))
             p = q + (-q % 4)
         arrays = []
@@ -119,6 +155,39 @@ def decode_joint_state(buf: bytes) -> RawJointState:
     except struct.error as exc:
         raise ValueError(f"truncated JointState ({exc})") from None
     return RawJointState(sec * NS + nanosec, frame_id, names, *arrays)
+
+
+def decode_float64_multi_array(buf: bytes) -> Tuple[float, ...]:
+    """The `data` of a serialized std_msgs/Float64MultiArray (its layout is checked for well-formedness
+    and skipped: the node takes the efforts in actuator order).  Raises LongString for a dimension label
+    longer than MAX_INPUT_STRING, ValueError on a truncated or malformed buffer.  Taken serialized so
+    that a buffer rclpy could not deserialize is counted (`bad_message`) like a bad JointState."""
+    n = len(buf)
+    e, u32 = _encapsulation(buf, "Float64MultiArray")
+    try:
+        (dims,) = u32(buf, 4)
+        p = 8
+        if dims > n:
+            raise ValueError("bad layout.dim count")
+        if dims > MAX_INPUT_NAMES:
+            raise LongString(f"{dims} layout dimensions (at most {MAX_INPUT_NAMES})")
+        for _ in range(dims):           # MultiArrayDimension: label, size, stride
+            (length,) = u32(buf, p)
+            q = p + 4 + length
+            if not 0 < length <= _MAX_CDR_STRING or q > n:
+                raise _bad_string(length, "layout.dim label")
+            p = q + (-q % 4) + 8
+        p += 4                          # layout.data_offset
+        (count,) = u32(buf, p)
+        p += 4
+        if not count:
+            return ()
+        p += -(p - 4) % 8
+        if p + 8 * count > n:
+            raise ValueError("truncated float64 sequence")
+        return struct.unpack_from(f"{e}{count}d", buf, p)
+    except struct.error as exc:
+        raise ValueError(f"truncated Float64MultiArray ({exc})") from None
 
 
 def sensor_fields(mech) -> Dict[str, str]:
@@ -146,7 +215,7 @@ def parse_observations(msg, sensors: Dict[str, str], limits: InputLimits, q=None
     for i, name in enumerate(names):
         fld = sensors.get(name)
         if fld is None:
-            problems.append(("unknown_joint", f"unknown joint '{name}' (known: {', '.join(sorted(sensors))})"))
+            problems.append(("unknown_joint", f"unknown joint '{shown(name)}' (known: {', '.join(sorted(sensors))})"))
             continue
         values = getattr(msg, fld)
         if len(values) != len(names):
@@ -155,7 +224,7 @@ def parse_observations(msg, sensors: Dict[str, str], limits: InputLimits, q=None
                 missing.setdefault(fld, []).append(name)
             else:
                 problems.append(("bad_size", f"JointState has {len(names)} names but {len(values)} {fld} values "
-                                             f"(joint '{name}' needs {fld})"))
+                                             f"(joint '{shown(name)}' needs {fld})"))
             continue
         val = float(values[i])
         problem = limits.reading_problem(name, val, q)
@@ -164,7 +233,7 @@ def parse_observations(msg, sensors: Dict[str, str], limits: InputLimits, q=None
             continue
         out[name] = val
     if missing:
-        problems += [("empty", f"JointState has no {fld} values (joint(s) {', '.join(joints)} need {fld})")
+        problems += [("empty", f"JointState has no {fld} values (joint(s) {shown(joints)} need {fld})")
                      for fld, joints in missing.items()]
     return out, problems
 
@@ -177,7 +246,7 @@ def parse_effort_joint_state(msg, actuators: Dict[str, int], limits: InputLimits
     if not names:
         return None, [("empty", "JointState without joint names")]
     if not msg.effort:
-        return None, [("empty", f"JointState names {', '.join(names)} but has no effort values")]
+        return None, [("empty", f"JointState names {shown(names)} but has no effort values")]
     if len(msg.effort) != len(names):
         return None, [("bad_size", f"JointState has {len(names)} names but {len(msg.effort)} effort values")]
     if len(set(names)) != len(names):
@@ -188,7 +257,7 @@ def parse_effort_joint_state(msg, actuators: Dict[str, int], limits: InputLimits
     for name, val in zip(names, msg.effort):
         k = actuators.get(name)
         if k is None:
-            problems.append(("unknown_joint", f"unknown actuator joint '{name}' (known: {', '.join(actuators)})"))
+            problems.append(("unknown_joint", f"unknown actuator joint '{shown(name)}' (known: {', '.join(actuators)})"))
             continue
         val = float(val)
         problem = limits.effort_problem(k, val)

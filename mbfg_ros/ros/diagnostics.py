@@ -17,10 +17,12 @@ from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import KINDS
 from mbfg_ros.ros.parameters import Settings
 from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
+from mbfg_ros.shown import MAX_LINE, shown
 
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
 REJECT_KINDS = {
-    "bad_message": "serialized message that does not decode as a JointState",
+    "bad_message": "serialized message that does not decode as its type (JointState, Float64MultiArray)",
+    "long_string": "frame_id, joint name or layout label longer than 256 bytes, or more than 1024 names",
     "empty": "JointState without joint names, or without the values (position / velocity / effort) its topic "
              "needs; Float64MultiArray without values",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
@@ -34,6 +36,11 @@ REJECT_KINDS = {
     "late": "input of a step already estimated that could not be used: a reading outside the innovation "
             "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
     "too_old": "stamp older than the estimator window",
+    "duplicate": "the same reading (sensor, stamp, value) or command (stamp, values) again",
+    "conflicting": "a reading or command with the stamp of an earlier one but another value (both dropped while "
+                   "their step is pending, else the second)",
+    "same_step": "another reading of a sensor for a step that has one (a sensor faster than the timestep): "
+                 "the one stamped nearest the step's time is used while the step is pending, else the first",
 }
 EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "turn_recoveries", "solver_failures",
           "overruns",
@@ -80,7 +87,8 @@ class Diagnostics:
         if last is None or now - last > WARN_EVERY_S:
             self._log_times[kind] = now
             n = self.counters.get(kind, self.events.get(kind, 0))
-            self.logger.warning(f"{kind} ({n} so far): {detail}")
+            # details quote outside strings (each already cut by `shown`): the line is bounded as a whole too
+            self.logger.warning(f"{kind} ({n} so far): {shown(detail, MAX_LINE)}")
 
     def reject(self, kind: str, detail: str):
         self.counters[kind] = self.counters.get(kind, 0) + 1

@@ -54,6 +54,7 @@ from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text
 from mbfg_ros.ros.outputs import Outputs
 from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
+from mbfg_ros.shown import shown
 
 NODE_NAME = "mbfg_estimator"
 
@@ -141,7 +142,7 @@ class EstimatorNode(Node):
                 (self.create_subscription(JointState, "commanded_effort", self.on_effort_joint_state, INPUT_QOS,
                                           callback_group=hot, raw=True, **qo), self.on_effort_joint_state),
                 (self.create_subscription(Float64MultiArray, "commanded_effort_array", self.on_effort_array,
-                                          INPUT_QOS, callback_group=hot, **qo), self.on_effort_array)]
+                                          INPUT_QOS, callback_group=hot, raw=True, **qo), self.on_effort_array)]
         self.step_timer = self.create_timer(self.config.dt, self.on_step_timer, callback_group=hot)
         # Services: in the fast loop too (answered between two steps), else on the executor under the lock.
         # Parameters and diagnostics: the executor in the main thread.
@@ -189,17 +190,19 @@ class EstimatorNode(Node):
     def _on_loop_error(self, e: BaseException):
         events = self.diag.events
         events["handler_errors"] = events.get("handler_errors", 0) + 1
-        self.diag.warn_kind("handler_errors", f"unexpected error in an input handler: {type(e).__name__}: {e}")
+        self.diag.warn_kind("handler_errors", f"unexpected error in an input handler: {type(e).__name__}: {shown(e)}")
         self.get_logger().debug(traceback.format_exc())
 
     # -------------------------------------------------------------------------------- inputs
-    def _decoded(self, raw: bytes, topic: str) -> Optional[rc.RawJointState]:
-        """JointState inputs are taken serialized (see `conversions.decode_joint_state`)."""
+    def _decoded(self, raw: bytes, topic: str, decode=rc.decode_joint_state):
+        """Inputs are taken serialized (see `conversions.decode_joint_state`); None if refused (counted)."""
         try:
-            return rc.decode_joint_state(raw)
+            return decode(raw)
+        except rc.LongString as e:
+            self.diag.reject("long_string", f"{topic}: {e}")
         except ValueError as e:
             self.diag.reject("bad_message", f"{topic}: {e}")
-            return None
+        return None
 
     def on_observations(self, raw: bytes):
         """A serialized JointState on joint_observations."""
@@ -246,11 +249,12 @@ class EstimatorNode(Node):
                          if msg is not None else (None, ()))
         self._add_efforts(now, msg.stamp_ns if tau is not None else now, tau, problems)
 
-    def on_effort_array(self, msg: Float64MultiArray):
-        """Efforts on commanded_effort_array: unstamped, stamped on receipt."""
+    def on_effort_array(self, raw: bytes):
+        """A serialized Float64MultiArray on commanded_effort_array: efforts, unstamped, stamped on receipt."""
         now = self.now_ns()
         self._check_time(now)
-        tau, problems = rc.parse_effort_array(msg.data, self.limits)
+        data = self._decoded(raw, "commanded_effort_array", rc.decode_float64_multi_array)
+        tau, problems = rc.parse_effort_array(data, self.limits) if data is not None else (None, ())
         self._add_efforts(now, now, tau, problems)
 
     def _add_efforts(self, now: int, stamp: int, tau, problems):
@@ -418,7 +422,7 @@ class EstimatorNode(Node):
         """The core's step raised: re-initialize it, else reset."""
         diag = self.diag
         diag.events["solver_failures"] += 1
-        diag.last_error = f"{type(e).__name__}: {e}"
+        diag.last_error = f"{type(e).__name__}: {shown(e)}"
         diag.warn_kind("solver_failures", f"step at t={t_k / NS:.6f} failed ({diag.last_error}); re-initializing")
         self.get_logger().debug(traceback.format_exc())
         try:
@@ -526,6 +530,13 @@ class EstimatorNode(Node):
             change = P.validate_change(new, self.mech, self.config)
             if isinstance(change, str):
                 return SetParametersResult(successful=False, reason=change)
+            if new.get("use_sim_time") is True and not self.get_clock().ros_time_is_active \
+                    and self.count_publishers("/clock") == 0:
+                # (this callback runs before rclpy's TimeSource, which would switch the clock at once)
+                return SetParametersResult(successful=False, reason=(
+                    "parameter 'use_sim_time': nothing publishes /clock, so the node clock would stand still "
+                    "and every input be rejected (no_clock); start the clock source first (ros2 bag play "
+                    "--clock, four_bar_sim with publish_clock)"))
             if "assembly_mode" in new:
                 am = tuple(int(x) for x in (new["assembly_mode"] or ())) or None
                 if am != self._branch_applied:

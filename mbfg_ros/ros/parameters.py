@@ -16,6 +16,7 @@ from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, Estimat
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
+from mbfg_ros.shown import MAX_LINE, shown
 
 # Dynamic parameters held in `Settings` and applied as they are set (float ones are durations in seconds,
 # checked >= 0); the others (mode, sigmas, assembly_mode) have their own handling.
@@ -25,8 +26,48 @@ DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_
                     "adaptive_input_delay": bool}
 
 
+# Longest string parameter values (characters): anyone on the domain can set the dynamic ones, and every
+# value may be quoted in a log line or an error.  Frame and joint names are a few dozen characters; the
+# mechanism is a path (PATH_MAX).
+MAX_NAME = 256
+MAX_PATH = 4096
+STRING_LIMITS = {"mechanism": MAX_PATH, "frame_id": MAX_NAME, "mode": MAX_NAME, "formulation": MAX_NAME,
+                 "integrator": MAX_NAME, "independent": MAX_NAME}
+MIN_INPUT_AGE = 0.01     # [s] a loaded machine delivers inputs several ms after their stamps
+
+
 class ConfigError(ValueError):
     """A bad parameter value at start-up; the message names the parameter."""
+
+
+def string_problem(name: str, value) -> Optional[str]:
+    """Why a string (or string array) parameter value is refused: too long (None: fine)."""
+    limit = STRING_LIMITS.get(name)
+    if limit is None or value is None:
+        return None
+    for text in ([value] if isinstance(value, str) else list(value)):
+        if len(text) > limit:
+            return (f"parameter '{name}' is {len(text)} characters long ('{shown(text, 40)}'); "
+                    f"at most {limit}")
+    return None
+
+
+def min_input_age(dt: float, window: int) -> float:
+    """The smallest max_input_age that does not stop estimation [s]: inputs within the window can still be
+    fused, and on a loaded machine inputs arrive some ms after their stamps (0 would refuse every input)."""
+    return max(MIN_INPUT_AGE, float(dt) * int(window))
+
+
+def stopping_problem(name: str, value: float, dt: float, window: int) -> Optional[str]:
+    """Why a duration setting would make the node estimate nothing (None: fine)."""
+    if name == "max_input_age" and value < min_input_age(dt, window):
+        return (f"parameter 'max_input_age' ({value:g} s) must be at least {min_input_age(dt, window):g} s "
+                f"(max({MIN_INPUT_AGE:g} s, window × dt)): inputs arrive after their stamps, and a shorter age "
+                f"would reject them all as stale")
+    if name == "sensor_timeout" and value < dt:
+        return (f"parameter 'sensor_timeout' ({value:g} s) must be at least dt ({dt:g} s): a command would "
+                f"not be held to its own step, and no input stream would be waited for")
+    return None
 
 
 @dataclass
@@ -74,14 +115,18 @@ def declare_parameters(node) -> StartupParameters:
                                    floating_point_range=_float_range(0.0, longest))).value
     mech_name = d("mechanism", "", PD(
         description="Mechanism YAML: a path, or the name of a file in the installed mechanisms/ folder "
-                    "(e.g. four_bar_crank)", read_only=True)).value
+                    "(e.g. four_bar_crank)", read_only=True,
+        additional_constraints=f"at most {MAX_PATH} characters")).value
     if not mech_name:
         raise ConfigError("parameter 'mechanism' is required (a YAML path or a name such as four_bar_crank)")
+    problem = string_problem("mechanism", mech_name)
+    if problem:
+        raise ConfigError(problem)
     try:
         mechanism_path = str(resolve_mechanism_path(mech_name))
         mech = load_mechanism(mechanism_path)
     except Exception as e:  # MechanismError, YAML errors
-        raise ConfigError(f"parameter 'mechanism' ('{mech_name}'): {e}") from None
+        raise ConfigError(shown(f"parameter 'mechanism' ('{shown(mech_name)}'): {e}", MAX_LINE)) from None
 
     dt = d("dt", 1e-3, PD(description="Timestep [s]: estimate and output period", read_only=True,
                            floating_point_range=_float_range(1e-5, 1.0))).value
@@ -126,7 +171,8 @@ def declare_parameters(node) -> StartupParameters:
                     "setting it re-initializes on that branch",
         additional_constraints="values in {-1, +1}, one per indicator")).value
     sensor_timeout = seconds("sensor_timeout", 0.1, 3600.0,
-                             "An input silent for longer raises a WARN; efforts older than this count as unknown [s]")
+                             "An input silent for longer raises a WARN; efforts older than this count as unknown [s] "
+                             "(at least dt)")
     max_input_delay = seconds("max_input_delay", 0.003, 10.0,
                               "Wait for late inputs before a step is estimated without them (longer with "
                               "adaptive_input_delay while the inputs arrive later) [s]")
@@ -139,13 +185,15 @@ def declare_parameters(node) -> StartupParameters:
                            "After a (re)start, longest wait for every input the mode uses (its topic may still be "
                            "being discovered) before estimating without the missing ones [s]")
     max_input_age = seconds("max_input_age", 1.0, 1e6,
-                            "Inputs stamped more than this before the node clock are rejected [s]")
+                            "Inputs stamped more than this before the node clock are rejected [s] (at least "
+                            f"max({MIN_INPUT_AGE:g} s, window x dt))")
     future_tolerance = seconds("future_tolerance", 0.5, 1e6,
                                "Inputs stamped more than this after the node clock are rejected [s]")
     publish_markers = d("publish_markers", True, PD(description="Publish ~/markers for RViz")).value
     marker_period = seconds("marker_period", 0.05, 3600.0,
                             "Minimum period of ~/markers [s] (0 = every step)")
-    frame_id = d("frame_id", "world", PD(description="frame_id of ~/state and ~/markers")).value
+    frame_id = d("frame_id", "world", PD(description="frame_id of ~/state and ~/markers",
+                                         additional_constraints=f"at most {MAX_NAME} characters")).value
     diagnostics_period = d("diagnostics_period", 1.0, PD(
         description="Period of /diagnostics [s] (wall clock)", read_only=True,
         floating_point_range=_float_range(0.01, 60.0))).value
@@ -182,6 +230,15 @@ def declare_parameters(node) -> StartupParameters:
                     "a marginal of the newest state a step, ~0.06 ms on the crank four-bar)",
         read_only=True)).value
 
+    for name, value in (("frame_id", frame_id), ("mode", mode), ("formulation", formulation),
+                        ("integrator", integrator), ("independent", independent)):
+        problem = string_problem(name, value)
+        if problem:
+            raise ConfigError(problem)
+    for name, value in (("max_input_age", max_input_age), ("sensor_timeout", sensor_timeout)):
+        problem = stopping_problem(name, value, dt, window)
+        if problem:
+            raise ConfigError(problem)
     try:
         # The node calls step() on every grid step (gaps only when it skips ahead on overload, where the
         # core must re-seed from its last estimate rather than integrate every skipped step).
@@ -193,7 +250,7 @@ def declare_parameters(node) -> StartupParameters:
                                adapt_effort_density=bool(adapt_effort_density))
         config = base.validated()
     except ValueError as e:
-        raise ConfigError(f"bad estimator parameters: {name_params(str(e))}") from None
+        raise ConfigError(shown(f"bad estimator parameters: {name_params(str(e))}", MAX_LINE)) from None
     problem = check_assembly_mode(mech, am)
     if problem:
         raise ConfigError(f"parameter 'assembly_mode': {problem}")
@@ -260,6 +317,11 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
         if DYNAMIC_SETTINGS.get(name) is float:
             if value is None or not math.isfinite(float(value)) or float(value) < 0:
                 return f"parameter '{name}' must be >= 0 seconds"
+            problem = stopping_problem(name, float(value), config.dt, config.window)
+            if problem:
+                return problem
+        elif name in STRING_LIMITS and string_problem(name, value):
+            return string_problem(name, value)
         elif name == "mode":
             if value not in MODES:
                 return f"parameter 'mode' must be one of {', '.join(MODES)}"

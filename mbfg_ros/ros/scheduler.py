@@ -91,6 +91,11 @@ class InputScheduler:
         self.started = False                     # a step has been handed out since the (re)start
         self.first_rx_ns: Optional[int] = None   # receipt of the first accepted input
         self.obs: Dict[int, Dict[str, float]] = {}
+        # (stamp, value) of the reading each sensor has for each step of the window and the pending ones: one
+        # reading per sensor and step, so that a repeated one is counted and dropped, never fused twice
+        self.obs_seen: Dict[int, Dict[str, Tuple[int, float]]] = {}
+        # commands by stamp within the window (insertion order), to tell a repeated command from a new one
+        self.command_seen: Dict[int, list] = {}
         self.pending_efforts: List = []          # (k, stamp_ns, tau) not yet applied
         self.held_effort = np.full(self.n_actuators, np.nan)
         self.held_effort_stamp = np.full(self.n_actuators, -1, dtype=np.int64)
@@ -151,24 +156,95 @@ class InputScheduler:
         return None, self._k_of(stamp_ns)
 
     def add_observations(self, stamp_ns: int, values: Dict[str, float], now_ns: int) -> Optional[str]:
+        """Readings stamped stamp_ns: None if all are taken for their step, else why (not) all: the kind of
+        a refused stamp ('stale', ..., 'late' for a step already estimated: the node then tries to fuse
+        what is left in `values` into the window), or the kind of the readings dropped because their sensor
+        already has one for that step (removed from `values`; the others are taken):
+
+        * 'duplicate': the same stamp and value again (a republished message);
+        * 'conflicting': the same stamp, another value: neither can be told right, so while the step is
+          pending both are dropped (a publisher racing the sensor cannot put its value in), else the second;
+        * 'same_step': another stamp rounding to the same step (a sensor faster than the timestep): while
+          the step is pending the reading stamped nearest its time is kept, afterwards the first."""
         bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["observations"])
         if bad:
             return bad
+        if k < self.k_next - self.window:
+            return "too_old"
+        repeated = None
+        seen = self.obs_seen.get(k)
+        if seen is None:
+            self.obs_seen[k] = {name: (stamp_ns, v) for name, v in values.items()}
+        else:
+            pending = self.obs.get(k) if k >= self.k_next else None
+            t_k = self.t_of(k)
+            for name in list(values):
+                prev = seen.get(name)
+                v = values[name]
+                if prev is None:
+                    seen[name] = (stamp_ns, v)
+                    continue
+                if prev[0] == stamp_ns:
+                    kind = "duplicate" if prev[1] == v else "conflicting"
+                    if kind == "conflicting" and pending is not None:
+                        pending.pop(name, None)
+                        seen[name] = (stamp_ns, math.nan)    # (a third one conflicts as well)
+                else:
+                    kind = "same_step"
+                    if pending is not None and name in pending and abs(stamp_ns - t_k) < abs(prev[0] - t_k):
+                        seen[name] = (stamp_ns, v)     # nearer the step's time: this one is used instead
+                        pending[name] = v
+                repeated = repeated or kind
+                del values[name]
         if k < self.k_next:
-            return self._late_kind(k)
-        self.obs.setdefault(k, {}).update(values)
-        self.streams["observations"].note(k, stamp_ns, now_ns)
-        return None
+            return self._late_kind(k) if values else repeated
+        if values:
+            self.obs.setdefault(k, {}).update(values)
+            self.streams["observations"].note(k, stamp_ns, now_ns)
+        return repeated
 
     def add_efforts(self, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
+        """A command stamped stamp_ns: None if used, else why not (a refused stamp, 'late' / 'too_old',
+        or 'duplicate' / 'conflicting': every actuator it names already has a command of the same stamp,
+        with the same / another value).  Actuators it repeats are not applied again; on a conflict the
+        earlier command of that stamp is withdrawn too while it is pending (neither can be told right: the
+        held one goes on), else it stays."""
         bad, k = self._step_of_input(stamp_ns, now_ns, self.streams["efforts"])
         if bad:
             return bad
+        repeated = None
+        if k >= self.k_next - self.window:     # (older: `_late_efforts` tells a hold replaced from too_old)
+            vals = tau.tolist()
+            prev = self.command_seen.get(stamp_ns)
+            if prev is None:
+                self.command_seen[stamp_ns] = vals
+                if len(self.command_seen) > 4 * self.window + 64:      # only the window's stamps matter
+                    del self.command_seen[next(iter(self.command_seen))]
+            else:
+                for i, v in enumerate(vals):
+                    if v != v:
+                        continue
+                    if prev[i] != prev[i]:
+                        prev[i] = v               # an actuator this stamp had not named yet
+                        continue
+                    if prev[i] != v:
+                        repeated = "conflicting"
+                        prev[i] = math.inf            # (no finite command matches it: a third conflicts too)
+                        for _, st, pending_tau in self.pending_efforts:
+                            if st == stamp_ns:
+                                pending_tau[i] = math.nan
+                    elif repeated is None:
+                        repeated = "duplicate"
+                    vals[i] = math.nan
+                if repeated is not None:
+                    if all(v != v for v in vals):
+                        return repeated
+                    tau = np.array(vals)
         if k < self.k_next:
-            return self._late_efforts(k, stamp_ns, tau, now_ns)
+            return self._late_efforts(k, stamp_ns, tau, now_ns) or repeated
         self.pending_efforts.append((k, stamp_ns, tau))
         self.streams["efforts"].note(k, stamp_ns, now_ns)
-        return None
+        return repeated
 
     def _late_efforts(self, k: int, stamp_ns: int, tau: np.ndarray, now_ns: int) -> Optional[str]:
         """A command for step k that was already estimated.  A command is valid until replaced (zero-order
@@ -317,6 +393,7 @@ class InputScheduler:
         self.own_command = fresh
         self.started = True
         obs = self.obs.pop(k, None)
+        self.obs_seen.pop(k - self.window - 1, None)
         self.k_next = k + 1
         return k, efforts, (obs or None)
 
@@ -325,6 +402,8 @@ class InputScheduler:
         skipped = k - self.k_next
         for kk in [kk for kk in self.obs if kk < k]:
             del self.obs[kk]
+        for kk in [kk for kk in self.obs_seen if kk < k - self.window]:
+            del self.obs_seen[kk]
         keep = []
         for (ke, st, tau) in self.pending_efforts:
             if ke < k:

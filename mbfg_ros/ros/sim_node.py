@@ -49,6 +49,7 @@ from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import lifecycle
 from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
+from mbfg_ros.shown import shown
 
 NODE_NAME = "four_bar_sim"
 NS = rc.NS
@@ -157,7 +158,7 @@ class SimNode(Node):
             if p is not None:
                 if isinstance(p, (bool, str)) or (not isinstance(p, (int, float)) and not all(
                         isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)):
-                    raise ConfigError(f"parameter 'actuator.{f}' must be a number or a list of numbers (got {p!r})")
+                    raise ConfigError(f"parameter 'actuator.{f}' must be a number or a list of numbers (got {shown(repr(p))})")
                 actuator_values[f] = list(p) if not isinstance(p, (int, float)) else float(p)
 
         if self.publish_clock and self.get_parameter("use_sim_time").value:
