@@ -6,6 +6,7 @@
 # a workspace ws/ whose src/mbfg_ros is a copy of the tracked files of this checkout (a fresh clone: no compiled
 # kernel in the source).  Then: colcon build, colcon test, colcon test-result --verbose.  Exits non-zero when a
 # step or a test fails; a second run reuses the venv.  Python: JAZZY_PYTHON, else python3.12, else python3.
+# launch_testing is not on PyPI: without it the launch test skips (README, "The ROS 2 way").
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DIR [colcon test arguments...]" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,7 +14,12 @@ dir="$(mkdir -p "$1" && cd "$1" && pwd)"
 shift
 case "$dir/" in "$repo"/*) echo "error: $dir is inside the repository; colcon would find the package twice" >&2; exit 2;; esac
 
-python="${JAZZY_PYTHON:-$(command -v python3.12 >/dev/null 2>&1 && python3.12 -c '' 2>/dev/null && echo python3.12 || echo python3)}"
+python="${JAZZY_PYTHON:-}"
+if [ -z "$python" ]; then   # as the Makefile's test-jazzy: a working python3.12 (also a pyenv one), else python3
+  for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 python3; do
+    if "$candidate" -c '' >/dev/null 2>&1; then python="$candidate"; break; fi
+  done
+fi
 if [ ! -x "$dir/venv/bin/python" ]; then
   echo "creating $dir/venv with $("$python" --version 2>&1)"
   "$python" -m venv "$dir/venv"
