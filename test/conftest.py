@@ -1,9 +1,55 @@
-"""Fixtures shared by the test files: the shipped mechanisms most tests run on (loaded once per session;
-a Mechanism is immutable)."""
+"""Which mbfg_ros the tests import, and fixtures shared by the test files: the shipped mechanisms most tests run
+on (loaded once per session; a Mechanism is immutable).
+
+The package under test is the installed one where an install other than this source tree is on the path (a colcon
+workspace: `colcon test` runs pytest in the source folder, whose `mbfg_ros/` has no compiled kernel and would
+shadow the installed package, kernel included); else the source tree (an editable install, `make test`).  Node
+subprocesses started in the source folder (`python -m mbfg_ros...`, cwd the source tree) import the same package:
+PYTHONSAFEPATH keeps the working folder off their path (Python 3.11+).
+"""
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
-from mbfg_ros.model.mechanism import load_mechanism
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _path_entry(entry: str) -> Path:
+    return Path(entry or os.getcwd()).resolve()   # '' on sys.path is the working folder
+
+
+def installed_elsewhere() -> Optional[Path]:
+    """The sys.path folder of an mbfg_ros that is not this source tree's (a colcon or pip install), or None."""
+    for entry in sys.path:
+        folder = _path_entry(entry)
+        init = folder / "mbfg_ros" / "__init__.py"
+        # resolve(): a symlinked install (colcon --symlink-install) whose files are this source tree is the source
+        if folder != SOURCE_ROOT and init.is_file() and init.resolve().parents[1] != SOURCE_ROOT:
+            return folder
+    return None
+
+
+INSTALLED_PACKAGE_FOLDER = installed_elsewhere()
+if INSTALLED_PACKAGE_FOLDER is not None:
+    if "mbfg_ros" in sys.modules and Path(sys.modules["mbfg_ros"].__file__).resolve().parents[1] == SOURCE_ROOT:
+        raise RuntimeError(f"mbfg_ros was imported from the source tree {SOURCE_ROOT} before test/conftest.py "
+                           f"could put the installed copy in {INSTALLED_PACKAGE_FOLDER} first")
+    sys.path[:] = [entry for entry in sys.path if _path_entry(entry) != SOURCE_ROOT]
+    os.environ["PYTHONSAFEPATH"] = "1"
+
+from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402  (after the path is set)
+
+
+def pytest_report_header(config):
+    import mbfg_ros
+    from mbfg_ros import native
+    where = "installed copy" if INSTALLED_PACKAGE_FOLDER is not None else "source tree"
+    kernel = f"compiled from _kernel.c {native.SOURCE_SHA256}" if native.AVAILABLE else native.UNAVAILABLE_REASON
+    return [f"mbfg_ros under test: {Path(mbfg_ros.__file__).parent} ({where}); kernel: {kernel}"]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 
 from ros_helpers import CONFIG, REPO, Probe, RosProcess, estimator_process, fresh_domain_id, rclpy_available, wait_until
 from mbfg_ros.ros.demo import ros_env
-from mbfg_ros.ros.package_files import DISCOVERY_PROFILE, PROFILE_VARIABLE, config_file, discovery_profile_env
+from mbfg_ros.ros.package_files import DISCOVERY_PROFILE, PROFILE_VARIABLES, config_file, discovery_profile_env
 
 PROFILE = REPO / "config" / DISCOVERY_PROFILE
 NS = {"dds": "http://www.eprosima.com"}
@@ -50,13 +50,21 @@ def test_the_profile_is_the_default_participant_profile_with_a_quicker_announcem
 
 
 def test_the_environment_names_the_profile_unless_the_user_names_one(monkeypatch):
-    monkeypatch.delenv(PROFILE_VARIABLE, raising=False)
-    assert config_file(DISCOVERY_PROFILE) == PROFILE
-    assert discovery_profile_env({}) == {PROFILE_VARIABLE: str(PROFILE)}
-    assert ros_env(7)[PROFILE_VARIABLE] == str(PROFILE)
-    assert discovery_profile_env({PROFILE_VARIABLE: "/my/profile.xml"}) == {}
-    monkeypatch.setenv(PROFILE_VARIABLE, "/my/profile.xml")
-    assert ros_env(7)[PROFILE_VARIABLE] == "/my/profile.xml"
+    for name in PROFILE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    # the package's file: the source's, or its copy where the package under test is installed (colcon, pip)
+    package_profile = config_file(DISCOVERY_PROFILE)
+    assert package_profile.read_bytes() == PROFILE.read_bytes()
+    # both names: Fast DDS 3 (Kilted) reads the first only, Fast DDS 2 (Humble, Jazzy) the second only
+    assert PROFILE_VARIABLES == ("FASTDDS_DEFAULT_PROFILES_FILE", "FASTRTPS_DEFAULT_PROFILES_FILE")
+    assert discovery_profile_env({}) == {name: str(package_profile) for name in PROFILE_VARIABLES}
+    assert all(ros_env(7)[name] == str(package_profile) for name in PROFILE_VARIABLES)
+    for name in PROFILE_VARIABLES:
+        assert discovery_profile_env({name: "/my/profile.xml"}) == {}
+        monkeypatch.setenv(name, "/my/profile.xml")
+        assert ros_env(7)[name] == "/my/profile.xml"
+        assert all(name == other or other not in ros_env(7) for other in PROFILE_VARIABLES)
+        monkeypatch.delenv(name)
     with pytest.raises(FileNotFoundError, match="no_such_file.xml"):
         config_file("no_such_file.xml")
 
@@ -69,12 +77,13 @@ def test_the_launch_files_compile():
 
 @needs_ros
 def test_the_rmw_reads_the_file_the_variable_names(tmp_path):
-    """A broken copy of the profile is reported by Fast DDS: the variable reaches the RMW in these
-    processes, so the package's own file (next test) is parsed and loaded when no error is printed."""
+    """A broken copy of the profile is reported by Fast DDS: the environment the package sets reaches the RMW
+    of this ROS distribution (Fast DDS 2 or 3), so the package's own file (next test) is parsed and loaded when
+    no error is printed."""
     broken = tmp_path / "broken.xml"
     broken.write_text(PROFILE.read_text().replace("</rtps>", ""))
-    env = ros_env(fresh_domain_id())
-    env[PROFILE_VARIABLE] = str(broken)
+    env = {name: value for name, value in ros_env(fresh_domain_id()).items() if name not in PROFILE_VARIABLES}
+    env.update(discovery_profile_env(env, broken))
     code = ("import rclpy; rclpy.init(); node = rclpy.create_node('mbfg_profile_check'); "
             "node.destroy_node(); rclpy.shutdown(); print('participant created')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -85,7 +94,7 @@ def test_the_rmw_reads_the_file_the_variable_names(tmp_path):
 @needs_ros
 def test_an_estimator_started_with_the_profile_beside_the_running_plant_estimates(tmp_path):
     dom = fresh_domain_id()
-    with_profile = {PROFILE_VARIABLE: str(PROFILE)}
+    with_profile = discovery_profile_env({}, PROFILE)
     plant = RosProcess("mbfg_ros.ros.sim_node", ["--params-file", str(CONFIG), "-p", f"dt:={DT}",
                                                  "-p", "duration:=0.0"], dom, tmp_path / "plant.log", with_profile)
     probe = est = None

@@ -3,7 +3,9 @@ linearization, q̈ and Φ; a whole step's whitened linearization, right-hand sid
 every unit type it knows; whole estimator runs with and without it; the fallbacks (unknown units, singular
 dynamics) and the errors of wrong inputs."""
 
+import hashlib
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +31,15 @@ def test_the_kernel_is_built_where_required():
     if os.environ.get("MBFG_ROS_REQUIRE_NATIVE") == "1":
         assert native.AVAILABLE, native.UNAVAILABLE_REASON
         assert native.enabled()
+
+
+def test_the_kernel_is_compiled_from_this_source():
+    # setup.py compiles the SHA-256 of _kernel.c into the kernel: a kernel built from other sources (a stale
+    # build, an install of another checkout, a colcon workspace that tests what it did not install) fails here
+    source = Path(__file__).resolve().parents[1] / "mbfg_ros" / "native" / "_kernel.c"
+    assert native.SOURCE_SHA256 == hashlib.sha256(source.read_bytes()).hexdigest(), (
+        f"the kernel {native.module().__file__} was compiled from other sources than {source} "
+        f"(rebuild: make venv, pip install -e ., or colcon build)")
 
 
 def _python_context(mech):
@@ -264,7 +275,9 @@ def test_a_package_without_the_kernel_runs_on_numpy(tmp_path):
     import mbfg_ros
     src = Path(mbfg_ros.__file__).parent
     shutil.copytree(src, tmp_path / "mbfg_ros", ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    shutil.copytree(src.parent / "mechanisms", tmp_path / "mechanisms")
+    from mbfg_ros.share import share_folders
+    shipped = next(f for f in share_folders("mechanisms") if (f / "four_bar_crank.yaml").is_file())
+    shutil.copytree(shipped, tmp_path / "mechanisms")
     code = ("import numpy as np\n"
             "from mbfg_ros import native\n"
             "from mbfg_ros.estimation.config import EstimatorConfig\n"
@@ -280,4 +293,5 @@ def test_a_package_without_the_kernel_runs_on_numpy(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("False numpy (the C kernel mbfg_ros.native._kernel is not built"), out.stdout
+    assert out.stdout.startswith(f"False numpy (the C kernel mbfg_ros.native._kernel is not built in "
+                                 f"{tmp_path / 'mbfg_ros' / 'native'} "), out.stdout

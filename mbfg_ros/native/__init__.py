@@ -23,14 +23,16 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "ENVIRONMENT", "enabled", "describe", "module", "mechanism_kernel",
-           "unit_form", "step_kernel", "scaled_distance2"]
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "describe", "module",
+           "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
 
 if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
-    # not built (no C compiler or Python headers at install): the numpy forms do the work
+    # not built (no C compiler or Python headers at install): the numpy forms do the work.  The reason names the
+    # folder looked in: a source tree that shadows an installed package shows here as the source folder.
     _kernel = None
-    UNAVAILABLE_REASON = ("the C kernel mbfg_ros.native._kernel is not built (install the package where a C compiler "
-                          "and Python's headers are: build-essential, python3-dev)")
+    UNAVAILABLE_REASON = (f"the C kernel mbfg_ros.native._kernel is not built in {os.path.dirname(__file__)} "
+                          "(install the package where a C compiler and Python's headers are: build-essential, "
+                          "python3-dev)")
 else:
     try:
         from mbfg_ros.native import _kernel
@@ -39,6 +41,8 @@ else:
         _kernel = None
         UNAVAILABLE_REASON = f"the C kernel mbfg_ros.native._kernel does not load ({exc})"
 AVAILABLE = _kernel is not None
+# The SHA-256 of the `_kernel.c` the kernel was compiled from (setup.py passes it in), None where it is not built.
+SOURCE_SHA256: Optional[str] = getattr(_kernel, "SOURCE_SHA256", None)
 
 ENVIRONMENT = "MBFG_ROS_NATIVE"
 

@@ -1536,6 +1536,12 @@ static PyMethodDef module_methods[] = {
      "scaled_distance2(A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²."},
     {NULL, NULL, 0, NULL}};
 
+/* The SHA-256 of this file as setup.py read it when it compiled it ("unknown" in a build that did not say):
+   mbfg_ros.native.SOURCE_SHA256, checked against the sources by the tests. */
+#ifndef MBFG_KERNEL_SOURCE_SHA256
+#define MBFG_KERNEL_SOURCE_SHA256 "unknown"
+#endif
+
 static struct PyModuleDef kernel_module = {
     PyModuleDef_HEAD_INIT, "mbfg_ros.native._kernel",
     "The per-step numerics of mbfg_ros's fast path in C (see mbfg_ros.native).", -1, module_methods,
@@ -1558,7 +1564,8 @@ PyInit__kernel(void)
         PyModule_AddIntConstant(mod, "ENCODER", U_ENCODER) < 0 ||
         PyModule_AddIntConstant(mod, "OBSERVED", U_OBSERVED) < 0 ||
         PyModule_AddIntConstant(mod, "GYROSCOPE", U_GYROSCOPE) < 0 ||
-        PyModule_AddIntConstant(mod, "PRIOR", U_PRIOR) < 0) {
+        PyModule_AddIntConstant(mod, "PRIOR", U_PRIOR) < 0 ||
+        PyModule_AddStringConstant(mod, "SOURCE_SHA256", MBFG_KERNEL_SOURCE_SHA256) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

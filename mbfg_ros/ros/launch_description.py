@@ -6,8 +6,8 @@ the config file: forward_dynamics | estimation | fused), sim (true: also start t
 executable four_bar_sim, which owns /clock when use_sim_time is set).
 
 Both processes get the package's Fast DDS profile (share/mbfg_ros/config/fastdds_discovery.xml: quicker
-discovery of a node started beside running ones) through FASTDDS_DEFAULT_PROFILES_FILE, unless that
-variable is already set; an RMW other than Fast DDS ignores it.
+discovery of a node started beside running ones) through FASTDDS_DEFAULT_PROFILES_FILE (Fast DDS 3) and
+FASTRTPS_DEFAULT_PROFILES_FILE (Fast DDS 2: Humble, Jazzy), unless one is already set; other RMWs ignore them.
 
 Imports `launch` and `launch_ros` (a ROS 2 installation), so only launch files import this module.
 """

@@ -13,8 +13,11 @@ from typing import Dict, Mapping, Optional
 from mbfg_ros.share import share_folders
 
 # Fast DDS reads its default profile from the file this variable names (when the participant is created);
-# other RMWs ignore it.
+# other RMWs ignore it.  Fast DDS 3 (Kilted) reads FASTDDS_DEFAULT_PROFILES_FILE only, Fast DDS 2 (Humble, Jazzy)
+# FASTRTPS_DEFAULT_PROFILES_FILE only: the package sets both.
 PROFILE_VARIABLE = "FASTDDS_DEFAULT_PROFILES_FILE"
+PROFILE_VARIABLE_FAST_DDS_2 = "FASTRTPS_DEFAULT_PROFILES_FILE"
+PROFILE_VARIABLES = (PROFILE_VARIABLE, PROFILE_VARIABLE_FAST_DDS_2)
 DISCOVERY_PROFILE = "fastdds_discovery.xml"
 
 
@@ -30,8 +33,9 @@ def config_file(name: str) -> Path:
 
 def discovery_profile_env(env: Mapping[str, str], profile: Optional[Path] = None) -> Dict[str, str]:
     """What to add to the environment `env` of a node for the package's discovery profile
-    (config/fastdds_discovery.xml, or `profile`): {FASTDDS_DEFAULT_PROFILES_FILE: its path}, or nothing
-    if `env` already sets the variable (a user's own profile is kept, and this one not loaded at all)."""
-    if PROFILE_VARIABLE in env:
+    (config/fastdds_discovery.xml, or `profile`): both PROFILE_VARIABLES naming its path, or nothing if `env`
+    already sets one of them (a user's own profile is kept, and this one not loaded at all)."""
+    if any(name in env for name in PROFILE_VARIABLES):
         return {}
-    return {PROFILE_VARIABLE: str(profile or config_file(DISCOVERY_PROFILE))}
+    path = str(profile or config_file(DISCOVERY_PROFILE))
+    return {name: path for name in PROFILE_VARIABLES}
