@@ -18,6 +18,10 @@ import time
 # stamped before the imports below, which the start-up log then tells from the interpreter's own start
 IMPORTS_STARTED = time.monotonic()
 
+if __name__ == "__main__":   # `python -m mbfg_ros.ros.node`: a stop signal during the imports is a clean stop
+    from mbfg_ros.ros import stop_signals
+    stop_signals.install()
+
 import sys
 import threading
 import traceback

@@ -26,6 +26,10 @@ millisecond in Python.
 
 from __future__ import annotations
 
+if __name__ == "__main__":   # `python -m mbfg_ros.ros.sim_node`: a stop signal during the imports is a clean stop
+    from mbfg_ros.ros import stop_signals
+    stop_signals.install()
+
 import collections
 import math
 import sys
