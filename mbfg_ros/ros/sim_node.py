@@ -51,7 +51,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import lifecycle
-from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.model.mechanism import load_mechanism, resolve_mechanism_path
 from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 
 NODE_NAME = "four_bar_sim"
@@ -168,7 +168,10 @@ class SimNode(Node):
             self.get_logger().warning("publish_clock is true: this node is the clock source, ignoring use_sim_time")
             self.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, False)])
 
-        self.mech = load_mechanism(mech_name)
+        try:    # a bad file: one line naming the parameter and what is wrong (as the estimator says it)
+            self.mech = load_mechanism(resolve_mechanism_path(mech_name))
+        except Exception as e:  # MechanismError, AssemblyError (no pose), YAML errors
+            raise ConfigError(f"parameter 'mechanism' ('{mech_name}'): {e}") from None
         try:
             actuator = Actuator.from_values(self.mech, actuator_values,
                                             base=Actuator.IDEAL if ideal else Actuator.MISMATCH,
