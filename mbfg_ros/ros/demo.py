@@ -423,7 +423,8 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
         keep = ("mode", "solve_ms_mean", "solve_cpu_ms_mean", "solve_ms_max", "latency_ms_median", "latency_ms_p99",
                 "late_steps_percent", "input_delay_ms_median", "late_readings_fused", "rejected.late",
                 "rejected.too_old",
-                "predicted_steps", "solver_recoveries", "resets")
+                "predicted_steps", "solver_recoveries", "resets", "overruns", "rejected.stale", "inputs_behind",
+                "input.observations.behind_s")
         res["node_diagnostics"] = {k: d.get(k) for k in keep if k in d}
     return res
 

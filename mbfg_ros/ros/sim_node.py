@@ -50,7 +50,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from mbfg_ros.ros import conversions as rc
-from mbfg_ros.ros import lifecycle
+from mbfg_ros.ros import fastloop, lifecycle
 from mbfg_ros.model.mechanism import load_mechanism, resolve_mechanism_path
 from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 
@@ -142,6 +142,10 @@ class SimNode(Node):
         self.publish_effort_array = d("publish_effort_array", False, PD(
             description="Also publish commanded_effort_array (Float64MultiArray)")).value
         self.publish_truth = d("publish_truth", True, PD(description="Publish ~/truth and ~/truth_state")).value
+        self.thread_priority = d("thread_priority", 0, PD(
+            description="SCHED_FIFO priority of the publishing thread (0 = normal scheduling); at or above the "
+                        "estimator's thread_priority, so that a busy machine (or the estimator) cannot starve the "
+                        "plant", read_only=True, integer_range=[IntegerRange(from_value=0, to_value=99, step=1)])).value
         self.truth_decimation = d("truth_decimation", 1, PD(
             description="Publish the truth every N-th sample", read_only=True,
             integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
@@ -231,7 +235,22 @@ class SimNode(Node):
         return not self.n_total or self.n_filled < self.n_total
 
     def start(self):
+        # The plant stands for the physical world: it must keep its time grid whatever else runs.  Its
+        # publishing thread under SCHED_FIFO at thread_priority, and this (main) thread, which serves the
+        # parameters and shares the GIL with it, one below: a normal-priority thread holding the GIL while
+        # starved by other work would stall the real-time one.
+        if self.thread_priority > 0:
+            refused = fastloop.make_thread_realtime(max(1, self.thread_priority - 1), threading.get_native_id())
+            if refused:
+                self._priority_refused(refused)
         self._thread.start()
+
+    def _priority_refused(self, reason: str):
+        self.get_logger().warning(
+            f"thread_priority {self.thread_priority}: {reason}; the plant runs under normal scheduling and a busy "
+            "machine can make it fall behind (allow real-time priorities with CAP_SYS_NICE or an rtprio limit, "
+            "see docs/ros2_interfaces.md)")
+        self.thread_priority = 0
 
     def stop(self):
         self._stop.set()
@@ -239,6 +258,10 @@ class SimNode(Node):
             self._thread.join(2.0)
 
     def _run(self):
+        if self.thread_priority > 0:
+            refused = fastloop.make_thread_realtime(self.thread_priority, threading.get_native_id())
+            if refused:
+                self._priority_refused(refused)
         try:
             self._loop()
         except Exception as e:  # noqa: BLE001
