@@ -33,6 +33,8 @@ from rclpy.signals import SignalHandlerOptions
 from mbfg_ros.ros import stop_signals
 from mbfg_ros.ros.stop_signals import STOP_SIGNALS, StopRequest  # noqa: F401  (the nodes' names for them)
 
+from rclpy._rclpy_pybind11 import RCLError   # (rcl's failures: init, node creation)
+
 # Humble's rclpy has no ExternalShutdownException (another part of the process shut the context down)
 try:
     from rclpy.executors import ExternalShutdownException
@@ -123,7 +125,11 @@ def run_node(args, build: Callable[[StopRequest], object], config_errors: tuple,
     bad configuration, one of `config_errors`: one line `[name] error: ...` on stderr, exit code 2),
     served until a signal (or `done(node)()`), closed once; exit code 0, also when the signal came at any
     stage of the start-up."""
-    stop = init_ros(args)   # a stop signal from here on (or since the program's first line): exit code 0
+    try:
+        stop = init_ros(args)   # a stop signal from here on (or since the program's first line): exit code 0
+    except RCLError as e:       # e.g. ROS_SECURITY_* naming a keystore that is not there
+        print(f"[{name}] error: ROS 2 did not initialize: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     node = executor = None
     try:
         if stop.is_set():   # during the imports or rclpy's initialization: no node to build
@@ -134,6 +140,9 @@ def run_node(args, build: Callable[[StopRequest], object], config_errors: tuple,
             node = build(stop)
         except config_errors as e:
             print(f"[{name}] error: {e}", file=sys.stderr)
+            return 2
+        except RCLError as e:   # the middleware refused the node (e.g. security asked of a DDS built without it)
+            print(f"[{name}] error: ROS 2 could not create the node: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         if not stop.is_set():
             executor = rclpy.executors.SingleThreadedExecutor()

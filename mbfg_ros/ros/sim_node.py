@@ -236,11 +236,12 @@ class SimNode(Node):
 
     def start(self):
         # The plant stands for the physical world: it must keep its time grid whatever else runs.  Its
-        # publishing thread under SCHED_FIFO at thread_priority, and this (main) thread, which serves the
-        # parameters and shares the GIL with it, one below: a normal-priority thread holding the GIL while
-        # starved by other work would stall the real-time one.
+        # publishing thread runs under SCHED_FIFO at thread_priority, and so does this (main) thread, which
+        # serves the parameters and shares the GIL with it: the publishing thread, handing the GIL over, waits
+        # until this one has taken it, so this one must get a core as soon as it asks (at a lower priority a
+        # busy real-time thread elsewhere stalled the plant for 0.3 s; it sleeps in rcl_wait nearly always).
         if self.thread_priority > 0:
-            refused = fastloop.make_thread_realtime(max(1, self.thread_priority - 1), threading.get_native_id())
+            refused = fastloop.make_thread_realtime(self.thread_priority, threading.get_native_id())
             if refused:
                 self._priority_refused(refused)
         self._thread.start()
