@@ -22,18 +22,16 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
 import rclpy
 import rclpy.executors
+from rclpy._rclpy_pybind11 import RCLError   # rcl's failures (init, node creation)
 from rclpy.signals import SignalHandlerOptions
 
 from mbfg_ros.ros import stop_signals
 from mbfg_ros.ros.stop_signals import STOP_SIGNALS, StopRequest  # noqa: F401  (the nodes' names for them)
-
-from rclpy._rclpy_pybind11 import RCLError   # (rcl's failures: init, node creation)
 
 # Humble's rclpy has no ExternalShutdownException (another part of the process shut the context down)
 try:
