@@ -36,6 +36,20 @@ EXIT_TIMEOUT_S = 30.0        # generous: a loaded machine; a hung node fails the
 BAD_OUTPUT = ("Traceback", "Exception ignored")
 
 
+# A node started from a terminal has SIGHUP at its default action.  A test run started under `nohup` hands
+# its ignored SIGHUP on to the nodes, which rightly keep it ignored; the nodes are then started through
+# this wrapper, which puts the default action back before the node's interpreter starts.
+_SIGHUP_DEFAULT_THEN_RUN = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                            "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[1:]])")
+
+
+def _python_m(module: str) -> List[str]:
+    """The command that runs `python -m module` as a terminal would start it (see above)."""
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        return [sys.executable, "-c", _SIGHUP_DEFAULT_THEN_RUN, module]
+    return [sys.executable, "-m", module]
+
+
 def _in_group(pgid: int) -> dict:
     """Popen arguments that put the child into process group `pgid` (0: a new group led by the child) of
     this session (a group of another session cannot be joined)."""
@@ -62,12 +76,12 @@ class NodeGroup:
         self.procs = {}
         with open(self.logs["estimator"], "w") as f:
             self.procs["estimator"] = subprocess.Popen(
-                [sys.executable, "-m", "mbfg_ros.ros.node", *est_args], stdout=f, stderr=subprocess.STDOUT,
+                [*_python_m("mbfg_ros.ros.node"), *est_args], stdout=f, stderr=subprocess.STDOUT,
                 env=env, cwd=str(REPO), **_in_group(0))
         self.pgid = self.procs["estimator"].pid
         with open(self.logs["plant"], "w") as f:
             self.procs["plant"] = subprocess.Popen(
-                [sys.executable, "-m", "mbfg_ros.ros.sim_node", *plant_args], stdout=f, stderr=subprocess.STDOUT,
+                [*_python_m("mbfg_ros.ros.sim_node"), *plant_args], stdout=f, stderr=subprocess.STDOUT,
                 env=env, cwd=str(REPO), **_in_group(self.pgid))
 
     def signal_group(self, signals: List[int], spacing_s: float):
@@ -192,7 +206,7 @@ def _signal_during_startup(module: str, sig: int, delay_s: float, log: Path) -> 
     from mbfg_ros.ros.demo import ros_env
     wanted = sum(1 << (s - 1) for s in (INT, TERM, HUP))
     with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", module, "--ros-args", "--params-file", str(CONFIG),
+        p = subprocess.Popen([*_python_m(module), "--ros-args", "--params-file", str(CONFIG),
                               "-p", f"dt:={DT}"], stdout=f, stderr=subprocess.STDOUT,
                              env=ros_env(fresh_domain_id()), cwd=str(REPO), start_new_session=True)
     try:
