@@ -37,8 +37,8 @@ setup(
     entry_points={
         'console_scripts': [
             'mbfg = mbfg_ros.cli.commands:main',
-            'estimator = mbfg_ros.ros.node:main',
-            'four_bar_sim = mbfg_ros.ros.sim_node:main',
+            'estimator = mbfg_ros.ros.programs:estimator',
+            'four_bar_sim = mbfg_ros.ros.programs:four_bar_sim',
             'mbfg_demo = mbfg_ros.ros.demo:main',
         ],
     },

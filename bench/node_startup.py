@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import numpy as np
     from mbfg_ros.ros.demo import parse_params, ros_env, start_node_process, stop_process
-    from mbfg_ros.ros.package_files import PROFILE_VARIABLE
+    from mbfg_ros.ros.package_files import PROFILE_VARIABLE, plant_node_name
     params = parse_params(a.param, ap.error)
     domain_id = random.randint(1, 100)
     env = ros_env(domain_id)
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
 
     cfg = REPO / "config" / ("four_bar.yaml" if "four_bar" in a.mechanism else "pick_and_place.yaml")
     logs = Path(tempfile.mkdtemp(prefix="mbfg_startup_"))
-    plant = start_node_process("mbfg_ros.ros.sim_node", ["--params-file", str(cfg), "-p", f"mechanism:={a.mechanism}",
+    plant = start_node_process("mbfg_ros.ros.sim_node", ["-r", f"__node:={plant_node_name(cfg)}",
+                                                         "--params-file", str(cfg), "-p", f"mechanism:={a.mechanism}",
                                                          "-p", "duration:=0.0"],   # 0: runs until stopped
                                env, logs / "plant.log", cwd=REPO)
     rclpy.init()

@@ -263,3 +263,46 @@ def test_integrator_choices_are_the_estimators(capsys, command):
     rc, _, err = run([command, "four_bar_crank", "--integrator", "bogus", "-o", "x.csv"], capsys)
     assert rc == 2
     assert all(f"'{name}'" in err for name in INTEGRATORS), err
+
+
+# ---------------------------------------------------------------------------------- quoting users' files
+SECRET_LINES = [f"user{i}:x:{1000 + i}:{1000 + i}:{'k3y' * 12}{i}:/home/user{i}:/bin/bash" for i in range(5)]
+LONG = "S3CR3T" * 200
+
+
+def _shows_secret(text: str, width: int = 25) -> bool:
+    """Whether `text` quotes `width` or more consecutive characters of a SECRET_LINES line or of LONG."""
+    return any(line[j:j + width] in text for line in SECRET_LINES + [LONG[:60]]
+               for j in range(len(line) - width + 1))
+
+
+def test_errors_quote_a_users_file_only_in_short_excerpts(tmp_path, capsys):
+    """Every command's error about a file it reads (mechanism, CSV, parameter file) is one line and quotes
+    at most a short excerpt of the file: the wrong file (a password file), a megabyte-long name or cell."""
+    f = {"passwd": "\n".join(SECRET_LINES) + "\n", "long_col.csv": f"t,{LONG}\n0,1\n0.1,2\n",
+         "long_cell.csv": f"t,crank\n0,{LONG}\n0.1,2\n", "long_first.csv": f"{LONG}\n1\n",
+         "mech_key.yaml": f"name: x\n{LONG}: 1\n",
+         "params_key.yaml": f"mbfg_estimator:\n  ros__parameters:\n    {LONG}: 1\n",
+         "params_value.yaml": f"mbfg_estimator:\n  ros__parameters:\n    window: {LONG}\n",
+         "params_sigma.yaml": f"mbfg_estimator:\n  ros__parameters:\n    sigmas:\n      {LONG}: 1.0\n",
+         "params_node.yaml": f"{LONG}:\n  ros__parameters:\n    window: 1\n"}
+    for name, text in f.items():
+        (tmp_path / name).write_text(text)
+    good = tmp_path / "obs.csv"
+    write_csv(good, ["t", "crank"], [[0.001 * i, 0.0] for i in range(20)])
+    out = tmp_path / "out.csv"
+    runs = [["info", tmp_path / n] for n in ("passwd", "mech_key.yaml")]
+    for n in ("passwd", "long_col.csv", "long_cell.csv", "long_first.csv"):
+        p = tmp_path / n
+        runs += [["simulate", "four_bar_crank", "--duration", "0.01", "--torques", p, "--output", out],
+                 ["inverse-dynamics", "four_bar_crank", "--trajectory", p, "--output", out],
+                 ["estimate", "four_bar_crank", "--observations", p, "--output", out],
+                 ["tune", "four_bar_crank", "--observations", p, "--mode", "estimation", "--output", out]]
+    for n in ("passwd", "params_key.yaml", "params_value.yaml", "params_sigma.yaml", "params_node.yaml"):
+        runs.append(["estimate", "four_bar_crank", "--observations", good, "--params", tmp_path / n, "--output", out])
+    for argv in runs:
+        rc, _, err = run(argv, capsys)
+        what = " ".join(map(str, argv))
+        assert rc == 2, (what, err)
+        assert len(err.strip().splitlines()) == 1 and err.startswith("mbfg: error:"), (what, err)
+        assert not _shows_secret(err), (what, err)

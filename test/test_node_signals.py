@@ -3,7 +3,8 @@
 * Signals: the estimator (`python -m mbfg_ros.ros.node`) and the simulated plant (`python -m
   mbfg_ros.ros.sim_node`) run in ONE process group, as a terminal or `ros2 launch` holds them; the group is
   sent one, two or three SIGINTs at several spacings (a second Ctrl-C; launch's own SIGINT after the
-  terminal's), a SIGTERM, or signals while the nodes are still starting.  Both must exit 0 with neither a
+  terminal's), a SIGTERM, a SIGHUP, or signals while the nodes are still starting (each executable alone,
+  a signal every 50 ms of its start-up).  Both must exit 0 with neither a
   traceback nor "Exception ignored" in their output.
 * Memory: the plant's publish-lateness statistics do not grow with the samples; both processes' resident
   memory stays flat over a short run (`bench/soak.py` runs the long one).
@@ -35,6 +36,20 @@ EXIT_TIMEOUT_S = 30.0        # generous: a loaded machine; a hung node fails the
 BAD_OUTPUT = ("Traceback", "Exception ignored")
 
 
+# A node started from a terminal has SIGHUP at its default action.  A test run started under `nohup` hands
+# its ignored SIGHUP on to the nodes, which rightly keep it ignored; the nodes are then started through
+# this wrapper, which puts the default action back before the node's interpreter starts.
+_SIGHUP_DEFAULT_THEN_RUN = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                            "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[1:]])")
+
+
+def _python_m(module: str) -> List[str]:
+    """The command that runs `python -m module` as a terminal would start it (see above)."""
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        return [sys.executable, "-c", _SIGHUP_DEFAULT_THEN_RUN, module]
+    return [sys.executable, "-m", module]
+
+
 def _in_group(pgid: int) -> dict:
     """Popen arguments that put the child into process group `pgid` (0: a new group led by the child) of
     this session (a group of another session cannot be joined)."""
@@ -64,12 +79,12 @@ class NodeGroup:
         self.procs = {}
         with open(self.logs["estimator"], "w") as f:
             self.procs["estimator"] = subprocess.Popen(
-                [sys.executable, "-m", "mbfg_ros.ros.node", *est_args], stdout=f, stderr=subprocess.STDOUT,
+                [*_python_m("mbfg_ros.ros.node"), *est_args], stdout=f, stderr=subprocess.STDOUT,
                 env=env, cwd=str(REPO), **_in_group(0))
         self.pgid = self.procs["estimator"].pid
         with open(self.logs["plant"], "w") as f:
             self.procs["plant"] = subprocess.Popen(
-                [sys.executable, "-m", "mbfg_ros.ros.sim_node", *plant_args], stdout=f, stderr=subprocess.STDOUT,
+                [*_python_m("mbfg_ros.ros.sim_node"), *plant_args], stdout=f, stderr=subprocess.STDOUT,
                 env=env, cwd=str(REPO), **_in_group(self.pgid))
 
     def signal_group(self, signals: List[int], spacing_s: float):
@@ -149,14 +164,14 @@ def _run_and_signal(group_factory, signals: List[int], spacing_s: float, during_
     _check_clean_exit(group, codes, what)
 
 
-INT, TERM = signal.SIGINT, signal.SIGTERM
+INT, TERM, HUP = signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 
 
 @pytest.mark.parametrize("signals,spacing_s", [
     ([INT], 0.0),
     ([INT, INT], 0.0), ([INT, INT], 0.01), ([INT, INT], 0.05), ([INT, INT], 0.1), ([INT, INT], 0.15),
     ([INT, INT, INT], 0.002), ([INT, INT, INT], 0.05),
-    ([TERM], 0.0), ([INT, TERM], 0.05),
+    ([TERM], 0.0), ([INT, TERM], 0.05), ([HUP], 0.0), ([HUP, INT], 0.01),
 ], ids=lambda v: "+".join(signal.Signals(s).name for s in v) if isinstance(v, list) else f"{v * 1e3:g}ms")
 def test_signals_while_running(group_factory, signals, spacing_s):
     _run_and_signal(group_factory, signals, spacing_s, during_startup=False)
@@ -166,6 +181,79 @@ def test_signals_while_running(group_factory, signals, spacing_s):
                          ids=["SIGINT", "SIGINTx3-20ms", "SIGTERM+SIGINT"])
 def test_signals_during_startup(group_factory, signals, spacing_s):
     _run_and_signal(group_factory, signals, spacing_s, during_startup=True)
+
+
+# A signal at any moment of the start-up, for each executable: from the moment the process has taken the
+# stop signals over (its first line of package code: `stop_signals`; before it, only the interpreter's
+# own start, whose defaults the package cannot change) through the imports, rclpy's initialization, the
+# node's construction and its first seconds, every STARTUP_STEP_S.  The signal kinds take turns.
+STARTUP_SPAN_S, STARTUP_STEP_S = 1.5, 0.05
+STARTUP_WORKERS = 3          # processes at once (each mostly waits on its imports)
+
+
+def _caught_signals(pid: int) -> int:
+    """The mask of signals process `pid` has handlers for (SigCgt in /proc/<pid>/status), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _signal_during_startup(module: str, sig: int, delay_s: float, log: Path) -> tuple:
+    """Start `python -m module`, wait until it handles all stop signals, send `sig` `delay_s` later:
+    (exit code or None if it hung, its output)."""
+    from mbfg_ros.ros.demo import ros_env
+    wanted = sum(1 << (s - 1) for s in (INT, TERM, HUP))
+    with open(log, "w") as f:
+        p = subprocess.Popen([*_python_m(module), "--ros-args", "--params-file", str(CONFIG),
+                              "-p", f"dt:={DT}"], stdout=f, stderr=subprocess.STDOUT,
+                             env=ros_env(fresh_domain_id()), cwd=str(REPO), start_new_session=True)
+    try:
+        assert wait_until(lambda: _caught_signals(p.pid) & wanted == wanted or p.poll() is not None, 60, 0.001)
+        time.sleep(delay_s)
+        p.send_signal(sig)
+        try:
+            code = p.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+    return code, log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("module", ["mbfg_ros.ros.node", "mbfg_ros.ros.sim_node"], ids=["estimator", "plant"])
+def test_a_signal_at_any_moment_of_start_up_exits_0(tmp_path, module):
+    from concurrent.futures import ThreadPoolExecutor
+    kinds = (INT, TERM, HUP)
+    runs = [(i * STARTUP_STEP_S, kinds[i % len(kinds)]) for i in range(int(round(STARTUP_SPAN_S / STARTUP_STEP_S)) + 1)]
+    with ThreadPoolExecutor(STARTUP_WORKERS) as pool:
+        results = list(pool.map(lambda r: _signal_during_startup(module, r[1], r[0], tmp_path / f"{r[0]:.2f}.log"),
+                                runs))
+    failures = []
+    for (delay, sig), (code, out) in zip(runs, results):
+        name = signal.Signals(sig).name
+        if code != 0 or f"stopping ({name}" not in out or any(bad in out for bad in BAD_OUTPUT):
+            failures.append(f"{name} {delay:.2f} s after its handlers: exit {code}\n{out[-1500:]}")
+    assert not failures, f"{len(failures)} of {len(runs)} runs:\n" + "\n".join(failures)
+
+
+def test_sighup_stays_ignored_under_nohup():
+    """A process started with SIGHUP ignored (`nohup`) keeps it ignored: it must outlive its terminal."""
+    code = ("import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+            "from mbfg_ros.ros import stop_signals\n"
+            "stop = stop_signals.install()\n"
+            "assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN\n"
+            "assert signal.SIGHUP not in stop.handled and signal.SIGTERM in stop.handled\n"
+            "import os; os.kill(os.getpid(), signal.SIGHUP); assert not stop.is_set()\n"
+            "os.kill(os.getpid(), signal.SIGTERM); assert stop.is_set() and stop.reason() == 'SIGTERM'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+    assert p.returncode == 0, p.stderr
 
 
 # ------------------------------------------------------------------------------------------------ memory

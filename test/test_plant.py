@@ -86,3 +86,41 @@ def test_sim_node_refuses_bad_actuator_parameters(args, message):
                        capture_output=True, text=True, timeout=60, cwd=str(repo))
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert message in p.stderr and p.stderr.strip().startswith("[four_bar_sim] error:"), p.stderr
+
+
+SECRET_LINES = [f"user{i}:x:{1000 + i}:{1000 + i}:{'k3y' * 12}{i}:/home/user{i}:/bin/bash" for i in range(5)]
+
+
+def _shows_secret(text: str, width: int = 25) -> bool:
+    """Whether `text` quotes `width` or more consecutive characters of any SECRET_LINES line."""
+    return any(line[j:j + width] in text for line in SECRET_LINES for j in range(len(line) - width + 1))
+
+
+@pytest.mark.parametrize("module,name", [("mbfg_ros.ros.sim_node", "four_bar_sim"),
+                                         ("mbfg_ros.ros.node", "mbfg_estimator")])
+@pytest.mark.parametrize("content,message", [
+    ("\n".join(SECRET_LINES) + "\n", "is this a mechanism file?"),    # the wrong file: never quoted
+    ("name: [broken\n", "YAML syntax error"),
+    (None, "mechanism file not found"),
+], ids=["not-a-mechanism", "yaml-syntax", "missing"])
+def test_both_nodes_report_a_bad_mechanism_file_in_one_line(tmp_path, module, name, content, message):
+    """Both executables stop at start-up on a bad mechanism file with exit code 2 and one line that names
+    the parameter and the problem (no traceback), quoting none of the file's lines."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("rclpy", reason="the nodes need rclpy")
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    path = tmp_path / "mechanism.yaml"
+    if content is not None:
+        path.write_text(content)
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1", ROS_DOMAIN_ID="97")
+    p = subprocess.run([sys.executable, "-m", module, "--ros-args", "-p", f"mechanism:={path}"], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=str(repo))
+    err = p.stderr.strip()
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert len(err.splitlines()) == 1 and err.startswith(f"[{name}] error: parameter 'mechanism'"), err
+    assert message in err and "Traceback" not in p.stdout + p.stderr, err
+    assert not _shows_secret(p.stdout + p.stderr), err

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mbfg_ros.cli import csvio
+from mbfg_ros.excerpt import excerpt, excerpts
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
@@ -163,11 +164,11 @@ def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
             names.append(joint)
         else:
             raise CsvError(f"{path}: no column for actuator '{joint}' (expected '{joint}' or 'tau_{joint}'; "
-                           f"columns: {', '.join(table.columns)})")
+                           f"columns: {excerpts(table.columns)})")
     known = set(csvio.state_header(mech.coordinate_names, mech.actuator_names)) | set(mech.actuator_names)
     unknown = [c for c in table.columns if c not in known]
     if unknown:
-        raise CsvError(f"{path}: unknown column(s) {', '.join(unknown)} "
+        raise CsvError(f"{path}: unknown column(s) {excerpts(unknown)} "
                        f"(actuators: {', '.join(mech.actuator_names) or 'none'})")
     limits = InputLimits(mech)
     for k, name in enumerate(names):        # the actuators' effort_limit, as the node's
@@ -287,7 +288,7 @@ def trajectory_from_csv(mech, path):
     known = set(csvio.state_header(mech.coordinate_names, mech.actuator_names))
     unknown = [c for c in table.columns if c not in known]
     if unknown:
-        raise CsvError(f"{path}: unknown column(s) {', '.join(unknown)} "
+        raise CsvError(f"{path}: unknown column(s) {excerpts(unknown)} "
                        f"(expected the actuated coordinates: {', '.join(act)})")
     if missing:
         raise CsvError(f"{path}: missing column(s) for the actuated coordinate(s) {', '.join(missing)}")
@@ -337,12 +338,12 @@ def _params_from_file(args, mech) -> dict:
     estimate_modes = tuple(m for m in MODES if m != "forward_dynamics")
     if "mode" in values and values["mode"] not in estimate_modes:
         raise UserError(f"{where}.mode must be one of {', '.join(estimate_modes)} for mbfg estimate "
-                        f"(got {values['mode']!r})")
+                        f"(got {excerpt(repr(values['mode']))})")
     if "integrator" in values and values["integrator"] not in INTEGRATORS:
-        raise UserError(f"{where}.integrator must be one of {', '.join(INTEGRATORS)} (got {values['integrator']!r})")
+        raise UserError(f"{where}.integrator must be one of {', '.join(INTEGRATORS)} (got {excerpt(repr(values['integrator']))})")
     if "window" in values and (isinstance(values["window"], bool) or not isinstance(values["window"], int)
                                or values["window"] < 1):
-        raise UserError(f"{where}.window must be an integer ≥ 1 (got {values['window']!r})")
+        raise UserError(f"{where}.window must be an integer ≥ 1 (got {excerpt(repr(values['window']))})")
     return values
 
 
@@ -635,6 +636,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the longest error line: each piece of a user's file in a message is an `excerpt` already, this bounds the rest
+MESSAGE_CHARS = 600
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
@@ -646,7 +651,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except (UserError, MechanismError, CsvError, AssemblyError, TuningError) as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {excerpt(exc, MESSAGE_CHARS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

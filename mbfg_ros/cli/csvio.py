@@ -16,6 +16,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros.excerpt import excerpt, excerpts
 from mbfg_ros.model.plausibility import InputLimits, Problem
 
 __all__ = ["CsvError", "Table", "read_table", "write_table", "state_header", "state_rows",
@@ -55,18 +56,18 @@ def read_table(path, allow_empty: bool = False) -> Table:
     except OSError as exc:
         raise CsvError(f"{source}: cannot read file: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, csv.Error) as exc:
-        raise CsvError(f"{source}: not a readable CSV file ({exc})") from None
+        raise CsvError(f"{source}: not a readable CSV file ({excerpt(exc, 120)})") from None
     lines = [row for row in lines if any(cell.strip() for cell in row)]
     if not lines:
         raise CsvError(f"{source}: the file is empty (expected a header row starting with 't')")
     header = [h.strip() for h in lines[0]]
     if not header or header[0] != "t":
-        raise CsvError(f"{source}: the first column of the header must be 't' (got '{header[0] if header else ''}')")
+        raise CsvError(f"{source}: the first column of the header must be 't' (got '{excerpt(header[0]) if header else ''}')")
     if any(not h for h in header):
         raise CsvError(f"{source}: header has an empty column name (column {header.index('') + 1})")
     dup = sorted({h for h in header if header.count(h) > 1})
     if dup:
-        raise CsvError(f"{source}: duplicate column(s) in the header: {', '.join(dup)}")
+        raise CsvError(f"{source}: duplicate column(s) in the header: {excerpts(dup)}")
     rows = lines[1:]
     if not rows:
         raise CsvError(f"{source}: no data rows after the header")
@@ -79,15 +80,15 @@ def read_table(path, allow_empty: bool = False) -> Table:
             cell = cell.strip()
             if not cell:
                 if j == 0 or not allow_empty:
-                    raise CsvError(f"{source}: row {line_no}, column '{header[j]}': empty cell")
+                    raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': empty cell")
                 data[i, j] = math.nan
                 continue
             try:
                 x = float(cell)
             except ValueError:
-                raise CsvError(f"{source}: row {line_no}, column '{header[j]}': not a number: '{cell}'") from None
+                raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': not a number: '{excerpt(cell)}'") from None
             if not math.isfinite(x):
-                raise CsvError(f"{source}: row {line_no}, column '{header[j]}': not a finite number: '{cell}'")
+                raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': not a finite number: '{excerpt(cell)}'")
             data[i, j] = x
     t = data[:, 0].copy()
     if len(t) > 1 and np.any(np.diff(t) <= 0):
@@ -116,7 +117,7 @@ def interpolate(table: Table, names: Sequence[str], t: np.ndarray) -> np.ndarray
         y = table.column(name)
         ok = np.isfinite(y)
         if not ok.any():
-            raise CsvError(f"{table.source}: column '{name}' has no values")
+            raise CsvError(f"{table.source}: column '{excerpt(name)}' has no values")
         out[:, j] = np.interp(t, table.t[ok], y[ok])
     return out
 
@@ -154,7 +155,7 @@ def sensor_columns(table: Table, limits: InputLimits) -> Dict[str, np.ndarray]:
     sensor_names = limits.sensor_names
     unknown = [c for c in table.columns if c not in sensor_names]
     if unknown:
-        raise CsvError(f"{table.source}: unknown sensor column(s) {', '.join(unknown)} "
+        raise CsvError(f"{table.source}: unknown sensor column(s) {excerpts(unknown)} "
                        f"(sensors: {', '.join(sensor_names) or 'none'})")
     for c in table.columns:
         check_cells(table, c, lambda value, name=c: limits.reading_problem(name, value))
@@ -169,5 +170,5 @@ def check_cells(table: Table, column: str, check: Callable[[float], Optional[Pro
             problem = check(value)
             if problem is not None:
                 kind, detail = problem
-                raise CsvError(f"{table.source}: row {i + 2}, column '{column}': {kind.replace('_', ' ')}: {detail}")
+                raise CsvError(f"{table.source}: row {i + 2}, column '{excerpt(column)}': {kind.replace('_', ' ')}: {detail}")
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 import yaml
 
+from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
 from mbfg_ros.model.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
                    GyroscopeSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
@@ -227,12 +228,15 @@ class _Builder:
 
     def map_(self, value: Any, path: str, allowed: Sequence[str], required: Sequence[str] = ()) -> Dict[str, Any]:
         if not isinstance(value, dict):
-            self.fail(path, f"expected a map with keys {', '.join(allowed)}; got {_type_name(value)} {_show(value)}")
+            # the whole file is not a map (the wrong file, e.g. a password file): never quote it
+            got = (f"{_type_name(value)} {_show(value)}" if path != "(document)" else
+                   f"{_type_name(value)} ({len(str(value))} characters): is this a mechanism file?")
+            self.fail(path, f"expected a map with keys {', '.join(allowed)}; got {got}")
         for key in value:
             if not isinstance(key, str):
                 self.fail(path, f"key {_show(key)} is not a string (allowed keys: {', '.join(allowed)})")
             if key not in allowed:
-                self.fail(self.sub(path, key), f"unknown key '{key}' (allowed keys: {', '.join(allowed)})")
+                self.fail(self.sub(path, key), f"unknown key '{excerpt(key)}' (allowed keys: {', '.join(allowed)})")
         for key in required:
             if key not in value:
                 self.fail(path, f"missing required key '{key}'")
@@ -242,6 +246,7 @@ class _Builder:
     def sub(path: str, key: str) -> str:
         if not _IDENTIFIER.match(key):
             key = repr(key)
+        key = excerpt(key)      # a key from the file: its start is enough to find it (never a whole line)
         return key if path in ("", "(document)") else f"{path}.{key}"
 
     def list_(self, value: Any, path: str, what: str, min_len: int = 0, exact: Optional[int] = None) -> list:

@@ -39,7 +39,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from mbfg_ros.ros.package_files import config_file, discovery_profile_env
+from mbfg_ros.ros.package_files import DEFAULT_PLANT_NODE, config_file, discovery_profile_env, plant_node_name
 from mbfg_ros.share import PKG_ROOT
 
 NS = 1_000_000_000
@@ -70,7 +70,7 @@ def _cpu_seconds(pid: int) -> float:
 class _Recorder:
     """In-process probe: estimator ~/state, the plant's ~/truth_state and commanded_effort, /diagnostics."""
 
-    def __init__(self, domain_id: int):
+    def __init__(self, domain_id: int, plant_node: str = DEFAULT_PLANT_NODE):
         os.environ.update(ros_env(domain_id))
         import rclpy
         from rclpy.context import Context
@@ -114,7 +114,7 @@ class _Recorder:
 
         subs = [(self.node.create_subscription(JointTrajectory, "/mbfg_estimator/state", on_state, qos,
                                                callback_group=grp, raw=True), on_state, True),
-                (self.node.create_subscription(JointTrajectory, "/four_bar_sim/truth_state", on_truth, qos,
+                (self.node.create_subscription(JointTrajectory, f"/{plant_node}/truth_state", on_truth, qos,
                                                callback_group=grp), on_truth),
                 (self.node.create_subscription(JointState, "/commanded_effort", on_command, qos,
                                                callback_group=grp, raw=True), on_command),
@@ -258,7 +258,9 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
     logs = Path(log_dir or tempfile.mkdtemp(prefix="mbfg_demo_"))
     logs.mkdir(parents=True, exist_ok=True)
     est_args = ["--params-file", str(cfg), "-p", f"mechanism:={mechanism}", "-p", "diagnostics_period:=0.5"]
-    sim_args = ["--params-file", str(cfg), "-p", f"mechanism:={mechanism}", "-p", f"duration:={duration}",
+    plant_node = plant_node_name(cfg)   # named as the parameter file's section for the plant
+    sim_args = ["-r", f"__node:={plant_node}", "--params-file", str(cfg), "-p", f"mechanism:={mechanism}",
+                "-p", f"duration:={duration}",
                 "-p", "wait_for_subscribers:=1", "-p", "wait_for_truth_subscribers:=1",
                 "-p", f"truth_decimation:={TRUTH_DECIMATION}"]
     if mode:
@@ -272,7 +274,7 @@ def run_with_plant(estimator_module: str, duration: float, mechanism: str, *, co
         est_args += ["-p", f"{k}:={v}"]
     say = print if verbose else (lambda *a, **k: None)
     say(f"[demo] ROS_DOMAIN_ID={domain_id}; logs in {logs}")
-    rec = _Recorder(domain_id)
+    rec = _Recorder(domain_id, plant_node)
     est = start_node_process(estimator_module, est_args, {**env, **(estimator_env or {})}, logs / "estimator.log")
     sim = None
     try:
@@ -421,7 +423,8 @@ def _analyse(rec, mech, cfg, dt, duration) -> Dict[str, object]:
         keep = ("mode", "solve_ms_mean", "solve_cpu_ms_mean", "solve_ms_max", "latency_ms_median", "latency_ms_p99",
                 "late_steps_percent", "input_delay_ms_median", "late_readings_fused", "rejected.late",
                 "rejected.too_old",
-                "predicted_steps", "solver_recoveries", "resets")
+                "predicted_steps", "solver_recoveries", "resets", "overruns", "rejected.stale", "inputs_behind",
+                "input.observations.behind_s")
         res["node_diagnostics"] = {k: d.get(k) for k in keep if k in d}
     return res
 

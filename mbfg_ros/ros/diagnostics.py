@@ -31,7 +31,7 @@ REJECT_KINDS = {
     "bad_stamp": "zero or negative header stamp",
     "no_clock": "node clock not valid yet (use_sim_time without /clock)",
     "future": "stamp later than node clock + future_tolerance",
-    "stale": "stamp older than node clock - max_input_age (clock mismatch? play bags with --clock)",
+    "stale": "stamp older than node clock - max_input_age",
     "before_reset": "stamp before the last reset",
     "late": "input of a step already estimated that could not be used: a reading outside the innovation "
             "gate (or whose step left the window meanwhile), or a command older than the ones its steps used",
@@ -45,8 +45,22 @@ REJECT_KINDS = {
 EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "turn_recoveries", "solver_failures",
           "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
-          "late_steps")
+          "late_steps", "inputs_behind")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
+
+
+def clock_hint(lag_ns: int, use_sim_time: bool) -> str:
+    """Which clock is behind, for inputs stamped `lag_ns` behind (> 0) or ahead of (< 0) the node clock:
+    the recording hint only for a node on /clock (a live publisher that falls behind is not a bag)."""
+    if lag_ns >= 0:
+        if use_sim_time:
+            return ("the inputs' stamps are behind /clock (use_sim_time): play a recording with --clock, and let "
+                    "one source publish /clock")
+        return ("the inputs' publisher is behind this node's wall clock: starved of CPU or overloaded (give it a "
+                "real-time priority, see docs/ros2_interfaces.md), or its machine's clock is not synchronized")
+    if use_sim_time:
+        return "the inputs' stamps are ahead of /clock (use_sim_time): another /clock source, or a recording played without --clock"
+    return "the inputs' publisher's clock is ahead of this node's wall clock: clocks of two machines not synchronized"
 
 
 def new_period_stats() -> dict:
@@ -80,19 +94,23 @@ class Diagnostics:
                                        if s.kind == "encoder" and s.coordinate >= mech.n_point_coordinates)
         self._log_times: Dict[str, float] = {}
 
-    def warn_kind(self, kind: str, detail: str):
-        """Log the first occurrence of each kind, then at most every WARN_EVERY_S with the running count."""
+    def warn_kind(self, kind: str, detail):
+        """Log the first occurrence of each kind, then at most every WARN_EVERY_S with the running count
+        (`detail`: a text, or a function that makes it, called only when the line is logged)."""
         now = time.monotonic()
         last = self._log_times.get(kind)
         if last is None or now - last > WARN_EVERY_S:
             self._log_times[kind] = now
             n = self.counters.get(kind, self.events.get(kind, 0))
             # details quote outside strings (each already cut by `shown`): the line is bounded as a whole too
-            self.logger.warning(f"{kind} ({n} so far): {shown(detail, MAX_LINE)}")
+            self.logger.warning(f"{kind} ({n} so far): {shown(detail() if callable(detail) else detail, MAX_LINE)}")
 
-    def reject(self, kind: str, detail: str):
+    def reject(self, kind: str, detail):
         self.counters[kind] = self.counters.get(kind, 0) + 1
-        self.warn_kind(kind, f"{REJECT_KINDS.get(kind, kind)}: {detail}" if kind in REJECT_KINDS else detail)
+        if kind in REJECT_KINDS:
+            self.warn_kind(kind, lambda: f"{REJECT_KINDS[kind]}: {detail() if callable(detail) else detail}")
+        else:
+            self.warn_kind(kind, detail)
 
     def reject_all(self, problems):
         """(kind, detail) problems of one input."""
@@ -101,7 +119,7 @@ class Diagnostics:
 
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
-                 fitted_effort_density: Optional[float] = None):
+                 fitted_effort_density: Optional[float] = None, use_sim_time: bool = False):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes."""
         ps = self.period_stats
@@ -147,8 +165,15 @@ class Diagnostics:
                         f"(max_input_delay {settings.max_input_delay * 1e3:g} ms): missing inputs are waited for "
                         f"{wait / 1e6:.3g} ms")
         kv["clock"] = now / NS
+        behind = []
         for name, s in sched.streams.items():
             kv[f"input.{name}.received"] = s.total
+            if s.arrival_lag_ns is not None:
+                # how far the newest input (admitted or refused) was stamped behind the node clock on arrival
+                kv[f"input.{name}.behind_s"] = s.arrival_lag_ns / NS
+                recent = now - s.arrived_ns <= max(settings.sensor_timeout, 2 * settings.diagnostics_period) * NS
+                if name in expected and recent and s.arrival_lag_ns > settings.sensor_timeout * NS:
+                    behind.append((name, s.arrival_lag_ns))
             if s.last_stamp_ns is not None:
                 kv[f"input.{name}.last_stamp"] = s.last_stamp_ns / NS
             age = (now - s.last_rx_ns) / NS if s.last_rx_ns is not None else float("inf")
@@ -157,6 +182,19 @@ class Diagnostics:
                 level = max(level, DiagnosticStatus.WARN)
                 msgs.append(f"no {name} for {age:.3g} s (sensor_timeout {settings.sensor_timeout} s)"
                             if math.isfinite(age) else f"no {name} received yet")
+        if behind:
+            # inputs keep coming but not on time (older than sensor_timeout on arrival): as good as missing,
+            # and beyond max_input_age refused as stale.  Said once per report, logged at most every WARN_EVERY_S
+            self.events["inputs_behind"] += 1
+            level = max(level, DiagnosticStatus.WARN)
+            worst = max(lag for _, lag in behind)
+            text = (f"inputs arrive late: {', '.join(f'{n} {lag / NS:.3g} s' for n, lag in behind)} behind the node "
+                    f"clock (sensor_timeout {settings.sensor_timeout:g} s"
+                    + (f"; older than max_input_age {settings.max_input_age:g} s: dropped as stale"
+                       if worst > settings.max_input_age * NS else "")
+                    + f"): {clock_hint(worst, use_sim_time)}")
+            msgs.insert(0, text)
+            self.warn_kind("inputs_behind", text)
         if state == "waiting" and now > 0:
             msgs.append("waiting for the first input")
         if self.events["solver_failures"] and self.last_error:

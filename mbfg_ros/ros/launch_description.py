@@ -3,7 +3,8 @@
 Arguments: use_sim_time (false), config (a parameter file; default share/mbfg_ros/config/<config_file>),
 mechanism (a path, or a name in share/mbfg_ros/mechanisms; default <mechanism_file>), mode ('' = as in
 the config file: forward_dynamics | estimation | fused), sim (true: also start the simulated plant,
-executable four_bar_sim, which owns /clock when use_sim_time is set).
+executable four_bar_sim, which owns /clock when use_sim_time is set; its node is named for the mechanism
+as the parameter file's section for it: `four_bar_sim`, `pick_and_place_sim`).
 
 Both processes get the package's Fast DDS profile (share/mbfg_ros/config/fastdds_discovery.xml: quicker
 discovery of a node started beside running ones) through FASTDDS_DEFAULT_PROFILES_FILE (Fast DDS 3) and
@@ -21,7 +22,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from mbfg_ros.ros.package_files import DISCOVERY_PROFILE, discovery_profile_env
+from mbfg_ros.ros.package_files import DISCOVERY_PROFILE, discovery_profile_env, plant_node_name
 
 
 def _truthy(text) -> bool:
@@ -42,8 +43,10 @@ def _nodes(context, *args, **kwargs):
     nodes = [Node(package="mbfg_ros", executable="estimator", name="mbfg_estimator", output="screen",
                   emulate_tty=True, parameters=[cfg, overrides], additional_env=dds_env)]
     if _truthy(LaunchConfiguration("sim").perform(context)):
-        # The plant is the clock source when use_sim_time is set; it never runs on sim time itself.
-        nodes.append(Node(package="mbfg_ros", executable="four_bar_sim", name="four_bar_sim", output="screen",
+        # The plant is the clock source when use_sim_time is set; it never runs on sim time itself.  Its node is
+        # named for the mechanism, as the parameter file's section for it (four_bar_sim, pick_and_place_sim)
+        nodes.append(Node(package="mbfg_ros", executable="four_bar_sim", name=plant_node_name(Path(cfg)),
+                          output="screen",
                           emulate_tty=True, additional_env=dds_env,
                           parameters=[cfg, {"mechanism": mech, "publish_clock": sim_time, "use_sim_time": False}]))
     return nodes

@@ -8,10 +8,11 @@ context shutdown and then hand it on to Python's default handler, which raises `
 whatever the main thread is doing; a second signal raised it again inside the clean-up (`destroy_node`)
 or in an atexit callback: exit code −2 or a traceback, depending on the spacing.
 
-So the nodes take the signals over: `init_ros` installs SIGINT and SIGTERM handlers that only set a flag
-(`StopRequest`) BEFORE initializing rclpy without its handlers; the main loop polls the flag, the first
-signal ends the loop, and every further one only sets the flag again while `close_node` cleans up (node
-thread stopped, node destroyed, context shut down once).  Nothing ever raises out of a signal handler.
+So the nodes take the signals over (`stop_signals`: SIGINT, SIGTERM and SIGHUP): handlers that only set a
+flag (`StopRequest`), installed before the slow imports and before rclpy is initialized without its own
+handlers; the main loop polls the flag, the first signal ends the loop (or the start-up, at whatever stage
+it came), and every further one only sets the flag again while `close_node` cleans up (node thread
+stopped, node destroyed, context shut down once).  Nothing ever raises out of a signal handler.
 
 `StartupTimes` stamps a node's start-up stages for one log line (where start-up time goes).
 """
@@ -20,15 +21,17 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
 import rclpy
 import rclpy.executors
+from rclpy._rclpy_pybind11 import RCLError   # rcl's failures (init, node creation)
 from rclpy.signals import SignalHandlerOptions
+
+from mbfg_ros.ros import stop_signals
+from mbfg_ros.ros.stop_signals import STOP_SIGNALS, StopRequest  # noqa: F401  (the nodes' names for them)
 
 # Humble's rclpy has no ExternalShutdownException (another part of the process shut the context down)
 try:
@@ -37,7 +40,6 @@ except ImportError:  # pragma: no cover
     class ExternalShutdownException(Exception):
         pass
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SPIN_PERIOD_S = 0.1     # the main loop looks at the stop flag at least this often (a signal does not
                         # interrupt rcl_wait: Python runs its handler when the main thread is back in Python)
 
@@ -77,44 +79,9 @@ class StartupTimes:
                 + ", ".join(f"{name} {at - self.origin:.2f}" for name, at in self.stages))
 
 
-class StopRequest:
-    """The stop flag set by SIGINT and SIGTERM (`is_set()`); `received` names the signals that came (the
-    first few), for the log."""
-
-    KEPT = 8
-
-    def __init__(self):
-        self._event = threading.Event()
-        self.received: List[str] = []
-
-    def install(self) -> None:
-        for s in STOP_SIGNALS:
-            signal.signal(s, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:   # the main thread, between two bytecodes: only set a flag
-        if len(self.received) < self.KEPT:
-            self.received.append(signal.Signals(signum).name)
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def reason(self) -> str:
-        return ", ".join(self.received) if self.received else "no signal"
-
-    @staticmethod
-    def ignore_further() -> None:
-        """After the clean-up: ignore SIGINT/SIGTERM for the rest of the exit.  (Python's finalization puts
-        the default action back for a signal with a Python handler, which would end the process with −2 on a
-        signal arriving in its last moments; an ignored signal stays ignored.)"""
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-
-
 def init_ros(args=None) -> StopRequest:
-    """Install the stop handlers, then initialize rclpy (default context) without its own handlers."""
-    stop = StopRequest()
-    stop.install()          # first: a signal while rcl initializes is a stop request too
+    """The stop handlers (if not installed yet), then rclpy (default context) without its own handlers."""
+    stop = stop_signals.install()   # (already, if the program installed it before its imports)
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     return stop
 
@@ -154,14 +121,26 @@ def run_node(args, build: Callable[[StopRequest], object], config_errors: tuple,
              done: Optional[Callable[[object], Callable[[], bool]]] = None) -> int:
     """A node's `main()`: rclpy under this module's signal handling, the node built by `build(stop)` (a
     bad configuration, one of `config_errors`: one line `[name] error: ...` on stderr, exit code 2),
-    served until a signal (or `done(node)()`), closed once; exit code 0."""
-    stop = init_ros(args)   # SIGINT/SIGTERM from here on: an orderly stop, exit code 0
+    served until a signal (or `done(node)()`), closed once; exit code 0, also when the signal came at any
+    stage of the start-up."""
+    try:
+        stop = init_ros(args)   # a stop signal from here on (or since the program's first line): exit code 0
+    except RCLError as e:       # e.g. ROS_SECURITY_* naming a keystore that is not there
+        print(f"[{name}] error: ROS 2 did not initialize: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     node = executor = None
     try:
+        if stop.is_set():   # during the imports or rclpy's initialization: no node to build
+            rclpy.logging.get_logger(name).info(f"stopping ({stop.reason()}) during start-up, before the node "
+                                                f"was built")
+            return 0
         try:
             node = build(stop)
         except config_errors as e:
             print(f"[{name}] error: {e}", file=sys.stderr)
+            return 2
+        except RCLError as e:   # the middleware refused the node (e.g. security asked of a DDS built without it)
+            print(f"[{name}] error: ROS 2 could not create the node: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         if not stop.is_set():
             executor = rclpy.executors.SingleThreadedExecutor()
@@ -174,3 +153,4 @@ def run_node(args, build: Callable[[StopRequest], object], config_errors: tuple,
     finally:
         close_node(node, executor)
         stop.ignore_further()
+        stop_signals.forget()

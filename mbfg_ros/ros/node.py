@@ -18,6 +18,10 @@ import time
 # stamped before the imports below, which the start-up log then tells from the interpreter's own start
 IMPORTS_STARTED = time.monotonic()
 
+if __name__ == "__main__":   # `python -m mbfg_ros.ros.node`: a stop signal during the imports is a clean stop
+    from mbfg_ros.ros import stop_signals
+    stop_signals.install()
+
 import sys
 import threading
 import traceback
@@ -51,7 +55,7 @@ from mbfg_ros.ros import fastloop
 from mbfg_ros.ros import lifecycle
 from mbfg_ros.ros import parameters as P
 from mbfg_ros.ros.core import CoreFactory
-from mbfg_ros.ros.diagnostics import Diagnostics, branch_text
+from mbfg_ros.ros.diagnostics import Diagnostics, branch_text, clock_hint
 from mbfg_ros.ros.outputs import Outputs
 from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
 from mbfg_ros.shown import shown
@@ -224,9 +228,22 @@ class EstimatorNode(Node):
             if bad == "late":
                 bad = self._fuse_late(stamp, values)
             if bad:
-                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
+                self.diag.reject(bad, self._stamp_problem(bad, "joint_observations", stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
+
+    def _stamp_problem(self, kind: str, topic: str, stamp_ns: int, now_ns: int):
+        """The log detail of an input refused for its stamp (made only if logged): the topic, how far the
+        stamp is behind or ahead of the node clock, and for a clock problem, which clock and why."""
+        def detail() -> str:
+            text = f"{topic}: {self.sched.stamp_detail(stamp_ns, now_ns)}"
+            if kind in ("stale", "future"):
+                text += f"; {clock_hint(now_ns - stamp_ns, self._on_sim_time())}"
+            return text
+        return detail
+
+    def _on_sim_time(self) -> bool:
+        return bool(self.get_parameter("use_sim_time").value)
 
     def _fuse_late(self, stamp_ns: int, values) -> Optional[str]:
         """Readings of a step already estimated but still in the window become factors on that step
@@ -255,15 +272,15 @@ class EstimatorNode(Node):
         self._check_time(now)
         data = self._decoded(raw, "commanded_effort_array", rc.decode_float64_multi_array)
         tau, problems = rc.parse_effort_array(data, self.limits) if data is not None else (None, ())
-        self._add_efforts(now, now, tau, problems)
+        self._add_efforts(now, now, tau, problems, "commanded_effort_array")
 
-    def _add_efforts(self, now: int, stamp: int, tau, problems):
+    def _add_efforts(self, now: int, stamp: int, tau, problems, topic: str = "commanded_effort"):
         if problems:
             self.diag.reject_all(problems)
         if tau is not None:
             bad = self.sched.add_efforts(stamp, tau, now)
             if bad:
-                self.diag.reject(bad, self.sched.stamp_detail(stamp, now))
+                self.diag.reject(bad, self._stamp_problem(bad, topic, stamp, now))
         if not self._fast:
             self._pump(now, max_steps=1000)
 
@@ -572,7 +589,7 @@ class EstimatorNode(Node):
             t_k = self.sched.t_of(self.last_k) if self.last_k is not None else None
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
                                           self.assembly_mode, self.sched, self.settings,
-                                          self.core.fitted_effort_density())
+                                          self.core.fitted_effort_density(), self._on_sim_time())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 

@@ -19,6 +19,22 @@ PROFILE_VARIABLE = "FASTDDS_DEFAULT_PROFILES_FILE"
 PROFILE_VARIABLE_FAST_DDS_2 = "FASTRTPS_DEFAULT_PROFILES_FILE"
 PROFILE_VARIABLES = (PROFILE_VARIABLE, PROFILE_VARIABLE_FAST_DDS_2)
 DISCOVERY_PROFILE = "fastdds_discovery.xml"
+DEFAULT_PLANT_NODE = "four_bar_sim"     # the simulated plant's node name unless remapped
+
+
+def plant_node_name(config: Path) -> str:
+    """The node name of the simulated plant a parameter file configures: its section `/**/<name>_sim`
+    (named for the mechanism: `four_bar_sim`, `pick_and_place_sim`), else DEFAULT_PLANT_NODE.  Whoever starts
+    the plant with this file names it so (`-r __node:=<name>`), so that the file's section applies to it."""
+    import yaml
+    try:
+        with open(config) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return DEFAULT_PLANT_NODE
+    names = [str(k).split("/")[-1] for k in doc] if isinstance(doc, dict) else []
+    plants = [n for n in names if n.endswith("_sim")]
+    return plants[0] if plants else DEFAULT_PLANT_NODE
 
 
 def config_file(name: str) -> Path:

@@ -41,6 +41,10 @@ class Stream:
         self.period_ns: Optional[float] = None
         self.delay_hi_ns = 0.0       # largest recent delay (receipt − stamp), decaying (DELAY_MEMORY_NS)
         self.delay_at_ns = 0
+        # the newest input received, admitted or not: how far its stamp was behind the node clock, and when
+        # (a publisher that falls behind is seen here even when all its inputs are refused as stale)
+        self.arrival_lag_ns: Optional[int] = None
+        self.arrived_ns: Optional[int] = None
 
     def note_delay(self, delay_ns: int, rx_ns: int):
         """Every admitted input, on time or late: the late ones are what the adaptive wait learns from."""
@@ -147,6 +151,8 @@ class InputScheduler:
 
     def _step_of_input(self, stamp_ns: int, now_ns: int, stream: Stream) -> Tuple[Optional[str], int]:
         """(why it is refused, or None; its grid step) for an input stamped stamp_ns received at now_ns."""
+        if stamp_ns > 0 and now_ns > 0:
+            stream.arrival_lag_ns, stream.arrived_ns = now_ns - stamp_ns, now_ns
         bad = self._admit(stamp_ns, now_ns)
         if bad:
             return bad, -1
@@ -418,8 +424,11 @@ class InputScheduler:
         return skipped
 
     def stamp_detail(self, stamp_ns: int, now_ns: int) -> str:
-        """An input's stamp with the node clock and the next step's time, for the log of a refused input."""
-        s = f"stamp {stamp_ns / NS:.6f} s, node clock {now_ns / NS:.6f} s"
+        """An input's stamp, how far it is behind (or ahead of) the node clock, and the next step's time, for
+        the log of a refused input."""
+        lag = (now_ns - stamp_ns) / NS
+        s = (f"stamp {stamp_ns / NS:.6f} s is {abs(lag):.3f} s {'behind' if lag >= 0 else 'ahead of'} the node "
+             f"clock ({now_ns / NS:.6f} s)")
         if self.t0_ns is not None:
             s += f", next step {self.t_of(self.k_next) / NS:.6f} s"
         return s

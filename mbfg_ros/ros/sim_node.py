@@ -26,6 +26,10 @@ millisecond in Python.
 
 from __future__ import annotations
 
+if __name__ == "__main__":   # `python -m mbfg_ros.ros.sim_node`: a stop signal during the imports is a clean stop
+    from mbfg_ros.ros import stop_signals
+    stop_signals.install()
+
 import collections
 import math
 import sys
@@ -46,8 +50,8 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from mbfg_ros.ros import conversions as rc
-from mbfg_ros.ros import lifecycle
-from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.ros import fastloop, lifecycle
+from mbfg_ros.model.mechanism import load_mechanism, resolve_mechanism_path
 from mbfg_ros.sim.plant import Actuator, PlantSample, SimulatedPlant
 from mbfg_ros.shown import shown
 
@@ -139,6 +143,10 @@ class SimNode(Node):
         self.publish_effort_array = d("publish_effort_array", False, PD(
             description="Also publish commanded_effort_array (Float64MultiArray)")).value
         self.publish_truth = d("publish_truth", True, PD(description="Publish ~/truth and ~/truth_state")).value
+        self.thread_priority = d("thread_priority", 0, PD(
+            description="SCHED_FIFO priority of the publishing thread (0 = normal scheduling); at or above the "
+                        "estimator's thread_priority, so that a busy machine (or the estimator) cannot starve the "
+                        "plant", read_only=True, integer_range=[IntegerRange(from_value=0, to_value=99, step=1)])).value
         self.truth_decimation = d("truth_decimation", 1, PD(
             description="Publish the truth every N-th sample", read_only=True,
             integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
@@ -165,7 +173,10 @@ class SimNode(Node):
             self.get_logger().warning("publish_clock is true: this node is the clock source, ignoring use_sim_time")
             self.set_parameters([Parameter("use_sim_time", Parameter.Type.BOOL, False)])
 
-        self.mech = load_mechanism(mech_name)
+        try:    # a bad file: one line naming the parameter and what is wrong (as the estimator says it)
+            self.mech = load_mechanism(resolve_mechanism_path(mech_name))
+        except Exception as e:  # MechanismError, AssemblyError (no pose), YAML errors
+            raise ConfigError(f"parameter 'mechanism' ('{mech_name}'): {e}") from None
         try:
             actuator = Actuator.from_values(self.mech, actuator_values,
                                             base=Actuator.IDEAL if ideal else Actuator.MISMATCH,
@@ -225,7 +236,23 @@ class SimNode(Node):
         return not self.n_total or self.n_filled < self.n_total
 
     def start(self):
+        # The plant stands for the physical world: it must keep its time grid whatever else runs.  Its
+        # publishing thread runs under SCHED_FIFO at thread_priority, and so does this (main) thread, which
+        # serves the parameters and shares the GIL with it: the publishing thread, handing the GIL over, waits
+        # until this one has taken it, so this one must get a core as soon as it asks (at a lower priority a
+        # busy real-time thread elsewhere stalled the plant for 0.3 s; it sleeps in rcl_wait nearly always).
+        if self.thread_priority > 0:
+            refused = fastloop.make_thread_realtime(self.thread_priority, threading.get_native_id())
+            if refused:
+                self._priority_refused(refused)
         self._thread.start()
+
+    def _priority_refused(self, reason: str):
+        self.get_logger().warning(
+            f"thread_priority {self.thread_priority}: {reason}; the plant runs under normal scheduling and a busy "
+            "machine can make it fall behind (allow real-time priorities with CAP_SYS_NICE or an rtprio limit, "
+            "see docs/ros2_interfaces.md)")
+        self.thread_priority = 0
 
     def stop(self):
         self._stop.set()
@@ -233,6 +260,10 @@ class SimNode(Node):
             self._thread.join(2.0)
 
     def _run(self):
+        if self.thread_priority > 0:
+            refused = fastloop.make_thread_realtime(self.thread_priority, threading.get_native_id())
+            if refused:
+                self._priority_refused(refused)
         try:
             self._loop()
         except Exception as e:  # noqa: BLE001

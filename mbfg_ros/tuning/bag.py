@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from mbfg_ros.excerpt import excerpt, excerpts
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.tuning.likelihood import Recording, TuningError, encoder_layout
@@ -51,12 +52,12 @@ def recording_from_bag(mech: Mechanism, path, observations_topic: str = "joint_o
         reader = AnyReader([path], default_typestore=get_typestore(Stores.ROS2_HUMBLE))
         reader.open()
     except Exception as exc:        # rosbags raises its own error types for a folder that is not a bag
-        raise TuningError(f"{path}: not a readable rosbag2 bag ({' '.join(str(exc).split())})") from None
+        raise TuningError(f"{path}: not a readable rosbag2 bag ({excerpt(exc, 120)})") from None
     try:
         topics = {c.topic: c.msgtype for c in reader.connections}
         for topic in filter(None, (obs_topic, cmd_topic)):
             if topic not in topics:
-                raise TuningError(f"{path}: no topic {topic} (topics: {', '.join(sorted(topics)) or 'none'})")
+                raise TuningError(f"{path}: no topic {topic} (topics: {excerpts(sorted(topics)) or 'none'})")
             if topics[topic] != JOINT_STATE:
                 raise TuningError(f"{path}: topic {topic} is {topics[topic]}, expected {JOINT_STATE}")
         conns = [c for c in reader.connections if c.topic in (obs_topic, cmd_topic)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Optional, Tuple
 
+from mbfg_ros.excerpt import excerpt
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -60,6 +61,13 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     return "\n".join(lines) + "\n"
 
 
+def _yaml_problem(exc) -> str:
+    """A YAML error without the snippet of the file PyYAML quotes: what is wrong and where."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return excerpt(problem, 80) + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "")
+
+
 def node_parameters(path) -> Tuple[str, Dict[str, object]]:
     """(the node key, its `ros__parameters` mapping) of the estimator node in a parameter file; a
     ParamsFileError naming the file when it has none."""
@@ -70,7 +78,7 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
     except OSError as exc:
         raise ParamsFileError(f"{path}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise ParamsFileError(f"{path}: not YAML ({' '.join(str(exc).split())})") from None
+        raise ParamsFileError(f"{path}: not YAML ({_yaml_problem(exc)})") from None
     if not isinstance(doc, dict):
         raise ParamsFileError(f"{path}: not a ROS 2 parameter file (expected a mapping of node names)")
     sections = [(k, v) for k, v in doc.items() if str(k).split("/")[-1] == NODE_NAME]
@@ -80,7 +88,7 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
     key, node = sections[0]
     params = node.get("ros__parameters") if isinstance(node, dict) else None
     if not isinstance(params, dict):
-        raise ParamsFileError(f"{path}: '{key}' has no 'ros__parameters' mapping")
+        raise ParamsFileError(f"{path}: '{excerpt(key)}' has no 'ros__parameters' mapping")
     return key, params
 
 
@@ -93,7 +101,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
     known_sigmas = set(default_sigmas())
     sensors = {s.name for s in mech.sensors}
     for name, value in params.items():
-        where = f"{path}: {key}.ros__parameters.{name}"
+        where = f"{path}: {excerpt(key)}.ros__parameters.{excerpt(name)}"
         if name in ("sigmas", "sensor_sigmas"):
             if not isinstance(value, dict):
                 raise ParamsFileError(f"{where} must be a mapping of names to numbers")
@@ -102,15 +110,15 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
             for k, v in value.items():
                 if k not in allowed:
                     raise ParamsFileError(
-                        f"{where}.{k}: unknown {'noise parameter' if name == 'sigmas' else 'sensor of ' + mech.name}"
+                        f"{where}.{excerpt(k)}: unknown {'noise parameter' if name == 'sigmas' else 'sensor of ' + mech.name}"
                         f" (known: {', '.join(sorted(allowed))})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                    raise ParamsFileError(f"{where}.{k} must be a number > 0 (got {v!r})")
+                    raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
         elif name == "adapt_effort_density":
             if not isinstance(value, bool):
-                raise ParamsFileError(f"{where} must be true or false (got {value!r})")
+                raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
             out[name] = value
         elif name in APPLIED_KEYS:
             out[name] = value
