@@ -31,8 +31,7 @@ Anchors on the same readings:
   by the first three terms of the discretization series; encoders read q (σ: the quantization).  Its density is
   the one of a decade grid, refined by half decades, with the smallest effort RMSE (both joints, full band) on
   ANOTHER recording of the same design (`TUNING_RUN`), scored as above: the best this filter can do, never
-  tuned on the scored run.  (Tuned by the innovation likelihood of the scored run's readings instead, it goes
-  to the top of any grid: the readings move more than the rigid model and σ = quantization allow);
+  tuned on the scored run (the log also names the density the readings' innovation likelihood would choose);
 * causal Savitzky–Golay (cubic over the last 0.1 s, real time stamps) + inverse dynamics of the same model;
 * the command itself (tau_con, the controller's friction compensation included); zero.
 
@@ -76,7 +75,7 @@ LOST = 0.01                  # [rad] an estimated angle this far from its readin
 POSITION_STEP = 12.5 / 65535 # [rad] the recorded positions' quantum
 TORQUE_STEP = 12.0 / 4095    # [N·m] the recorded measured torques' quantum
 COLUMNS = ("t", "pos_meas1", "pos_meas2", "tau_con1", "tau_con2", "tau_meas1", "tau_meas2")
-EKF_DECADES = tuple(10.0 ** k for k in range(-4, 6))    # the EKF densities tried [(N·m)²/s]
+EKF_DECADES = tuple(10.0 ** k for k in range(-6, 6))    # the EKF densities tried [(N·m)²/s]
 
 
 @dataclass(frozen=True)
@@ -332,10 +331,20 @@ class Output:
     note: str = ""
 
 
-def run_mbfg(mech: Mechanism, rec: Recording, mode: str) -> Output:
-    """The fixed-lag estimator as `mbfg estimate` runs it (shipped defaults), one step per recorded row."""
+def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None) -> Output:
+    """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
+    `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
+    sensor_sigmas, adapt_effort_density; its mode is not used)."""
     dt = float(np.median(np.diff(rec.t)))
-    est = FixedLagEstimator(mech, EstimatorConfig(dt=dt, mode=mode))
+    config = EstimatorConfig(dt=dt, mode=mode)
+    if settings:
+        config = EstimatorConfig(dt=dt, mode=mode, window=settings.get("window", config.window),
+                                 integrator=settings.get("integrator", config.integrator),
+                                 sigmas={**config.sigmas, **settings.get("sigmas", {})},
+                                 sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
+                                 adapt_effort_density=settings.get("adapt_effort_density",
+                                                                   config.adapt_effort_density))
+    est = FixedLagEstimator(mech, config)
     theta = to_coordinates(rec.q)
     commands = torques_to_efforts(rec.tau_con)
     cols = [mech.coordinate_index("theta1"), mech.coordinate_index("theta2")]
@@ -439,18 +448,21 @@ def ekf_density(tuning: Recording, sigma: float, fused: bool, log=lambda s: None
         return _tuned_densities[key]
     params = dfki_parameters(tuning.design)
     model, truth = DfkiModel(params, rigid=True), truth_of(tuning, params)
-    cost = {}
+    cost, likelihood = {}, {}
 
     def evaluate(S):
         if S not in cost:
-            out, _ = run_ekf(model, tuning, S, sigma, fused)
+            out, likelihood[S] = run_ekf(model, tuning, S, sigma, fused)
             cost[S] = float(np.sum(rms((out.tau - truth.tau)[truth.scored])))
         return cost[S]
 
     best = min(EKF_DECADES, key=evaluate)
     best = min((best / math.sqrt(10), best, best * math.sqrt(10)), key=evaluate)
+    # what the readings alone would choose (the innovation likelihood), for comparison: not used
+    by_likelihood = max(likelihood, key=likelihood.get)
     log(f"  EKF {'fused' if fused else 'estimation'} tuned on {tuning.name}: density {best:.3g} "
-        f"(costs {', '.join(f'{S:.3g}: {c:.3g}' for S, c in sorted(cost.items()))})")
+        f"(effort RMSE τ1 + τ2 per density: {', '.join(f'{S:.3g}: {c:.3g}' for S, c in sorted(cost.items()))}; "
+        f"the readings' likelihood would choose {by_likelihood:.3g})")
     _tuned_densities[key] = best
     return best
 
@@ -511,8 +523,9 @@ def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_
     return row
 
 
-def bench_recording(rec: Recording, tuning: Recording, log=print) -> dict:
-    """Every estimator on one recording, scored (`tuning`: the recording the EKF is tuned on)."""
+def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: Optional[Path] = None) -> dict:
+    """Every estimator on one recording, scored (`tuning`: the recording the EKF is tuned on; `params_file`: a
+    parameter file for two more rows, the estimator with its settings in both modes)."""
     params = dfki_parameters(rec.design)
     mech = design_mechanism(rec.design)
     rigid = DfkiModel(params, rigid=True)
@@ -529,6 +542,12 @@ def bench_recording(rec: Recording, tuning: Recording, log=print) -> dict:
 
     timed("mbfg_ros estimation, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "estimation")))
     timed("mbfg_ros fused, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "fused")))
+    if params_file is not None:
+        from mbfg_ros.tuning.params_file import read_params
+        settings = read_params(params_file, mech)
+        for mode in ("estimation", "fused"):
+            timed(f"mbfg_ros {mode}, --params {params_file.name}",
+                  lambda: score(rec, truth, run_mbfg(mech, rec, mode, settings)))
     timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(rigid, rec, tuning, sigma, False, log)))
     timed("EKF fused", lambda: score(rec, truth, tuned_ekf(rigid, rec, tuning, sigma, True, log)))
     timed("Savitzky–Golay + ID", lambda: score(rec, truth, run_savitzky_golay(rigid, rec)))
@@ -560,6 +579,7 @@ def results_table(results: List[dict]) -> str:
         for label, row in r["rows"].items():
             lost = "–" if row["lost"] is None else f"{100 * row['lost']:.1f} %"
             reinit = str(row["reinitializations"]) if label.startswith("mbfg") else "–"
+            label = label.replace(", defaults", ", **defaults**")
             lines.append(f"| {r['short']} | {label} | {_pair(row['rate'])} | {_pair(row['effort'])} | "
                          f"{_pair(row['effort_band'])} | {_pair(row['coverage'], '{:.0f}', 100, ' %')} | {lost} | "
                          f"{reinit} |")
@@ -585,6 +605,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, help="only the first T seconds of each recording")
     ap.add_argument("--data", type=Path, default=DATA, help="folder of the excerpt (default: bench/data/...)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
+    ap.add_argument("--params", type=Path, metavar="PARAMS.yaml",
+                    help="also the estimator with this parameter file's settings (node format, e.g. from mbfg tune), "
+                         "in both modes")
     ap.add_argument("--make-excerpt", type=Path, metavar="SOURCE_DIR",
                     help="rebuild the shipped excerpt from the source recordings (their CSVs, params/, LICENSE)")
     args = ap.parse_args(argv)
@@ -598,7 +621,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in args.recording or list(RECORDINGS):
         rec = load_recording(name, args.data).cut(args.seconds)
         tuning = load_recording(TUNING_RUN[name], args.data).cut(args.seconds)
-        results.append(bench_recording(rec, tuning, log=lambda s: print(s, file=sys.stderr, flush=True)))
+        results.append(bench_recording(rec, tuning, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                       params_file=args.params))
     print(f"Recordings ({os.uname().machine}, load {os.getloadavg()[0]:.1f}):\n")
     print(recordings_table(results))
     print("\nEstimates, scored from 0.5 s:\n")
