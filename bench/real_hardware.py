@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real-hardware bench: the estimator on recordings of the DFKI Underactuated Lab double pendulum.
 
-    PYTHONPATH=. python bench/real_hardware.py [--recording NAME ...] [--seconds T] [--data DIR] [--json OUT.json]
+    PYTHONPATH=. python bench/real_hardware.py [--recording NAME ...] [--seconds T] [--params PARAMS.yaml]
+                                               [--data DIR] [--json OUT.json]
     PYTHONPATH=. python bench/real_hardware.py --make-excerpt SOURCE_DIR      # rebuild bench/data/ from the source
 
 Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every recording of the source set, cut to
@@ -36,8 +37,9 @@ Anchors on the same readings:
 * the command itself (tau_con, the controller's friction compensation included); zero.
 
 Left out of the model (no place for them in the mechanism format yet, issue 21 point 5): rotor inertia with its
-gear coupling, and friction; the second table gives their size on each run (at the reference motion) next to the
-scale of the torque being estimated.  Never used in tests (test/test_real_hardware.py checks its parts).
+gear coupling, and friction; the recordings table gives their size on each run (at the reference motion) next to
+the scale of the torque being estimated, the time steps' jitter and the readings' scatter about the reference.
+test/test_real_hardware.py checks the parts and runs the bench on a 1-s excerpt (behaviour, not numbers).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
