@@ -1,0 +1,115 @@
+"""bench/real_hardware.py's parts: the double pendulum mechanisms against DFKI's equations of motion, the reference
+rate and the low-pass band of the scorer, the shipped excerpt, and the bench end to end on a short excerpt."""
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import real_hardware as rh  # noqa: E402
+
+
+@pytest.mark.parametrize("design", sorted(rh.DESIGNS))
+def test_mechanism_accelerations_match_dfki_rigid_equations(design):
+    # DFKI's identified parameters without rotor inertia and friction: the model the mechanism file can express
+    assert rh.equations_mismatch(design, states=60, seed=3) <= 1e-10
+
+
+def test_c0_file_keeps_dfki_dynamic_parameters_with_a_valid_link2():
+    # DFKI's C.0 link 2 has I2 < m2·r2²; the file moves mass between the links keeping what the dynamics contain
+    p = rh.dfki_parameters("C.0")
+    assert p["I2"] < p["m2"] * p["r2"] ** 2
+    mech = rh.design_mechanism("C.0")
+    link1, link2 = mech.spec.bodies
+    assert link2.I0 > link2.mass * (link2.cog[0] ** 2 + link2.cog[1] ** 2)
+    assert link2.mass * link2.cog[0] == pytest.approx(p["m2"] * p["r2"], rel=1e-12)
+    assert link1.mass * link1.cog[0] + link2.mass * p["l1"] == pytest.approx(p["m1"] * p["r1"] + p["m2"] * p["l1"],
+                                                                              rel=1e-12)
+
+
+def test_dfki_model_inverse_and_forward_agree_with_rotor_and_friction():
+    model = rh.DfkiModel(rh.dfki_parameters("A.0"))
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        q, qd, tau = rng.uniform(-3, 3, 2), rng.uniform(-5, 5, 2), rng.uniform(-2, 2, 2)
+        assert np.allclose(model.torques(q, qd, model.accelerations(q, qd, tau)), tau, atol=1e-12)
+    # friction opposes the motion and its Coulomb part saturates at cf·π/2
+    f = model.friction([1e3, -1e3])
+    assert f[0] > 0 > f[1]
+    assert f[0] == pytest.approx(model.b[0] * 1e3 + model.cf[0] * math.atan(1e5))
+
+
+def test_joint_and_coordinate_conversions_keep_angles_and_power():
+    rng = np.random.default_rng(2)
+    q, qd, tau = rng.normal(size=2), rng.normal(size=2), rng.normal(size=2)
+    assert np.allclose(rh.to_joints(rh.to_coordinates(q)), q)
+    theta_dot = np.linalg.solve(rh.JOINTS_OF_COORDINATES, qd)          # θ̇ of the joint rates
+    assert np.allclose(rh.JOINTS_OF_COORDINATES @ theta_dot, qd)
+    assert tau @ qd == pytest.approx(rh.torques_to_efforts(tau) @ theta_dot)   # virtual work
+    assert np.allclose(rh.TORQUES_OF_EFFORTS @ rh.torques_to_efforts(tau), tau)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_local_polynomial_is_exact_on_a_cubic_with_jittery_time_stamps(causal):
+    rng = np.random.default_rng(4)
+    t = np.cumsum(rng.uniform(0.001, 0.004, 600))                       # steps of 1–4 ms
+    c = np.array([0.3, -1.2, 2.5, -0.7])
+    y = c[0] + c[1] * t + c[2] * t ** 2 + c[3] * t ** 3
+    d = rh.local_polynomial(t, np.column_stack([y, -y]), 0.025, order=3, causal=causal)
+    # the first three causal fits have fewer than 4 samples (a lower order): exact from the fourth on
+    d, t, y = d[3:], t[3:], y[3:]
+    assert np.allclose(d[:, 0, 0], y, atol=1e-9)
+    assert np.allclose(d[:, 1, 0], c[1] + 2 * c[2] * t + 3 * c[3] * t ** 2, atol=1e-7)
+    assert np.allclose(d[:, 2, 0], 2 * c[2] + 6 * c[3] * t, atol=1e-4)
+    assert np.allclose(d[:, :, 1], -d[:, :, 0])
+
+
+def test_low_pass_keeps_the_band_and_removes_fast_motion():
+    rng = np.random.default_rng(5)
+    t = np.cumsum(rng.uniform(0.0019, 0.0021, 5000))
+    slow, fast = np.sin(2 * np.pi * 1.0 * t), np.sin(2 * np.pi * 40.0 * t)
+    out = rh.low_pass(t, slow + fast)[:, 0]
+    inner = slice(500, -500)
+    assert np.sqrt(np.mean((out - slow)[inner] ** 2)) < 0.01
+
+
+def test_shipped_excerpt_is_complete_small_and_licensed():
+    files = list(rh.DATA.iterdir())
+    assert sum(f.stat().st_size for f in files) <= 2 * 1024 * 1024
+    assert "BSD 3-Clause" in (rh.DATA / "LICENSE").read_text()
+    for name, (design, _, _) in rh.RECORDINGS.items():
+        rec = rh.load_recording(name)
+        assert rec.design == design and len(rec.t) > 4000
+        assert np.all(np.diff(rec.t) > 0)
+        steps = rec.q / rh.POSITION_STEP
+        assert np.allclose(steps, np.round(steps), atol=1e-3)          # positions kept to the quantum
+        assert rh.TUNING_RUN[name] != name and rh.RECORDINGS[rh.TUNING_RUN[name]][0] == design
+
+
+def test_bench_runs_end_to_end_on_a_short_excerpt():
+    rec = rh.load_recording("design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory").cut(1.0)
+    tuning = rh.load_recording("design_C.0__20220914__sys_id__trajectory_00").cut(1.0)
+    result = rh.bench_recording(rec, tuning, log=lambda s: None)
+    rows = result["rows"]
+    assert set(rows) == {"mbfg_ros estimation, defaults", "mbfg_ros fused, defaults", "EKF estimation",
+                         "EKF fused", "Savitzky–Golay + ID", "command", "zero"}
+    for label, row in rows.items():
+        for key in ("rate", "effort", "effort_band", "coverage"):
+            if row[key] is not None:
+                assert len(row[key]) == 2 and all(math.isfinite(x) and x >= 0 for x in row[key]), (label, key)
+        if row["coverage"] is not None:
+            assert all(0 <= x <= 1 for x in row["coverage"])
+        if row["lost"] is not None:
+            assert 0 <= row["lost"] <= 1
+    for label in ("mbfg_ros estimation, defaults", "mbfg_ros fused, defaults", "EKF estimation", "EKF fused"):
+        assert rows[label]["coverage"] is not None and rows[label]["lost"] is not None
+    # the zero anchor's errors are the reference's own size
+    assert rows["zero"]["effort"] == pytest.approx(result["info"]["effort_rms"])
+    assert rows["zero"]["rate"] == pytest.approx(result["info"]["rate_rms"])
+    table = rh.results_table([result])
+    assert table.count("\n") == 2 + len(rows) - 1 and "nan" not in table
