@@ -273,6 +273,44 @@ def test_tune_refuses_an_implausible_bag_message(tmp_path, capsys):
     assert err.count("\n") == 1 and "/commanded_effort message 8" in err and "implausible effort" in err, err
 
 
+def write_observation_bag(path, stamps_ns, positions):
+    """A bag with sensor_msgs/JointState crank readings on /joint_observations at the given stamps."""
+    from rosbags.rosbag2 import Writer
+    from rosbags.typesys import Stores, get_typestore
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    T = ts.types
+    Time, Header, JointState = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"], T["sensor_msgs/msg/JointState"]
+    empty = np.zeros(0)
+    with Writer(path, version=9) as w:
+        conn = w.add_connection("/joint_observations", JointState.__msgtype__, typestore=ts)
+        for t_ns, position in zip(stamps_ns, positions):
+            hdr = Header(stamp=Time(sec=int(t_ns) // 10**9, nanosec=int(t_ns) % 10**9), frame_id="")
+            msg = JointState(header=hdr, name=["crank"], position=np.array([position]), velocity=empty, effort=empty)
+            w.write(conn, int(t_ns), ts.serialize_cdr(msg, JointState.__msgtype__))
+
+
+def test_tune_from_a_bag_with_jittered_stamps_and_missing_readings(tmp_path, capsys):
+    """A bag's stamps are taken as they are (drift, a late message), a NaN position is a missing reading; two
+    messages with one stamp are a one-line error naming both."""
+    pytest.importorskip("rosbags")
+    steps = np.full(40, 5_050_000)                        # 5 ms + 1 %
+    steps[[9, 25]] = 13_000_000                           # two messages 2.6 steps late
+    stamps = 10**9 + np.concatenate([[0], np.cumsum(steps)])
+    positions = 0.3 * ((stamps - stamps[0]) * 1e-9) ** 2
+    positions[[4, 30]] = np.nan
+    write_observation_bag(tmp_path / "bag", stamps, positions)
+    out = tmp_path / "p.yaml"
+    assert main(["tune", "four_bar_crank", "--bag", str(tmp_path / "bag"), "--mode", "estimation",
+                 "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "41 samples at dt 0.00505 s" in out.read_text()
+    stamps[12] = stamps[11]
+    write_observation_bag(tmp_path / "repeated", stamps, positions)
+    assert main(["tune", "four_bar_crank", "--bag", str(tmp_path / "repeated"), "--mode", "estimation",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "/joint_observations messages 12 and 13 have the same stamp" in err, err
+
+
 @pytest.mark.parametrize("case, expected", [
     ("no_encoder_column", "no column for encoder(s) crank"),
     ("fused_without_torques", "--mode fused needs --torques"),
