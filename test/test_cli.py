@@ -306,3 +306,154 @@ def test_errors_quote_a_users_file_only_in_short_excerpts(tmp_path, capsys):
         assert rc == 2, (what, err)
         assert len(err.strip().splitlines()) == 1 and err.startswith("mbfg: error:"), (what, err)
         assert not _shows_secret(err), (what, err)
+
+
+# --- real recordings: jittered stamps, missing cells, sensor sigmas, the summary ------------------------------
+def jittered_times(n, dt=0.005, seed=0):
+    """n stamps: every interval 1 % long (a slow logger), 5 % of them up to 2.7× late."""
+    rng = np.random.default_rng(seed)
+    steps = np.full(n - 1, dt * 1.01)
+    late = rng.random(n - 1) < 0.05
+    late[[20, 45]] = True                        # at least two late samples
+    steps[late] *= rng.uniform(1.2, 2.7, late.sum())
+    return np.concatenate([[0.0], np.cumsum(steps)])
+
+
+def summary_of(err):
+    """The counts of the summary line `mbfg estimate` prints last on stderr."""
+    import re
+    line = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"mbfg estimate: (\d+) steps, lost track on (\d+) \([\d.]+ %: (\d+) recovered or waiting, "
+                     r"(\d+) with an encoder reading > 10 σ from its estimate\), (\d+) re-initializations, "
+                     r"CPU [\d.e+-]+ ms per step", line)
+    assert m, line
+    return dict(zip(("steps", "lost", "recovered", "far", "reinitializations"), map(int, m.groups())))
+
+
+def test_estimate_takes_jittered_stamps_and_nan_cells_as_they_are(tmp_path, capsys):
+    """Stamps with drift and late samples and 'nan' / empty cells: one output row per input row at its own
+    time, the crank followed, a summary line with no lost track."""
+    t = jittered_times(120)
+    truth = 1.2 * (1 - np.cos(2 * t))
+    crank = truth + 1e-3 * np.random.default_rng(1).standard_normal(t.size)
+    cells = [f"{x:.6f}" for x in crank]
+    cells[7], cells[30], cells[31], cells[77] = "nan", "NaN", "", "nan"
+    obs = tmp_path / "obs.csv"
+    obs.write_text("t,crank\n" + "".join(f"{float(a)!r},{c}\n" for a, c in zip(t, cells)))
+    out = tmp_path / "est.csv"
+    rc, stdout, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", out], capsys)
+    assert rc == 0, err
+    assert stdout == ""                                       # the summary goes to stderr
+    _, data = read_csv(out)
+    np.testing.assert_allclose(data[:, 0], t, rtol=0, atol=1e-12)
+    assert np.all(np.isfinite(data))
+    assert np.abs(data[20:, 5] - truth[20:]).max() < 5e-3
+    s = summary_of(err)
+    assert s == dict(steps=120, lost=0, recovered=0, far=0, reinitializations=0), err
+
+
+def test_estimate_dt_is_the_median_interval_unless_given(tmp_path, capsys, monkeypatch):
+    t = jittered_times(60)
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, 0.0 * t]))
+    seen = []
+    monkeypatch.setattr(cli, "_run_estimator", lambda args, mech, config, *rest, **kw: seen.append(config.dt) or 0)
+    assert run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "e.csv"], capsys)[0] == 0
+    assert seen[-1] == pytest.approx(np.median(np.diff(t))) and seen[-1] == pytest.approx(0.00505)
+    assert run(["estimate", "four_bar_crank", "--observations", obs, "--dt", "0.002", "-o", tmp_path / "e.csv"],
+               capsys)[0] == 0
+    assert seen[-1] == 0.002
+    _, out, _ = run(["estimate", "--help"], capsys)
+    assert "median interval" in " ".join(out.split())
+
+
+def test_estimate_summary_counts_lost_track_and_reinitializations(tmp_path, capsys):
+    """An encoder that slips by 0.3 rad (300 σ) from row 60 on: the estimate stops following, re-initializes
+    from the readings, and the summary counts both."""
+    t = np.arange(120) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(2).standard_normal(t.size)
+    crank[60:] += 0.3
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "e.csv"], capsys)
+    assert rc == 0, err
+    s = summary_of(err)
+    assert s["steps"] == 120 and s["reinitializations"] >= 1 and s["recovered"] >= 1
+    assert s["lost"] >= s["recovered"] and s["lost"] >= s["far"] >= 1
+    _, data = read_csv(tmp_path / "e.csv")
+    assert abs(data[-1, 5] - crank[-1]) < 0.01                # following the readings again
+
+
+def test_estimate_sensor_sigma_reaches_the_estimator_and_names_a_bad_sensor(tmp_path, capsys):
+    t = np.arange(80) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(3).standard_normal(t.size)
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    std = {}
+    for sigma in ("1e-4", "1e-2"):
+        out = tmp_path / f"e{sigma}.csv"
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", f"crank={sigma}",
+                          "--std", "-o", out], capsys)
+        assert rc == 0, err
+        header, data = read_csv(out)
+        std[sigma] = np.median(data[20:, header.index("crank_std")])
+    assert std["1e-2"] > 2.5 * std["1e-4"], std           # measured 4.5e-3 vs 1.05e-3 rad
+    for bad, message in (("wheel=1e-3", "'wheel' is not a sensor of the mechanism (crank, coupler_gyro)"),
+                         ("crank=-1", "SIGMA > 0 (got 'crank=-1')"), ("crank", "NAME=SIGMA")):
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", bad,
+                          "-o", tmp_path / "x.csv"], capsys)
+        assert rc == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_missing_torques_are_interpolated_from_their_neighbours(tmp_path, capsys):
+    """Fused mode: a missing command cell is unknown at its row; the command there comes from the rows around
+    it (tau − disturbance is the command at every step)."""
+    t = np.arange(60) * 0.005
+    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, 1.2 * (1 - np.cos(2 * t))]))
+    command = 2.0 + 10.0 * t
+    cells = [repr(float(c)) for c in command]
+    cells[10], cells[11], cells[40] = "nan", "", "NaN"
+    cmd.write_text("t,crank\n" + "".join(f"{float(a)!r},{c}\n" for a, c in zip(t, cells)))
+    out = tmp_path / "e.csv"
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--torques", cmd, "--mode", "fused",
+                      "-o", out], capsys)
+    assert rc == 0, err
+    header, data = read_csv(out)
+    applied, disturbance = data[:, header.index("tau_crank")], data[:, header.index("disturbance_crank")]
+    np.testing.assert_allclose(applied - disturbance, command, atol=1e-9)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("t,crank\n0,0\n0.005,0.1\n0.004,0.2\n", "row 4: time goes backwards"),
+    ("t,crank\n0,0\n0.005,0.1\n0.005,0.2\n", "row 4: time t = 0.005 s repeats row 3's"),
+    ("t,crank\n0,0\n0.005,inf\n0.01,0.2\n", "row 3, column 'crank': not a finite number: 'inf'"),
+])
+@pytest.mark.parametrize("command", ["estimate", "tune"])
+def test_bad_stamps_and_infinite_cells_name_the_row(tmp_path, capsys, text, message, command):
+    obs = tmp_path / "obs.csv"
+    obs.write_text(text)
+    extra = ["--mode", "estimation"] if command == "tune" else []
+    rc, _, err = run([command, "four_bar_crank", "--observations", obs, *extra, "-o", tmp_path / "o"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and message in err and str(obs) in err, err
+
+
+def test_inverse_dynamics_names_a_missing_trajectory_sample(tmp_path, capsys):
+    (tmp_path / "traj.csv").write_text("t,crank\n0,0\n0.005,nan\n0.01,0.2\n")
+    rc, _, err = run(["inverse-dynamics", "four_bar_crank", "--trajectory", tmp_path / "traj.csv",
+                      "-o", tmp_path / "o.csv"], capsys)
+    assert rc == 2 and "row 3, column 'crank': missing value" in err, err
+
+
+def test_tune_takes_jittered_stamps_and_missing_readings(tmp_path, capsys):
+    """The fit runs on stamps that jitter and drift, with nan and empty readings, and writes the file."""
+    t = jittered_times(60)
+    cells = [f"{0.3 * x ** 2:.6f}" for x in t]
+    cells[5], cells[17], cells[40] = "nan", "", "NaN"
+    obs = tmp_path / "obs.csv"
+    obs.write_text("t,crank\n" + "".join(f"{float(a)!r},{c}\n" for a, c in zip(t, cells)))
+    rc, out, err = run(["tune", "four_bar_crank", "--observations", obs, "--mode", "estimation",
+                        "-o", tmp_path / "p.yaml"], capsys)
+    assert rc == 0, err
+    assert "60 samples" in out and "effort_density" in (tmp_path / "p.yaml").read_text()
+    assert "at dt 0.00505 s" in (tmp_path / "p.yaml").read_text()          # the median interval

@@ -18,7 +18,7 @@ import json
 import math
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -76,6 +76,51 @@ class Progress:
             self.update(self.total)
             self.stream.write("\n")
             self.stream.flush()
+
+
+#: an encoder reading farther than this many of its σ from its coordinate's estimate: the estimate lost track
+LOST_TRACK_SIGMAS = 10.0
+
+
+class TrackingSummary:
+    """What `mbfg estimate` prints on stderr at the end, one line: the steps, how many of them lost track, the
+    re-initializations and the CPU time per step.
+
+    A step lost track when its estimate's status is ``recovered`` (the estimator re-initialized after a
+    numerical failure or readings that kept disagreeing with it) or ``waiting`` (no estimate yet), or when an
+    encoder read at that step is more than LOST_TRACK_SIGMAS of its σ from the estimate of its coordinate (a
+    single-turn encoder modulo one turn).  A re-initialization is a step after the first whose estimate
+    started a new window (status ``initialized`` or ``recovered``)."""
+
+    def __init__(self, mech, readings: Dict[str, np.ndarray], sensor_sigmas: Dict[str, float]):
+        self.encoders = [(readings[s.name], int(s.coordinate), float(sensor_sigmas.get(s.name, s.sigma)),
+                          s.single_turn) for s in mech.sensors if s.kind == "encoder" and s.name in readings]
+        self.steps = self.recovered = self.far = self.lost = self.reinitializations = 0
+        self.cpu_seconds = math.nan
+
+    def add(self, k: int, estimate) -> None:
+        self.steps += 1
+        status = estimate.status
+        not_tracking = status in ("recovered", "waiting")
+        far = False
+        for values, coordinate, sigma, single_turn in self.encoders:
+            reading = values[k]
+            if math.isfinite(reading):
+                miss = reading - float(estimate.q[coordinate])
+                if single_turn:
+                    miss = (miss + math.pi) % (2.0 * math.pi) - math.pi
+                far = far or not abs(miss) <= LOST_TRACK_SIGMAS * sigma
+        self.recovered += not_tracking
+        self.far += far
+        self.lost += not_tracking or far
+        self.reinitializations += self.steps > 1 and status in ("initialized", "recovered")
+
+    def line(self) -> str:
+        share = 100.0 * self.lost / max(self.steps, 1)
+        cpu = 1e3 * self.cpu_seconds / max(self.steps, 1)
+        return (f"{PROG} estimate: {self.steps} steps, lost track on {self.lost} ({share:.1f} %: {self.recovered} "
+                f"recovered or waiting, {self.far} with an encoder reading > {LOST_TRACK_SIGMAS:g} σ from its "
+                f"estimate), {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step")
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
@@ -154,7 +199,8 @@ def _plot(path, mech, t, q, v, tau, title: str, reference=None) -> None:
 
 def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
     """(len(t), n_actuators) efforts from a CSV with `t` and one column per actuator joint
-    (`<joint>` or `tau_<joint>`), linearly interpolated."""
+    (`<joint>` or `tau_<joint>`), linearly interpolated.  A missing cell (empty or nan) leaves that actuator's
+    effort unknown at its row: the rows of the actuator that have one are interpolated over it."""
     table = csvio.read_table(path)
     names = []
     for joint in mech.actuator_names:
@@ -220,9 +266,10 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _run_estimator(args, mech, config, t, efforts, observations, label: str, title: str) -> int:
+def _run_estimator(args, mech, config, t, efforts, observations, label: str, title: str,
+                   tracking: Optional["TrackingSummary"] = None) -> int:
     """Step the fixed-lag estimator over the times t (efforts: (N, n_actuated) or None; observations:
-    k -> readings or None), write the state CSV and the optional plot."""
+    k -> readings or None), write the state CSV and the optional plot; `tracking` sees every estimate."""
     from mbfg_ros.estimation.estimator import FixedLagEstimator
     try:
         config = config.validated()
@@ -235,9 +282,12 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     disturbance = np.full_like(tau, np.nan) if config.mode == "fused" and tau.shape[1] else None
     std = np.full((N, 3 * mech.n + 2 * tau.shape[1]), np.nan) if config.compute_covariance else None
     bar = Progress(N, label)
+    cpu_start = time.process_time()
     for k in range(N):
         e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
                      observations=None if observations is None else observations(k))
+        if tracking is not None:
+            tracking.add(k, e)
         q[k], v[k], a[k] = e.q, e.v, e.a
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
         if disturbance is not None and e.disturbance is not None:
@@ -248,6 +298,8 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
                 std[k, 3 * mech.n + tau.shape[1]:] = e.disturbance_std
         bar.update(k + 1)
     bar.close()
+    if tracking is not None:
+        tracking.cpu_seconds = time.process_time() - cpu_start
     extra = {}
     if disturbance is not None:
         extra.update({f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
@@ -295,6 +347,10 @@ def trajectory_from_csv(mech, path):
     if len(table.t) < 3:
         raise CsvError(f"{path}: need at least 3 rows")
     dt = csvio.require_uniform_time(table)
+    missing = csvio.missing_cell(table, act)
+    if missing:
+        raise CsvError(f"{path}: {missing}: missing value (the inverse dynamics needs every sample of the "
+                       f"trajectory)")
     limits = InputLimits(mech)
     for c in act:                           # the limits of an encoder on the coordinate
         index = mech.coordinate_index(c)
@@ -355,7 +411,9 @@ def cmd_estimate(args) -> int:
     mode = args.mode or from_file.get("mode", "estimation")
     window = args.window or from_file.get("window", 10)
     integrator = args.integrator or from_file.get("integrator", "trapezoidal")
-    table = csvio.read_table(args.observations, allow_empty=True)
+    sensor_sigmas = dict(from_file.get("sensor_sigmas", {}))
+    sensor_sigmas.update(_sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor"))
+    table = csvio.read_table(args.observations)
     names = [s.name for s in mech.sensors]
     cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols and mode == "estimation":
@@ -363,7 +421,8 @@ def cmd_estimate(args) -> int:
     t = table.t
     if len(t) < 2:
         raise CsvError(f"{args.observations}: need at least 2 rows")
-    dt = csvio.require_uniform_time(table)
+    # the rows' own times are the steps' times (a longer interval is bridged by sub-steps of about dt)
+    dt = args.dt if args.dt is not None else csvio.median_step(table)
     efforts = None
     if args.torques:
         efforts = _efforts_from_csv(mech, args.torques, t)
@@ -378,13 +437,16 @@ def cmd_estimate(args) -> int:
     if adapt is None:
         adapt = from_file.get("adapt_effort_density", EstimatorConfig.adapt_effort_density)
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
-                             sensor_sigmas=dict(from_file.get("sensor_sigmas", {})), compute_covariance=args.std,
+                             sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
                              adapt_effort_density=bool(adapt))
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
 
-    return _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}")
+    tracking = TrackingSummary(mech, cols, sensor_sigmas)
+    _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}", tracking)
+    print(tracking.line(), file=sys.stderr)
+    return 0
 
 
 def _tuning_recording(args, mech):
@@ -397,19 +459,14 @@ def _tuning_recording(args, mech):
             raise UserError("--torques goes with --observations; with --bag use --torques-topic")
         return recording_from_bag(mech, args.bag, args.observations_topic, args.torques_topic if fused else None)
     names, coords, _ = encoder_layout(mech)
-    table = csvio.read_table(args.observations, allow_empty=True)
+    table = csvio.read_table(args.observations)
     cols = csvio.sensor_columns(table, InputLimits(mech))
     missing = [n for n in names if n not in cols]
     if missing:
         raise CsvError(f"{args.observations}: no column for encoder(s) {', '.join(missing)}")
     if len(table.t) < 10:
         raise CsvError(f"{args.observations}: need at least 10 rows to fit")
-    csvio.require_uniform_time(table)
-    y = np.column_stack([cols[n] for n in names])
-    if not np.all(np.isfinite(y)):
-        row = int(np.nonzero(~np.all(np.isfinite(y), axis=1))[0][0])
-        raise CsvError(f"{args.observations}: empty encoder reading at t = {table.t[row]:g} (tuning needs every "
-                       f"encoder at every row)")
+    y = np.column_stack([cols[n] for n in names])      # NaN: a missing reading (the fit uses the others)
     commands = None
     if fused:
         if not args.torques:
@@ -418,22 +475,22 @@ def _tuning_recording(args, mech):
     return Recording(table.t, y, names, coords, commands, str(args.observations))
 
 
-def _sensor_sigma_options(items, mech) -> dict:
-    """--sensor-sigma NAME=SIGMA (repeatable) as {encoder name: σ}."""
-    from mbfg_ros.tuning.likelihood import encoder_layout
-    encoders = encoder_layout(mech)[0]
+def _sensor_sigma_options(items, names: Sequence[str], what: str) -> dict:
+    """--sensor-sigma NAME=SIGMA (repeatable) as {sensor name: σ}; NAME must be one of `names` (`what`
+    says which kind of sensor, for the error)."""
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
+        name = name.strip()
         try:
             sigma = float(value) if eq else math.nan
         except ValueError:
             sigma = math.nan
         if not (sigma > 0 and math.isfinite(sigma)):
             raise UserError(f"--sensor-sigma takes NAME=SIGMA with SIGMA > 0 (got '{item}')")
-        if name not in encoders:
-            raise UserError(f"--sensor-sigma {item}: '{name}' is not an encoder of {mech.name} "
-                            f"(encoders: {', '.join(encoders)})")
+        if name not in names:
+            raise UserError(f"--sensor-sigma {item}: '{name}' is not {what} of the mechanism "
+                            f"({', '.join(names) or 'none'})")
         out[name] = sigma
     return out
 
@@ -445,7 +502,8 @@ def cmd_tune(args) -> int:
     try:
         rec = _tuning_recording(args, mech)
         given = {n: getattr(args, n) for n in DENSITY_OPTIONS if getattr(args, n) is not None}
-        initial = tl.initial_values(mech, given, _sensor_sigma_options(args.sensor_sigma, mech))
+        encoders = tl.encoder_layout(mech)[0]
+        initial = tl.initial_values(mech, given, _sensor_sigma_options(args.sensor_sigma, encoders, "an encoder"))
         names = tl.parameter_names(mech, args.mode, args.fit_sensor_sigmas, args.fit_acceleration_density)
         bar = Progress(tl.evaluations_budget(len(names)), "tune")
         result = tl.fit(mech, rec, args.mode, initial, names, max_steps=args.max_steps, progress=bar.update)
@@ -508,14 +566,18 @@ _COMMAND_TEXTS = {
         help="run the online estimator over recorded sensor readings",
         description="State (and effort) estimation from a CSV of sensor readings with the "
         "fixed-lag factor-graph estimator.",
-        epilog="OBS.csv: column t (uniform step) and one column per sensor name (see 'mbfg info'); "
-        "an empty cell is a missing reading."),
+        epilog="OBS.csv: column t (strictly increasing; jitter and drift are taken as they are) and one column "
+        "per sensor name (see 'mbfg info'); an empty or nan cell is a missing reading.  Each row is a step of the "
+        "estimator at its own time; an interval longer than 1.5 dt is bridged by sub-steps of about dt.  At the "
+        "end a summary goes to stderr: steps, steps that lost track (status recovered or waiting, or an encoder "
+        "reading more than 10 σ from its estimate), re-initializations, CPU per step."),
     "tune": dict(
         help="fit the noise densities (and encoder sigmas) to a recording: writes a parameter file",
         description="Maximum-likelihood fit of the estimator's process densities -- the effort density "
         "(estimation) or the disturbance density (fused), optionally the acceleration density and the encoders' "
         "σ -- from one recording of the real system, by the innovation likelihood of an EKF on the exact "
-        "reduced model that carries the estimator's stochastic model.  Needs one encoder per degree of freedom.",
+        "reduced model that carries the estimator's stochastic model.  Needs one encoder per degree of freedom; "
+        "the rows' times may jitter (the filter steps by each actual interval), missing readings are skipped.",
         epilog="Writes PARAMS.yaml in the node's parameter-file format (mbfg_estimator: ros__parameters: mode, "
                "sigmas, sensor_sigmas), read by 'mbfg estimate --params PARAMS.yaml' and by the node "
                "(--ros-args --params-file PARAMS.yaml, with the other parameter file).  Prints each fitted value "
@@ -586,6 +648,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimator parameters from a node parameter file (e.g. written by 'mbfg tune'): its mode, "
                         "window, integrator, sigmas and sensor_sigmas; options given here win")
     s.add_argument("--window", type=_positive("--window", int), default=None, metavar="N", help="(default 10)")
+    s.add_argument("--dt", type=_positive("--dt"), default=None, metavar="DT",
+                   help="the estimator's nominal step [s]: each row is a step of its own length (the interval "
+                        "since the previous row), and an interval longer than about 1.5 DT is bridged by "
+                        "sub-steps of about DT, the readings at the last (default: the median interval between "
+                        "the rows of OBS.csv, so jittery or drifting time stamps need no resampling)")
+    s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
+                   help="a sensor's σ in its units (repeatable; wins over --params; default: the mechanism file's)")
     s.add_argument("--mode", choices=tuple(m for m in MODES if m != "forward_dynamics"), default=None,
                    help="estimation: efforts unknown; fused: applied efforts = commanded + an estimated "
                         "disturbance (default estimation)")

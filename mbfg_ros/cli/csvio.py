@@ -19,8 +19,8 @@ import numpy as np
 from mbfg_ros.excerpt import excerpt, excerpts
 from mbfg_ros.model.plausibility import InputLimits, Problem
 
-__all__ = ["CsvError", "Table", "read_table", "write_table", "state_header", "state_rows",
-           "interpolate", "require_uniform_time", "sensor_columns", "check_cells"]
+__all__ = ["CsvError", "Table", "read_table", "write_table", "state_header", "state_rows", "check_time",
+           "interpolate", "require_uniform_time", "median_step", "missing_cell", "sensor_columns", "check_cells"]
 
 
 class CsvError(ValueError):
@@ -43,11 +43,12 @@ class Table:
         return name in self.columns
 
 
-def read_table(path, allow_empty: bool = False) -> Table:
+def read_table(path) -> Table:
     """Read a CSV file with a header row whose first column is ``t`` (seconds, strictly increasing).
 
-    Cells must be numbers; an empty cell is NaN when `allow_empty` is true (a missing reading) and
-    an error otherwise.  Lines starting with ``#`` are comments.
+    Cells must be numbers; an empty cell or ``nan`` (any case: numpy's and pandas' spelling) is a missing
+    value (NaN in `data`; what it means is up to the reader: a missing reading, an unknown command), ``inf``
+    is an error.  The time column must have every cell.  Lines starting with ``#`` are comments.
     """
     source = str(path)
     try:
@@ -77,24 +78,44 @@ def read_table(path, allow_empty: bool = False) -> Table:
         if len(row) != len(header):
             raise CsvError(f"{source}: row {line_no} has {len(row)} cells, the header has {len(header)}")
         for j, cell in enumerate(row):
-            cell = cell.strip()
-            if not cell:
-                if j == 0 or not allow_empty:
-                    raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': empty cell")
-                data[i, j] = math.nan
-                continue
-            try:
-                x = float(cell)
-            except ValueError:
-                raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': not a number: '{excerpt(cell)}'") from None
-            if not math.isfinite(x):
-                raise CsvError(f"{source}: row {line_no}, column '{excerpt(header[j])}': not a finite number: '{excerpt(cell)}'")
-            data[i, j] = x
+            data[i, j] = _cell(source, line_no, header[j], cell.strip(), time=j == 0)
     t = data[:, 0].copy()
-    if len(t) > 1 and np.any(np.diff(t) <= 0):
-        k = int(np.nonzero(np.diff(t) <= 0)[0][0]) + 3
-        raise CsvError(f"{source}: row {k}: time 't' must be strictly increasing")
+    check_time(source, t)
     return Table(source, t, header[1:], data[:, 1:].copy())
+
+
+def _cell(source: str, line_no: int, column: str, cell: str, time: bool) -> float:
+    """The value of one cell: NaN for a missing one (empty or 'nan'), else a finite number or CsvError."""
+    where = f"{source}: row {line_no}, column '{excerpt(column)}'"
+    missing = not cell or cell.lower().lstrip("+-") == "nan"
+    if missing:
+        if time:
+            raise CsvError(f"{where}: the time is missing ('{excerpt(cell)}'): every row needs its time")
+        return math.nan
+    try:
+        x = float(cell)
+    except ValueError:
+        raise CsvError(f"{where}: not a number: '{excerpt(cell)}'") from None
+    if not math.isfinite(x):
+        raise CsvError(f"{where}: not a finite number: '{excerpt(cell)}' (a missing value is an empty cell or nan)")
+    return x
+
+
+def check_time(source: str, t: np.ndarray) -> None:
+    """CsvError naming the first row whose time repeats the previous row's or goes back from it (file rows
+    are counted from 1, the header included)."""
+    if len(t) < 2:
+        return
+    steps = np.diff(t)
+    bad = np.nonzero(steps <= 0)[0]
+    if bad.size:
+        i = int(bad[0])
+        this, before = i + 3, i + 2
+        if steps[i] == 0:
+            raise CsvError(f"{source}: row {this}: time t = {t[i + 1]:.9g} s repeats row {before}'s "
+                           f"(times must be strictly increasing)")
+        raise CsvError(f"{source}: row {this}: time goes backwards (t = {t[i + 1]:.9g} s after "
+                       f"{t[i]:.9g} s at row {before}; times must be strictly increasing)")
 
 
 def require_uniform_time(table: Table, rel_tol: float = 1e-6) -> float:
@@ -108,6 +129,25 @@ def require_uniform_time(table: Table, rel_tol: float = 1e-6) -> float:
         raise CsvError(f"{table.source}: time steps must be uniform (mean {dt:g} s, but the step from row "
                        f"{i + 2} to row {i + 3} is {dts[i]:g} s)")
     return dt
+
+
+def median_step(table: Table) -> float:
+    """The median interval between the rows' times (at least 2 rows): the step of a recording whose time
+    stamps jitter or drift (one late sample moves it by nothing)."""
+    if len(table.t) < 2:
+        raise CsvError(f"{table.source}: need at least 2 rows to define a time step")
+    return float(np.median(np.diff(table.t)))
+
+
+def missing_cell(table: Table, names: Sequence[str]) -> Optional[str]:
+    """"row R, column 'C'" of the first missing cell (by row, then by the order of `names`), or None."""
+    if not names:
+        return None
+    bad = ~np.isfinite(np.column_stack([table.column(name) for name in names]))
+    if not bad.any():
+        return None
+    i, j = np.argwhere(bad)[0]
+    return f"row {int(i) + 2}, column '{names[int(j)]}'"
 
 
 def interpolate(table: Table, names: Sequence[str], t: np.ndarray) -> np.ndarray:

@@ -19,7 +19,8 @@ it.  `ReducedEKF`, state x = (z, ż, e, ė), one (e, ė) per actuator:
 * prediction: the mean by one RK4 step of the nonlinear model (the command held over the step, as the plant's
   zero-order hold); the covariance by the exact discretization (Van Loan) of the model linearized at the mean,
   the Jacobian by central differences;
-* update: the encoders read z directly (linear); each update adds log N(innovation; 0, S) to
+* prediction over each sample's own interval (`step(..., dt)`: stamps may jitter);
+* update: the encoders read z directly (linear; a missing reading, NaN, is left out); each update adds log N(innovation; 0, S) to
   `log_likelihood` (the prediction-error decomposition of the readings' likelihood).
 """
 
@@ -149,8 +150,7 @@ class ReducedEKF:
         A[2 * d + self.na:, 2 * d + self.na:] = -2.0 * self.damping * np.eye(self.na)
         return A
 
-    def _rk4(self, x, command):
-        h = self.dt
+    def _rk4(self, x, command, h):
         k1 = self._f(x, command)
         k2 = self._f(x + 0.5 * h * k1, command)
         k3 = self._f(x + 0.5 * h * k2, command)
@@ -162,45 +162,59 @@ class ReducedEKF:
             return np.zeros((self.d, self.d))
         return encoded_acceleration_noise(self.model.mech, q, self.model.z, self.acceleration_density)
 
-    def _discretize(self, A):
-        """F = e^{A dt} and Qd = ∫ e^{As} G Qc Gᵀ e^{Aᵀs} ds over [0, dt] (Van Loan)."""
+    def _discretize(self, A, h):
+        """F = e^{A h} and Qd = ∫ e^{As} G Qc Gᵀ e^{Aᵀs} ds over [0, h] (Van Loan)."""
         n = self.nx
         M = np.zeros((2 * n, 2 * n))
         M[:n, :n] = -A
         M[:n, n:] = self.G @ self.Qc @ self.G.T
         M[n:, n:] = A.T
-        E = expm(M * self.dt)
+        E = expm(M * h)
         F = E[n:, n:].T
         return F, F @ E[:n, n:]
 
     # -- the filter -------------------------------------------------------------------------------------
-    def step(self, readings: np.ndarray, command: Optional[np.ndarray] = None) -> FilterOutput:
-        """Predict to this sample (the previous sample's command held over the step), then update with the
-        encoder readings (z); the first call initializes at the readings, at rest."""
+    def step(self, readings: np.ndarray, command: Optional[np.ndarray] = None,
+             dt: Optional[float] = None) -> FilterOutput:
+        """Predict to this sample, `dt` after the previous one (default: the filter's dt; the previous sample's
+        command held over the step), then update with the encoder readings (z; NaN: no reading of that
+        encoder, the update uses the others); the first call initializes at the readings (all needed), at
+        rest."""
         d, na = self.d, self.na
         command = np.zeros(na) if command is None else np.asarray(command, float)
         y = np.asarray(readings, float)
         if self.x is None:
+            if not np.all(np.isfinite(y)):
+                raise ValueError("the first sample needs a reading of every encoder")
             self.x = np.zeros(self.nx)
             self.x[:d] = y
             self.P = self.P0.copy()
             self.P[:d, :d] = self.R
         else:
+            h = self.dt if dt is None else float(dt)
             A = self._jacobian(self.x, self._command)
             self.Qc[:d, :d] = self._acceleration_noise(self.model.q_guess)
-            F, Qd = self._discretize(A)
-            self.x = self._rk4(self.x, self._command)
+            F, Qd = self._discretize(A, h)
+            self.x = self._rk4(self.x, self._command, h)
             self.P = F @ self.P @ F.T + Qd
-            S = self.H @ self.P @ self.H.T + self.R
-            innovation = y - self.x[:d]
-            self.innovation, self.innovation_covariance = innovation, S
-            _, logdet = np.linalg.slogdet(S)
-            self.log_likelihood -= 0.5 * (innovation @ np.linalg.solve(S, innovation) + logdet
-                                          + d * math.log(2.0 * math.pi))
-            K = np.linalg.solve(S, self.H @ self.P).T
-            self.x = self.x + K @ innovation
-            I_KH = np.eye(self.nx) - K @ self.H
-            self.P = I_KH @ self.P @ I_KH.T + K @ self.R @ K.T     # Joseph form: stays symmetric positive
+            read = np.isfinite(y)
+            if read.all():
+                H, R, y_read = self.H, self.R, y
+            else:
+                H, R, y_read = self.H[read], self.R[np.ix_(read, read)], y[read]
+            if y_read.size:
+                S = H @ self.P @ H.T + R
+                innovation = y_read - H @ self.x
+                self.innovation, self.innovation_covariance = innovation, S
+                _, logdet = np.linalg.slogdet(S)
+                self.log_likelihood -= 0.5 * (innovation @ np.linalg.solve(S, innovation) + logdet
+                                              + y_read.size * math.log(2.0 * math.pi))
+                K = np.linalg.solve(S, H @ self.P).T
+                self.x = self.x + K @ innovation
+                I_KH = np.eye(self.nx) - K @ H
+                self.P = I_KH @ self.P @ I_KH.T + K @ R @ K.T     # Joseph form: stays symmetric positive
+            else:
+                self.innovation = self.innovation_covariance = None
         self._command = command
         q = self.model.positions(self.x[:d])
         self.model.q_guess = q                      # track the branch the motion is on

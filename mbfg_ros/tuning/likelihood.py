@@ -10,7 +10,9 @@ parameter, Nelder–Mead for several.  The 1σ of each fitted log10 value comes 
 log-likelihood at the optimum (the inverse Hessian, central differences of 0.05 decade).
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
-freedom); gyroscopes are left out and keep their sigmas.
+freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
+samples (stamps that jitter or drift are taken as they are) and updates with the readings present (a missing
+one, NaN, adds nothing to the likelihood); it starts at the first sample where every encoder reads.
 
 Long recordings are decimated (every m-th reading, the commands averaged over each interval) to at most
 `max_steps` filter steps: the EKF costs ~1 ms a step in Python and the search needs ~20 passes, while the
@@ -44,8 +46,9 @@ class TuningError(ValueError):
 
 @dataclass
 class Recording:
-    """Encoder readings (N, d) on the independent coordinates `coordinates` at the uniform times t, the
-    commanded efforts (N, n_actuated) or None, and where they came from (for messages and the file header)."""
+    """Encoder readings (N, d) on the independent coordinates `coordinates` (NaN: no reading) at the strictly
+    increasing times t (as stamped: jitter and drift are taken as they are), the commanded efforts
+    (N, n_actuated) or None, and where they came from (for messages and the file header)."""
     t: np.ndarray
     readings: np.ndarray
     encoders: List[str]
@@ -55,7 +58,20 @@ class Recording:
 
     @property
     def dt(self) -> float:
-        return float(self.t[1] - self.t[0])
+        """The median interval (the nominal step of jittery stamps)."""
+        return float(np.median(np.diff(self.t)))
+
+    def from_first_complete_reading(self) -> "Recording":
+        """The recording from its first sample with every encoder read (the filter starts there)."""
+        complete = np.nonzero(np.all(np.isfinite(self.readings), axis=1))[0]
+        if complete.size == 0:
+            raise TuningError(f"{self.source}: no sample has a reading of every encoder ({', '.join(self.encoders)}): "
+                              f"the fit needs one to start from")
+        k = int(complete[0])
+        if k == 0:
+            return self
+        return Recording(self.t[k:], self.readings[k:], self.encoders, self.coordinates,
+                         None if self.commands is None else self.commands[k:], self.source)
 
     def decimated(self, max_steps: int) -> "Recording":
         """At most `max_steps` samples: every m-th reading, each command the mean over its interval (what the
@@ -168,8 +184,9 @@ def log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str,
     fused = mode == "fused"
     try:
         with np.errstate(all="raise"):
+            steps = np.diff(rec.t, prepend=rec.t[0])
             for k in range(len(rec.t)):
-                ekf.step(rec.readings[k], rec.commands[k] if fused else None)
+                ekf.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
     except (AssemblyError, FloatingPointError, np.linalg.LinAlgError, ValueError):
         return -math.inf
     return ekf.log_likelihood if math.isfinite(ekf.log_likelihood) else -math.inf
@@ -183,8 +200,11 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         raise TuningError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     if mode == "fused" and rec.commands is None:
         raise TuningError("--mode fused needs the commanded efforts")
+    rec = rec.from_first_complete_reading()
     if len(rec.t) < 10:
         raise TuningError(f"{rec.source}: need at least 10 samples to fit (got {len(rec.t)})")
+    if not np.all(np.diff(rec.t) > 0):
+        raise TuningError(f"{rec.source}: the sample times must be strictly increasing")
     full_len = len(rec.t)
     rec = rec.decimated(max_steps)
     names = list(names)
