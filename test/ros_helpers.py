@@ -407,17 +407,11 @@ class PublisherThread:
 class Feeder(PublisherThread):
     """Publishes a plant trajectory as the node's inputs in real time from a thread: observations
     (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
-    node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth.
-    With `drop_late`, a sample whose time has passed by more than `drop_late` seconds when the thread gets to
-    it is not published (its stamp is not in `stamps`): a sensor samples in real time, and a driver that
-    falls behind (a starved test process at 10-20 kHz) loses samples rather than sending a growing backlog
-    of stale ones."""
+    node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth."""
 
     def __init__(self, probe: "Probe", traj, dt: float, mech, observations: bool = True, efforts: bool = True,
-                 t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0,
-                 drop_late: Optional[float] = None):
+                 t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0):
         self.probe, self.traj, self.dt, self.mech = probe, traj, dt, mech
-        self.drop_late_ns = None if drop_late is None else int(drop_late * 1e9)
         self.observations, self.efforts, self.clock, self.rate = observations, efforts, clock, rate
         self.t_start_ns = t_start_ns
         self.stamps: List[int] = []
@@ -451,8 +445,6 @@ class Feeder(PublisherThread):
             d = (due - time.time_ns()) / 1e9
             if d > 0:
                 time.sleep(d)
-            elif self.drop_late_ns is not None and -d * 1e9 > self.drop_late_ns:
-                continue
             st = t0 + k * dt_ns
             self.stamps.append(st)
             self.lateness_ns.append(time.time_ns() - due)
