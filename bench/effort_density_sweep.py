@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import estimation_quality as eq  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
+from mbfg_ros.factors.noise import default_sigmas  # noqa: E402
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF  # noqa: E402
 from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402
 
@@ -44,7 +45,7 @@ def innovation_statistics(sc, mech, traj, density):
     names, z = eq.encoded(mech)
     sigma = np.array([s.sigma for s in mech.sensors if s.kind == "encoder"])
     f = ReducedEKF(mech, z, sc.dt, sigma, density,
-                   acceleration_density=EstimatorConfig().sigmas["acceleration_density"])
+                   acceleration_density=default_sigmas(mech.spec)["acceleration_density"])
     Y = np.column_stack([traj.readings[n] for n in names])
     nis, nu = [], []
     for k, t in enumerate(traj.t):
