@@ -6,6 +6,7 @@ older than the window and than the held command is `too_old`."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -47,6 +48,17 @@ class LateCommandFeeder(PublisherThread):
             self.command_stamps.append(stamp)
 
     def _run(self):
+        # (as `ros_helpers.Feeder`: a full collection of the test process's garbage, left by earlier tests, stalls
+        # every thread for tens of ms and makes readings late; a sensor driver is not paused by it)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._feed()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _feed(self):
         dt_ns = int(round(DT * 1e9))
         t0 = time.time_ns()
         sensors = list(self.traj.readings)
