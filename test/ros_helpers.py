@@ -383,11 +383,26 @@ def joint_state(stamp_ns_: int, names, position=(), velocity=(), effort=()):
 
 class PublisherThread:
     """A publisher running `_run` in a daemon thread: `start()` (returns self), `join()`, `stop()`
-    (`_run` checks `self._stop`)."""
+    (`_run` checks `self._stop`).  With `pause_gc`, the process's garbage collector is off while `_run` runs:
+    a full collection of the test process's garbage (tens of thousands of objects left by earlier tests)
+    stalls every thread for tens of ms, and the inputs would reach the node late and be (rightly) counted as
+    late; a real sensor driver is not paused by the test process's GC."""
+
+    pause_gc = False
 
     def __init__(self):
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self):
+        paused = self.pause_gc and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            self._run()
+        finally:
+            if paused:
+                gc.enable()
 
     def start(self):
         self.thread.start()
@@ -409,6 +424,8 @@ class Feeder(PublisherThread):
     (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
     node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth."""
 
+    pause_gc = True
+
     def __init__(self, probe: "Probe", traj, dt: float, mech, observations: bool = True, efforts: bool = True,
                  t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0):
         self.probe, self.traj, self.dt, self.mech = probe, traj, dt, mech
@@ -419,18 +436,6 @@ class Feeder(PublisherThread):
         super().__init__()
 
     def _run(self):
-        # A full collection of the test process's garbage collector (tens of thousands of objects left by
-        # earlier tests) stalls every thread for tens of ms: the inputs would reach the node late and be
-        # (rightly) counted as late.  A real sensor driver is not paused by the test process's GC.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._feed()
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-
-    def _feed(self):
         from rosgraph_msgs.msg import Clock
         from builtin_interfaces.msg import Time
         sensors = list(self.traj.readings)

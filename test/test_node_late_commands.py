@@ -6,7 +6,6 @@ older than the window and than the held command is `too_old`."""
 
 from __future__ import annotations
 
-import gc
 import time
 
 import numpy as np
@@ -34,6 +33,8 @@ class LateCommandFeeder(PublisherThread):
     has received the estimate of its step, so that it reaches the node after its step was estimated, however
     fast or slow the machine (a fixed delay made commands late only on a node quicker than the delay)."""
 
+    pause_gc = True
+
     def __init__(self, probe, traj, mech):
         self.probe, self.traj, self.mech = probe, traj, mech
         self.stamps = []              # of the readings
@@ -48,17 +49,6 @@ class LateCommandFeeder(PublisherThread):
             self.command_stamps.append(stamp)
 
     def _run(self):
-        # (as `ros_helpers.Feeder`: a full collection of the test process's garbage, left by earlier tests, stalls
-        # every thread for tens of ms and makes readings late; a sensor driver is not paused by it)
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._feed()
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-
-    def _feed(self):
         dt_ns = int(round(DT * 1e9))
         t0 = time.time_ns()
         sensors = list(self.traj.readings)
