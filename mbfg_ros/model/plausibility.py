@@ -29,7 +29,6 @@ The rules (README, "Mechanism YAML format"; docs/decisions.md has the reasons):
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,7 +43,6 @@ __all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", 
            "EFFORT_LIMIT_ACCELERATION", "KINDS"]
 
 Problem = Tuple[str, str]
-_POINT_COORDINATE = re.compile(r"[xy][0-9]+\Z")
 
 #: before the first estimate, an angle reading farther than this many turns from the drawn pose is implausible
 START_SPAN_TURNS = 1e6
@@ -92,7 +90,8 @@ def mechanism_scale(spec: MechanismSpec) -> Tuple[float, float]:
     without gravity).  The noise densities' defaults follow them (`factors.noise`)."""
     mass = float(sum(b.mass for b in spec.bodies))
     reach = mechanism_reach(spec)
-    prismatic = bool(spec.actuators) and all(_POINT_COORDINATE.match(a.coordinate) for a in spec.actuators)
+    angles = {r.name for r in spec.relative_angles}
+    prismatic = bool(spec.actuators) and all(a.coordinate not in angles for a in spec.actuators)
     return mass * STANDARD_GRAVITY * (1.0 if prismatic else reach), math.sqrt(reach / STANDARD_GRAVITY)
 
 
