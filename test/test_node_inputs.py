@@ -347,7 +347,9 @@ def test_sim_time_without_a_clock_source_is_refused(node):
     try:
         assert wait_until(lambda: probe.node.count_publishers("/clock") == 0, 10.0)
         time.sleep(0.5)        # (the node's view of the graph follows ours)
-        r = probe.set_params({"use_sim_time": True})[0]
+        # (the module's node has just taken the earlier tests' hostile inputs: on a busy machine its answer can
+        # take longer than the probe's default 5 s)
+        r = probe.set_params({"use_sim_time": True}, timeout=30.0)[0]
         assert not r.successful and "/clock" in r.reason, r.reason
         assert probe.get_params(["use_sim_time"]) == [False]
     finally:
