@@ -351,3 +351,61 @@ def test_unwrapping_keeps_the_joint_rows_and_the_joint_angles_turns():
     np.testing.assert_allclose(out[[shoulder, elbow]], reference[[shoulder, elbow]], atol=1e-12)
     # the point coordinates never move
     np.testing.assert_array_equal(out[:mech.n_point_coordinates], q[:mech.n_point_coordinates])
+
+
+# -- the estimator on joint angles ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("turns", ["multi", "single"])
+def test_estimator_follows_a_spinning_acrobot_over_many_turns(turns):
+    # the elbow motor spins the acrobot up: both joint angles run through two turns and more; the encoders read
+    # the joint angles (whole, or modulo a turn) and the estimate follows them without a re-initialization
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    acrobot = Mechanism(load_spec_from_string(DFKI_LIKE.format(extra=f"""
+joint_angles:
+  - {{name: q1, bodies: [ground, link1]}}
+  - {{name: q2, bodies: [link1, link2]}}
+actuators:
+  - {{coordinate: q2, gear_ratio: -6, rotor_inertia: 1e-4}}
+sensors:
+  - {{type: encoder, coordinate: q1, sigma: 1e-4, turns: {turns}}}
+  - {{type: encoder, coordinate: q2, sigma: 1e-4, turns: {turns}}}
+""")))
+    cols = [acrobot.coordinate_index("q1"), acrobot.coordinate_index("q2")]
+    spin = lambda m, t, q, v: np.array([0.5 * (12.0 - v[cols[1]])])     # noqa: E731
+    traj = SimulatedPlant(acrobot, dt=2e-3, profile=spin, seed=1, actuator=Actuator.ideal(acrobot)).simulate(2.0)
+    assert (traj.q[-1, cols] > 4 * math.pi).all()
+    for mode in ("fused", "estimation"):
+        est = FixedLagEstimator(acrobot, EstimatorConfig(dt=2e-3, mode=mode))
+        worst = 0.0
+        for k in range(len(traj.t)):
+            readings = {n: float(v[k]) for n, v in traj.readings.items()}
+            if turns == "single":
+                readings = {n: math.remainder(v, 2 * math.pi) for n, v in readings.items()}
+            e = est.step(float(traj.t[k]), efforts=traj.efforts[k] if mode == "fused" else None,
+                         observations=readings)
+            assert k == 0 or e.status == "ok", (mode, k, e.status, e.message)
+            assert np.abs(acrobot.constraints.phi(e.q)).max() < 1e-4      # soft constraints; a turn off: 2π
+            if k >= 10:
+                worst = max(worst, float(np.abs(e.q[cols] - traj.q[k, cols]).max()))
+        assert worst < 2e-3, (mode, worst)
+
+
+def test_estimator_starts_on_the_readings_turns():
+    # multi-turn encoders whole turns from the drawn pose: the first window starts on the readings' turns, its body
+    # angles on the same turns (the joint rows exact), not on the drawn pose's
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    mech = mechanism(JOINTS + """
+sensors:
+  - {type: encoder, coordinate: shoulder, sigma: 1e-4}
+  - {type: encoder, coordinate: elbow, sigma: 1e-4}
+""")
+    readings = {"shoulder": 6 * math.pi + 0.3, "elbow": -4 * math.pi + 0.2}
+    est = FixedLagEstimator(mech, EstimatorConfig(dt=1e-3, mode="estimation"))
+    for k in range(5):
+        e = est.step(k * 1e-3, observations=readings)
+        assert e.status in ("initialized", "ok")
+        np.testing.assert_allclose(e.q[[mech.coordinate_index(n) for n in readings]], list(readings.values()),
+                                   atol=1e-3)
+        assert np.abs(mech.constraints.phi(e.q)).max() < 1e-4
