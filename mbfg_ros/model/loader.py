@@ -497,15 +497,20 @@ class _Builder:
             if not any(pts[0] in body.points and pts[1] in body.points for body in self.body_specs):
                 self.fail(f"{path}.points", f"points {pts[0]} and {pts[1]} do not belong to a common body, so "
                                             "their distance is not constant")
-            cname = f"theta{k}"
-            if "name" in entry:
-                cname = self.name(entry["name"], f"{path}.name")
-                if _POINT_COORDINATE.match(cname):
-                    self.fail(f"{path}.name", f"'{cname}' looks like a point coordinate name (x<i>/y<i>); "
-                                              "choose another name")
-            self.check_unique(names, cname, f"{path}.name" if "name" in entry else path, "coordinate")
+            cname = self.coordinate_name(entry, path, names, f"theta{k}")
             out.append(RelativeAngleSpec(name=cname, points=(pts[0], pts[1])))
         return out
+
+    def coordinate_name(self, entry: Dict[str, Any], path: str, names: Dict[str, str], default: str) -> str:
+        """entry's `name` (or `default`): a valid coordinate name, not of a point coordinate's form, unique."""
+        cname = default
+        if "name" in entry:
+            cname = self.name(entry["name"], f"{path}.name")
+            if _POINT_COORDINATE.match(cname):
+                self.fail(f"{path}.name", f"'{cname}' looks like a point coordinate name (x<i>/y<i>); "
+                                          "choose another name")
+        self.check_unique(names, cname, f"{path}.name" if "name" in entry else path, "coordinate")
+        return cname
 
     def joint_angles(self, doc: Dict[str, Any], relative: List[RelativeAngleSpec]) -> List[JointAngleSpec]:
         """The joint angles; appends to `relative` the absolute angle ``theta_<body>`` (points[0] → points[1]) of
@@ -520,13 +525,7 @@ class _Builder:
                 self.fail(f"{path}.bodies", f"parent and child are the same body ({self.body_specs[child].name}); "
                                             "a joint angle is between two bodies")
             value = self.expr(entry["value"], f"{path}.value") if "value" in entry else 0.0
-            jname = f"joint{k}"
-            if "name" in entry:
-                jname = self.name(entry["name"], f"{path}.name")
-                if _POINT_COORDINATE.match(jname):
-                    self.fail(f"{path}.name", f"'{jname}' looks like a point coordinate name (x<i>/y<i>); "
-                                              "choose another name")
-            self.check_unique(names, jname, f"{path}.name" if "name" in entry else path, "coordinate")
+            jname = self.coordinate_name(entry, path, names, f"joint{k}")
             child_angle, child_drawn = self.body_angle(child, relative, names, path)
             parent_angle, parent_drawn = (None, 0.0) if parent is None else self.body_angle(parent, relative,
                                                                                              names, path)
