@@ -68,20 +68,27 @@ def documented_parameters(heading: str) -> Dict[str, str]:
             for r in table_rows(section(INTERFACES, heading), "parameter")}
 
 
-def declared(node, before: set) -> Dict[str, bool]:
-    """{name: read_only} of the parameters `node` declares beyond `before` (rclpy's own)."""
-    return {name: bool(node.describe_parameter(name).read_only)
-            for name in node._parameters if name not in before}
-
-
-def rclpy_own_parameters(context) -> set:
-    """The parameters every rclpy node declares by itself (use_sim_time, and more in newer distributions)."""
+def declared_parameters(make_node, ros_args: List[str], keep=("use_sim_time",)) -> Dict[str, bool]:
+    """{name: read_only} of the parameters of the node `make_node(context=...)` builds in this process with
+    `ros_args`, without those every rclpy node declares by itself (use_sim_time, and more in newer
+    distributions) except `keep`."""
+    import rclpy
+    from rclpy.context import Context
     from rclpy.node import Node
-    bare = Node("mbfg_docs_bare", context=context, start_parameter_services=False)
+    ctx = Context()
+    rclpy.init(args=["--ros-args", *ros_args], context=ctx, domain_id=fresh_domain_id())
     try:
-        return set(bare._parameters)
-    finally:
+        bare = Node("mbfg_docs_bare", context=ctx, start_parameter_services=False)
+        own = set(bare._parameters) - set(keep)
         bare.destroy_node()
+        node = make_node(context=ctx)
+        try:
+            return {name: bool(node.describe_parameter(name).read_only)
+                    for name in node._parameters if name not in own}
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
 
 
 # -- parameters ------------------------------------------------------------------------------------------
@@ -90,21 +97,8 @@ def test_every_estimator_parameter_is_documented_with_its_run_time_column():
     """The node built from config/four_bar.yaml in this process: each parameter it declares (sensor_sigmas.*
     through the `sensor_sigmas.<sensor>` row, qos_overrides.* through theirs) is a row of the parameter table,
     'no' exactly for the read-only ones; each row is a parameter the node has."""
-    import rclpy
-    from rclpy.context import Context
-    from mbfg_ros.ros import node as N
-    ctx = Context()
-    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false"], context=ctx,
-               domain_id=fresh_domain_id())
-    try:
-        own = rclpy_own_parameters(ctx) - {"use_sim_time"}
-        node = N.EstimatorNode(context=ctx)
-        try:
-            params = declared(node, own)
-        finally:
-            node.destroy_node()
-    finally:
-        rclpy.shutdown(context=ctx)
+    from mbfg_ros.ros.node import EstimatorNode
+    params = declared_parameters(EstimatorNode, ["--params-file", str(CONFIG), "-p", "publish_markers:=false"])
     docs = documented_parameters("Parameters")
     assert "use_sim_time" in params and "sensor_sigmas.crank" in params and "sigmas.effort_density" in params
 
@@ -135,20 +129,8 @@ def test_every_estimator_parameter_is_documented_with_its_run_time_column():
 def test_every_plant_parameter_is_documented_with_its_run_time_column():
     """four_bar_sim built in this process: its parameters are the plant's table's rows; 'no' for the
     read-only ones, 'no†' (read once at start) for the others that the plant does not apply at run time."""
-    import rclpy
-    from rclpy.context import Context
     from mbfg_ros.ros.sim_node import SimNode
-    ctx = Context()
-    rclpy.init(args=["--ros-args", "-p", "lookahead:=0.0"], context=ctx, domain_id=fresh_domain_id())
-    try:
-        own = rclpy_own_parameters(ctx)
-        node = SimNode(context=ctx)
-        try:
-            params = declared(node, own)
-        finally:
-            node.destroy_node()
-    finally:
-        rclpy.shutdown(context=ctx)
+    params = declared_parameters(SimNode, ["-p", "lookahead:=0.0"], keep=())
     docs = documented_parameters("The simulated plant (`four_bar_sim`)")
     assert set(params) == set(docs), (f"declared, not documented: {sorted(set(params) - set(docs))}; "
                                       f"documented, not declared: {sorted(set(docs) - set(params))}")
