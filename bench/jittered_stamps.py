@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real time stamps: is the estimate as accurate on readings whose stamps jitter and drift as on uniform ones,
-and which way of stepping the estimator through them is better (docs/decisions.md, "Real time stamps").
+and which way of stepping the estimator through them is better (docs/decisions.md, "Inputs and time").
 
     PYTHONPATH=. python bench/jittered_stamps.py [--scenario four_bar_estimation ...] [--seeds 3] [--seconds 3]
                                                  [--late-share 0.05] [--late-max 2.7] [--drift 0.01]
