@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 
+#: [rad/s or m/s] the rate v_s of an actuator's smoothed Coulomb friction when the YAML gives none (`ActuatorSpec`)
+DEFAULT_COULOMB_VELOCITY = 0.01
+
+
 class MechanismError(ValueError):
     """Any problem with a mechanism description.  The message names the file, the key path and what is wrong."""
 
@@ -62,6 +66,11 @@ class ActuatorSpec:
     coordinate: str           # a coordinate name, as `Mechanism.coordinate_names` lists it
     joint: str                # the name used on ROS topics (defaults to the coordinate name)
     effort_limit: Optional[float] = None   # |command| above it is implausible; None: from the mechanism's scale
+    # joint friction on the coordinate, F(q̇) = b q̇ + c (2/π) atan(q̇ / v_s), a generalized force −F
+    # (`model.friction.Friction`): b [N·m·s/rad or N·s/m], c [N·m or N] (the friction well above v_s), v_s > 0
+    viscous_friction: float = 0.0
+    coulomb_friction: float = 0.0
+    coulomb_velocity: float = DEFAULT_COULOMB_VELOCITY
 
 
 @dataclass(frozen=True)
