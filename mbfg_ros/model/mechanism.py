@@ -331,6 +331,9 @@ class Mechanism:
             "coordinates": list(self.coordinate_names),
             "actuated": [self.coordinate_names[i] for i in self.actuated],
             "actuator_joints": list(self.actuator_names),
+            # per actuator: {viscous, coulomb, coulomb_velocity} of its friction, or None
+            "actuator_friction": [None if self.friction is None else self.friction.describe(int(c))
+                                  for c in self.actuated],
             "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
             "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,
