@@ -110,6 +110,19 @@ def test_mechanisms_without_friction_have_none():
     assert mech.describe()["actuator_friction"][1] == {"viscous": 1.5, "coulomb": 3.0, "coulomb_velocity": 0.05}
 
 
+def test_mbfg_info_prints_each_actuators_friction(tmp_path, capsys):
+    from mbfg_ros.cli import commands as cli
+    name, friction, extra = VARIANTS["slider"]
+    doc = yaml.safe_load(resolve_mechanism_path(name).read_text())
+    doc["actuators"] = [dict(a, **friction.get(a["coordinate"], {})) for a in doc["actuators"] + extra]
+    path = tmp_path / "slider.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert cli.main(["info", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("actuated"))
+    assert ("crank (|effort| ≤ 8971.5 N·m, friction 0.2·q̇ + 0.5·(2/π)·atan(q̇ / 0.01)), "
+            "x2 (|effort| ≤ ") in line and "N, friction 1.5·q̇ + 3·(2/π)·atan(q̇ / 0.05))" in line
+
+
 # -- the dynamics' derivatives ----------------------------------------------------------------------------------------
 def _check_fd(J, f, x, h=1e-6):
     """J against central differences of f at x, to 2e-6 of the largest entry plus the differences' rounding
