@@ -178,20 +178,19 @@ def design_mechanism(design: str) -> Mechanism:
 class DfkiModel:
     """M(q) q̈ + c(q, q̇) = G(q) + τ − F(q̇) in DFKI's joint angles (q1 from the downward vertical, q2 relative),
     with their rotor terms (M += [[gr²Ir + Ir, −gr·Ir], [−gr·Ir, gr²Ir]]) and friction F = b·q̇ + cf·atan(100·q̇).
-    `rigid=True` drops rotor inertia and friction but the friction of the joints flagged in `friction`: the model
-    of the mechanism files (`friction_modelled`)."""
+    `friction` (for both joints, or a flag per joint) and `rotor` false drop the friction and the rotor terms:
+    `DfkiModel(p, friction=friction_modelled(mech), rotor=False)` is the model of the mechanism files."""
 
-    def __init__(self, p: Dict[str, float], rigid: bool = False, friction: Sequence[bool] = (False, False)):
+    def __init__(self, p: Dict[str, float], friction=True, rotor: bool = True):
         self.p = p
         self.h = p["m2"] * p["l1"] * p["r2"]
         self.g1 = (p["m1"] * p["r1"] + p["m2"] * p["l1"]) * p["g"]
         self.g2 = p["m2"] * p["r2"] * p["g"]
-        self.rigid = rigid
-        Ir = 0.0 if rigid else p["Ir"]
+        Ir = p["Ir"] if rotor else 0.0
         gr = p["gr"]
         self.rotor = np.array([[gr * gr * Ir + Ir, -gr * Ir], [-gr * Ir, gr * gr * Ir]])
-        keep = np.asarray(friction, bool) if rigid else np.ones(2, bool)
-        self.has_friction = bool(keep.any())
+        keep = np.broadcast_to(np.asarray(friction, bool), (2,))
+        self.frictionless = not keep.any()
         self.b = np.where(keep, [p["b1"], p["b2"]], 0.0)
         self.cf = np.where(keep, [p["cf1"], p["cf2"]], 0.0)
 
@@ -214,7 +213,7 @@ class DfkiModel:
 
     def accelerations(self, q, qd, tau) -> np.ndarray:
         r = np.asarray(tau, float) - self.bias(q, qd)
-        if not self.has_friction:
+        if self.frictionless:
             r0, r1 = float(r[0]), float(r[1])
         else:
             r0, r1 = r - self.friction(qd)
@@ -293,10 +292,10 @@ def mechanism_accelerations(mech: Mechanism, q, qd, tau) -> np.ndarray:
 
 def equations_mismatch(design: str, states: int = 200, seed: int = 0, data: Path = DATA,
                        max_rate: float = 10.0) -> float:
-    """Largest |q̈_mechanism − q̈_DFKI| (rigid model with the friction the file models) over random states and
-    torques [rad/s²]."""
+    """Largest |q̈_mechanism − q̈_DFKI| (DFKI's model with the friction the file models, no rotor inertia) over
+    random states and torques [rad/s²]."""
     mech = design_mechanism(design)
-    model = DfkiModel(dfki_parameters(design, data), rigid=True, friction=friction_modelled(mech))
+    model = DfkiModel(dfki_parameters(design, data), friction=friction_modelled(mech), rotor=False)
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(states):
@@ -394,7 +393,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
 
 
 class TextbookEKF:
-    """EKF on `model` (DfkiModel, rigid) in joint coordinates, state x = (q, q̇, e): e a random walk of density
+    """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk of density
     `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
 
     def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool):
@@ -472,7 +471,7 @@ def ekf_density(tuning: Recording, sigma: float, fused: bool, log=lambda s: None
         return _tuned_densities[key]
     params = dfki_parameters(tuning.design)
     modelled = friction_modelled(design_mechanism(tuning.design))
-    model, truth = DfkiModel(params, rigid=True, friction=modelled), truth_of(tuning, params, modelled)
+    model, truth = DfkiModel(params, friction=modelled, rotor=False), truth_of(tuning, params, modelled)
     cost, likelihood = {}, {}
 
     def evaluate(S):
@@ -556,7 +555,7 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
     params = dfki_parameters(rec.design)
     mech = design_mechanism(rec.design)
     modelled = friction_modelled(mech)
-    model = DfkiModel(params, rigid=True, friction=modelled)      # the mechanism file's model
+    model = DfkiModel(params, friction=modelled, rotor=False)      # the mechanism file's model
     truth = truth_of(rec, params, modelled)
     sigma = POSITION_STEP / math.sqrt(12)
     rows = {}
@@ -643,7 +642,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         make_excerpt(args.make_excerpt, args.data)
         return 0
     for design in DESIGNS:
-        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (rigid, the file's friction)| = "
+        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (the file's friction, no rotor)| = "
               f"{equations_mismatch(design, data=args.data):.2g} rad/s²", file=sys.stderr)
     results = []
     for name in args.recording or list(RECORDINGS):
