@@ -393,8 +393,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
 
 
 class TextbookEKF:
-    """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk of density
-    `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
+    """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk
+    of density `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
 
     def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool):
         self.model, self.S, self.R, self.fused = model, float(density), sigma ** 2 * np.eye(2), fused

@@ -2,8 +2,8 @@
 builds with the package; no dependency beyond a C compiler at build time).
 
 * `mechanism_kernel(mech)`: the mechanism's constrained dynamics (Φ, Φq, Φ̇q, q̈ and its exact first
-  derivatives, the actuators' friction included), the continuity predictor and an estimate's summary (residual, norm, speed, assembly mode),
-  used by `dynamics.cache.EvalContext`;
+  derivatives, the actuators' friction included), the continuity predictor and an estimate's summary (residual,
+  norm, speed, assembly mode), used by `dynamics.cache.EvalContext`;
 * `unit_form(unit)`: how a factor unit is written in the kernel's step program (`graph.step_model.StepModel`
   builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
   mismatch of a whole step in one call each);
