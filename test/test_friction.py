@@ -304,10 +304,11 @@ def test_coulomb_friction_decelerates_the_spin_at_a_constant_rate_and_stops_it()
 
 
 # -- the estimator --------------------------------------------------------------------------------------------------
-def _estimate(mech, traj, mode, readings_of=None, steps=None):
+def _estimate(mech, traj, mode):
+    """The efforts estimated on a simulated run (shipped defaults, the run's commands and readings)."""
     est = FixedLagEstimator(mech, EstimatorConfig(dt=1e-3, mode=mode))
     out = []
-    for k in range(len(traj.t) if steps is None else steps):
+    for k in range(len(traj.t)):
         e = est.step(float(traj.t[k]), efforts=traj.efforts[k],
                      observations={nm: float(x[k]) for nm, x in traj.readings.items()})
         out.append(e.efforts.copy())
