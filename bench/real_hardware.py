@@ -21,13 +21,16 @@ Scored per joint (shoulder q1, elbow q2), from 0.5 s to the end less the referen
 * rate: against a non-causal reference, the centred local cubic on the measured positions over ±25 ms with the
   real time stamps (`local_polynomial`);
 * effort: against the measured torque minus DFKI's identified friction b·q̇ + cf·atan(100·q̇) at the reference
-  rate; also both low-passed at 5 Hz (zero-phase 4th-order Butterworth on a uniform grid): the motor encoders sit
-  behind the gear, above ~5 Hz the measured torque does not follow the positions;
+  rate, or, on a joint whose friction the mechanism file models (actuator keys `viscous_friction`,
+  `coulomb_friction`: `friction_modelled`), against the measured torque itself: the estimate is then the motor's
+  torque; also both low-passed at 5 Hz (zero-phase 4th-order Butterworth on a uniform grid): the motor encoders
+  sit behind the gear, above ~5 Hz the measured torque does not follow the positions;
 * 2σ coverage: share of steps whose effort error is within twice the estimator's own 1σ (90–98 % is
   consistent);  lost track: share of steps where an estimated joint angle is > 0.01 rad from its reading.
 
 Anchors on the same readings:
-* EKF: a textbook EKF on DFKI's equations without friction (the mechanism files' model), state (q, q̇, e), e a random
+* EKF: a textbook EKF on DFKI's equations with the friction the mechanism file models (the mechanism files'
+  model), state (q, q̇, e), e a random
   walk: the torque (estimation) or the command's disturbance (fused, τ = command + e); mean by RK4, covariance
   by the first three terms of the discretization series; encoders read q (σ: the quantization).  Its density is
   the one of a decade grid, refined by half decades, with the smallest effort RMSE (both joints, full band) on
@@ -36,9 +39,10 @@ Anchors on the same readings:
 * causal Savitzky–Golay (cubic over the last 0.1 s, real time stamps) + inverse dynamics of the same model;
 * the command itself (tau_con, the controller's friction compensation included); zero.
 
-Left out of the model: friction; the recordings table gives its size on each run (at the reference motion) and the
-size of the rotor-inertia torques (in the model) next to the scale of the torque being estimated, the time steps'
-jitter and the readings' scatter about the reference.
+Left out of the model: the friction of a joint whose actuator has no friction keys (none in the shipped files);
+the recordings table gives the friction's and the rotor-inertia torques' size on each run (at the reference
+motion) next to the scale of the torque being estimated, the time steps' jitter and the readings' scatter
+about the reference.
 test/test_real_hardware.py checks the parts and runs the bench on a 1-s excerpt (behaviour, not numbers).
 """
 
@@ -173,19 +177,21 @@ def design_mechanism(design: str) -> Mechanism:
 class DfkiModel:
     """M(q) q̈ + c(q, q̇) = G(q) + τ − F(q̇) in DFKI's joint angles (q1 from the downward vertical, q2 relative),
     with their rotor terms (M += [[gr²Ir + Ir, −gr·Ir], [−gr·Ir, gr²Ir]]) and friction F = b·q̇ + cf·atan(100·q̇).
-    `friction=False` drops the friction: the model of the mechanism files; `rotor=False` also the rotor terms."""
+    `friction` (for both joints, or a flag per joint) and `rotor` false drop the friction and the rotor terms:
+    `DfkiModel(p, friction=friction_modelled(mech))` is the model of the mechanism files."""
 
-    def __init__(self, p: Dict[str, float], friction: bool = True, rotor: bool = True):
+    def __init__(self, p: Dict[str, float], friction=True, rotor: bool = True):
         self.p = p
         self.h = p["m2"] * p["l1"] * p["r2"]
         self.g1 = (p["m1"] * p["r1"] + p["m2"] * p["l1"]) * p["g"]
         self.g2 = p["m2"] * p["r2"] * p["g"]
-        self.frictionless = not friction
         Ir = p["Ir"] if rotor else 0.0
         gr = p["gr"]
         self.rotor = np.array([[gr * gr * Ir + Ir, -gr * Ir], [-gr * Ir, gr * gr * Ir]])
-        self.b = np.array([p["b1"], p["b2"]]) if friction else np.zeros(2)
-        self.cf = np.array([p["cf1"], p["cf2"]]) if friction else np.zeros(2)
+        keep = np.broadcast_to(np.asarray(friction, bool), (2,))
+        self.frictionless = not keep.any()
+        self.b = np.where(keep, [p["b1"], p["b2"]], 0.0)
+        self.cf = np.where(keep, [p["cf1"], p["cf2"]], 0.0)
 
     def mass_matrix(self, q) -> np.ndarray:
         p, c = self.p, math.cos(q[1])
@@ -222,6 +228,17 @@ class DfkiModel:
 JOINTS = ("q1", "q2")        # the mechanism files' joint-angle coordinates, actuators and encoders: DFKI's own
 
 
+# the mechanism files' coordinate equal to each DFKI joint angle (up to a constant), None where there is none
+JOINT_COORDINATES = JOINTS
+
+
+def friction_modelled(mech: Mechanism) -> np.ndarray:
+    """Per DFKI joint: does the mechanism model its friction (an actuator with friction on the joint's angle)?"""
+    fr = mech.friction
+    return np.array([fr is not None and c is not None and fr.describe(mech.coordinate_index(c)) is not None
+                     for c in JOINT_COORDINATES], dtype=bool)
+
+
 def mechanism_state(mech: Mechanism, q, qd) -> tuple:
     """The mechanism's (q, q̇) for DFKI joint angles and rates: the position and velocity problems with q1, q2
     held."""
@@ -239,15 +256,16 @@ def mechanism_accelerations(mech: Mechanism, q, qd, tau) -> np.ndarray:
     return a[[mech.coordinate_index(j) for j in JOINTS]]
 
 
-def equations_mismatch(design: str, states: int = 200, seed: int = 0, data: Path = DATA) -> float:
-    """Largest |q̈_mechanism − q̈_DFKI| (DFKI's model without friction, rotor inertia included) over random states
-    and torques [rad/s²]."""
+def equations_mismatch(design: str, states: int = 200, seed: int = 0, data: Path = DATA,
+                       max_rate: float = 10.0) -> float:
+    """Largest |q̈_mechanism − q̈_DFKI| (DFKI's model with the friction the file models, rotor inertia included) over
+    random states and torques [rad/s²]."""
     mech = design_mechanism(design)
-    model = DfkiModel(dfki_parameters(design, data), friction=False)
+    model = DfkiModel(dfki_parameters(design, data), friction=friction_modelled(mech))
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(states):
-        q, qd, tau = rng.uniform(-math.pi, math.pi, 2), rng.uniform(-10, 10, 2), rng.uniform(-5, 5, 2)
+        q, qd, tau = rng.uniform(-math.pi, math.pi, 2), rng.uniform(-max_rate, max_rate, 2), rng.uniform(-5, 5, 2)
         worst = max(worst, float(np.abs(mechanism_accelerations(mech, q, qd, tau)
                                         - model.accelerations(q, qd, tau)).max()))
     return worst
@@ -336,8 +354,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
 
 
 class TextbookEKF:
-    """EKF on `model` (DfkiModel without friction) in joint coordinates, state x = (q, q̇, e): e a random walk of density
-    `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
+    """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk
+    of density `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
 
     def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool):
         self.model, self.S, self.R, self.fused = model, float(density), sigma ** 2 * np.eye(2), fused
@@ -413,7 +431,8 @@ def ekf_density(tuning: Recording, sigma: float, fused: bool, log=lambda s: None
     if key in _tuned_densities:
         return _tuned_densities[key]
     params = dfki_parameters(tuning.design)
-    model, truth = DfkiModel(params, friction=False), truth_of(tuning, params)
+    modelled = friction_modelled(design_mechanism(tuning.design))
+    model, truth = DfkiModel(params, friction=modelled), truth_of(tuning, params, modelled)
     cost, likelihood = {}, {}
 
     def evaluate(S):
@@ -452,18 +471,20 @@ def run_savitzky_golay(model: DfkiModel, rec: Recording) -> Output:
 class Truth:
     scored: np.ndarray       # boolean mask of scored steps
     rate: np.ndarray         # (N, 2) reference joint rates
-    tau: np.ndarray          # (N, 2) measured torque − identified friction
+    tau: np.ndarray          # (N, 2) measured torque − the identified friction the model leaves out
     tau_band: np.ndarray     # the same low-passed
     friction: np.ndarray     # (N, 2)
     rotor: np.ndarray        # (N, 2) the rotor-inertia torques at the reference motion (in the model)
     position: np.ndarray     # (N, 2) the reference's joint angles (the readings less what it smooths away)
 
 
-def truth_of(rec: Recording, params: Dict[str, float]) -> Truth:
+def truth_of(rec: Recording, params: Dict[str, float], modelled: Sequence[bool] = (False, False)) -> Truth:
+    """The reference; the torque to estimate per joint is the measured one, less DFKI's identified friction on the
+    joints whose friction the model leaves out (`modelled` false)."""
     d = local_polynomial(rec.t, rec.q, REFERENCE_HALF_WIDTH, order=3)
     full = DfkiModel(params)
     friction = full.friction(d[:, 1])
-    tau = rec.tau_meas - friction
+    tau = rec.tau_meas - np.where(modelled, 0.0, friction)
     rotor = d[:, 2] @ full.rotor.T
     scored = (rec.t >= rec.t[0] + SETTLE) & (rec.t <= rec.t[-1] - REFERENCE_HALF_WIDTH)
     return Truth(scored, d[:, 1], tau, low_pass(rec.t, tau), friction, rotor, d[:, 0])
@@ -494,8 +515,9 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
     parameter file for two more rows, the estimator with its settings in both modes)."""
     params = dfki_parameters(rec.design)
     mech = design_mechanism(rec.design)
-    model = DfkiModel(params, friction=False)
-    truth = truth_of(rec, params)
+    modelled = friction_modelled(mech)
+    model = DfkiModel(params, friction=modelled)      # the mechanism file's model
+    truth = truth_of(rec, params, modelled)
     sigma = POSITION_STEP / math.sqrt(12)
     rows = {}
     N = len(rec.t)
@@ -581,7 +603,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         make_excerpt(args.make_excerpt, args.data)
         return 0
     for design in DESIGNS:
-        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (no friction)| = "
+        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (the file's friction)| = "
               f"{equations_mismatch(design, data=args.data):.2g} rad/s²", file=sys.stderr)
     results = []
     for name in args.recording or list(RECORDINGS):

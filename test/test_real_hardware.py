@@ -15,10 +15,34 @@ import real_hardware as rh  # noqa: E402
 
 
 @pytest.mark.parametrize("design", sorted(rh.DESIGNS))
-def test_mechanism_accelerations_match_dfki_equations_with_rotor_inertia(design):
-    # DFKI's identified parameters, gear ratio and rotor inertia, without friction: joint angles, torques and the
-    # rotors' coupling as DFKI writes them
+def test_mechanism_accelerations_match_dfki_equations_with_rotor_inertia_and_friction(design):
+    # DFKI's identified parameters, gear ratio, rotor inertia and friction: joint angles, torques, the rotors'
+    # coupling and the joints' friction as DFKI writes them; rates also within a few times the Coulomb smoothing
+    assert list(rh.friction_modelled(rh.design_mechanism(design))) == [True, True]
     assert rh.equations_mismatch(design, states=60, seed=3) <= 1e-10
+    assert rh.equations_mismatch(design, states=60, seed=4, max_rate=0.05) <= 1e-10
+
+
+@pytest.mark.parametrize("design", sorted(rh.DESIGNS))
+def test_the_files_joint_friction_is_dfkis(design):
+    mech = rh.design_mechanism(design)
+    model = rh.DfkiModel(rh.dfki_parameters(design))
+    cols = [mech.coordinate_index(j) for j in rh.JOINTS]
+    rates = np.concatenate([np.linspace(-0.05, 0.05, 41), [-8.0, 3.0, 20.0]])
+    for w in rates:
+        v = np.zeros(mech.n)
+        v[cols] = [w, -0.5 * w]
+        np.testing.assert_allclose(mech.friction.forces(v), model.friction([w, -0.5 * w]), rtol=1e-13, atol=1e-300)
+
+
+def test_the_truth_is_the_measured_torque_where_the_friction_is_modelled():
+    rec = rh.load_recording("design_A.0__20220815__sys_id__trajectory_00").cut(1.0)
+    params = rh.dfki_parameters("A.0")
+    neither, shoulder = rh.truth_of(rec, params), rh.truth_of(rec, params, (True, False))
+    np.testing.assert_array_equal(shoulder.tau[:, 0], rec.tau_meas[:, 0])
+    np.testing.assert_array_equal(shoulder.tau[:, 1], neither.tau[:, 1])
+    np.testing.assert_allclose(neither.tau, rec.tau_meas - neither.friction, rtol=0, atol=1e-15)
+    assert np.abs(neither.friction[:, 0]).max() > 0.1
 
 
 def test_rotor_inertia_changes_the_accelerations_and_its_gear_sign_matters():

@@ -49,7 +49,8 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "gear_ratio", "rotor_inertia")
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "gear_ratio", "rotor_inertia", "viscous_friction",
+                  "coulomb_friction", "coulomb_velocity")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
@@ -654,7 +655,24 @@ class _Builder:
             limit = self.positive(entry["effort_limit"], f"{path}.effort_limit") if "effort_limit" in entry else None
             gear, rotor, stator = self.motor(entry, path, coord, relative, joints_by_name)
             out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
-                                    rotor_inertia=rotor, stator_angle=stator))
+                                    rotor_inertia=rotor, stator_angle=stator,
+                                    **self.actuator_friction(entry, path)))
+        return out
+
+    def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:
+        """The friction keys of an actuator (`model.friction`): b, c ≥ 0; v_s > 0, only with a Coulomb friction."""
+        out: Dict[str, float] = {}
+        for key in ("viscous_friction", "coulomb_friction"):
+            if key in entry:
+                x = self.expr(entry[key], f"{path}.{key}")
+                if not x >= 0.0:
+                    self.fail(f"{path}.{key}", f"must be >= 0 (got {_fmt(x)}): friction opposes the motion")
+                out[key] = x
+        if "coulomb_velocity" in entry:
+            if "coulomb_friction" not in entry:
+                self.fail(f"{path}.coulomb_velocity", "smooths the Coulomb friction, but the actuator has no "
+                                                      "'coulomb_friction'")
+            out["coulomb_velocity"] = self.positive(entry["coulomb_velocity"], f"{path}.coulomb_velocity")
         return out
 
     def motor(self, entry: Dict[str, Any], path: str, coord: str, relative: set,

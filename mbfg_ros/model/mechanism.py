@@ -19,6 +19,7 @@ import numpy as np
 from mbfg_ros.model.constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
                                         JointAngleConstraints, MobileSliderConstraints, RelativeAngleConstraints,
                                         numerical_rank)
+from mbfg_ros.model.friction import Friction
 from mbfg_ros.model.spec import MechanismError, MechanismSpec
 from mbfg_ros.share import share_folders
 
@@ -114,6 +115,8 @@ class Mechanism:
         self.actuated_index = (slice(int(act[0]), int(act[-1]) + 1)
                                if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
         self.actuator_names = tuple(a.joint for a in spec.actuators)
+        # the actuators' joint friction (None without: the dynamics then skip it at no cost)
+        self.friction: Optional[Friction] = Friction.of_actuators(act, spec.actuators)
         sensors = [Sensor(e.name, "encoder", float(e.sigma), coordinate=self.coordinate_index(e.coordinate, "sensors"),
                           single_turn=e.turns == "single") for e in spec.encoders]
         sensors += [Sensor(g.name, "gyroscope", float(g.sigma), body=int(g.body)) for g in spec.gyroscopes]
@@ -285,7 +288,8 @@ class Mechanism:
 
     # ------------------------------------------------------------------------------------------
     def generalized_forces(self, efforts=None, point_forces=None) -> np.ndarray:
-        """Q = gravity + actuator efforts (in actuator order) + forces {point index: (Fx, Fy)}."""
+        """Q = gravity + actuator efforts (in actuator order) + forces {point index: (Fx, Fy)}: the applied forces,
+        without the actuators' friction (a force of the rates, which the dynamics add: `model.friction`)."""
         Q = np.array(self.gravity_forces)
         if efforts is not None:
             efforts = np.asarray(efforts, dtype=float)
@@ -370,6 +374,9 @@ class Mechanism:
             "coordinates": list(self.coordinate_names),
             "actuated": [self.coordinate_names[i] for i in self.actuated],
             "actuator_joints": list(self.actuator_names),
+            # per actuator: {viscous, coulomb, coulomb_velocity} of its friction, or None
+            "actuator_friction": [None if self.friction is None else self.friction.describe(int(c))
+                                  for c in self.actuated],
             "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
             "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,
