@@ -394,14 +394,23 @@ def test_estimate_sensor_sigma_reaches_the_estimator_and_names_a_bad_sensor(tmp_
     obs = tmp_path / "obs.csv"
     write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
     std = {}
-    for sigma in ("1e-4", "1e-2"):
+    for sigma in ("1e-3", "1e-2"):
         out = tmp_path / f"e{sigma}.csv"
         rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", f"crank={sigma}",
-                          "--std", "-o", out], capsys)
+                          "--no-adapt-sensor-sigmas", "--std", "-o", out], capsys)
         assert rc == 0, err
+        assert summary_of(err)["sigmas"] == {}
         header, data = read_csv(out)
         std[sigma] = np.median(data[20:, header.index("crank_std")])
-    assert std["1e-2"] > 2.5 * std["1e-4"], std           # measured 4.5e-3 vs 1.05e-3 rad
+    assert std["1e-2"] > 2.5 * std["1e-3"], std
+    # fitted online (the default): a stated σ ten times too small is the floor, the readings' 1e-3 the fit
+    t = np.arange(300) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(3).standard_normal(t.size)
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", "crank=1e-4",
+                      "-o", tmp_path / "fit.csv"], capsys)
+    assert rc == 0, err
+    assert 0.7e-3 < summary_of(err)["sigmas"]["crank"] < 1.4e-3, err
     for bad, message in (("wheel=1e-3", "'wheel' is not a sensor of the mechanism (crank, coupler_gyro)"),
                          ("crank=-1", "SIGMA > 0 (got 'crank=-1')"), ("crank", "NAME=SIGMA")):
         rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", bad,

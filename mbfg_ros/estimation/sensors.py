@@ -287,7 +287,7 @@ class TrackMonitor:
                 scale = 1.0 if u.angle else self.reach
                 self.encoders.append((name, u.coordinate, u.angle,
                                       max(self.sigmas * float(u.sigmas[0]), LOST_TRACK_SCALE * scale),
-                                      float(u.sigmas[0])))
+                                      float(u.sigmas[0]), u.name))
 
     def restart(self):
         self.far = {}
@@ -296,7 +296,7 @@ class TrackMonitor:
         """After a step whose readings are `obs` and new estimate x: raise `ReadingsDisagree` when an encoder's
         reading has been too far from the estimate for too long (see the class docstring)."""
         far = self.far
-        for name, c, angle, threshold, sigma in self.encoders:
+        for name, c, angle, threshold, sigma, unit_name in self.encoders:
             y = obs.get(name)
             if y is None:
                 continue
@@ -308,7 +308,7 @@ class TrackMonitor:
                 n = far[name] = far.get(name, 0) + 1
                 if n > self.limit:
                     far.clear()
-                    raise ReadingsDisagree(f"{name}'s reading stayed {d:.3g} ({d / sigma:.3g} σ) from the estimate "
+                    raise ReadingsDisagree(f"{unit_name}'s reading stayed {d:.3g} ({d / sigma:.3g} σ) from the estimate "
                                            f"for {n} steps (more than {threshold:.3g})")
             elif name in far:
                 del far[name]

@@ -12,12 +12,12 @@ and by far more over the effort bank's 20-ms step, where σ is invisible in the 
 encoder's readings are cut into blocks of `BLOCK` consecutive readings, a cubic in time (the readings' real
 time stamps) is fitted to each block by least squares, and the residual sum of squares over its
 `BLOCK − 4` degrees of freedom is one sample of σ² (σ²·χ²_4 / 4 for white scatter of σ).  The estimate is
-the mean of the newest `MEMORY_BLOCKS` samples (the maximum-likelihood σ² of the estimator's Gaussian
-model: the scatter is heavy-tailed on real hardware, e.g. a reading stamped late by a few ms during a fast
-swing, and a median would hide what the estimator must absorb), leaving out a block scattering more than
-`GLITCH` times the median block (a glitch, which the innovation gate rejects); it is used after
-`MIN_BLOCKS` blocks, and only where it exceeds the stated σ significantly (white scatter of the stated σ
-gives a larger mean with probability `SIGNIFICANCE`: readings exact to their quantization keep the stated
+the `QUANTILE` (90 %) quantile of the newest `MEMORY_BLOCKS` samples over that of σ²·χ²_4 / 4: consistent for
+white scatter, not moved by an isolated glitch or jump (a block in ten may hold one), but following scatter
+that recurs (on real hardware it is heavy-tailed, e.g. readings stamped late by a few ms during a fast swing:
+a median would hide what the estimator must absorb, a mean would take a jump for scatter).  It is used after
+`MIN_BLOCKS` blocks, and only where it exceeds the stated σ significantly (white scatter of the stated σ gives
+a larger estimate with probability about `SIGNIFICANCE`: readings exact to their quantization keep the stated
 σ), else the stated σ.  It depends on the readings alone, never on the estimate: an estimate that lost its
 readings does not inflate the σ it is judged by (`sensors.TrackMonitor`).  A block longer than
 `MAX_BLOCK_SPAN` s (a slow or silent sensor) is dropped: the motion need not be a cubic over it.  Angle
@@ -34,15 +34,14 @@ import numpy as np
 
 from mbfg_ros.estimation.density_adaptation import chi_square_quantile
 
-__all__ = ["SensorSigmaAdaptation", "BLOCK", "DEGREE", "MIN_BLOCKS", "SIGNIFICANCE", "MEMORY_BLOCKS", "GLITCH", "MAX_BLOCK_SPAN", "CHANGE"]
+__all__ = ["SensorSigmaAdaptation", "BLOCK", "DEGREE", "MIN_BLOCKS", "SIGNIFICANCE", "MEMORY_BLOCKS", "QUANTILE", "MAX_BLOCK_SPAN", "CHANGE"]
 
 BLOCK = 8              # readings per block
 DEGREE = 3             # the polynomial fitted to a block (a cubic: 4 degrees of freedom left of 8)
-MIN_BLOCKS = 4         # blocks before the estimate is used ...
+MIN_BLOCKS = 16        # blocks before the estimate is used ...
 SIGNIFICANCE = 1e-3    # ... and only where the readings scatter more than the stated σ at this level (else the floor)
-MEMORY_BLOCKS = 64     # the estimate is the mean of this many newest blocks ...
-GLITCH = 100.0         # ... but a block scattering more than this many times the median block's σ holds a glitch
-                       # (a reading the innovation gate rejects at its 100 σ), not scatter: it is left out
+MEMORY_BLOCKS = 64     # the estimate is from this many newest blocks: ...
+QUANTILE = 0.9         # ... their 90 % quantile (of σ² samples, over the same quantile of σ²·χ²_4 / 4)
 MAX_BLOCK_SPAN = 0.1   # [s] a block spanning longer is not used
 CHANGE = 0.05          # [decades] a smaller change of an encoder's σ is not passed on (~12 %: saves rebuilding units)
 TWO_PI = 2.0 * math.pi
@@ -74,9 +73,13 @@ class SensorSigmaAdaptation:
                 raise ValueError(f"sensor '{name}': the stated σ must be positive and finite (got {floor})")
             self.encoders[name] = _Encoder(name, bool(angle), float(floor))
         nu = BLOCK - DEGREE - 1
-        self._median_ratio = chi_square_quantile(0.5, nu) / nu     # median of χ²_ν / ν
+        c = chi_square_quantile(1.0 - QUANTILE, nu)
+        self._quantile_ratio = x = c / nu                            # the QUANTILE of χ²_ν / ν
+        # the sample quantile's relative spread √(p(1 − p)) / (f(x) x) per √blocks (f: the density of χ²_ν / ν at x)
+        density = nu * c ** (nu / 2 - 1) * math.exp(-c / 2) / (2 ** (nu / 2) * math.gamma(nu / 2))
+        self._spread = math.sqrt(QUANTILE * (1.0 - QUANTILE)) / (density * x)
+        self._z = math.sqrt(chi_square_quantile(2.0 * SIGNIFICANCE, 1))   # one-sided normal quantile
         self._projections: Dict[tuple, np.ndarray] = {}
-        self._bounds: Dict[int, float] = {}
         self.blocks = 0                  # blocks used so far (diagnostics, tests)
         self.dropped = 0                 # blocks dropped for spanning too long
 
@@ -119,23 +122,18 @@ class SensorSigmaAdaptation:
         self.blocks += 1
         if len(e.samples) < MIN_BLOCKS:
             return False
-        samples = np.array(e.samples)
-        kept = samples[samples <= GLITCH ** 2 * float(np.median(samples)) / self._median_ratio]
-        variance = float(np.mean(kept))
-        e.sigma = math.sqrt(variance) if variance > e.floor ** 2 * self._bound(len(kept)) else e.floor
+        n = len(e.samples)
+        variance = float(np.quantile(e.samples, QUANTILE)) / self._quantile_ratio
+        e.sigma = math.sqrt(variance) if variance > e.floor ** 2 * self._bound(n) else e.floor
         if abs(math.log10(e.sigma / e.passed)) >= CHANGE:
             e.passed = e.sigma
             return True
         return False
 
     def _bound(self, blocks: int) -> float:
-        """The mean of `blocks` σ² samples over σ² that white scatter of σ exceeds with probability SIGNIFICANCE
-        (χ²_{νm} / νm, ν = BLOCK − DEGREE − 1 per block)."""
-        bound = self._bounds.get(blocks)
-        if bound is None:
-            dof = blocks * (BLOCK - DEGREE - 1)
-            bound = self._bounds[blocks] = chi_square_quantile(SIGNIFICANCE, dof) / dof
-        return bound
+        """The estimate of σ² over σ² that white scatter of σ exceeds with probability about SIGNIFICANCE (the
+        sample quantile of `blocks` samples, normal to first order)."""
+        return 1.0 + self._z * self._spread / math.sqrt(blocks)
 
     def _projection(self, times: list) -> np.ndarray:
         """I − V V⁺ of the block's cubic in time (its residual maker), cached by the block's time offsets."""
