@@ -123,7 +123,7 @@ def test_reinitialization_from_readings_a_turn_and_more_away(crank, plant):
     errors = np.array([out[k].q[c] - readings[k] for k in range(1500) if not 1000 <= k < 1100])
     assert np.abs(errors[:500]).max() < 0.01 and np.abs(errors[believed:]).max() < 0.05
     assert np.abs(errors[believed + 100:1000]).max() < 0.01 and np.abs(errors[-100:]).max() < 0.01
-    assert (out[believed].recovery, out[1100].recovery) == ("readings", "turn")
+    assert (out[believed].recovery, out[1100].recovery) == ("lost_track", "turn")
 
 
 def single_turn_crank(crank):
