@@ -16,6 +16,7 @@ import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.plausibility import mechanism_reach
 
 __all__ = ["Sensors", "InnovationGate", "TrackMonitor", "ReadingsDisagree", "observations_in", "UNCONFIRMED_REJECTIONS",
            "LOST_TRACK_SCALE"]
@@ -273,7 +274,6 @@ class TrackMonitor:
         self.sigmas = float(config.lost_track_sigmas)
         self.enabled = self.sigmas > 0 and sensors.active
         self.limit = int(config.max_rejections)
-        from mbfg_ros.model.plausibility import mechanism_reach
         self.reach = float(mechanism_reach(mech.spec))
         self.far: Dict[str, int] = {}
         self.worst: Dict[str, float] = {}
