@@ -31,6 +31,21 @@ POSE_TOLERANCE = 1e-11      # max |Φ| of a solved pose (ReducedModel.positions)
 POSE_ITERATIONS = 60        # Gauss–Newton iterations before a filter's pose counts as lost
 
 
+def solve_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """np.linalg.solve over a stack, a singular matrix giving NaN in its own row instead of stopping every row
+    (one filter gone astray must not fail the others)."""
+    try:
+        return np.linalg.solve(A, B)
+    except np.linalg.LinAlgError:
+        out = np.full(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + B.shape[-2:], np.nan)
+        for k in range(out.shape[0]):
+            try:
+                out[k] = np.linalg.solve(A[k], B[k])
+            except np.linalg.LinAlgError:
+                pass
+        return out
+
+
 class ReducedModelBank:
     """z → (q, q̇) and z̈(z, ż, τ) of `ReducedModel` for many rows at once; failed rows are flagged, not raised."""
 
@@ -58,6 +73,16 @@ class ReducedModelBank:
         J = np.full((q.shape[0], self.mech.m, self.mech.n), np.nan)
         solved = newton_positions(self.bc, q, self.free, tol=POSE_TOLERANCE, iterations=POSE_ITERATIONS,
                                   jacobians=J)
+        if not solved.all() and q.shape[0] > 1:
+            # a singular Gauss–Newton matrix in one row stops the batched iteration of all: the others again alone
+            for k in np.nonzero(~solved)[0]:
+                row = np.array(guess[k:k + 1], dtype=float)
+                if basis is not None:
+                    row += basis[k] @ (z_values[k] - row[0, self.z])
+                row[0, self.z] = z_values[k]
+                solved[k] = newton_positions(self.bc, row, self.free, tol=POSE_TOLERANCE,
+                                             iterations=POSE_ITERATIONS, jacobians=J[k:k + 1])[0]
+                q[k] = row[0]
         return q, J, solved & np.all(np.isfinite(q), axis=1)
 
     def velocity_basis(self, J: np.ndarray) -> np.ndarray:
@@ -67,7 +92,7 @@ class ReducedModelBank:
         JfT = np.swapaxes(Jf, 1, 2)
         N, d = J.shape[0], self.z.size
         R = np.zeros((N, self.mech.n, d))
-        R[:, self.free, :] = np.linalg.solve(JfT @ Jf, -(JfT @ Jz))
+        R[:, self.free, :] = solve_rows(JfT @ Jf, -(JfT @ Jz))
         R[:, self.z, :] = np.eye(d)
         return R
 
@@ -113,7 +138,7 @@ class ReducedModelBank:
         Jf = J[:, :, self.free]
         JfT = np.swapaxes(Jf, 1, 2)
         dv_dz = np.zeros_like(basis)
-        dv_dz[:, self.free, :] = np.linalg.solve(JfT @ Jf, -(JfT @ (Jv @ basis)))
+        dv_dz[:, self.free, :] = solve_rows(JfT @ Jf, -(JfT @ (Jv @ basis)))
         dz = (da_dq @ basis + da_dv @ dv_dz)[:, self.z, :]
         return dz, (da_dv @ basis)[:, self.z, :], da_dQ[:, self.z, :]
 
@@ -251,10 +276,10 @@ class ReducedEKFBank:
             S = P_rx[:, :, read] + R
             innovation = y[read] - self.x[:, read]
             _, logdet = np.linalg.slogdet(S)
-            white = np.linalg.solve(S, innovation[:, :, None])[:, :, 0]
+            white = solve_rows(S, innovation[:, :, None])[:, :, 0]
             self.log_likelihood -= 0.5 * (np.einsum("ki,ki->k", innovation, white) + logdet
                                           + read.size * math.log(2.0 * math.pi))
-            gain = np.swapaxes(np.linalg.solve(S, P_rx), 1, 2)            # (K, nx, r)
+            gain = np.swapaxes(solve_rows(S, P_rx), 1, 2)            # (K, nx, r)
             self.x = self.x + np.einsum("kir,kr->ki", gain, innovation)
             I_KH = np.broadcast_to(np.eye(self.nx), (K, self.nx, self.nx)).copy()
             I_KH[:, :, read] -= gain

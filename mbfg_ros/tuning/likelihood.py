@@ -51,6 +51,8 @@ TRUST_RADIUS = 1.0       # [decades] the first Newton step's longest length (the
 STEP_TOLERANCE = 0.005   # [decades] a shorter Newton step ends the search ...
 GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this
 MAX_BATCHES = 40
+HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
+MIN_HEAD_STEPS = 100     # ... when that has this many steps
 FAILED = 1e300           # the cost of a candidate whose filter fails
 
 
@@ -86,6 +88,11 @@ class Recording:
             return self
         return Recording(self.t[k:], self.readings[k:], self.encoders, self.coordinates,
                          None if self.commands is None else self.commands[k:], self.source)
+
+    def head(self, n: int) -> "Recording":
+        """The first n samples."""
+        return Recording(self.t[:n], self.readings[:n], self.encoders, self.coordinates,
+                         None if self.commands is None else self.commands[:n], self.source)
 
     def decimated(self, max_steps: int) -> "Recording":
         """At most `max_steps` samples: every m-th reading, each command the mean over its interval (what the
@@ -255,27 +262,42 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         raise TuningError(f"cannot fit {', '.join(bad)} from a start that is not a positive finite number "
                           f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
-    cache: Dict[tuple, float] = {}
+    lo, hi = x0 - SEARCH_DECADES, x0 + SEARCH_DECADES
+    evaluations = 0
 
-    def costs(points: np.ndarray) -> np.ndarray:
-        """−log-likelihood at each row of `points` (log10 values of `names`), the new ones in one batch."""
-        keys = [tuple(np.round(p, 10)) for p in points]
-        new = list(dict.fromkeys(k for k in keys if k not in cache))
-        if new:
-            candidates = []
-            for key in new:
-                values = dict(initial)
-                values.update({n: 10.0 ** v for n, v in zip(names, key)})
-                candidates.append(values)
-            ll = log_likelihoods(mech, rec, mode, candidates)
-            for key, v in zip(new, ll):
-                cache[key] = -float(v) if math.isfinite(v) else FAILED
-            if progress is not None:
-                progress(len(cache))
-        return np.array([cache[k] for k in keys])
+    def batch_costs(rec: Recording) -> Callable[[np.ndarray], np.ndarray]:
+        cache: Dict[tuple, float] = {}
 
-    with single_threaded_blas():      # BLAS worker threads on 16×16 matrices cost more than the arithmetic
-        x_best, H = newton_search(costs, x0, x0 - SEARCH_DECADES, x0 + SEARCH_DECADES)
+        def costs(points: np.ndarray) -> np.ndarray:
+            """−log-likelihood at each row of `points` (log10 values of `names`), the new ones in one batch."""
+            nonlocal evaluations
+            keys = [tuple(np.round(p, 10)) for p in points]
+            new = list(dict.fromkeys(k for k in keys if k not in cache))
+            if new:
+                candidates = []
+                for key in new:
+                    values = dict(initial)
+                    values.update({n: 10.0 ** v for n, v in zip(names, key)})
+                    candidates.append(values)
+                ll = log_likelihoods(mech, rec, mode, candidates)
+                for key, v in zip(new, ll):
+                    cache[key] = -float(v) if math.isfinite(v) else FAILED
+                evaluations += len(new)
+                if progress is not None:
+                    progress(evaluations)
+            return np.array([cache[k] for k in keys])
+        return costs
+
+    costs = batch_costs(rec)
+    with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
+        start, probe = x0, True
+        head = len(rec.t) // HEAD_FRACTION
+        if head >= MIN_HEAD_STEPS:
+            # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
+            # same optimum but for the scatter of less data), the whole recording's search then starts there
+            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi)[0]
+            probe = False
+        x_best, H = newton_search(costs, start, lo, hi, probe=probe)
     best = float(costs(x_best[None])[0])
     if best >= FAILED:
         raise TuningError(f"{rec.source}: the filter fails for every value tried: is this the mechanism that "
@@ -288,7 +310,7 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     sigmas = {k: v for k, v in values.items() if not k.startswith("sensor_sigmas.")}
     sensor = {k[len("sensor_sigmas."):]: v for k, v in values.items() if k.startswith("sensor_sigmas.")}
     held = {k: v for k, v in initial.items() if k not in names}
-    return TuningResult(mode, fitted, sigmas, sensor, -best, len(cache), len(rec.t), rec.dt,
+    return TuningResult(mode, fitted, sigmas, sensor, -best, evaluations, len(rec.t), rec.dt,
                         max(1, full_len // len(rec.t)), held)
 
 
@@ -337,61 +359,69 @@ def curvature_std(cost: Callable, x: np.ndarray, h: float = CURVATURE_STEP) -> n
     return std_from_hessian(stencil_derivatives(f, len(x), h)[1])
 
 
-def newton_step(g: np.ndarray, H: np.ndarray, radius: float) -> np.ndarray:
-    """The minimizer of the quadratic g·p + ½ pᵀHp with H's eigenvalues made positive (|λ|, at least 1e-3 of the
-    largest and 1e-6: a flat or concave direction gets a long step down its slope), cut to length `radius`."""
+def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi: np.ndarray):
+    """(p, its promised decrease) for the quadratic g·p + ½ pᵀH̃p, H̃ = H with its eigenvalues made positive
+    (|λ|, at least 1e-3 of the largest and 1e-6: a flat or concave direction gets a long step down its slope),
+    p its minimizer cut to length `radius` and to the box [lo, hi] (offsets from the centre)."""
     lam, V = np.linalg.eigh(H)
     lam = np.maximum(np.abs(lam), max(1e-3 * float(np.abs(lam).max(initial=0.0)), 1e-6))
     p = -V @ ((V.T @ g) / lam)
     length = float(np.linalg.norm(p))
-    return p * (radius / length) if length > radius else p
+    if length > radius:
+        p *= radius / length
+    p = np.clip(p, lo, hi)
+    return p, -(g @ p + 0.5 * p @ (V * lam) @ V.T @ p)
 
 
-def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  radius: float = TRUST_RADIUS, probe: bool = True):
     """(x, Hessian of the cost there) minimizing `costs` over the box [lo, hi] (see the module docstring).
     `costs` takes a batch of points (rows) and returns their costs (`FAILED`: the filter failed).
 
-    Each batch is the stencil at a candidate centre c plus trial points; c becomes the centre when it is the
-    best of the batch and no worse than the centre so far, else the best trial that beats the centre does (its
-    stencil is the next batch), else the step is cut to a quarter from the centre (whose stencil is known)."""
+    Each batch is the stencil at a candidate centre c plus trial points on the line of the last move (a
+    quarter, half, 2, 4 and 8 times it: the quadratic can overshoot, or be timid where the cost grows
+    exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is the best of the batch and no worse than the centre so far;
+    else the best trial that beats the centre does (its stencil is the next batch, with trials further along
+    the same line); else the step is cut to a quarter from the centre, whose stencil is known.  `probe`: the
+    first batch also tries each parameter one and two decades either way (a start decades off moves at once)."""
     n = len(x0)
     m = 2 * n * n + 1
     x = np.clip(np.asarray(x0, float), lo, hi)
     f_x, g, H = math.inf, None, None
-    radius = TRUST_RADIUS
     promised = 0.0
     candidate = x
-    # the first batch also probes each parameter one and two decades either way: a start decades off moves at once
-    trials = [np.clip(x + s * e, lo, hi) for e in np.eye(n) for s in (-2.0, -1.0, 1.0, 2.0)]
+    trials = [x + s * e for e in np.eye(n) for s in (-2.0, -1.0, 1.0, 2.0)] if probe else []
     for _ in range(MAX_BATCHES):
+        trials = [np.clip(t, lo, hi) for t in trials]
         points = np.vstack([stencil(candidate)] + [t[None] for t in trials])
         f = costs(points)
         best_trial = int(np.argmin(f[m:])) + m if len(f) > m else None
         f_trial = f[best_trial] if best_trial is not None else math.inf
-        if f[0] <= f_trial and f[0] <= f_x and f[0] < FAILED:
+        # the same point in another batch may differ in the last digits (the batch's common series scaling)
+        slack = 1e-9 * (1.0 + abs(f_x)) if math.isfinite(f_x) else 0.0
+        if f[0] <= f_trial and f[0] <= f_x + slack and f[0] < FAILED:
             if np.any(f[1:m] >= FAILED):            # the filter fails next to the centre: no derivatives here
                 return candidate, np.full((n, n), math.nan)
-            if g is not None and promised > 0:
-                radius = min(2.0 * radius, SEARCH_DECADES) if f_x - f[0] > 0.5 * promised else radius
+            if g is not None and promised > 0 and f_x - f[0] > 0.5 * promised:
+                radius = min(2.0 * radius, SEARCH_DECADES)
             x, f_x = candidate, float(f[0])
             g, H = stencil_derivatives(f[:m], n)
-        elif f_trial < f_x and f_trial < FAILED:
-            radius = max(float(np.linalg.norm(points[best_trial] - x)), STEP_TOLERANCE)
+        elif f_trial < f_x - slack and f_trial < FAILED:
+            move = points[best_trial] - x
+            radius = max(radius, float(np.linalg.norm(move)))
             x = candidate = points[best_trial]
             f_x, g, H = float(f_trial), None, None
-            trials = []
-            continue                                 # its stencil next
+            trials = [x + b * move for b in (0.5, 1.0, 2.0, 4.0)]    # its stencil next, the line further on
+            continue
         elif g is None:                              # the start and every probe failed
             return x, np.full((n, n), math.nan)
         else:
             radius *= 0.25
-        step = newton_step(g, H, radius)
-        step = np.clip(x + step, lo, hi) - x
-        promised = -(g @ step + 0.5 * step @ H @ step)
+        step, promised = newton_step(g, H, radius, lo - x, hi - x)
         if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < GAIN_TOLERANCE:
             return x, H
         candidate = x + step
-        trials = [x + 0.5 * step, x + 0.25 * step]   # the quadratic can overshoot
+        trials = [x + a * step for a in (0.25, 0.5, 2.0, 4.0, 8.0)]
     return x, H
 
 
