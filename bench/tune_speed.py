@@ -4,6 +4,7 @@ on another.
 
     python bench/tune_speed.py [--case NAME ...] [--mode M ...] [--repo DIR] [--json OUT.json]
     python bench/tune_speed.py --transfer [--seconds T]      # tune on run A, score on run B (real_hardware.py)
+    python bench/tune_speed.py --reference [--case ...]      # the same maximum as the search before
 
 Each case is a 10-s recording written as `mbfg` CSVs (encoder readings; fused mode: the commanded efforts):
 the DFKI double-pendulum runs of bench/data/dfki_double_pendulum (bench/real_hardware.py: DFKI's joint angles and
@@ -17,6 +18,9 @@ runs, in a subprocess of its own,
 (the densities of the mode, the acceleration density and every encoder's σ) with the checkout `--repo` on the
 module path (default: this one; e.g. `--repo /work/main` for the tuner before), and prints its wall time, the
 evaluations, the log-likelihood and the fitted values with their 1σ as `mbfg tune` printed them.
+
+`--reference`: this checkout's fit against the search `mbfg tune` used before (Nelder–Mead, one likelihood
+evaluation at a time) on the same likelihood: the same maximum, in units of the fit's own 1σ.
 
 `--transfer`: the tuned parameter files of run A applied to run B through bench/real_hardware.py's estimator
 runs (`run_mbfg` with the file's settings, as its `--params`), next to the shipped defaults, scored as its table
@@ -201,6 +205,73 @@ def transfer(args) -> List[dict]:
     return rows
 
 
+def reference(args) -> List[dict]:
+    """The fit of `mbfg tune` (this checkout) against the search it used before — Nelder–Mead over log10 of the
+    values from the same start with its options (xatol 0.005, fatol 0.01, ≤ 400 evaluations), one candidate at
+    a time — on the same likelihood (`likelihood.log_likelihoods`, which test_tuning_speed.py checks equals one
+    ReducedEKF's): each value's difference in units of the fit's own 1σ, and the log-likelihoods."""
+    from scipy.optimize import minimize
+    from mbfg_ros.blas import single_threaded_blas
+    from mbfg_ros.cli import csvio
+    from mbfg_ros.model.mechanism import load_mechanism
+    from mbfg_ros.tuning import likelihood as tl
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tune_reference") as tmp:
+        folder = Path(tmp)
+        for name in args.case or CASES:
+            for mode in args.mode or MODES:
+                mech_file, obs, cmd = case_files(name, mode, folder, args.seconds)
+                mech = load_mechanism(mech_file)
+                enc, coords, _ = tl.encoder_layout(mech)
+                table = csvio.read_table(obs)
+                y = np.column_stack([table.column(n) for n in enc])
+                u = np.column_stack([csvio.read_table(cmd).column(f"tau_{a}") for a in mech.actuator_names])
+                rec = tl.Recording(table.t, y, enc, coords, u, str(obs))
+                names = tl.parameter_names(mech, mode, True, True)
+                initial = tl.initial_values(mech)
+                t0 = time.perf_counter()
+                result = tl.fit(mech, rec, mode, initial, names)
+                wall_fit = time.perf_counter() - t0
+                short = rec.from_first_complete_reading().decimated(2000)
+
+                def cost(x):
+                    v = dict(initial, **{n: 10.0 ** e for n, e in zip(names, x)})
+                    ll = tl.log_likelihoods(mech, short, mode, [v])[0]
+                    return -ll if math.isfinite(ll) else tl.FAILED
+
+                x0 = np.log10([initial[n] for n in names])
+                t0 = time.perf_counter()
+                with single_threaded_blas():
+                    nm = minimize(cost, x0, method="Nelder-Mead",
+                                  options={"initial_simplex": np.vstack([x0] + [x0 + e for e in np.eye(len(x0))]),
+                                           "xatol": 0.005, "fatol": 0.01, "maxfev": 400})
+                wall_nm = time.perf_counter() - t0
+                x_fit = np.log10([f.value for f in result.fitted])
+                std = np.array([f.log10_std for f in result.fitted])
+                row = {"case": name, "mode": mode, "names": names, "fit": x_fit.tolist(), "std": std.tolist(),
+                       "nelder_mead": np.asarray(nm.x).tolist(), "ll_fit": result.log_likelihood,
+                       "ll_nelder_mead": -float(nm.fun), "evaluations_fit": result.evaluations,
+                       "evaluations_nelder_mead": int(nm.nfev), "wall_fit": wall_fit, "wall_nelder_mead": wall_nm}
+                rows.append(row)
+                print(f"{name}, {mode}: fit {x_fit.round(3)} ± {std.round(3)} (ll {result.log_likelihood:.3f}, "
+                      f"{wall_fit:.0f} s), Nelder–Mead {np.round(nm.x, 3)} (ll {-nm.fun:.3f}, {nm.nfev} "
+                      f"evaluations, {wall_nm:.0f} s)", file=sys.stderr, flush=True)
+    print("The batched Newton fit against Nelder–Mead (the search before) on the same likelihood, "
+          f"{args.seconds:g}-s recordings, every density and σ (log10 values; Δ in units of the fit's 1σ):\n")
+    print("| recording | mode | parameter | fit (log10 ± 1σ) | Nelder–Mead | Δ/σ | log-likelihood fit / NM | "
+          "evaluations fit / NM | wall fit / NM [s] |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for i, n in enumerate(r["names"]):
+            d = (r["nelder_mead"][i] - r["fit"][i]) / r["std"][i] if r["std"][i] > 0 else math.nan
+            tail = (f"{r['ll_fit']:.3f} / {r['ll_nelder_mead']:.3f} | {r['evaluations_fit']} / "
+                    f"{r['evaluations_nelder_mead']} | {r['wall_fit']:.0f} / {r['wall_nelder_mead']:.0f}") if i == 0 \
+                else " | "
+            print(f"| {r['case'] if i == 0 else ''} | {r['mode'] if i == 0 else ''} | {n} | {r['fit'][i]:.3f} ± "
+                  f"{r['std'][i]:.3f} | {r['nelder_mead'][i]:.3f} | {d:+.2f} | {tail} |")
+    return rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", choices=CASES, help="only these recordings (default: all)")
@@ -208,10 +279,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=SECONDS, help=f"recording length (default {SECONDS:g})")
     ap.add_argument("--repo", type=Path, default=ROOT.parent, help="the checkout whose `mbfg tune` runs")
     ap.add_argument("--transfer", action="store_true", help="tune on one run, score on another")
+    ap.add_argument("--reference", action="store_true",
+                    help="the fit against Nelder–Mead (the search before) on the same likelihood")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     args.repo = args.repo.resolve()
-    rows = transfer(args) if args.transfer else speed(args)
+    rows = transfer(args) if args.transfer else reference(args) if args.reference else speed(args)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0
