@@ -47,6 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent / "test"))      # test_tuning.synthetic: the simulated four-bar's recording
 
 import real_hardware as rh  # noqa: E402
 
@@ -77,49 +78,33 @@ def dfki_case(name: str, folder: Path, seconds: float = SECONDS):
 
 
 def four_bar_case(folder: Path, seconds: float = SECONDS, seed: int = 4):
-    """The crank four-bar at 5 ms, 10 s: effort an integrated random walk of density 3 (N·m)²/s³ (estimation's
-    data) or a PD command plus a damped walk of density 300 (fused's), the encoder read with σ 3e-4 rad."""
-    from mbfg_ros.factors.noise import default_sigmas
-    from mbfg_ros.factors.processes import damped_walk_transition
+    """The crank four-bar at 5 ms, as test_tuning.py simulates it (`synthetic`): the effort an integrated random
+    walk of density 3 (N·m)²/s³ (estimation's data) or a PD command plus a damped walk of density 300 (fused's),
+    the encoder read with σ 3e-4 rad."""
     from mbfg_ros.model.mechanism import load_mechanism
-    from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+    from test_tuning import synthetic
     path = ROOT.parent / "mechanisms" / "four_bar_crank.yaml"
     crank = load_mechanism(path)
-    dt, sigma = 5e-3, 3e-4
     out = {}
     for mode, density in (("estimation", 3.0), ("fused", 300.0)):
-        rng = np.random.default_rng(seed)
-        n = int(round(seconds / dt)) + 3
-        T = default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf
-        F, C = damped_walk_transition(dt, T)
-        C = np.linalg.cholesky(density * C)
-        x, walk = np.zeros(2), np.empty(n)
-        for k in range(n):
-            walk[k] = x[0]
-            x = F @ x + C @ rng.standard_normal(2)
-        c = int(crank.actuated[0])
-        commands = np.zeros((n, 1))
-
-        def law(mech, t, q, v, mode=mode, commands=commands, walk=walk, c=c):
-            k = int(round(t / dt))
-            if mode == "fused":
-                commands[k] = -400.0 * (q[c] - 1.0 - 0.5 * math.sin(2.0 * t)) - 40.0 * v[c]
-            return commands[k] + walk[k]
-
-        plant = SimulatedPlant(crank, dt=dt, seed=seed, profile=law, actuator=Actuator.ideal(crank), sensors=[])
-        traj = plant.simulate(seconds)
-        readings = traj.q[:, c] + rng.normal(0.0, sigma, len(traj.t))
+        t, readings, commands = synthetic(crank, mode, density, 3e-4, seconds, seed)
         obs, cmd = folder / f"four_bar_{mode}.obs.csv", folder / f"four_bar_{mode}.cmd.csv"
-        write_csv(obs, traj.t, {"crank": readings})
-        write_csv(cmd, traj.t, {"tau_crank": commands[:len(traj.t), 0]})
+        write_csv(obs, t, {"crank": readings})
+        write_csv(cmd, t, {"tau_crank": commands[:, 0]})
         out[mode] = (path, obs, cmd)
     return out
 
 
-def case_files(name: str, mode: str, folder: Path, seconds: float = SECONDS):
-    if name == FOUR_BAR:
-        return four_bar_case(folder, seconds)[mode]
-    return dfki_case(name, folder, seconds)
+def each_case(args, prefix: str):
+    """(case, mode, mechanism file, observations CSV, torques CSV) of every case and mode asked for, the files in a
+    temporary folder."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = Path(tmp)
+        for name in args.case or CASES:
+            for mode in args.mode or MODES:
+                files = four_bar_case(folder, args.seconds)[mode] if name == FOUR_BAR else \
+                    dfki_case(name, folder, args.seconds)
+                yield (name, mode) + tuple(files)
 
 
 def run_tune(repo: Path, mech: Path, obs: Path, cmd: Path, mode: str, params: Path) -> dict:
@@ -147,18 +132,14 @@ def run_tune(repo: Path, mech: Path, obs: Path, cmd: Path, mode: str, params: Pa
 
 def speed(args) -> List[dict]:
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tune_speed") as tmp:
-        folder = Path(tmp)
-        for name in args.case or CASES:
-            for mode in args.mode or MODES:
-                mech, obs, cmd = case_files(name, mode, folder, args.seconds)
-                r = run_tune(args.repo, mech, obs, cmd, mode, folder / "params.yaml")
-                r.update(case=name, mode=mode)
-                rows.append(r)
-                print(f"{name}, {mode}: {r['wall']:.1f} s, {r['evaluations']} evaluations, "
-                      f"log-likelihood {r['log_likelihood']:.6g}", file=sys.stderr, flush=True)
-                for k, v in r["fitted"].items():
-                    print(f"    {k} = {v['value']:.4g} {v['describe']}", file=sys.stderr, flush=True)
+    for name, mode, mech, obs, cmd in each_case(args, "tune_speed"):
+        r = run_tune(args.repo, mech, obs, cmd, mode, obs.with_name("params.yaml"))
+        r.update(case=name, mode=mode)
+        rows.append(r)
+        print(f"{name}, {mode}: {r['wall']:.1f} s, {r['evaluations']} evaluations, "
+              f"log-likelihood {r['log_likelihood']:.6g}", file=sys.stderr, flush=True)
+        for k, v in r["fitted"].items():
+            print(f"    {k} = {v['value']:.4g} {v['describe']}", file=sys.stderr, flush=True)
     print(f"`mbfg tune --fit-sensor-sigmas --fit-acceleration-density`, {args.seconds:g}-s recordings, checkout "
           f"{args.repo} ({os.uname().machine}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}):\n")
     print("| recording | mode | wall time [s] | evaluations | log-likelihood | fitted (1σ) |")
@@ -216,46 +197,42 @@ def reference(args) -> List[dict]:
     from mbfg_ros.model.mechanism import load_mechanism
     from mbfg_ros.tuning import likelihood as tl
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tune_reference") as tmp:
-        folder = Path(tmp)
-        for name in args.case or CASES:
-            for mode in args.mode or MODES:
-                mech_file, obs, cmd = case_files(name, mode, folder, args.seconds)
-                mech = load_mechanism(mech_file)
-                enc, coords, _ = tl.encoder_layout(mech)
-                table = csvio.read_table(obs)
-                y = np.column_stack([table.column(n) for n in enc])
-                u = np.column_stack([csvio.read_table(cmd).column(f"tau_{a}") for a in mech.actuator_names])
-                rec = tl.Recording(table.t, y, enc, coords, u, str(obs))
-                names = tl.parameter_names(mech, mode, True, True)
-                initial = tl.initial_values(mech)
-                t0 = time.perf_counter()
-                result = tl.fit(mech, rec, mode, initial, names)
-                wall_fit = time.perf_counter() - t0
-                short = rec.from_first_complete_reading().decimated(2000)
+    for name, mode, mech_file, obs, cmd in each_case(args, "tune_reference"):
+        mech = load_mechanism(mech_file)
+        enc, coords, _ = tl.encoder_layout(mech)
+        table = csvio.read_table(obs)
+        y = np.column_stack([table.column(n) for n in enc])
+        u = np.column_stack([csvio.read_table(cmd).column(f"tau_{a}") for a in mech.actuator_names])
+        rec = tl.Recording(table.t, y, enc, coords, u, str(obs))
+        names = tl.parameter_names(mech, mode, True, True)
+        initial = tl.initial_values(mech)
+        t0 = time.perf_counter()
+        result = tl.fit(mech, rec, mode, initial, names)
+        wall_fit = time.perf_counter() - t0
+        short = rec.from_first_complete_reading().decimated(2000)
 
-                def cost(x):
-                    v = dict(initial, **{n: 10.0 ** e for n, e in zip(names, x)})
-                    ll = tl.log_likelihoods(mech, short, mode, [v])[0]
-                    return -ll if math.isfinite(ll) else tl.FAILED
+        def cost(x):
+            v = dict(initial, **{n: 10.0 ** e for n, e in zip(names, x)})
+            ll = tl.log_likelihoods(mech, short, mode, [v])[0]
+            return -ll if math.isfinite(ll) else tl.FAILED
 
-                x0 = np.log10([initial[n] for n in names])
-                t0 = time.perf_counter()
-                with single_threaded_blas():
-                    nm = minimize(cost, x0, method="Nelder-Mead",
-                                  options={"initial_simplex": np.vstack([x0] + [x0 + e for e in np.eye(len(x0))]),
-                                           "xatol": 0.005, "fatol": 0.01, "maxfev": 400})
-                wall_nm = time.perf_counter() - t0
-                x_fit = np.log10([f.value for f in result.fitted])
-                std = np.array([f.log10_std for f in result.fitted])
-                row = {"case": name, "mode": mode, "names": names, "fit": x_fit.tolist(), "std": std.tolist(),
-                       "nelder_mead": np.asarray(nm.x).tolist(), "ll_fit": result.log_likelihood,
-                       "ll_nelder_mead": -float(nm.fun), "evaluations_fit": result.evaluations,
-                       "evaluations_nelder_mead": int(nm.nfev), "wall_fit": wall_fit, "wall_nelder_mead": wall_nm}
-                rows.append(row)
-                print(f"{name}, {mode}: fit {x_fit.round(3)} ± {std.round(3)} (ll {result.log_likelihood:.3f}, "
-                      f"{wall_fit:.0f} s), Nelder–Mead {np.round(nm.x, 3)} (ll {-nm.fun:.3f}, {nm.nfev} "
-                      f"evaluations, {wall_nm:.0f} s)", file=sys.stderr, flush=True)
+        x0 = np.log10([initial[n] for n in names])
+        t0 = time.perf_counter()
+        with single_threaded_blas():
+            nm = minimize(cost, x0, method="Nelder-Mead",
+                          options={"initial_simplex": np.vstack([x0] + [x0 + e for e in np.eye(len(x0))]),
+                                   "xatol": 0.005, "fatol": 0.01, "maxfev": 400})
+        wall_nm = time.perf_counter() - t0
+        x_fit = np.log10([f.value for f in result.fitted])
+        std = np.array([f.log10_std for f in result.fitted])
+        row = {"case": name, "mode": mode, "names": names, "fit": x_fit.tolist(), "std": std.tolist(),
+               "nelder_mead": np.asarray(nm.x).tolist(), "ll_fit": result.log_likelihood,
+               "ll_nelder_mead": -float(nm.fun), "evaluations_fit": result.evaluations,
+               "evaluations_nelder_mead": int(nm.nfev), "wall_fit": wall_fit, "wall_nelder_mead": wall_nm}
+        rows.append(row)
+        print(f"{name}, {mode}: fit {x_fit.round(3)} ± {std.round(3)} (ll {result.log_likelihood:.3f}, "
+              f"{wall_fit:.0f} s), Nelder–Mead {np.round(nm.x, 3)} (ll {-nm.fun:.3f}, {nm.nfev} "
+              f"evaluations, {wall_nm:.0f} s)", file=sys.stderr, flush=True)
     print("The batched Newton fit against Nelder–Mead (the search before) on the same likelihood, "
           f"{args.seconds:g}-s recordings, every density and σ (log10 values; Δ in units of the fit's 1σ):\n")
     print("| recording | mode | parameter | fit (log10 ± 1σ) | Nelder–Mead | Δ/σ | log-likelihood fit / NM | "

@@ -69,6 +69,15 @@ def discretize(A: np.ndarray, W: np.ndarray, h: float):
     return F, Q
 
 
+def rk4_step(f, x, h: float):
+    """x after one classical Runge–Kutta step of ẋ = f(x) over h (x: one state or a stack of states)."""
+    k1 = f(x)
+    k2 = f(x + 0.5 * h * k1)
+    k3 = f(x + 0.5 * h * k2)
+    k4 = f(x + h * k3)
+    return x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
 def encoded_acceleration_noise(mech: Mechanism, q, z: Sequence[int], density: float) -> np.ndarray:
     """The density matrix of z̈'s white noise (d × d) when every generalized coordinate's acceleration gets
     white noise of density S = `density` (the estimator's acceleration noise): restricted to the motions the
@@ -182,11 +191,7 @@ class ReducedEKF:
         return A
 
     def _rk4(self, x, command, h):
-        k1 = self._f(x, command)
-        k2 = self._f(x + 0.5 * h * k1, command)
-        k3 = self._f(x + 0.5 * h * k2, command)
-        k4 = self._f(x + h * k3, command)
-        return x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        return rk4_step(lambda y: self._f(y, command), x, h)
 
     def _acceleration_noise(self, q) -> np.ndarray:
         if not self.acceleration_density:

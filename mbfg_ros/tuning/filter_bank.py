@@ -24,7 +24,7 @@ import numpy as np
 
 from mbfg_ros.dynamics import constrained
 from mbfg_ros.dynamics.batched import BatchConstraints, BatchDynamics, newton_positions
-from mbfg_ros.estimation.reduced_ekf import ReducedModel, discretize
+from mbfg_ros.estimation.reduced_ekf import ReducedModel, discretize, rk4_step
 from mbfg_ros.model.mechanism import Mechanism
 
 POSE_TOLERANCE = 1e-11      # max |Φ| of a solved pose (ReducedModel.positions)
@@ -229,13 +229,6 @@ class ReducedEKFBank:
         A[:, 2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
         return A
 
-    def _rk4(self, x, command, h):
-        k1 = self._f_solving(x, command)
-        k2 = self._f_solving(x + 0.5 * h * k1, command)
-        k3 = self._f_solving(x + 0.5 * h * k2, command)
-        k4 = self._f_solving(x + h * k3, command)
-        return x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
-
     # -- the filter -------------------------------------------------------------------------------------
     def _start(self, y):
         """Every filter at the readings, at rest, its pose solved as the single filter solves it (from the
@@ -267,7 +260,7 @@ class ReducedEKFBank:
             self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
         F, Qd = discretize(A, self.noise, float(dt))
-        self.x = self._rk4(self.x, self._command, float(dt))
+        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt))
         self.P = F @ self.P @ np.swapaxes(F, 1, 2) + Qd
         read = np.nonzero(np.isfinite(y))[0]
         if read.size:
