@@ -441,6 +441,6 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
 
 
 def evaluations_budget(n_parameters: int) -> int:
-    """A progress bar's length: the search's typical evaluations (~6 batches of the stencil, 2n² + 1 points,
-    and a few more) and the first batch's probes."""
-    return 6 * (2 * n_parameters * n_parameters + 4) + 4 * n_parameters
+    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first quarter
+    and ~5 on the whole, each the stencil (2n² + 1 points) and a few more, and the first batch's probes."""
+    return 20 * (2 * n_parameters * n_parameters + 6) + 4 * n_parameters
