@@ -380,10 +380,11 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
 
     Each batch is the stencil at a candidate centre c plus trial points on the line of the last move (a
     quarter, half, 2, 4 and 8 times it: the quadratic can overshoot, or be timid where the cost grows
-    exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is the best of the batch and no worse than the centre so far;
-    else the best trial that beats the centre does (its stencil is the next batch, with trials further along
-    the same line); else the step is cut to a quarter from the centre, whose stencil is known.  `probe`: the
-    first batch also tries each parameter one and two decades either way (a start decades off moves at once)."""
+    exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is
+    the best of the batch and no worse than the centre so far; else the best trial that beats the centre does
+    (its stencil is the next batch, with trials further along the same line); else the step is cut to a
+    quarter from the centre, whose stencil is known.  `probe`: the first batch also tries each parameter one
+    and two decades either way (a start decades off moves at once)."""
     n = len(x0)
     m = 2 * n * n + 1
     x = np.clip(np.asarray(x0, float), lo, hi)
@@ -415,8 +416,8 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
             continue
         elif g is None:                              # the start and every probe failed
             return x, np.full((n, n), math.nan)
-        else:
-            radius *= 0.25
+        else:                                        # nothing beat the centre: a quarter of the last step
+            radius = 0.25 * min(radius, float(np.linalg.norm(candidate - x)))
         step, promised = newton_step(g, H, radius, lo - x, hi - x)
         if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < GAIN_TOLERANCE:
             return x, H
