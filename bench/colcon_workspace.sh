@@ -6,7 +6,7 @@
 # a workspace ws/ whose src/mbfg_ros is a copy of the tracked files of this checkout (a fresh clone: no compiled
 # kernel in the source).  Then: colcon build, colcon test, colcon test-result --verbose.  Exits non-zero when a
 # step or a test fails; a second run reuses the venv.  Python: JAZZY_PYTHON, else python3.12, else python3.
-# launch_testing is not on PyPI: without it the launch test skips (README, "The ROS 2 way").
+# launch_testing is not on PyPI: without it the launch test skips (README, "Install in a ROS 2 workspace").
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 DIR [colcon test arguments...]" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real time stamps: is the estimate as accurate on readings whose stamps jitter and drift as on uniform ones,
-and which way of stepping the estimator through them is better (docs/decisions.md, "Real time stamps").
+and which way of stepping the estimator through them is better (docs/decisions.md, "Inputs and time").
 
     PYTHONPATH=. python bench/jittered_stamps.py [--scenario four_bar_estimation ...] [--seeds 3] [--seconds 3]
                                                  [--late-share 0.05] [--late-max 2.7] [--drift 0.01]
@@ -23,7 +23,9 @@ Ways through the jittered stamps (each `FixedLagEstimator`, shipped defaults, `d
 * "grid + readings at their times": steps at the uniform grid k·dt and at each stamp (the union, in order),
   the readings at their stamps: the estimator's own grid with the readings placed at their true times;
 * "grid, readings at the nearest step": steps on the grid only, each reading put on the nearest grid step
-  (what a user who resamples gets; the later reading wins where two land on one step).
+  (what a user who resamples gets; the later reading wins where two land on one step);
+* "grid, readings shifted to the step": as the last, each reading moved onto its step by the previous
+  estimate's motion (`mbfg_ros.ros.alignment.ReadingAlignment`: what the node does).
 
 Scored at the times each way estimates (the stamps; the grid for the last) after 0.5 s: RMS error of the encoded
 coordinates' angle [mrad], rate [rad/s] and the actuator effort [N·m] (pooled over actuators), the share of
@@ -50,6 +52,7 @@ from estimation_quality import SCENARIOS, Scenario, encoded  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
+from mbfg_ros.ros.alignment import NS, ReadingAlignment  # noqa: E402
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant  # noqa: E402
 
 SETTLE = 0.5        # [s] scored from here on
@@ -106,7 +109,7 @@ def run(sc: Scenario, mech: Mechanism, truth: Truth, t_read: np.ndarray, reading
         if way == "grid_union":
             times = np.union1d(grid, t_read)
             reading_at = {int(np.searchsorted(times, tr)): k for k, tr in enumerate(t_read)}
-        else:    # grid_nearest
+        else:    # grid_nearest, grid_shifted
             times = grid
             nearest = np.clip(np.rint(t_read / dt).astype(int), 0, len(grid) - 1)
             reading_at = {int(g): k for k, g in enumerate(nearest)}
@@ -114,11 +117,16 @@ def run(sc: Scenario, mech: Mechanism, truth: Truth, t_read: np.ndarray, reading
     est = FixedLagEstimator(mech, EstimatorConfig(dt=dt, mode=sc.mode))
     out = {q: np.empty((len(times), len(z))) for q in ("angle", "rate")}
     out["effort"] = np.empty((len(times), len(mech.actuated)))
+    alignment = ReadingAlignment(mech) if way == "grid_shifted" else None
+    last = None
     c0 = time.process_time()
     for i, t in enumerate(times):
         k = reading_at.get(i)
         obs = {} if k is None else {nm: float(readings[k, j]) for j, nm in enumerate(names)}
-        e = est.step(float(t), commands[i] if fused else None, obs)
+        if obs and alignment is not None and last is not None:
+            obs = alignment.to_step(obs, dict.fromkeys(obs, int(round(t_read[k] * NS))), int(round(t * NS)),
+                                    last.v, last.a, int(round(last.t * NS)))
+        e = last = est.step(float(t), commands[i] if fused else None, obs)
         out["angle"][i], out["rate"][i], out["effort"][i] = e.q[z], e.v[z], e.efforts
     cpu = (time.process_time() - c0) / len(t_read)
     if way == "grid_union":       # scored where the readings are
@@ -142,7 +150,7 @@ def score(truth: Truth, times, est, sigma) -> Dict[str, float]:
 
 
 WAYS = {"per_reading": "a step per reading", "grid_union": "grid + readings at their times",
-        "grid_nearest": "grid, readings at the nearest step"}
+        "grid_nearest": "grid, readings at the nearest step", "grid_shifted": "grid, readings shifted to the step"}
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,7 @@ delay.  The stand-in core against the real one, both with consumers, interleaved
 
 `--dds-profile XML[,XML...]` gives the estimator's process (only) a Fast DDS XML profile, one run per listed
 profile ('none': without), interleaved with the rest, e.g. one giving its receive threads a real-time policy
-(docs/ros2_interfaces.md, "Real-time priority of the hot path").
+(docs/ros2_interfaces.md, "Real-time priority").
 """
 
 from __future__ import annotations

@@ -7,27 +7,30 @@
 
 Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every recording of the source set, cut to
 time, measured positions, commanded and measured torques).  Mechanisms: `mechanisms/double_pendulum_a0.yaml`,
-`..._c0.yaml` (DFKI's identified rigid-body parameters; angles θ1 = q1 − π/2, θ2 = q1 + q2 − π/2 — DFKI's q2 is
-relative —, efforts Q_θ1 = τ1 − τ2, Q_θ2 = τ2).
+`..._c0.yaml` (DFKI's identified rigid-body parameters, gear ratio and rotor inertia; DFKI's joint angles q1, q2 —
+q2 relative to link 1 — as joint-angle coordinates, actuated by τ1, τ2 and read by the encoders).
 
 How the recordings are fed: one `FixedLagEstimator.step(t, ...)` per recorded row at the row's own time stamp (as
 recorded: jittery, with overruns), `EstimatorConfig(dt=<median step>, mode=...)` and nothing else, as `mbfg
 estimate` builds it (shipped defaults: window 10, trapezoidal, default densities, the effort density fitted
 online in estimation mode; the encoder σ of the mechanism file, the readings' quantization).  The core makes one
 factor-graph step of the actual gap when the gap is under 1.5 median steps, else round(gap/dt) equal sub-steps.
-Fused mode gets the commanded torques `tau_con` (mapped to Q_θ); estimation mode gets no torque.
+Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.
 
 Scored per joint (shoulder q1, elbow q2), from 0.5 s to the end less the reference's half-width:
 * rate: against a non-causal reference, the centred local cubic on the measured positions over ±25 ms with the
   real time stamps (`local_polynomial`);
 * effort: against the measured torque minus DFKI's identified friction b·q̇ + cf·atan(100·q̇) at the reference
-  rate; also both low-passed at 5 Hz (zero-phase 4th-order Butterworth on a uniform grid): the motor encoders sit
-  behind the gear, above ~5 Hz the measured torque does not follow the positions;
+  rate, or, on a joint whose friction the mechanism file models (actuator keys `viscous_friction`,
+  `coulomb_friction`: `friction_modelled`), against the measured torque itself: the estimate is then the motor's
+  torque; also both low-passed at 5 Hz (zero-phase 4th-order Butterworth on a uniform grid): the motor encoders
+  sit behind the gear, above ~5 Hz the measured torque does not follow the positions;
 * 2σ coverage: share of steps whose effort error is within twice the estimator's own 1σ (90–98 % is
   consistent);  lost track: share of steps where an estimated joint angle is > 0.01 rad from its reading.
 
 Anchors on the same readings:
-* EKF: a textbook EKF on DFKI's rigid-body equations (the mechanism files' model), state (q, q̇, e), e a random
+* EKF: a textbook EKF on DFKI's equations with the friction the mechanism file models (the mechanism files'
+  model), state (q, q̇, e), e a random
   walk: the torque (estimation) or the command's disturbance (fused, τ = command + e); mean by RK4, covariance
   by the first three terms of the discretization series; encoders read q (σ: the quantization).  Its density is
   the one of a decade grid, refined by half decades, with the smallest effort RMSE (both joints, full band) on
@@ -36,9 +39,10 @@ Anchors on the same readings:
 * causal Savitzky–Golay (cubic over the last 0.1 s, real time stamps) + inverse dynamics of the same model;
 * the command itself (tau_con, the controller's friction compensation included); zero.
 
-Left out of the model (no place for them in the mechanism format yet, issue 21 point 5): rotor inertia with its
-gear coupling, and friction; the recordings table gives their size on each run (at the reference motion) next to
-the scale of the torque being estimated, the time steps' jitter and the readings' scatter about the reference.
+Left out of the model: the friction of a joint whose actuator has no friction keys (none in the shipped files);
+the recordings table gives the friction's and the rotor-inertia torques' size on each run (at the reference
+motion) next to the scale of the torque being estimated, the time steps' jitter and the readings' scatter
+about the reference.
 test/test_real_hardware.py checks the parts and runs the bench on a 1-s excerpt (behaviour, not numbers).
 """
 
@@ -62,7 +66,7 @@ from scipy.signal import butter, filtfilt
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
-from mbfg_ros.dynamics import constrained  # noqa: E402
+from mbfg_ros.dynamics import constrained, kinematics  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
@@ -173,19 +177,21 @@ def design_mechanism(design: str) -> Mechanism:
 class DfkiModel:
     """M(q) q̈ + c(q, q̇) = G(q) + τ − F(q̇) in DFKI's joint angles (q1 from the downward vertical, q2 relative),
     with their rotor terms (M += [[gr²Ir + Ir, −gr·Ir], [−gr·Ir, gr²Ir]]) and friction F = b·q̇ + cf·atan(100·q̇).
-    `rigid=True` drops rotor inertia and friction: the model of the mechanism files."""
+    `friction` (for both joints, or a flag per joint) and `rotor` false drop the friction and the rotor terms:
+    `DfkiModel(p, friction=friction_modelled(mech))` is the model of the mechanism files."""
 
-    def __init__(self, p: Dict[str, float], rigid: bool = False):
+    def __init__(self, p: Dict[str, float], friction=True, rotor: bool = True):
         self.p = p
         self.h = p["m2"] * p["l1"] * p["r2"]
         self.g1 = (p["m1"] * p["r1"] + p["m2"] * p["l1"]) * p["g"]
         self.g2 = p["m2"] * p["r2"] * p["g"]
-        self.rigid = rigid
-        Ir = 0.0 if rigid else p["Ir"]
+        Ir = p["Ir"] if rotor else 0.0
         gr = p["gr"]
         self.rotor = np.array([[gr * gr * Ir + Ir, -gr * Ir], [-gr * Ir, gr * gr * Ir]])
-        self.b = np.zeros(2) if rigid else np.array([p["b1"], p["b2"]])
-        self.cf = np.zeros(2) if rigid else np.array([p["cf1"], p["cf2"]])
+        keep = np.broadcast_to(np.asarray(friction, bool), (2,))
+        self.frictionless = not keep.any()
+        self.b = np.where(keep, [p["b1"], p["b2"]], 0.0)
+        self.cf = np.where(keep, [p["cf1"], p["cf2"]], 0.0)
 
     def mass_matrix(self, q) -> np.ndarray:
         p, c = self.p, math.cos(q[1])
@@ -206,7 +212,7 @@ class DfkiModel:
 
     def accelerations(self, q, qd, tau) -> np.ndarray:
         r = np.asarray(tau, float) - self.bias(q, qd)
-        if self.rigid:
+        if self.frictionless:
             r0, r1 = float(r[0]), float(r[1])
         else:
             r0, r1 = r - self.friction(qd)
@@ -218,67 +224,48 @@ class DfkiModel:
         return self.mass_matrix(q) @ np.asarray(qdd, float) + self.bias(q, qd) + self.friction(qd)
 
 
-# -- joint angles ↔ the mechanism's coordinates ------------------------------------------------------------------
-def to_coordinates(q) -> np.ndarray:
-    """(θ1, θ2) absolute link angles from +X of DFKI's joint angles (…, 2)."""
-    q = np.asarray(q, float)
-    return np.stack([q[..., 0] - math.pi / 2, q[..., 0] + q[..., 1] - math.pi / 2], axis=-1)
+# -- DFKI's joint angles in the mechanism's coordinates --------------------------------------------------------
+JOINTS = ("q1", "q2")        # the mechanism files' joint-angle coordinates, actuators and encoders: DFKI's own
 
 
-def to_joints(theta) -> np.ndarray:
-    theta = np.asarray(theta, float)
-    return np.stack([theta[..., 0] + math.pi / 2, theta[..., 1] - theta[..., 0]], axis=-1)
+# the mechanism files' coordinate equal to each DFKI joint angle (up to a constant), None where there is none
+JOINT_COORDINATES = JOINTS
 
 
-def torques_to_efforts(tau) -> np.ndarray:
-    """Q_θ = (τ1 − τ2, τ2) by virtual work (τ2 acts between the links)."""
-    tau = np.asarray(tau, float)
-    return np.stack([tau[..., 0] - tau[..., 1], tau[..., 1]], axis=-1)
-
-
-# the linear maps of the two conversions (for covariances): joints = A θ (+ const), τ = B Q_θ
-JOINTS_OF_COORDINATES = np.array([[1.0, 0.0], [-1.0, 1.0]])
-TORQUES_OF_EFFORTS = np.array([[1.0, 1.0], [0.0, 1.0]])
+def friction_modelled(mech: Mechanism) -> np.ndarray:
+    """Per DFKI joint: does the mechanism model its friction (an actuator with friction on the joint's angle)?"""
+    fr = mech.friction
+    return np.array([fr is not None and c is not None and fr.describe(mech.coordinate_index(c)) is not None
+                     for c in JOINT_COORDINATES], dtype=bool)
 
 
 def mechanism_state(mech: Mechanism, q, qd) -> tuple:
-    """The mechanism's (q, q̇) of natural coordinates for DFKI joint angles and rates."""
-    theta = to_coordinates(q)
-    omega = np.array([qd[0], qd[0] + qd[1]])
-    i1, i2 = mech.coordinate_index("theta1"), mech.coordinate_index("theta2")
-    l1 = float(np.hypot(*mech.q0[[mech.coordinate_index("x1"), mech.coordinate_index("y1")]]))
-    p1 = mech.q0[[mech.coordinate_index("x2"), mech.coordinate_index("y2")]]
-    l2 = float(np.hypot(*(p1 - mech.q0[[mech.coordinate_index("x1"), mech.coordinate_index("y1")]])))
-    x = np.zeros(mech.n)
-    v = np.zeros(mech.n)
-    e1 = np.array([math.cos(theta[0]), math.sin(theta[0])])
-    e2 = np.array([math.cos(theta[1]), math.sin(theta[1])])
-    n1, n2 = np.array([-e1[1], e1[0]]), np.array([-e2[1], e2[0]])
-    x[[mech.coordinate_index("x1"), mech.coordinate_index("y1")]] = l1 * e1
-    x[[mech.coordinate_index("x2"), mech.coordinate_index("y2")]] = l1 * e1 + l2 * e2
-    v[[mech.coordinate_index("x1"), mech.coordinate_index("y1")]] = l1 * omega[0] * n1
-    v[[mech.coordinate_index("x2"), mech.coordinate_index("y2")]] = l1 * omega[0] * n1 + l2 * omega[1] * n2
-    x[[i1, i2]], v[[i1, i2]] = theta, omega
-    return x, v
+    """The mechanism's (q, q̇) for DFKI joint angles and rates: the position and velocity problems with q1, q2
+    held."""
+    cols = [mech.coordinate_index(j) for j in JOINTS]
+    x0 = np.array(mech.q0)
+    x0[cols] = q
+    x = kinematics.solve_positions(mech, x0, fixed=cols, tol=1e-15).q     # (to rounding: q̈ is compared to 1e-10)
+    return x, kinematics.solve_velocities(mech, x, fixed=cols, fixed_values=qd)
 
 
 def mechanism_accelerations(mech: Mechanism, q, qd, tau) -> np.ndarray:
     """DFKI joint accelerations (q̈1, q̈2) from the mechanism model's constrained forward dynamics."""
     x, v = mechanism_state(mech, q, qd)
-    Q = mech.generalized_forces(efforts=torques_to_efforts(tau))
-    a = constrained.forward_dynamics(mech, x, v, Q)
-    th = a[[mech.coordinate_index("theta1"), mech.coordinate_index("theta2")]]
-    return JOINTS_OF_COORDINATES @ th
+    a = constrained.forward_dynamics(mech, x, v, mech.generalized_forces(efforts=tau))
+    return a[[mech.coordinate_index(j) for j in JOINTS]]
 
 
-def equations_mismatch(design: str, states: int = 200, seed: int = 0, data: Path = DATA) -> float:
-    """Largest |q̈_mechanism − q̈_DFKI| (rigid model) over random states and torques [rad/s²]."""
+def equations_mismatch(design: str, states: int = 200, seed: int = 0, data: Path = DATA,
+                       max_rate: float = 10.0) -> float:
+    """Largest |q̈_mechanism − q̈_DFKI| (DFKI's model with the friction the file models, rotor inertia included) over
+    random states and torques [rad/s²]."""
     mech = design_mechanism(design)
-    model = DfkiModel(dfki_parameters(design, data), rigid=True)
+    model = DfkiModel(dfki_parameters(design, data), friction=friction_modelled(mech))
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(states):
-        q, qd, tau = rng.uniform(-math.pi, math.pi, 2), rng.uniform(-10, 10, 2), rng.uniform(-5, 5, 2)
+        q, qd, tau = rng.uniform(-math.pi, math.pi, 2), rng.uniform(-max_rate, max_rate, 2), rng.uniform(-5, 5, 2)
         worst = max(worst, float(np.abs(mechanism_accelerations(mech, q, qd, tau)
                                         - model.accelerations(q, qd, tau)).max()))
     return worst
@@ -347,33 +334,28 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  adapt_effort_density=settings.get("adapt_effort_density",
                                                                    config.adapt_effort_density))
     est = FixedLagEstimator(mech, config)
-    theta = to_coordinates(rec.q)
-    commands = torques_to_efforts(rec.tau_con)
-    cols = [mech.coordinate_index("theta1"), mech.coordinate_index("theta2")]
+    cols = [mech.coordinate_index(j) for j in JOINTS]
     N = len(rec.t)
     out = Output(*(np.full((N, 2), np.nan) for _ in range(4)))
     for k in range(N):
-        e = est.step(float(rec.t[k]), efforts=commands[k] if mode == "fused" else None,
-                     observations={"theta1": float(theta[k, 0]), "theta2": float(theta[k, 1])})
+        e = est.step(float(rec.t[k]), efforts=rec.tau_con[k] if mode == "fused" else None,
+                     observations={"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
         if e.status in ("initialized", "recovered") and k > 0:
             out.reinitializations += 1
         if e.status == "waiting":
             continue
-        out.q[k] = to_joints(e.q[cols])
-        out.qd[k] = JOINTS_OF_COORDINATES @ e.v[cols]
-        out.tau[k] = TORQUES_OF_EFFORTS @ e.efforts
-        P = est.joint_covariance(cols)                      # [θ1, θ2, θ̇1, θ̇2, Q_θ1, Q_θ2]
+        out.q[k], out.qd[k], out.tau[k] = e.q[cols], e.v[cols], e.efforts
+        P = est.joint_covariance(cols)                      # [q1, q2, q̇1, q̇2, τ1, τ2]
         if P is not None:
-            Pe = TORQUES_OF_EFFORTS @ P[4:6, 4:6] @ TORQUES_OF_EFFORTS.T
-            out.tau_std[k] = np.sqrt(np.clip(np.diagonal(Pe), 0.0, None))
+            out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P)[4:6], 0.0, None))
     if mode == "estimation" and est.fitted_effort_density() is not None:
         out.note = f"effort density fitted online: {est.fitted_effort_density():.3g}"
     return out
 
 
 class TextbookEKF:
-    """EKF on `model` (DfkiModel, rigid) in joint coordinates, state x = (q, q̇, e): e a random walk of density
-    `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
+    """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk
+    of density `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
 
     def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool):
         self.model, self.S, self.R, self.fused = model, float(density), sigma ** 2 * np.eye(2), fused
@@ -449,7 +431,8 @@ def ekf_density(tuning: Recording, sigma: float, fused: bool, log=lambda s: None
     if key in _tuned_densities:
         return _tuned_densities[key]
     params = dfki_parameters(tuning.design)
-    model, truth = DfkiModel(params, rigid=True), truth_of(tuning, params)
+    modelled = friction_modelled(design_mechanism(tuning.design))
+    model, truth = DfkiModel(params, friction=modelled), truth_of(tuning, params, modelled)
     cost, likelihood = {}, {}
 
     def evaluate(S):
@@ -488,18 +471,20 @@ def run_savitzky_golay(model: DfkiModel, rec: Recording) -> Output:
 class Truth:
     scored: np.ndarray       # boolean mask of scored steps
     rate: np.ndarray         # (N, 2) reference joint rates
-    tau: np.ndarray          # (N, 2) measured torque − identified friction
+    tau: np.ndarray          # (N, 2) measured torque − the identified friction the model leaves out
     tau_band: np.ndarray     # the same low-passed
     friction: np.ndarray     # (N, 2)
-    rotor: np.ndarray        # (N, 2) the left-out rotor-inertia torques at the reference motion
+    rotor: np.ndarray        # (N, 2) the rotor-inertia torques at the reference motion (in the model)
     position: np.ndarray     # (N, 2) the reference's joint angles (the readings less what it smooths away)
 
 
-def truth_of(rec: Recording, params: Dict[str, float]) -> Truth:
+def truth_of(rec: Recording, params: Dict[str, float], modelled: Sequence[bool] = (False, False)) -> Truth:
+    """The reference; the torque to estimate per joint is the measured one, less DFKI's identified friction on the
+    joints whose friction the model leaves out (`modelled` false)."""
     d = local_polynomial(rec.t, rec.q, REFERENCE_HALF_WIDTH, order=3)
     full = DfkiModel(params)
     friction = full.friction(d[:, 1])
-    tau = rec.tau_meas - friction
+    tau = rec.tau_meas - np.where(modelled, 0.0, friction)
     rotor = d[:, 2] @ full.rotor.T
     scored = (rec.t >= rec.t[0] + SETTLE) & (rec.t <= rec.t[-1] - REFERENCE_HALF_WIDTH)
     return Truth(scored, d[:, 1], tau, low_pass(rec.t, tau), friction, rotor, d[:, 0])
@@ -530,8 +515,9 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
     parameter file for two more rows, the estimator with its settings in both modes)."""
     params = dfki_parameters(rec.design)
     mech = design_mechanism(rec.design)
-    rigid = DfkiModel(params, rigid=True)
-    truth = truth_of(rec, params)
+    modelled = friction_modelled(mech)
+    model = DfkiModel(params, friction=modelled)      # the mechanism file's model
+    truth = truth_of(rec, params, modelled)
     sigma = POSITION_STEP / math.sqrt(12)
     rows = {}
     N = len(rec.t)
@@ -550,9 +536,9 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         for mode in ("estimation", "fused"):
             timed(f"mbfg_ros {mode}, --params {params_file.name}",
                   lambda: score(rec, truth, run_mbfg(mech, rec, mode, settings)))
-    timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(rigid, rec, tuning, sigma, False, log)))
-    timed("EKF fused", lambda: score(rec, truth, tuned_ekf(rigid, rec, tuning, sigma, True, log)))
-    timed("Savitzky–Golay + ID", lambda: score(rec, truth, run_savitzky_golay(rigid, rec)))
+    timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, False, log)))
+    timed("EKF fused", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, True, log)))
+    timed("Savitzky–Golay + ID", lambda: score(rec, truth, run_savitzky_golay(model, rec)))
     nan2 = np.full((N, 2), np.nan)
     rows["command"] = score(rec, truth, Output(nan2, nan2, rec.tau_con, nan2), has_rate=False, has_angle=False)
     rows["zero"] = score(rec, truth, Output(nan2, np.zeros((N, 2)), np.zeros((N, 2)), nan2), has_angle=False)
@@ -590,7 +576,7 @@ def results_table(results: List[dict]) -> str:
 
 def recordings_table(results: List[dict]) -> str:
     lines = ["| run | steps | s | median step [ms] | steps off > 10 % | longest step | effort RMS τ1 / τ2 "
-             "[N·m] | rate RMS [rad/s] | friction RMS [N·m] | left-out rotor inertia RMS [N·m] | readings about "
+             "[N·m] | rate RMS [rad/s] | friction RMS [N·m] | rotor inertia RMS [N·m] | readings about "
              "the reference, RMS [mrad] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         i = r["info"]
@@ -617,7 +603,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         make_excerpt(args.make_excerpt, args.data)
         return 0
     for design in DESIGNS:
-        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (rigid)| = "
+        print(f"design {design}: max |q̈ mechanism − q̈ DFKI (the file's friction)| = "
               f"{equations_mismatch(design, data=args.data):.2g} rad/s²", file=sys.stderr)
     results = []
     for name in args.recording or list(RECORDINGS):

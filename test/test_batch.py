@@ -194,7 +194,7 @@ def test_sparse_engine_layouts_agree_with_gtsam(layout, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot", "double_pendulum_c0"])
 def test_vectorized_units_match_the_per_step_units(name):
     """`Factor.vectorized` gives the numbers of the units' own `evaluate` (errors and Jacobians, 1e-12 of
     the largest entry) at points near the motion of a trajectory (q off the constraints by ~1e-3, random
@@ -205,7 +205,7 @@ def test_vectorized_units_match_the_per_step_units(name):
     rng = np.random.default_rng(1)
     N = 40
     start = np.array(mech.q0)[list(mech.actuated)]
-    move = [2.4] if name == "four_bar_crank" else [-0.4, 0.8]           # the benchmark's moves
+    move = {"four_bar_crank": [2.4], "pick_and_place_robot": [-0.4, 0.8]}.get(name, [2.0, -3.0])  # the benchmark's
     values = start + np.linspace(0.0, 1.0, N)[:, None] * np.array(move)
     q_path = position_continuation(mech, values, stride=1)
     blocks = {"q": q_path + 1e-3 * rng.standard_normal((N, mech.n)),

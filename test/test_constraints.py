@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 
-from mbfg_ros.model.constraints import (DistanceConstraints, FixedSliderConstraints, MobileSliderConstraints,
-                                  RelativeAngleConstraints)
+from mbfg_ros.model.constraints import (DistanceConstraints, FixedSliderConstraints, JointAngleConstraints,
+                                  MobileSliderConstraints, RelativeAngleConstraints)
 from mbfg_ros.dynamics.kinematics import solve_positions
 from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.model.spec import BodySpec, MechanismSpec, MobileSliderSpec, PointSpec, RelativeAngleSpec
 
-MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "pendulum", "pendulum_nary"]
+MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "pendulum", "pendulum_nary",
+              "double_pendulum_a0"]
 
 
 def fd_jacobian(f, x, h=1e-6):
@@ -31,9 +32,12 @@ def local_types():
                                  rng.normal(size=(K, 2))), 2
     yield MobileSliderConstraints(np.arange(6 * K).reshape(K, 6), ["m"] * K, rng.uniform(0.5, 2, K)), 6
     yield RelativeAngleConstraints(np.arange(5 * K).reshape(K, 5), ["r"] * K, rng.uniform(0.5, 2, K)), 5
+    yield JointAngleConstraints(np.arange(3 * K).reshape(K, 3), ["j"] * K, rng.normal(size=K), grounded=False), 3
+    yield JointAngleConstraints(np.arange(2 * K).reshape(K, 2), ["g"] * K, rng.normal(size=K), grounded=True), 2
 
 
-@pytest.mark.parametrize("ctype,k", list(local_types()), ids=lambda x: getattr(x, "kind", str(x)))
+@pytest.mark.parametrize("ctype,k", list(local_types()),
+                         ids=lambda x: f"{x.kind}{x.index.shape[1]}" if hasattr(x, "kind") else str(x))
 def test_local_derivatives_match_finite_differences(ctype, k):
     rng = np.random.default_rng(1)
     for trial in range(20):

@@ -18,7 +18,7 @@ from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel, linearize_step
 from mbfg_ros.model.mechanism import load_mechanism
 
-MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot"]
+MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "double_pendulum_c0"]
 SWITCH = 1.0 / math.sqrt(2.0)
 
 

@@ -620,6 +620,39 @@ def test_error_actuators():
     assert (spec.actuators[0].coordinate, spec.actuators[0].joint) == ("x1", "push")
 
 
+def test_actuator_friction_keys():
+    doc = base()
+    spec = load(doc)
+    assert (spec.actuators[0].viscous_friction, spec.actuators[0].coulomb_friction) == (0.0, 0.0)
+    doc["actuators"][0].update({"viscous_friction": "2*L/1000", "coulomb_friction": 0.093 * math.pi / 2})
+    a = load(doc).actuators[0]
+    assert (a.viscous_friction, a.coulomb_friction, a.coulomb_velocity) == (0.002, 0.093 * math.pi / 2, 0.01)
+    doc["actuators"][0]["coulomb_velocity"] = 0.5
+    assert load(doc).actuators[0].coulomb_velocity == 0.5
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("viscous_friction", -0.1, "actuators[0].viscous_friction: must be >= 0 (got -0.1): friction opposes the motion"),
+    ("coulomb_friction", "-L", "actuators[0].coulomb_friction: must be >= 0 (got -1)"),
+    ("coulomb_friction", "1/0", "actuators[0].coulomb_friction: "),
+    ("viscous_friction", [1], "actuators[0].viscous_friction: expected a number or an expression; got list"),
+    ("coulomb_velocity", 0, "actuators[0].coulomb_velocity: must be > 0 (got 0)"),
+    ("coulomb_velocity", None, "actuators[0].coulomb_velocity: expected a number or an expression; got null"),
+    ("coulomb_frictions", 1, "actuators[0].coulomb_frictions: unknown key 'coulomb_frictions'"),
+])
+def test_error_actuator_friction(key, value, fragment):
+    doc = base()
+    doc["actuators"][0].update({"coulomb_friction": 0.2, key: value})
+    assert fragment in error(doc)
+
+
+def test_error_coulomb_velocity_without_coulomb_friction():
+    doc = base()
+    doc["actuators"][0].update({"viscous_friction": 0.1, "coulomb_velocity": 0.1})
+    assert error(doc) == ("m.yaml: actuators[0].coulomb_velocity: smooths the Coulomb friction, but the actuator "
+                          "has no 'coulomb_friction'")
+
+
 def test_error_sensors():
     doc = base()
     doc["sensors"][0]["type"] = "camera"

@@ -24,7 +24,8 @@ FUZZ = settings(max_examples=int(os.environ.get("MBFG_FUZZ_EXAMPLES", "200")), d
 
 REAL_KEYS = ["name", "parameters", "points", "planar_bodies", "relative_coordinates", "gravity", "sliders",
              "actuators", "sensors", "assembly_modes", "x", "y", "fixed", "length", "mass", "I0", "cog", "type",
-             "point", "line", "line_points", "coordinate", "joint", "sigma", "body"]
+             "point", "line", "line_points", "coordinate", "joint", "sigma", "body", "joint_angles", "bodies", "value",
+             "gear_ratio", "rotor_inertia"]
 WORDS = ["auto", "L", "x1", "y1", "length", "mass", "length12", "pi", "sin(", "cos(0)", "sqrt(-1)", "1/0", "9^9^9",
          "RelativeAngleAbsoluteDOF", "fixed", "mobile", "encoder", "gyroscope", "crank", "theta0", "__import__",
          "(1/3)*mass*length^2", "0.5*length", "-", "^", "*", " ", "1e308", "nan", "inf", "\u2217"]
@@ -53,6 +54,9 @@ def check(text):
     names = coordinate_names(spec)
     assert len(names) == len(set(names))
     assert all(a.coordinate in names for a in spec.actuators)
+    assert all(j.child_angle in names and j.parent_angle in names + [None] and math.isfinite(j.offset)
+               for j in spec.joint_angles)
+    assert all(a.gear_ratio != 0 and a.rotor_inertia >= 0 and a.stator_angle in names + [None] for a in spec.actuators)
     assert all(e.coordinate in names and e.sigma > 0 for e in spec.encoders)
     assert all(0 <= g.body < len(spec.bodies) and g.sigma > 0 for g in spec.gyroscopes)
     return spec
@@ -135,11 +139,27 @@ def plausible_documents(draw):
         coords.append(entry.get("name", f"theta{k}"))
     if rel:
         doc["relative_coordinates"] = rel
+    joints = []
+    for k in range(draw(st.integers(0, 2))):
+        ends = [draw(st.sampled_from(["ground", 0, len(bodies) - 1, "crank", "rod", "nope"])) for _ in range(2)]
+        entry = {"bodies": ends}
+        if draw(st.booleans()):
+            entry["name"] = draw(st.sampled_from(["elbow", "crank", "theta_crank", "x1"]))
+        if draw(st.booleans()):
+            entry["value"] = draw(st.sampled_from([0, "pi/2", "-1e308*10", "nope"]))
+        joints.append(entry)
+        coords.append(entry.get("name", f"joint{k}"))
+    if joints:
+        doc["joint_angles"] = joints
     coordinate = st.sampled_from(coords + ["x0", "nope"])
     if draw(st.booleans()):
         doc["gravity"] = [0, draw(st.sampled_from([-9.81, 0, "-g"]))]
     if draw(st.booleans()):
         doc["actuators"] = [{"coordinate": draw(coordinate)} for _ in range(draw(st.integers(1, 2)))]
+        for actuator in doc["actuators"]:
+            if draw(st.booleans()):
+                actuator[draw(st.sampled_from(["gear_ratio", "rotor_inertia"]))] = draw(
+                    st.sampled_from([6, -6, 0, 1e-4, -1, "nope"]))
     if draw(st.booleans()):
         sensors = []
         for _ in range(draw(st.integers(1, 3))):

@@ -21,7 +21,8 @@ from mbfg_ros.graph.step_model import StepModel
 from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
-MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank"]
+MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank",
+              "double_pendulum_a0"]
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
 

@@ -138,7 +138,7 @@ def test_gyroscope_readings_within_max_rate():
     (", effort_limit: [1]", "actuators[0].effort_limit", "expected a number or an expression"),
     (", effort_limit: lots", "actuators[0].effort_limit", "undefined name 'lots'"),
     (", torque_limit: 3", "actuators[0].torque_limit", "unknown key 'torque_limit' (allowed keys: coordinate, joint, "
-                                                        "effort_limit)"),
+                                                        "effort_limit, "),
 ])
 def test_effort_limit_yaml_errors_name_file_and_actuator(extra, where, message):
     with pytest.raises(MechanismError) as e:

@@ -1,5 +1,5 @@
-"""config/sros2_policy.xml, the SROS2 access control policy shipped for the nodes (README, "Running with
-SROS2"), against the nodes themselves: every topic each running node publishes or subscribes to and every
+"""config/sros2_policy.xml, the SROS2 access control policy shipped for the nodes (docs/ros2_interfaces.md,
+"Security (SROS2)"), against the nodes themselves: every topic each running node publishes or subscribes to and every
 service it answers is allowed in its enclave (else SROS2 with ROS_SECURITY_STRATEGY=Enforce would cut it
 off), and the operator enclave may call exactly the estimator's services.  (The PyPI wheels' Fast DDS has
 no security plugins: the policy is checked against the ROS graph here, not enforced.)"""

@@ -240,9 +240,11 @@ def cmd_info(args) -> int:
                         + (f"on {s['coordinate']}" if s["type"] == "encoder" else f"body {s['body']}") + ")"
                         for s in info["sensors"]) or "none"
     modes = ", ".join(f"{k}={v:+d}" for k, v in info["assembly_modes"].items()) or "none"
-    acts = ", ".join(f"{c} (" + (f"joint {j}, " if j != c else "") + f"|effort| ≤ {limit:.5g} {unit})"
-                     for c, j, limit, unit in zip(info["actuated"], info["actuator_joints"], info["effort_limits"],
-                                                  info["effort_units"])) or "none"
+    acts = ", ".join(f"{c} (" + (f"joint {j}, " if j != c else "") + f"|effort| ≤ {limit:.5g} {unit}"
+                     + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
+                                              f"{fr['coulomb_velocity']:g})") + ")"
+                     for c, j, limit, unit, fr in zip(info["actuated"], info["actuator_joints"], info["effort_limits"],
+                                                      info["effort_units"], info["actuator_friction"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),

@@ -165,8 +165,11 @@ class BatchDynamics:
         `force_columns` selects the columns of ∂q̈/∂Q returned (all n by default).  One solve per step
         with n + 1 right-hand sides gives x = K⁻¹[Q; −Φ̇q q̇] = [q̈; λ] and the first n columns of K⁻¹,
         i.e. (K symmetric) its first n rows [A B], from which `acceleration_derivatives` gives the
-        derivatives of q̈."""
+        derivatives of q̈.  Q is without the actuators' friction, applied here (`model.friction`)."""
         N, n, r = q.shape[0], self.n, self.r
+        friction = self.mech.friction
+        if friction is not None:
+            Q = friction.applied(Q, v)
         J, Jd = self._sel(J_all), self._sel(Jd_all)
         K = np.zeros((N, n + r, n + r))
         K[:, :n, :n] = self.M
@@ -197,6 +200,8 @@ class BatchDynamics:
         if self.third:
             low = low + self.bc.jacobian_dot_times_v_derivative(q, v)
         da_dq, da_dv = acceleration_derivatives(A, B, self.bc.weighted_hessian(q, lam), self._sel(low), Jd)
+        if friction is not None:
+            friction.add_rate_derivative(da_dv, A, v)
         cols = np.arange(n) if force_columns is None else np.asarray(force_columns, np.intp)
         da_dQ = A[:, :, cols]
         bad |= ~np.all(np.isfinite(AB), axis=(1, 2))
@@ -332,7 +337,8 @@ def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: O
     """τ per step (N, n_actuated) with M q̈ + Φqᵀλ = Q_known + E τ over the independent rows of Φq:
     one square solve per step for (λ, τ) when the actuators match the degrees of freedom (then the
     same τ as `dynamics.inverse_dynamics`, which projects onto the null space of Φq); rows whose
-    system is singular (or all rows when it is not square) come back NaN for the caller to redo."""
+    system is singular (or all rows when it is not square) come back NaN for the caller to redo.  With friction
+    the known forces are Q_known − F(q̇) (`model.friction`): τ is the actuators' own effort."""
     q, v, a = (np.asarray(x, float) for x in (q, v, a))
     N, n = q.shape
     act = np.asarray(mech.actuated, np.intp)
@@ -344,6 +350,8 @@ def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: O
     if not bc.supported:
         return out
     Q = np.broadcast_to(mech.gravity_forces if Q_known is None else np.asarray(Q_known, float), (N, n))
+    if mech.friction is not None:
+        Q = mech.friction.applied(Q, v)
     J = bc.phi_and_jacobian(q)[1][:, rows]
     A = np.zeros((N, n, n))
     A[:, :, :rows.size] = np.swapaxes(J, 1, 2)

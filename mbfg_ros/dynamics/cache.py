@@ -29,7 +29,8 @@ class EvalContext:
     through this memo); it falls back to `forward_dynamics_jacobians` whenever the augmented matrix is
     singular or ill-conditioned.  The tests check both give the same numbers.  With the compiled kernel
     (`mbfg_ros.native`, ``native``) the linearization, q̈ and Φ are computed in C (the same formula; numpy
-    where the kernel finds K singular).
+    where the kernel finds K singular).  The forces Q of every method are without the actuators' friction, which
+    each applies itself (`model.friction`; the kernel too).
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
@@ -129,7 +130,7 @@ class EvalContext:
                     self._acc, self._acc_key = a, key
                     return a
                 a = None
-            K, b = self._system(q, v, Q)[:2]
+            K, b = self._system(q, v, Q if self.mech.friction is None else self.mech.friction.applied(Q, v))[:2]
             lu, piv, x, info = _lapack.dgesv(K, b)
             if info == 0 and is_sane(x):
                 a = x[:self._n]
@@ -192,7 +193,8 @@ class EvalContext:
         if key == self._dyn_key:
             return self._dyn.a
         fac = self._factorization(q, v)
-        x = None if fac is None else self._solution(fac[0], fac[4], Q)
+        friction = self.mech.friction
+        x = None if fac is None else self._solution(fac[0], fac[4], Q if friction is None else friction.applied(Q, v))
         if x is None:
             return self.dynamics(q, v, Q).a
         return x[:self._n]
@@ -218,7 +220,8 @@ class EvalContext:
         if fac is None:
             return None
         Kinv, J_all, Jd_all, Jd, g, third = fac
-        x = self._solution(Kinv, g, Q)
+        friction = mech.friction
+        x = self._solution(Kinv, g, Q if friction is None else friction.applied(Q, v))
         if x is None:
             return None
         a = x[:n]
@@ -235,4 +238,6 @@ class EvalContext:
             low = low[self._rows]
         tl, tr = top[:, :n], top[:, n:]
         da_dq, da_dv = acceleration_derivatives(tl, tr, C.weighted_hessian(q, lam), low, Jd)
+        if friction is not None:
+            friction.add_rate_derivative(da_dv, tl, v)
         return DynamicsLinearization(a, da_dq, da_dv, tl, lam, J_all, Jd_all)

@@ -105,8 +105,11 @@ def _augmented_solve(M, Phi_q, rhs_top, rhs_bottom):
 
 
 def forward_dynamics(mech: Mechanism, q, v, Q=None) -> np.ndarray:
-    """q̈(q, q̇, Q) in dependent coordinates (Lagrange equations, eq. 5–6 of the paper)."""
+    """q̈(q, q̇, Q) in dependent coordinates (Lagrange equations, eq. 5–6 of the paper); Q without the actuators'
+    friction, which is applied here (`model.friction`)."""
     Q = mech.gravity_forces if Q is None else Q
+    if mech.friction is not None:
+        Q = mech.friction.applied(Q, v)
     C = mech.constraints
     Phi_q = _rows(mech, C.jacobian(q))
     g = -_rows(mech, C.jacobian_dot(q, v)) @ v
@@ -160,8 +163,12 @@ def acceleration_derivatives(A, B, weighted_hessian, low, Phi_q_dot):
 def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLinearization:
     """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at one (q, q̇, Q) (`acceleration_derivatives`), by one dense solve of
     the augmented system for [q̈; λ] and the first n rows of K⁻¹, or by the null-space solver where K is
-    singular or ill-conditioned."""
+    singular or ill-conditioned.  The actuators' friction (a force of q̇, `model.friction`) is applied here: Q is
+    without it, and ∂q̈/∂q̇ includes −∂q̈/∂Q ∂F/∂q̇."""
     Q = mech.gravity_forces if Q is None else Q
+    friction = mech.friction
+    if friction is not None:
+        Q = friction.applied(Q, v)
     C, n, M = mech.constraints, mech.n, mech.mass_matrix
     Phi_q_all = C.jacobian(q)
     Phi_q_dot_all = C.jacobian_dot(q, v)
@@ -190,6 +197,8 @@ def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLineari
     lam[mech.independent_rows] = lam_rows
     low = _rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
     da_dq, da_dv = acceleration_derivatives(A, B, C.weighted_hessian(q, lam), low, Phi_q_dot)
+    if friction is not None:
+        friction.add_rate_derivative(da_dv, A, v)
     return DynamicsLinearization(a, da_dq, da_dv, np.array(A), lam, Phi_q_all, Phi_q_dot_all)
 
 
@@ -204,8 +213,10 @@ def independent_basis(solver: ConstrainedSolver, z: Sequence[int]):
 
 
 def independent_accelerations(mech: Mechanism, q, v, z: Sequence[int], Q=None) -> np.ndarray:
-    """z̈ = (RᵀMR)⁻¹ Rᵀ(Q − M S γ) in independent coordinates (eq. 15), S γ with B S γ = 0."""
+    """z̈ = (RᵀMR)⁻¹ Rᵀ(Q − M S γ) in independent coordinates (eq. 15), S γ with B S γ = 0 (Q without friction)."""
     Q = mech.gravity_forces if Q is None else Q
+    if mech.friction is not None:
+        Q = mech.friction.applied(Q, v)
     solver = solver_at(mech, q)
     R = independent_basis(solver, z)
     x_p = solver.pinv_apply(gamma(mech, q, v))
@@ -219,9 +230,12 @@ def inverse_dynamics(mech: Mechanism, q, v, a, Q_known=None, actuated: Optional[
 
     `Q_known` are the known generalized forces (gravity by default).  With as many actuators as
     degrees of freedom R can be chosen with E ᵀR = I and τ = Rᵀ(M q̈ − Q); otherwise τ is the
-    least-squares answer.
+    least-squares answer.  With friction (`model.friction`) the known forces are Q_known − F(q̇): τ is the
+    actuators' own effort (a motor's torque).
     """
     Q_known = mech.gravity_forces if Q_known is None else Q_known
+    if mech.friction is not None:
+        Q_known = mech.friction.applied(Q_known, v)
     actuated = list(mech.actuated if actuated is None else actuated)
     N = solver_at(mech, q).N
     rhs = N.T @ (mech.mass_matrix @ a - Q_known)

@@ -18,12 +18,26 @@ def unwrap_angles(mech: Mechanism, q: np.ndarray, reference: np.ndarray) -> np.n
     """q with each relative angle moved by the whole turns (2πk) that bring it within half a turn of its
     value in `reference` (a NaN there: left as it is); the point coordinates (lengths) are never moved.
     Every pose has one value per turn of each angle, all equally valid for the constraints, the encoders
-    and the gyroscopes; which turn an angle is on is only set by what it must stay continuous with."""
+    and the gyroscopes; which turn an angle is on is only set by what it must stay continuous with.
+
+    A joint angle's row (q = θ_child − θ_parent + offset) is linear, not periodic: where the angles' turns moved
+    apart, θ_child takes the joint angle's turn (the joint angle is what encoders read and what is published),
+    or, when an earlier joint already set θ_child's turn (a loop of joint angles), the joint angle takes its
+    angles' turn."""
     q = np.array(q, dtype=float)
     for c in mech.relative_angle_columns:
         ref = reference[c]
         if math.isfinite(ref) and math.isfinite(q[c]):
             q[c] += TWO_PI * round((ref - q[c]) / TWO_PI)
+    moved = set()
+    for col, child, parent, offset in mech.joint_angle_rows:
+        turns = (q[col] - q[child] + (q[parent] if parent >= 0 else 0.0) - offset) / TWO_PI
+        if math.isfinite(turns) and round(turns):
+            if child not in moved:
+                q[child] += TWO_PI * round(turns)
+                moved.add(child)
+            else:
+                q[col] -= TWO_PI * round(turns)
     return q
 
 

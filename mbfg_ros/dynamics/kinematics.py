@@ -54,6 +54,24 @@ def sync_relative_angles(mech: Mechanism, q: np.ndarray, keep: Sequence[int] = (
     return q
 
 
+def hold_joint_angles(mech: Mechanism, q: np.ndarray, fixed: Sequence[int] = ()):
+    """(q, held): every joint angle not in `fixed` set to θ_child − θ_parent + offset (its constraint row exact),
+    and for a joint angle in `fixed` whose parent angle is held (or the ground) θ_child set from it instead and
+    added to `held` (= `fixed` + those θ_child, sorted): held joint angles pin their children's absolute angles, which
+    then place the children's points like any fixed angle (`_place_fixed_angles`)."""
+    q = np.array(q, dtype=float)
+    held = set(int(i) for i in fixed)
+    for col, child, parent, offset in mech.joint_angle_rows:
+        parent_value = q[parent] if parent >= 0 else 0.0
+        if col in held:
+            if child not in held and (parent < 0 or parent in held):
+                q[child] = q[col] + parent_value - offset
+                held.add(child)
+        else:
+            q[col] = q[child] - parent_value + offset
+    return q, sorted(held)
+
+
 def _place_fixed_angles(mech: Mechanism, q: np.ndarray, fixed: Sequence[int]) -> np.ndarray:
     """Move the free end point of every relative angle held fixed onto the angle's direction.
 
@@ -84,12 +102,14 @@ def solve_positions(mech: Mechanism, q_guess, fixed: Sequence[int] = (), tol: fl
     """Newton–Raphson on Φ(q) = 0 over the coordinates not in `fixed`, from `q_guess`.
 
     Relative angles held fixed first move their free end point onto their direction (see
-    `_place_fixed_angles`); a solution whose points still contradict a fixed angle is re-placed and
+    `_place_fixed_angles`), and so do the absolute angles that fixed joint angles determine
+    (`hold_joint_angles`); a solution whose points still contradict a fixed angle is re-placed and
     solved once more."""
     sol = _solve_positions(mech, q_guess, fixed, tol, max_iterations)
-    if _mirrored_fixed_angles(mech, sol.q, fixed):
+    held = hold_joint_angles(mech, sol.q, fixed)[1]
+    if _mirrored_fixed_angles(mech, sol.q, held):
         sol = _solve_positions(mech, sol.q, fixed, tol, max_iterations)
-        if _mirrored_fixed_angles(mech, sol.q, fixed):
+        if _mirrored_fixed_angles(mech, sol.q, held):
             raise AssemblyError(f"{mech.name}: the position problem converged to a point that contradicts the "
                                 f"fixed relative angles {[mech.coordinate_names[i] for i in fixed]}")
     return sol
@@ -109,8 +129,9 @@ def _mirrored_fixed_angles(mech: Mechanism, q: np.ndarray, fixed: Sequence[int])
 
 def _solve_positions(mech: Mechanism, q_guess, fixed, tol, max_iterations) -> PositionSolution:
     fixed = [int(i) for i in fixed]
-    free = _free_columns(mech.n, fixed)
-    q = _place_fixed_angles(mech, sync_relative_angles(mech, q_guess, keep=fixed), fixed)
+    q, held = hold_joint_angles(mech, sync_relative_angles(mech, q_guess, keep=fixed), fixed)
+    free = _free_columns(mech.n, held)
+    q = _place_fixed_angles(mech, q, held)
     C = mech.constraints
     phi, J = C.phi_and_jacobian(q)
     err = float(np.abs(phi).max(initial=0.0))

@@ -2,7 +2,7 @@
 encoders read (the crank angle of a one-DOF mechanism, the two motor angles of the pick-and-place robot): z
 determines the whole pose (a position problem with z held), ż the velocities, and the constrained dynamics give
 z̈(z, ż, τ) = q̈[z] (`forward_dynamics` on the assembled (q, q̇): on the constraint manifold the dependent
-accelerations restricted to z are z̈).
+accelerations restricted to z are z̈; the actuators' friction included).
 
 It carries the same stochastic model as the factor-graph estimator (factors/processes.py), so `mbfg tune` fits
 that model's densities by this filter's innovation likelihood, and bench/estimation_quality.py compares against

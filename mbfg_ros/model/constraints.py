@@ -107,6 +107,23 @@ class FixedSliderConstraints(QuadraticConstraints):
         super().__init__(index, names, np.zeros((K, 2, 2)), b, c)
 
 
+class JointAngleConstraints(QuadraticConstraints):
+    """A joint angle q = θ_child − θ_parent + offset: the linear row q − θ_child + θ_parent − offset = 0.
+
+    Local coordinates are (q, θ_child, θ_parent), or (q, θ_child) for a joint on the ground (θ_parent = 0): one
+    instance of this type per width.  Linear (H = 0), so the quadratic form of `ConstraintSet`, the batched
+    dynamics and the compiled kernel take it as they are."""
+
+    kind = "joint_angle"
+
+    def __init__(self, index, names, offsets, grounded: bool):
+        K = len(names)
+        b = np.array([1.0, -1.0] if grounded else [1.0, -1.0, 1.0])
+        self.offsets = np.asarray(offsets, dtype=float).reshape(K)
+        super().__init__(index, names, np.zeros((K, b.size, b.size)), np.broadcast_to(b, (K, b.size)).copy(),
+                         -self.offsets)
+
+
 class MobileSliderConstraints(QuadraticConstraints):
     """Point p on the line through moving points r0, r1: (r1 − r0) × (p − r0) / L01 = 0.
 

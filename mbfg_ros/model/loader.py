@@ -1,8 +1,8 @@
 """Load a mechanism YAML file into a validated `mbfg_ros.model.spec.MechanismSpec`.
 
 The format is the one of the reference implementation (mbse, Blanco-Claraco et al. 2021): it loads
-the paper's Listing 1 unchanged.  It adds optional sections: ``name``, ``gravity``, ``sliders``,
-``actuators``, ``sensors`` and ``assembly_modes``, and optional ``name`` keys on points, bodies and
+the paper's Listing 1 unchanged.  It adds optional sections: ``name``, ``gravity``, ``joint_angles``,
+``sliders``, ``actuators``, ``sensors`` and ``assembly_modes``, and optional ``name`` keys on points, bodies and
 relative coordinates.  README.md ("Mechanism YAML format") documents every key.
 
 Every problem raises `MechanismError` (and nothing else) with a one-line message
@@ -23,7 +23,7 @@ import yaml
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
 from mbfg_ros.model.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
-                   GyroscopeSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
+                   GyroscopeSpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
                    RelativeAngleSpec)
 
 __all__ = ["load_spec", "load_spec_from_string", "coordinate_names", "MechanismError",
@@ -38,16 +38,19 @@ _RESERVED_PATTERN = re.compile(r"(x|y|length)[0-9]+\Z")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _POINT_COORDINATE = re.compile(r"[xy][0-9]+\Z")
 
-_TOP_KEYS = ("name", "parameters", "points", "planar_bodies", "relative_coordinates", "gravity",
+_TOP_KEYS = ("name", "parameters", "points", "planar_bodies", "relative_coordinates", "joint_angles", "gravity",
              "sliders", "actuators", "sensors", "assembly_modes")
 _POINT_KEYS = ("x", "y", "fixed", "name")
 _BODY_KEYS = ("points", "length", "mass", "I0", "cog", "name")
 _RELCOORD_KEYS = ("type", "points", "name")
 _RELCOORD_TYPES = ("RelativeAngleAbsoluteDOF",)
+_JOINT_KEYS = ("name", "bodies", "value")
+GROUND = "ground"           # the parent of a joint angle measured from the ground (the frame of the drawing)
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit")
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "gear_ratio", "rotor_inertia", "viscous_friction",
+                  "coulomb_friction", "coulomb_velocity")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
@@ -193,13 +196,14 @@ def load_spec_from_string(text: str, source: str = "<string>") -> MechanismSpec:
 def coordinate_names(spec: MechanismSpec) -> List[str]:
     """Names of the generalized coordinates, in q order.
 
-    ``x<i>``, ``y<i>`` for every non-fixed point i (point order), then the relative angles' names.
+    ``x<i>``, ``y<i>`` for every non-fixed point i (point order), then the relative angles' names (those the
+    loader added for joint angles last), then the joint angles' names.
     """
     names: List[str] = []
     for i, p in enumerate(spec.points):
         if not p.fixed:
             names.extend((f"x{i}", f"y{i}"))
-    names.extend(r.name for r in spec.relative_angles)
+    names.extend(spec.angle_names)
     return names
 
 
@@ -349,19 +353,21 @@ class _Builder:
         self.read_points(doc["points"])
         bodies = self.bodies(doc["planar_bodies"])
         relative = self.relative_coordinates(doc)
+        joints = self.joint_angles(doc, relative)
         gravity = self.gravity(doc)
         coords: List[str] = []
         for i, p in enumerate(self.points):
             if not p.fixed:
                 coords.extend((f"x{i}", f"y{i}"))
         coords.extend(r.name for r in relative)
+        coords.extend(j.name for j in joints)
         fixed_sliders, mobile_sliders = self.sliders(doc)
-        actuators = self.actuators(doc, coords)
+        actuators = self.actuators(doc, coords, {r.name for r in relative}, {j.name: j for j in joints})
         encoders, gyros = self.sensors(doc, coords, len(bodies))
         modes = self.assembly_modes(doc)
         return MechanismSpec(
             name=name, points=tuple(self.points), bodies=tuple(bodies), gravity=gravity,
-            relative_angles=tuple(relative), fixed_sliders=tuple(fixed_sliders),
+            relative_angles=tuple(relative), joint_angles=tuple(joints), fixed_sliders=tuple(fixed_sliders),
             mobile_sliders=tuple(mobile_sliders), actuators=tuple(actuators), encoders=tuple(encoders),
             gyroscopes=tuple(gyros), assembly_modes=tuple(modes), source=self.source,
             parameters=tuple(parameters))
@@ -492,15 +498,79 @@ class _Builder:
             if not any(pts[0] in body.points and pts[1] in body.points for body in self.body_specs):
                 self.fail(f"{path}.points", f"points {pts[0]} and {pts[1]} do not belong to a common body, so "
                                             "their distance is not constant")
-            cname = f"theta{k}"
-            if "name" in entry:
-                cname = self.name(entry["name"], f"{path}.name")
-                if _POINT_COORDINATE.match(cname):
-                    self.fail(f"{path}.name", f"'{cname}' looks like a point coordinate name (x<i>/y<i>); "
-                                              "choose another name")
-            self.check_unique(names, cname, f"{path}.name" if "name" in entry else path, "coordinate")
+            cname = self.coordinate_name(entry, path, names, f"theta{k}")
             out.append(RelativeAngleSpec(name=cname, points=(pts[0], pts[1])))
         return out
+
+    def coordinate_name(self, entry: Dict[str, Any], path: str, names: Dict[str, str], default: str) -> str:
+        """entry's `name` (or `default`): a valid coordinate name, not of a point coordinate's form, unique."""
+        cname = default
+        if "name" in entry:
+            cname = self.name(entry["name"], f"{path}.name")
+            if _POINT_COORDINATE.match(cname):
+                self.fail(f"{path}.name", f"'{cname}' looks like a point coordinate name (x<i>/y<i>); "
+                                          "choose another name")
+        self.check_unique(names, cname, f"{path}.name" if "name" in entry else path, "coordinate")
+        return cname
+
+    def joint_angles(self, doc: Dict[str, Any], relative: List[RelativeAngleSpec]) -> List[JointAngleSpec]:
+        """The joint angles; appends to `relative` the absolute angle ``theta_<body>`` (points[0] → points[1]) of
+        every body they name that has no absolute angle coordinate yet."""
+        out: List[JointAngleSpec] = []
+        names: Dict[str, str] = {r.name: "relative_coordinates" for r in relative}
+        for k, path, entry in self.mappings(doc, "joint_angles", "joint angles", _JOINT_KEYS, required=("bodies",)):
+            ends = self.list_(entry["bodies"], f"{path}.bodies", "bodies [parent, child]", exact=2)
+            parent = self.body_ref(ends[0], f"{path}.bodies[0]", ground=True)
+            child = self.body_ref(ends[1], f"{path}.bodies[1]", ground=False)
+            if parent == child:
+                self.fail(f"{path}.bodies", f"parent and child are the same body ({self.body_specs[child].name}); "
+                                            "a joint angle is between two bodies")
+            value = self.expr(entry["value"], f"{path}.value") if "value" in entry else 0.0
+            jname = self.coordinate_name(entry, path, names, f"joint{k}")
+            child_angle, child_drawn = self.body_angle(child, relative, names, path)
+            parent_angle, parent_drawn = (None, 0.0) if parent is None else self.body_angle(parent, relative,
+                                                                                             names, path)
+            out.append(JointAngleSpec(name=jname, parent=parent, child=child, parent_angle=parent_angle,
+                                      child_angle=child_angle, offset=value - (child_drawn - parent_drawn)))
+        return out
+
+    def body_ref(self, value: Any, path: str, ground: bool) -> Optional[int]:
+        """A body named by its name or index (`ground`: 'ground' is allowed and gives None)."""
+        if isinstance(value, str) and _IDENTIFIER.match(value):
+            if value == GROUND:
+                if not ground:
+                    self.fail(path, "the child of a joint angle is a body, not the ground (write the joint as "
+                                    "[ground, <body>])")
+                if any(b.name == GROUND for b in self.body_specs):
+                    self.fail(path, "'ground' is ambiguous: a body is named 'ground'; rename that body")
+                return None
+            for b, body in enumerate(self.body_specs):
+                if body.name == value:
+                    return b
+            known = ", ".join(b.name for b in self.body_specs)
+            self.fail(path, f"unknown body {_show(value)} (known: {known}{', ground' if ground else ''})")
+        return self.index(value, path, len(self.body_specs), what="body")
+
+    def body_angle(self, b: int, relative: List[RelativeAngleSpec], names: Dict[str, str], path: str
+                   ) -> Tuple[str, float]:
+        """(coordinate, drawn value) of body b's absolute angle: its first relative angle on two of its points,
+        else a new one ``theta_<body>`` on points[0] → points[1]."""
+        body = self.body_specs[b]
+        for r in relative:
+            if r.points[0] in body.points and r.points[1] in body.points:
+                return r.name, self.drawn_angle(*r.points)
+        name = f"theta_{body.name}"
+        if name in names:
+            self.fail(path, f"body '{body.name}' needs an absolute angle coordinate for this joint angle and its "
+                            f"default name '{name}' is taken (by {names[name]}); name the joint angle otherwise or "
+                            f"add a RelativeAngleAbsoluteDOF of the body to relative_coordinates")
+        names[name] = f"{path} (the absolute angle of body '{body.name}')"
+        relative.append(RelativeAngleSpec(name=name, points=(body.points[0], body.points[1])))
+        return name, self.drawn_angle(body.points[0], body.points[1])
+
+    def drawn_angle(self, i: int, j: int) -> float:
+        (xi, yi), (xj, yj) = self.pt(i), self.pt(j)
+        return math.atan2(yj - yi, xj - xi)
 
     def gravity(self, doc: Dict[str, Any]) -> Tuple[float, float]:
         if doc.get("gravity") is None:
@@ -572,7 +642,8 @@ class _Builder:
             self.fail(f"{path}.point", f"point {p} at ({_fmt(px)}, {_fmt(py)}) is {_fmt(off)} away from its "
                                        "line; place it on the line")
 
-    def actuators(self, doc: Dict[str, Any], coords: List[str]) -> List[ActuatorSpec]:
+    def actuators(self, doc: Dict[str, Any], coords: List[str], relative: set,
+                  joints_by_name: Dict[str, JointAngleSpec]) -> List[ActuatorSpec]:
         out: List[ActuatorSpec] = []
         joints: Dict[str, str] = {}
         actuated: Dict[str, str] = {}
@@ -582,8 +653,52 @@ class _Builder:
             joint = self.unique_name(entry, path, joints, coord, "joint", key="joint")
             # None: the default from the mechanism's scale (model.plausibility.default_effort_limit)
             limit = self.positive(entry["effort_limit"], f"{path}.effort_limit") if "effort_limit" in entry else None
-            out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit))
+            gear, rotor, stator = self.motor(entry, path, coord, relative, joints_by_name)
+            out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
+                                    rotor_inertia=rotor, stator_angle=stator,
+                                    **self.actuator_friction(entry, path)))
         return out
+
+    def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:
+        """The friction keys of an actuator (`model.friction`): b, c ≥ 0; v_s > 0, only with a Coulomb friction."""
+        out: Dict[str, float] = {}
+        for key in ("viscous_friction", "coulomb_friction"):
+            if key in entry:
+                x = self.expr(entry[key], f"{path}.{key}")
+                if not x >= 0.0:
+                    self.fail(f"{path}.{key}", f"must be >= 0 (got {_fmt(x)}): friction opposes the motion")
+                out[key] = x
+        if "coulomb_velocity" in entry:
+            if "coulomb_friction" not in entry:
+                self.fail(f"{path}.coulomb_velocity", "smooths the Coulomb friction, but the actuator has no "
+                                                      "'coulomb_friction'")
+            out["coulomb_velocity"] = self.positive(entry["coulomb_velocity"], f"{path}.coulomb_velocity")
+        return out
+
+    def motor(self, entry: Dict[str, Any], path: str, coord: str, relative: set,
+              joints_by_name: Dict[str, JointAngleSpec]) -> Tuple[float, float, Optional[str]]:
+        """(gear_ratio, rotor_inertia, stator angle coordinate) of an actuator: a rotor turns with an angle, on
+        the joint's parent body (the ground for an absolute body angle)."""
+        if "gear_ratio" not in entry and "rotor_inertia" not in entry:
+            return 1.0, 0.0, None
+        if coord not in relative and coord not in joints_by_name:
+            key = "gear_ratio" if "gear_ratio" in entry else "rotor_inertia"
+            self.fail(f"{path}.{key}", f"coordinate '{coord}' is a point coordinate (a length): a rotor's gear "
+                                       "ratio and inertia are only expressible for an angle (a joint angle or a "
+                                       "body's absolute angle)")
+        gear = 1.0
+        if "gear_ratio" in entry:
+            gear = self.expr(entry["gear_ratio"], f"{path}.gear_ratio")
+            if gear == 0.0 or not math.isfinite(gear):
+                self.fail(f"{path}.gear_ratio", f"must be a non-zero number (rotor turns per joint turn, negative "
+                                                f"when the rotor turns against the joint); got {_fmt(gear)}")
+        rotor = 0.0
+        if "rotor_inertia" in entry:
+            rotor = self.expr(entry["rotor_inertia"], f"{path}.rotor_inertia")
+            if not 0.0 <= rotor < math.inf:
+                self.fail(f"{path}.rotor_inertia", f"must be >= 0 [kg·m²] (got {_fmt(rotor)})")
+        joint = joints_by_name.get(coord)
+        return gear, rotor, (joint.parent_angle if joint is not None else None)
 
     def coordinate(self, value: Any, path: str, coords: List[str]) -> str:
         if not isinstance(value, str):

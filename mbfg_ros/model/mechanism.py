@@ -3,7 +3,8 @@
 A `Mechanism` is built once from a `MechanismSpec` (or a YAML file) and never changes; every
 per-step number lives in plain numpy arrays owned by the caller (the Pinocchio model/data split).
 
-Generalized coordinates: q = [x, y of every moving point, in point order] + [relative angles].
+Generalized coordinates: q = [x, y of every moving point, in point order] + [relative angles] + [joint angles]
+(the relative angles include the absolute body angles the loader adds for joint angles).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mbfg_ros.model.constraints import (ConstraintSet, DistanceConstraints, FixedSliderConstraints,
-                                        MobileSliderConstraints, RelativeAngleConstraints, numerical_rank)
+                                        JointAngleConstraints, MobileSliderConstraints, RelativeAngleConstraints,
+                                        numerical_rank)
+from mbfg_ros.model.friction import Friction
 from mbfg_ros.model.spec import MechanismError, MechanismSpec
 from mbfg_ros.share import share_folders
 
@@ -55,7 +58,7 @@ class Mechanism:
                 point_columns[i] = (len(names), len(names) + 1)
                 names += [f"x{i}", f"y{i}"]
         self.n_point_coordinates = len(names)
-        names += [r.name for r in spec.relative_angles]
+        names += list(spec.angle_names)
         self.coordinate_names: Tuple[str, ...] = tuple(names)
         self.n = len(names)
         if len(set(names)) != len(names):
@@ -63,7 +66,15 @@ class Mechanism:
         self._name_to_index: Dict[str, int] = {nm: k for k, nm in enumerate(names)}
         point_columns.setflags(write=False)
         self.point_columns = point_columns
+        # every angle coordinate (absolute body angles, then joint angles): the columns after the point coordinates
         self.relative_angle_columns = np.arange(self.n_point_coordinates, self.n, dtype=np.intp)
+        self.relative_angle_columns.setflags(write=False)
+        # per joint angle: (its column, θ_child's column, θ_parent's column or −1 for the ground, offset), parents'
+        # joints before their children's where the joints form a tree (see `joint_order`)
+        self.joint_angle_rows = tuple(
+            (self._name_to_index[j.name], self._name_to_index[j.child_angle],
+             -1 if j.parent_angle is None else self._name_to_index[j.parent_angle], float(j.offset))
+            for j in self.joint_order(spec))
 
         # Extended coordinate vector qe = [q, coordinates of fixed points]: constraint instances
         # index into it, so a fixed point is just a constant entry.
@@ -84,6 +95,8 @@ class Mechanism:
         for k, r in enumerate(spec.relative_angles):
             d = xy[r.points[1]] - xy[r.points[0]]
             q0[self.n_point_coordinates + k] = math.atan2(d[1], d[0])
+        for col, child, parent, offset in self.joint_angle_rows:
+            q0[col] = q0[child] - (q0[parent] if parent >= 0 else 0.0) + offset
         self.q0 = _readonly(q0)
 
         self.constraints = self._build_constraints(xy)
@@ -102,6 +115,8 @@ class Mechanism:
         self.actuated_index = (slice(int(act[0]), int(act[-1]) + 1)
                                if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
         self.actuator_names = tuple(a.joint for a in spec.actuators)
+        # the actuators' joint friction (None without: the dynamics then skip it at no cost)
+        self.friction: Optional[Friction] = Friction.of_actuators(act, spec.actuators)
         sensors = [Sensor(e.name, "encoder", float(e.sigma), coordinate=self.coordinate_index(e.coordinate, "sensors"),
                           single_turn=e.turns == "single") for e in spec.encoders]
         sensors += [Sensor(g.name, "gyroscope", float(g.sigma), body=int(g.body)) for g in spec.gyroscopes]
@@ -114,6 +129,19 @@ class Mechanism:
         self._fixed_list = [float(x) for x in self.fixed_values]
 
     # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def joint_order(spec: MechanismSpec):
+        """The joint angles with every joint whose child is body b before the joints whose parent is b (file order
+        otherwise; a loop of joints keeps the file order of its remaining joints)."""
+        pending, out = list(spec.joint_angles), []
+        while pending:
+            children = {j.child for j in pending}
+            ready = [j for j in pending if j.parent not in children] or pending[:1]
+            for j in ready:
+                pending.remove(j)
+            out += ready
+        return out
+
     @classmethod
     def from_yaml(cls, path) -> "Mechanism":
         from mbfg_ros.model.loader import load_spec
@@ -181,13 +209,22 @@ class Mechanism:
             r_names.append(f"{r.name}:angle({i0}->{i1})")
             r_len.append(float(np.linalg.norm(xy[i1] - xy[i0])))
 
+        joint_rows = {True: ([], [], []), False: ([], [], [])}       # grounded? → (index, names, offsets)
+        for col, child, parent, offset in self.joint_angle_rows:
+            idx, nm, off = joint_rows[parent < 0]
+            idx.append([col, child] if parent < 0 else [col, child, parent])
+            nm.append(f"{self.coordinate_names[col]}:joint_angle({self.coordinate_names[child]}"
+                      + (f" - {self.coordinate_names[parent]})" if parent >= 0 else ")"))
+            off.append(offset)
+
         types = [
             DistanceConstraints(np.reshape(d_idx, (-1, 4)), d_names, d_len),
             FixedSliderConstraints(np.reshape(f_idx, (-1, 2)), f_names, np.reshape(f_org, (-1, 2)),
                                    np.reshape(f_dir, (-1, 2))),
             MobileSliderConstraints(np.reshape(m_idx, (-1, 6)), m_names, m_scale),
             RelativeAngleConstraints(np.reshape(r_idx, (-1, 5)), r_names, r_len),
-        ]
+        ] + [JointAngleConstraints(np.reshape(idx, (-1, 2 if grounded else 3)), nm, off, grounded)
+             for grounded, (idx, nm, off) in joint_rows.items()]
         return ConstraintSet(types, self.n, self.fixed_values)
 
     def _independent_rows(self, q0: np.ndarray) -> np.ndarray:
@@ -214,7 +251,9 @@ class Mechanism:
 
     def _build_inertia(self):
         """Constant mass matrix and gravity forces: only points[0] and points[1] carry a body's mass,
-        which is exact because those two points fix the pose of the rigid body."""
+        which is exact because those two points fix the pose of the rigid body.  A geared motor's rotor adds
+        Ir·a·aᵀ, its angle being φ = θ_stator + gear_ratio·q_actuated = aᵀq + const (its kinetic energy
+        ½·Ir·(aᵀq̇)², constant in q: exact, coupling included; a balanced rotor adds no gravity force)."""
         n, P = self.n, self.point_columns
         M = np.zeros((n, n))
         Qg = np.zeros(n)
@@ -238,11 +277,19 @@ class Mechanism:
                 Qg[P[i]] += (I2 - Cg).T @ (m * g)
             if P[j, 0] >= 0:
                 Qg[P[j]] += Cg.T @ (m * g)
+        for act in self.spec.actuators:
+            if act.rotor_inertia > 0.0:
+                a = np.zeros(n)
+                a[self._name_to_index[act.coordinate]] += act.gear_ratio
+                if act.stator_angle is not None:
+                    a[self._name_to_index[act.stator_angle]] += 1.0
+                M += act.rotor_inertia * np.outer(a, a)
         return _readonly(M), _readonly(Qg)
 
     # ------------------------------------------------------------------------------------------
     def generalized_forces(self, efforts=None, point_forces=None) -> np.ndarray:
-        """Q = gravity + actuator efforts (in actuator order) + forces {point index: (Fx, Fy)}."""
+        """Q = gravity + actuator efforts (in actuator order) + forces {point index: (Fx, Fy)}: the applied forces,
+        without the actuators' friction (a force of the rates, which the dynamics add: `model.friction`)."""
         Q = np.array(self.gravity_forces)
         if efforts is not None:
             efforts = np.asarray(efforts, dtype=float)
@@ -327,6 +374,9 @@ class Mechanism:
             "coordinates": list(self.coordinate_names),
             "actuated": [self.coordinate_names[i] for i in self.actuated],
             "actuator_joints": list(self.actuator_names),
+            # per actuator: {viscous, coulomb, coulomb_velocity} of its friction, or None
+            "actuator_friction": [None if self.friction is None else self.friction.describe(int(c))
+                                  for c in self.actuated],
             "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
             "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,

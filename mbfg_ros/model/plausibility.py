@@ -90,7 +90,7 @@ def mechanism_scale(spec: MechanismSpec) -> Tuple[float, float]:
     without gravity).  The noise densities' defaults follow them (`factors.noise`)."""
     mass = float(sum(b.mass for b in spec.bodies))
     reach = mechanism_reach(spec)
-    angles = {r.name for r in spec.relative_angles}
+    angles = set(spec.angle_names)
     prismatic = bool(spec.actuators) and all(a.coordinate not in angles for a in spec.actuators)
     return mass * STANDARD_GRAVITY * (1.0 if prismatic else reach), math.sqrt(reach / STANDARD_GRAVITY)
 

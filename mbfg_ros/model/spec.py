@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 
+#: [rad/s or m/s] the rate v_s of an actuator's smoothed Coulomb friction when the YAML gives none (`ActuatorSpec`)
+DEFAULT_COULOMB_VELOCITY = 0.01
+
+
 class MechanismError(ValueError):
     """Any problem with a mechanism description.  The message names the file, the key path and what is wrong."""
 
@@ -41,6 +45,20 @@ class RelativeAngleSpec:
 
 
 @dataclass(frozen=True)
+class JointAngleSpec:
+    """A joint (relative) angle coordinate q = θ_child − θ_parent + offset between two bodies, with one linear
+    constraint row.  θ of a body is one of its absolute angle coordinates (`RelativeAngleSpec`, on any two of its
+    points; the loader adds ``theta_<body>`` on points[0] → points[1] where a body has none); `offset` makes q the
+    YAML's `value` in the drawn pose whichever points those angles are on."""
+    name: str
+    parent: Optional[int]     # body index; None: the ground (θ = 0)
+    child: int                # body index
+    parent_angle: Optional[str]   # the coordinate of θ_parent (None: the ground)
+    child_angle: str          # the coordinate of θ_child
+    offset: float             # q − (θ_child − θ_parent) [rad], constant
+
+
+@dataclass(frozen=True)
 class FixedSliderSpec:
     """`point` moves on the fixed line through `line[0]` and `line[1]` (global coordinates)."""
     name: str
@@ -62,6 +80,17 @@ class ActuatorSpec:
     coordinate: str           # a coordinate name, as `Mechanism.coordinate_names` lists it
     joint: str                # the name used on ROS topics (defaults to the coordinate name)
     effort_limit: Optional[float] = None   # |command| above it is implausible; None: from the mechanism's scale
+    # A geared motor: the rotor's angle is φ = θ_stator + gear_ratio·q (q the actuated angle; the stator is the
+    # parent body of a joint angle, the ground for an absolute body angle), so its kinetic energy adds
+    # rotor_inertia·a·aᵀ (a = ∂φ/∂q) to the mass matrix.  The effort is the joint-side torque.
+    gear_ratio: float = 1.0
+    rotor_inertia: float = 0.0            # [kg·m²] about the rotor axis
+    stator_angle: Optional[str] = None    # the coordinate of θ_stator (None: the ground)
+    # joint friction on the coordinate, F(q̇) = b q̇ + c (2/π) atan(q̇ / v_s), a generalized force −F
+    # (`model.friction.Friction`): b [N·m·s/rad or N·s/m], c [N·m or N] (the friction well above v_s), v_s > 0
+    viscous_friction: float = 0.0
+    coulomb_friction: float = 0.0
+    coulomb_velocity: float = DEFAULT_COULOMB_VELOCITY
 
 
 @dataclass(frozen=True)
@@ -99,6 +128,7 @@ class MechanismSpec:
     bodies: Tuple[BodySpec, ...]
     gravity: Tuple[float, float] = (0.0, -9.81)
     relative_angles: Tuple[RelativeAngleSpec, ...] = ()
+    joint_angles: Tuple[JointAngleSpec, ...] = ()
     fixed_sliders: Tuple[FixedSliderSpec, ...] = ()
     mobile_sliders: Tuple[MobileSliderSpec, ...] = ()
     actuators: Tuple[ActuatorSpec, ...] = ()
@@ -107,3 +137,9 @@ class MechanismSpec:
     assembly_modes: Tuple[AssemblyModeSpec, ...] = ()
     source: str = "<memory>"
     parameters: Tuple[Tuple[str, float], ...] = field(default=())
+
+    @property
+    def angle_names(self) -> Tuple[str, ...]:
+        """The names of the angle coordinates: the relative (absolute body) angles, then the joint angles; every
+        other coordinate is a point coordinate (a length)."""
+        return tuple(r.name for r in self.relative_angles) + tuple(j.name for j in self.joint_angles)

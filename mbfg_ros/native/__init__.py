@@ -2,8 +2,8 @@
 builds with the package; no dependency beyond a C compiler at build time).
 
 * `mechanism_kernel(mech)`: the mechanism's constrained dynamics (Φ, Φq, Φ̇q, q̈ and its exact first
-  derivatives), the continuity predictor and an estimate's summary (residual, norm, speed, assembly mode),
-  used by `dynamics.cache.EvalContext`;
+  derivatives, the actuators' friction included), the continuity predictor and an estimate's summary (residual,
+  norm, speed, assembly mode), used by `dynamics.cache.EvalContext`;
 * `unit_form(unit)`: how a factor unit is written in the kernel's step program (`graph.step_model.StepModel`
   builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
   mismatch of a whole step in one call each);
@@ -76,11 +76,14 @@ def mechanism_kernel(mech):
     if form is None:
         return None
     Ht, tail, angles = form
+    fr = mech.friction
+    friction = [] if fr is None else [(int(c), float(b), float(cf), float(vs)) for c, b, cf, vs in
+                                      zip(fr.columns, fr.viscous, fr.coulomb, fr.velocity)]
     return _kernel.MechanismKernel(mech.n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
                                    angles, np.ascontiguousarray(mech.mass_matrix, dtype=float),
                                    [int(i) for i in mech.independent_rows], [int(i) for i in mech.actuated],
                                    [int(c) for pts in mech.assembly_mode_points.tolist() for p in pts
-                                    for c in mech.extended_point_index[p]])
+                                    for c in mech.extended_point_index[p]], friction)
 
 
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:

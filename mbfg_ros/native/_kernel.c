@@ -215,6 +215,11 @@ typedef struct {
     int *act;                  /* the actuated coordinates, in actuator order */
     int nmodes;
     int *modes;                /* per assembly-mode indicator: the extended x, y columns of its points i, j, k */
+    /* the actuators' friction F(q̇) = b q̇ + g atan(q̇ / v_s), g = c·2/π, a force −F on its coordinate (mbfg_ros.model
+     * .friction): per friction coordinate its column, b, g, v_s */
+    int nf;
+    int *fcol;
+    double *fb, *fg, *fvs;
     /* work (the last evaluation) */
     int positions_valid;       /* qe1[:n] is the q of T, Φ, Φq and the curvatures (several units read them) */
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
@@ -226,7 +231,8 @@ static void
 mech_free_arrays(MechanismKernel *k)
 {
     void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->modes, k->qe1, k->T, k->phi, k->J,
-                    k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv};
+                    k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv, k->fcol,
+                    k->fb, k->fg, k->fvs};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
 }
@@ -238,16 +244,16 @@ mech_dealloc(MechanismKernel *k)
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
-/* MechanismKernel(n, Ht, tail, angles, M, rows, actuated, modes): Ht (m, ne+1, ne+1) flat, tail = [fixed
- * values, 1], angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows,
+/* MechanismKernel(n, Ht, tail, angles, M, rows, actuated, modes[, friction]): Ht (m, ne+1, ne+1) flat, tail =
+ * [fixed values, 1], angles = [(row, i0, i1, i2, i3, i4, L), ...], M (n, n) flat, rows = the independent rows,
  * actuated = the actuated coordinates in actuator order, modes = the assembly-mode indicators' extended columns
- * (xi, yi, xj, yj, xk, yk) flat. */
+ * (xi, yi, xj, yj, xk, yk) flat, friction = [(column, b, c, v_s), ...] (none by default). */
 static int
 mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
 {
     int n;
-    PyObject *Ht, *tail, *angles, *M, *rows, *actuated, *modes;
-    if (!PyArg_ParseTuple(args, "iOOOOOOO", &n, &Ht, &tail, &angles, &M, &rows, &actuated, &modes))
+    PyObject *Ht, *tail, *angles, *M, *rows, *actuated, *modes, *friction = NULL;
+    if (!PyArg_ParseTuple(args, "iOOOOOOO|O", &n, &Ht, &tail, &angles, &M, &rows, &actuated, &modes, &friction))
         return -1;
     mech_free_arrays(k);
     memset(((char *)k) + sizeof(PyObject), 0, sizeof(MechanismKernel) - sizeof(PyObject));
@@ -324,6 +330,34 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
         k->ang_L[a] = L;
     }
     Py_DECREF(fast);
+    if (friction) {
+        if (!(fast = PySequence_Fast(friction, "MechanismKernel friction")))
+            return -1;
+        k->nf = (int)PySequence_Fast_GET_SIZE(fast);
+        k->fcol = PyMem_Calloc(k->nf + 1, sizeof(int));
+        k->fb = PyMem_Calloc(k->nf + 1, sizeof(double));
+        k->fg = PyMem_Calloc(k->nf + 1, sizeof(double));
+        k->fvs = PyMem_Calloc(k->nf + 1, sizeof(double));
+        if (!k->fcol || !k->fb || !k->fg || !k->fvs) {
+            Py_DECREF(fast);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int f = 0; f < k->nf; f++) {
+            double c;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, f), "iddd", &k->fcol[f], &k->fb[f], &c, &k->fvs[f])) {
+                Py_DECREF(fast);
+                return -1;
+            }
+            k->fg[f] = (2.0 / M_PI) * c;
+            if (k->fcol[f] < 0 || k->fcol[f] >= n || !(k->fvs[f] > 0.0)) {
+                Py_DECREF(fast);
+                PyErr_SetString(PyExc_ValueError, "MechanismKernel: friction column out of range or v_s <= 0");
+                return -1;
+            }
+        }
+        Py_DECREF(fast);
+    }
     int m = k->m, N = k->N;
     k->qe1 = PyMem_Calloc(w, sizeof(double));
     k->T = PyMem_Calloc((size_t)m * w + 1, sizeof(double));
@@ -488,12 +522,16 @@ mk_factor(MechanismKernel *k)
     return lu_factor(K, k->piv, N);
 }
 
-/* rhs of the augmented system: [Q; −Φ̇qᵣ q̇] into x */
+/* rhs of the augmented system: [Q − F(q̇); −Φ̇qᵣ q̇] into x (F the actuators' friction) */
 static void
 mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
 {
     int n = k->n;
     memcpy(x, Q, n * sizeof(double));
+    for (int f = 0; f < k->nf; f++) {
+        double w = v[k->fcol[f]];
+        x[k->fcol[f]] -= k->fb[f] * w + k->fg[f] * atan(w / k->fvs[f]);
+    }
     for (int t = 0; t < k->r; t++) {
         const double *Jd = k->Jd + (size_t)k->rows[t] * n;
         double s = 0.0;
@@ -520,7 +558,8 @@ mk_acceleration(MechanismKernel *k, const double *q, const double *v, const doub
 }
 
 /* the dynamics linearization at (q, q̇, Q): q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q = K⁻¹[:n, :n], λ (all rows), with Φq and Φ̇q
- * of all rows left in k->J, k->Jd.  0 on success, 1 where K is singular or the solution not sane. */
+ * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success, 1 where K is
+ * singular or the solution not sane. */
 static int
 mk_linearize(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
              double *da_dv, double *da_dQ, double *lam)
@@ -588,6 +627,14 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
             da_dv[(size_t)i * n + j] = -2.0 * sv;
             da_dQ[(size_t)i * n + j] = Ai[j];
         }
+    }
+    /* friction: ∂q̈/∂q̇ −= ∂q̈/∂Q ∂F/∂q̇, column by friction coordinate */
+    for (int f = 0; f < k->nf; f++) {
+        int c = k->fcol[f];
+        double s = v[c] / k->fvs[f];
+        double slope = k->fb[f] + (k->fg[f] / k->fvs[f]) / (1.0 + s * s);
+        for (int i = 0; i < n; i++)
+            da_dv[(size_t)i * n + c] -= Kinv[(size_t)i * N + c] * slope;
     }
     return 0;
 }

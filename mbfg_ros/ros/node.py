@@ -54,6 +54,7 @@ from mbfg_ros.ros import conversions as rc
 from mbfg_ros.ros import fastloop
 from mbfg_ros.ros import lifecycle
 from mbfg_ros.ros import parameters as P
+from mbfg_ros.ros.alignment import ReadingAlignment
 from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text, clock_hint
 from mbfg_ros.ros.outputs import Outputs
@@ -109,6 +110,7 @@ class EstimatorNode(Node):
         self.sensor_map = rc.sensor_fields(self.mech)
         self.actuator_map = {nm: i for i, nm in enumerate(self.mech.actuator_names)}
         self.limits = InputLimits(self.mech)     # what a reading or a command can be at all
+        self.alignment = ReadingAlignment(self.mech)   # readings stamped off their grid step moved onto it
         self.state = "waiting"        # waiting | running
         self.last_estimate: Optional[Estimate] = None
         self.last_k: Optional[int] = None
@@ -248,7 +250,9 @@ class EstimatorNode(Node):
     def _fuse_late(self, stamp_ns: int, values) -> Optional[str]:
         """Readings of a step already estimated but still in the window become factors on that step
         (the smoother revises the window, the newest estimate included); None if all were fused."""
-        step = self._estimate_steps.get(self.sched.step_of(stamp_ns), -1)
+        k = self.sched.step_of(stamp_ns)
+        step = self._estimate_steps.get(k, -1)
+        values = self._at_step(k, values, dict.fromkeys(values, stamp_ns))
         try:
             fused, refused = self.core.add_late_observations(step, values)
         except Exception as e:  # never let a late reading break the node
@@ -383,9 +387,21 @@ class EstimatorNode(Node):
                                             f"{1e3 * np.mean(self.diag.period_stats['solve'] or [0]):.2f} ms "
                                             f"for a {self.config.dt * 1e3:g} ms step): skipped {skipped} steps")
 
+    def _at_step(self, k: int, values, stamps_ns) -> dict:
+        """`values` stamped `stamps_ns` (name → stamp) moved onto grid step k by the newest estimate's motion."""
+        last = self.last_estimate
+        if last is None or self.last_k is None:
+            return values
+        return self.alignment.to_step(values, stamps_ns, self.sched.t_of(k), last.v, last.a,
+                                      self.sched.t_of(self.last_k))
+
     def _step(self, k: int, efforts, observations):
         t_k = self.sched.t_of(k)
         diag = self.diag
+        if observations:
+            seen = self.sched.obs_seen.get(k)
+            if seen:
+                observations = self._at_step(k, observations, {n: st for n, (st, _) in seen.items()})
         t_start = time.perf_counter()
         c_start = time.thread_time()
         try:

@@ -12,7 +12,10 @@ command exactly.  Each step yields a `PlantSample` with the truth (q, q̇, q̈, 
 RNG).
 
 `efforts` is what a controller sends and what an estimator is given (the commands); `applied` is what
-acts on the mechanism (the truth an effort estimate is scored against); Q is made of `applied`.
+acts on the mechanism (the truth an effort estimate is scored against); Q is made of `applied`.  The mechanism's
+own joint friction (its actuators' friction keys, `model.friction`) is part of its dynamics: `forward_dynamics`
+applies it at every RK4 stage at that stage's rates (unlike the `Actuator`'s mismatch, held over the step), and
+it is not in `applied` or Q, as an estimator with the same mechanism does not count it in its efforts.
 
 Used by the `four_bar_sim` node, by `bench/make_bags.py`, `bench/estimation_quality.py` and by the tests::
 
