@@ -7,8 +7,8 @@ on another.
     python bench/tune_speed.py --reference [--case ...]      # the same maximum as the search before
 
 Each case is a 10-s recording written as `mbfg` CSVs (encoder readings; fused mode: the commanded efforts):
-the DFKI double-pendulum runs of bench/data/dfki_double_pendulum (bench/real_hardware.py: DFKI's joint angles and
-torques mapped to the mechanism's absolute link angles and efforts) and the crank four-bar simulated with an
+the DFKI double-pendulum runs of bench/data/dfki_double_pendulum (the mechanism files' coordinates, actuators and
+encoders are DFKI's joints: positions and commanded torques as recorded) and the crank four-bar simulated with an
 effort that is an integrated random walk (as test_tuning.py simulates it).  For each case and mode the script
 runs, in a subprocess of its own,
 
@@ -67,13 +67,14 @@ def write_csv(path: Path, t: np.ndarray, columns: Dict[str, np.ndarray]) -> None
 
 
 def dfki_case(name: str, folder: Path, seconds: float = SECONDS):
-    """(mechanism file, observations CSV, torques CSV) of a DFKI run's first `seconds`."""
+    """(mechanism file, observations CSV, torques CSV) of a DFKI run's first `seconds` (the mechanism's encoders
+    and actuators are DFKI's joints: positions and commanded torques as recorded)."""
+    from mbfg_ros.tuning.likelihood import encoder_layout
     rec = rh.load_recording(DFKI_CASES[name]).cut(seconds)
-    theta = rh.to_coordinates(rec.q)
-    efforts = rh.torques_to_efforts(rec.tau_con)
+    mech = rh.design_mechanism(rec.design)
     obs, cmd = folder / f"{DFKI_CASES[name]}.obs.csv", folder / f"{DFKI_CASES[name]}.cmd.csv"
-    write_csv(obs, rec.t, {"theta1": theta[:, 0], "theta2": theta[:, 1]})
-    write_csv(cmd, rec.t, {"tau_theta1": efforts[:, 0], "tau_theta2": efforts[:, 1]})
+    write_csv(obs, rec.t, {n: rec.q[:, i] for i, n in enumerate(encoder_layout(mech)[0])})
+    write_csv(cmd, rec.t, {f"tau_{a}": rec.tau_con[:, i] for i, a in enumerate(mech.actuator_names)})
     return rh.MECHANISMS / rh.DESIGNS[rec.design].mechanism, obs, cmd
 
 
@@ -162,7 +163,7 @@ def transfer(args) -> List[dict]:
         for tuned_on, scored_on in pairs:
             rec = rh.load_recording(DFKI_CASES[scored_on]).cut(args.seconds)
             mech = rh.design_mechanism(rec.design)
-            truth = rh.truth_of(rec, rh.dfki_parameters(rec.design))
+            truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
             for mode in args.mode or MODES:
                 mech_file, obs, cmd = dfki_case(tuned_on, folder)
                 params = folder / f"{mode}.yaml"

@@ -203,12 +203,13 @@ def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequ
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
     fused = mode == "fused"
     sigma = np.array([[v[f"sensor_sigmas.{n}"] for n in rec.encoders] for v in candidates])
-    bank = ReducedEKFBank(mech, rec.coordinates, sigma, [v[density_name(mode)] for v in candidates], fused=fused,
-                          acceleration_density=[v["acceleration_density"] for v in candidates],
-                          time_constant=[v["disturbance_time_constant"] if fused else math.inf for v in candidates])
     steps = np.diff(rec.t, prepend=rec.t[0])
     try:
         with np.errstate(all="ignore"):       # a failing filter's numbers are flagged by the bank, not raised
+            bank = ReducedEKFBank(mech, rec.coordinates, sigma, [v[density_name(mode)] for v in candidates],
+                                  fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
+                                  time_constant=[v["disturbance_time_constant"] if fused else math.inf
+                                                 for v in candidates])
             for k in range(len(rec.t)):
                 bank.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
     except np.linalg.LinAlgError:             # a singular matrix in one filter stops the batched solve of all
