@@ -13,7 +13,8 @@ q2 relative to link 1 — as joint-angle coordinates, actuated by τ1, τ2 and r
 How the recordings are fed: one `FixedLagEstimator.step(t, ...)` per recorded row at the row's own time stamp (as
 recorded: jittery, with overruns), `EstimatorConfig(dt=<median step>, mode=...)` and nothing else, as `mbfg
 estimate` builds it (shipped defaults: window 10, trapezoidal, default densities, the effort density fitted
-online in estimation mode; the encoder σ of the mechanism file, the readings' quantization).  The core makes one
+online in estimation mode; the encoder σ of the mechanism file, the readings' quantization, as the floor of
+the σ fitted online from the readings' scatter, both modes).  The core makes one
 factor-graph step of the actual gap when the gap is under 1.5 median steps, else round(gap/dt) equal sub-steps.
 Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.
 
@@ -323,7 +324,7 @@ class Output:
 def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
-    sensor_sigmas, adapt_effort_density; its mode is not used)."""
+    sensor_sigmas, adapt_effort_density, adapt_sensor_sigmas; its mode is not used)."""
     dt = float(np.median(np.diff(rec.t)))
     config = EstimatorConfig(dt=dt, mode=mode)
     if settings:
@@ -332,7 +333,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  sigmas={**config.sigmas, **settings.get("sigmas", {})},
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
                                  adapt_effort_density=settings.get("adapt_effort_density",
-                                                                   config.adapt_effort_density))
+                                                                   config.adapt_effort_density),
+                                 adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas))
     est = FixedLagEstimator(mech, config)
     cols = [mech.coordinate_index(j) for j in JOINTS]
     N = len(rec.t)
@@ -348,8 +350,13 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
         P = est.joint_covariance(cols)                      # [q1, q2, q̇1, q̇2, τ1, τ2]
         if P is not None:
             out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P)[4:6], 0.0, None))
+    notes = []
     if mode == "estimation" and est.fitted_effort_density() is not None:
-        out.note = f"effort density fitted online: {est.fitted_effort_density():.3g}"
+        notes.append(f"effort density fitted online: {est.fitted_effort_density():.3g}")
+    if est.fitted_sensor_sigmas():
+        notes.append("encoder σ fitted online at the end: "
+                     + ", ".join(f"{name} {1e3 * s:.3g} mrad" for name, s in est.fitted_sensor_sigmas().items()))
+    out.note = "; ".join(notes)
     return out
 
 

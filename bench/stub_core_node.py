@@ -70,6 +70,9 @@ class StubCore:
     def fitted_effort_density(self):
         return None
 
+    def fitted_sensor_sigmas(self):
+        return None
+
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
 

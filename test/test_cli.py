@@ -323,11 +323,14 @@ def summary_of(err):
     """The counts of the summary line `mbfg estimate` prints last on stderr."""
     import re
     line = err.strip().splitlines()[-1]
-    m = re.fullmatch(r"mbfg estimate: (\d+) steps, lost track on (\d+) \([\d.]+ %: (\d+) recovered or waiting, "
-                     r"(\d+) with an encoder reading > 10 σ from its estimate\), (\d+) re-initializations, "
-                     r"CPU [\d.e+-]+ ms per step", line)
+    m = re.fullmatch(r"mbfg estimate: (\d+) steps, lost track (\d+) times \([\d.]+ % of the steps; re-initialized "
+                     r"from the readings\), (\d+) other recoveries, (\d+) steps waiting, (\d+) re-initializations, "
+                     r"CPU [\d.e+-]+ ms per step(, encoder σ fitted .*)?", line)
     assert m, line
-    return dict(zip(("steps", "lost", "recovered", "far", "reinitializations"), map(int, m.groups())))
+    out = dict(zip(("steps", "lost", "recovered", "waiting", "reinitializations"), map(int, m.groups()[:5])))
+    out["sigmas"] = {} if m.group(6) is None else {
+        name: float(v) for name, v in (x.split() for x in m.group(6)[len(", encoder σ fitted "):].split(", "))}
+    return out
 
 
 def test_estimate_takes_jittered_stamps_and_nan_cells_as_they_are(tmp_path, capsys):
@@ -349,7 +352,9 @@ def test_estimate_takes_jittered_stamps_and_nan_cells_as_they_are(tmp_path, caps
     assert np.all(np.isfinite(data))
     assert np.abs(data[20:, 5] - truth[20:]).max() < 5e-3
     s = summary_of(err)
-    assert s == dict(steps=120, lost=0, recovered=0, far=0, reinitializations=0), err
+    sigmas = s.pop("sigmas")
+    assert s == dict(steps=120, lost=0, recovered=0, waiting=0, reinitializations=0), err
+    assert list(sigmas) == ["crank"] and sigmas["crank"] >= 1e-3 - 1e-9    # the stated σ is the floor
 
 
 def test_estimate_dt_is_the_median_interval_unless_given(tmp_path, capsys, monkeypatch):
@@ -369,7 +374,7 @@ def test_estimate_dt_is_the_median_interval_unless_given(tmp_path, capsys, monke
 
 def test_estimate_summary_counts_lost_track_and_reinitializations(tmp_path, capsys):
     """An encoder that slips by 0.3 rad (300 σ) from row 60 on: the estimate stops following, re-initializes
-    from the readings, and the summary counts both."""
+    from the readings (lost track), and the summary counts both."""
     t = np.arange(120) * 0.005
     crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(2).standard_normal(t.size)
     crank[60:] += 0.3
@@ -378,8 +383,7 @@ def test_estimate_summary_counts_lost_track_and_reinitializations(tmp_path, caps
     rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "e.csv"], capsys)
     assert rc == 0, err
     s = summary_of(err)
-    assert s["steps"] == 120 and s["reinitializations"] >= 1 and s["recovered"] >= 1
-    assert s["lost"] >= s["recovered"] and s["lost"] >= s["far"] >= 1
+    assert s["steps"] == 120 and s["reinitializations"] >= 1 and s["lost"] >= 1 and s["waiting"] == 0
     _, data = read_csv(tmp_path / "e.csv")
     assert abs(data[-1, 5] - crank[-1]) < 0.01                # following the readings again
 
@@ -390,14 +394,23 @@ def test_estimate_sensor_sigma_reaches_the_estimator_and_names_a_bad_sensor(tmp_
     obs = tmp_path / "obs.csv"
     write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
     std = {}
-    for sigma in ("1e-4", "1e-2"):
+    for sigma in ("1e-3", "1e-2"):
         out = tmp_path / f"e{sigma}.csv"
         rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", f"crank={sigma}",
-                          "--std", "-o", out], capsys)
+                          "--no-adapt-sensor-sigmas", "--std", "-o", out], capsys)
         assert rc == 0, err
+        assert summary_of(err)["sigmas"] == {}
         header, data = read_csv(out)
         std[sigma] = np.median(data[20:, header.index("crank_std")])
-    assert std["1e-2"] > 2.5 * std["1e-4"], std           # measured 4.5e-3 vs 1.05e-3 rad
+    assert std["1e-2"] > 2.5 * std["1e-3"], std
+    # fitted online (the default): a stated σ ten times too small is the floor, the readings' 1e-3 the fit
+    t = np.arange(300) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(3).standard_normal(t.size)
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", "crank=1e-4",
+                      "-o", tmp_path / "fit.csv"], capsys)
+    assert rc == 0, err
+    assert 0.7e-3 < summary_of(err)["sigmas"]["crank"] < 1.4e-3, err
     for bad, message in (("wheel=1e-3", "'wheel' is not a sensor of the mechanism (crank, coupler_gyro)"),
                          ("crank=-1", "SIGMA > 0 (got 'crank=-1')"), ("crank", "NAME=SIGMA")):
         rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--sensor-sigma", bad,

@@ -171,6 +171,8 @@ def test_every_diagnostics_key_is_documented():
             assert stream in ("observations", "efforts") and suffix in stream_suffixes, key
         elif key.startswith("rejected."):
             assert key[len("rejected."):] in kinds, key
+        elif key.startswith("sensor_sigma."):
+            assert "sensor_sigma.<encoder>" in documented, key
         else:
             assert key in documented, f"diagnostics key '{key}' is not in docs/ros2_interfaces.md"
 

@@ -252,3 +252,30 @@ def test_a_burst_of_readings_whole_turns_off_is_followed_counted_and_left(node, 
     assert int(d["turn_recoveries"]) - int(d0["turn_recoveries"]) >= 3
     assert "turn_recoveries" in est.output() and "turns: single" in est.output()
     assert est.alive()
+
+
+def test_readings_that_slip_are_a_lost_track_counted_logged_and_followed(node, mech, traj):
+    """The crank's readings slip by 0.3 rad for good (not a turn): the core's estimate stops following them, it
+    is re-initialized from them, the node counts it in `lost_track` and logs it with the encoder, the published
+    crank follows the slipped readings, and the diagnostics report the encoders' σ in use (`sensor_sigma.crank`)."""
+    from std_srvs.srv import Trigger
+    from mbfg_ros.sim.plant import Trajectory
+    est, probe = node
+    probe.call(Trigger, "/mbfg_estimator/reset", Trigger.Request())
+    probe.clear()
+    d0 = probe.wait_diag(lambda d: True, 3.0)
+    slipped = {n: v.copy() for n, v in traj.readings.items()}
+    slipped["crank"][300:] += 0.3
+    bad = Trajectory(traj.t, traj.q, traj.v, traj.a, traj.efforts, traj.Q, slipped)
+    f = Feeder(probe, bad.head(900), DT, mech).start()
+    f.join()
+    wait_outputs_through(probe, f)
+    d = probe.wait_diag(lambda d: int(d["lost_track"]) > int(d0["lost_track"]), 3.0)
+    assert int(d["lost_track"]) > int(d0["lost_track"])
+    assert float(d["sensor_sigma.crank"]) >= float(mech.sensors[0].sigma)
+    assert "lost_track" in est.output() and "encoder(crank)" in est.output()
+    # (fused mode: the slipped readings disagree with the commands' dynamics, which the disturbance takes up
+    # slowly: ~10 mrad off them, against the slip's 300)
+    offsets = published_offsets(probe, f, bad, t_from=float(traj.t[700]))
+    assert len(offsets) > 100 and np.abs(offsets[:, 1]).max() < 0.1 and np.median(np.abs(offsets[:, 1])) < 0.03
+    assert est.alive()

@@ -78,49 +78,38 @@ class Progress:
             self.stream.flush()
 
 
-#: an encoder reading farther than this many of its σ from its coordinate's estimate: the estimate lost track
-LOST_TRACK_SIGMAS = 10.0
-
-
 class TrackingSummary:
-    """What `mbfg estimate` prints on stderr at the end, one line: the steps, how many of them lost track, the
-    re-initializations and the CPU time per step.
+    """What `mbfg estimate` prints on stderr at the end, one line: the steps, how many times the estimate lost
+    track (the estimator re-initialized from the readings because its estimate stopped following them:
+    `Estimate.recovery` "lost_track", see `estimation.sensors.TrackMonitor`), the other recoveries (numerical
+    failures, an encoder read whole turns away), the steps without an estimate yet, the re-initializations,
+    the CPU time per step and, where the estimator fits them online, the encoders' σ at the end.  A
+    re-initialization is a step after the first whose estimate started a new window (status ``initialized``
+    or ``recovered``)."""
 
-    A step lost track when its estimate's status is ``recovered`` (the estimator re-initialized after a
-    numerical failure or readings that kept disagreeing with it) or ``waiting`` (no estimate yet), or when an
-    encoder read at that step is more than LOST_TRACK_SIGMAS of its σ from the estimate of its coordinate (a
-    single-turn encoder modulo one turn).  A re-initialization is a step after the first whose estimate
-    started a new window (status ``initialized`` or ``recovered``)."""
-
-    def __init__(self, mech, readings: Dict[str, np.ndarray], sensor_sigmas: Dict[str, float]):
-        self.encoders = [(readings[s.name], int(s.coordinate), float(sensor_sigmas.get(s.name, s.sigma)),
-                          s.single_turn) for s in mech.sensors if s.kind == "encoder" and s.name in readings]
-        self.steps = self.recovered = self.far = self.lost = self.reinitializations = 0
+    def __init__(self):
+        self.steps = self.lost = self.recovered = self.waiting = self.reinitializations = 0
         self.cpu_seconds = math.nan
+        self.sensor_sigmas: Optional[Dict[str, float]] = None
 
     def add(self, k: int, estimate) -> None:
         self.steps += 1
         status = estimate.status
-        not_tracking = status in ("recovered", "waiting")
-        far = False
-        for values, coordinate, sigma, single_turn in self.encoders:
-            reading = values[k]
-            if math.isfinite(reading):
-                miss = reading - float(estimate.q[coordinate])
-                if single_turn:
-                    miss = (miss + math.pi) % (2.0 * math.pi) - math.pi
-                far = far or not abs(miss) <= LOST_TRACK_SIGMAS * sigma
-        self.recovered += not_tracking
-        self.far += far
-        self.lost += not_tracking or far
+        if estimate.recovery == "lost_track":
+            self.lost += 1
+        elif status == "recovered":
+            self.recovered += 1
+        self.waiting += status == "waiting"
         self.reinitializations += self.steps > 1 and status in ("initialized", "recovered")
 
     def line(self) -> str:
         share = 100.0 * self.lost / max(self.steps, 1)
         cpu = 1e3 * self.cpu_seconds / max(self.steps, 1)
-        return (f"{PROG} estimate: {self.steps} steps, lost track on {self.lost} ({share:.1f} %: {self.recovered} "
-                f"recovered or waiting, {self.far} with an encoder reading > {LOST_TRACK_SIGMAS:g} σ from its "
-                f"estimate), {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step")
+        sigmas = ("" if not self.sensor_sigmas else
+                  ", encoder σ fitted " + ", ".join(f"{n} {s:.3g}" for n, s in self.sensor_sigmas.items()))
+        return (f"{PROG} estimate: {self.steps} steps, lost track {self.lost} times ({share:.1f} % of the steps; "
+                f"re-initialized from the readings), {self.recovered} other recoveries, {self.waiting} steps "
+                f"waiting, {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step{sigmas}")
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
@@ -302,6 +291,7 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     bar.close()
     if tracking is not None:
         tracking.cpu_seconds = time.process_time() - cpu_start
+        tracking.sensor_sigmas = est.fitted_sensor_sigmas()
     extra = {}
     if disturbance is not None:
         extra.update({f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
@@ -438,14 +428,17 @@ def cmd_estimate(args) -> int:
     adapt = args.adapt_effort_density
     if adapt is None:
         adapt = from_file.get("adapt_effort_density", EstimatorConfig.adapt_effort_density)
+    adapt_sigmas = args.adapt_sensor_sigmas
+    if adapt_sigmas is None:
+        adapt_sigmas = from_file.get("adapt_sensor_sigmas", EstimatorConfig.adapt_sensor_sigmas)
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
-                             adapt_effort_density=bool(adapt))
+                             adapt_effort_density=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas))
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
 
-    tracking = TrackingSummary(mech, cols, sensor_sigmas)
+    tracking = TrackingSummary()
     _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}", tracking)
     print(tracking.line(), file=sys.stderr)
     return 0
@@ -571,8 +564,8 @@ _COMMAND_TEXTS = {
         epilog="OBS.csv: column t (strictly increasing; jitter and drift are taken as they are) and one column "
         "per sensor name (see 'mbfg info'); an empty or nan cell is a missing reading.  Each row is a step of the "
         "estimator at its own time; an interval longer than 1.5 dt is bridged by sub-steps of about dt.  At the "
-        "end a summary goes to stderr: steps, steps that lost track (status recovered or waiting, or an encoder "
-        "reading more than 10 σ from its estimate), re-initializations, CPU per step."),
+        "end a summary goes to stderr: steps, times the estimate lost track (re-initialized from the readings), "
+        "other recoveries, steps waiting, re-initializations, CPU per step, the encoders' fitted σ."),
     "tune": dict(
         help="fit the noise densities (and encoder sigmas) to a recording: writes a parameter file",
         description="Maximum-likelihood fit of the estimator's process densities -- the effort density "
@@ -674,6 +667,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimation: fit the effort density online from the readings, starting from "
                         "--effort-density (default: on, unless the --params file says adapt_effort_density: "
                         "false; needs one encoder per degree of freedom, else the density stays fixed)")
+    s.add_argument("--adapt-sensor-sigmas", action=argparse.BooleanOptionalAction, default=None,
+                   help="fit each encoder's σ online from its readings' scatter, never below its stated σ "
+                        "(--sensor-sigma, the --params file's or the mechanism file's) (default: on, unless the "
+                        "--params file says adapt_sensor_sigmas: false)")
     s.add_argument("--std", action="store_true",
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")

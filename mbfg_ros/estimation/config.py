@@ -29,6 +29,9 @@ class EstimatorConfig:
     adapt_effort_density: bool = True     # estimation mode: fit effort_density online (starting from sigmas'
                                            # value) by the innovation likelihood of the encoders (one per
                                            # degree of freedom; else it stays fixed): estimation/density_adaptation.py
+    adapt_sensor_sigmas: bool = True      # estimation and fused modes: fit each encoder's σ online from its
+                                           # readings' scatter, never below the stated σ (sensor_sigmas or the
+                                           # mechanism file's): estimation/sigma_adaptation.py
     compute_covariance: bool = False       # the newest state's marginal: Estimate.covariance (q, q̇) and the 1σ
                                            # fields (+~55 µs a step on the crank four-bar)
     # fixed-lag estimator internals (mbfg_ros.estimation.estimator.FixedLagEstimator)
@@ -46,8 +49,12 @@ class EstimatorConfig:
     blas_threads: int = 1                  # limit OpenBLAS threads of this process (0 = leave alone)
     outlier_gate: float = 100.0            # reject a reading whose residual at the prediction exceeds this many
                                            # sigmas (0 = off) ...
-    max_rejections: int = 50               # ... unless it was rejected this many consecutive steps (then the
-                                           # window is re-initialized from the readings)
+    max_rejections: int = 10               # ... unless it was rejected this many consecutive steps (then the
+                                           # window is re-initialized from the readings: the estimate lost track)
+    lost_track_sigmas: float = 30.0        # an encoder's reading farther than this many of its σ (and than 1e-3
+                                           # of the mechanism's scale) from the new estimate for more than
+                                           # max_rejections steps in a row: lost track, re-initialized from the
+                                           # readings (0 = off; sensors.TrackMonitor)
     outage_steps: int = 20                 # after a sensor was silent this many steps, a reading outside the gate
                                            # re-initializes at once (the prediction ran on the model alone)
 
@@ -59,6 +66,8 @@ class EstimatorConfig:
             problems.append(f"check_interval must be an integer ≥ 1 (got {self.check_interval})")
         if int(self.window) != self.window or self.window < 1:
             problems.append(f"window must be an integer ≥ 1 (got {self.window})")
+        if not (self.lost_track_sigmas >= 0 and np.isfinite(self.lost_track_sigmas)):
+            problems.append(f"lost_track_sigmas must be a finite number ≥ 0 (got {self.lost_track_sigmas})")
         if self.mode not in MODES:
             problems.append(f"mode must be one of {', '.join(MODES)} (got '{self.mode}')")
         if self.formulation not in FORMULATIONS:
@@ -102,5 +111,7 @@ class Estimate:
     efforts_std: Optional[np.ndarray] = None
     disturbance_std: Optional[np.ndarray] = None
     # why a "recovered" estimate re-initialized: "turn" (a multi-turn encoder read whole turns from the
-    # prediction), "readings" (readings kept disagreeing with it), "" (a numerical failure, or not recovered)
+    # prediction), "lost_track" (it stopped following its readings: they kept disagreeing with the prediction,
+    # or stayed far from the estimate, or it failed numerically while far from them; re-initialized from the
+    # readings), "" (a numerical failure, or not recovered)
     recovery: str = ""

@@ -195,6 +195,12 @@ class EffortDensityAdaptation:
         self.Hm = np.eye(d, self.nx)                 # the encoders read z
         self._restart()
 
+    def set_sensor_sigmas(self, sigmas: Dict[str, float]):
+        """New σ of encoders (name → σ; others unchanged): the filters' measurement noise from the next reading."""
+        for i, name in enumerate(self.names):
+            if name in sigmas:
+                self.R[i, i] = float(sigmas[name]) ** 2
+
     # -- life cycle ---------------------------------------------------------------------------------------
     def _restart(self):
         """The filters start again at the next reading (the evidence so far is kept)."""

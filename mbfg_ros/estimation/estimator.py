@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+import mbfg_ros.factors as F
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
@@ -45,7 +46,8 @@ from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.joint_covariance import joint_covariance
 from mbfg_ros.estimation.seeding import Seed, Seeder, effort_marginal, extrapolated, marginal_prior
-from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, observations_in
+from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor, observations_in
+from mbfg_ros.estimation.sigma_adaptation import SensorSigmaAdaptation
 from mbfg_ros.estimation.step_factors import step_factors
 from mbfg_ros.estimation.stepping import Stepper
 from mbfg_ros.factors.noise import default_sigmas
@@ -121,10 +123,12 @@ class FixedLagEstimator:
         self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx)
         self.layout = self.factors.layout
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
-        self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx)
+        self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx,
+                               TrackMonitor(mech, c, self.sensors))
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
                              self.stepper.threshold, q0, v0)
         self.density_adaptation = self._density_adaptation()
+        self.sigma_adaptation = self._sigma_adaptation()
         self.last: Optional[Estimate] = None
         self.reset()
 
@@ -137,6 +141,25 @@ class FixedLagEstimator:
             return None
         return EffortDensityAdaptation(self.mech, self.sigmas["effort_density"], self.sigmas["acceleration_density"],
                                        layout, c.sensor_sigmas)
+
+    def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
+        """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
+        c = self.config
+        if not (c.adapt_sensor_sigmas and self.sensors.active):
+            return None
+        encoders = [(name, u.angle, self.sensors.sigma(name)) for name, u in self.sensors.units.items()
+                    if isinstance(u, F.Encoder)]
+        return SensorSigmaAdaptation(encoders) if encoders else None
+
+    def _set_sensor_sigmas(self, sigmas: Dict[str, float]):
+        """New σ of encoders for the steps from now on: their units, the checks that use them, the effort
+        density's likelihood."""
+        for name, sigma in sigmas.items():
+            self.sensors.set_sigma(name, sigma)
+        self.stepper.sensors_changed()
+        self.factors.readings_changed()
+        if self.density_adaptation is not None:
+            self.density_adaptation.set_sensor_sigmas(sigmas)
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
@@ -194,6 +217,11 @@ class FixedLagEstimator:
             est = self._step(t, efforts, obs)
         except Exception as exc:          # numerical failure: never escapes
             est = self._recover(t, efforts, obs, exc)
+        fit = self.sigma_adaptation
+        if fit is not None and obs:
+            changed = fit.observe(t, obs)
+            if changed:
+                self._set_sensor_sigmas(changed)
         adaptation = self.density_adaptation
         if adaptation is not None and est.status != "waiting":
             try:
@@ -210,6 +238,13 @@ class FixedLagEstimator:
         if self.density_adaptation is None:
             return None
         return float(self.factors.sigmas["effort_density"])
+
+    def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
+        """The σ in use of each encoder when they are fitted online (the steps added from now on use them), or
+        None (forward_dynamics mode, `adapt_sensor_sigmas` false, no encoder)."""
+        if self.sigma_adaptation is None:
+            return None
+        return {name: self.sensors.sigma(name) for name in self.sigma_adaptation.encoders}
 
     def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
         """The full covariance of the newest estimate's [angles, rates, efforts] of the coordinate columns
@@ -356,7 +391,7 @@ class FixedLagEstimator:
                 raise
             est = self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
                                    f"{why}: re-initialized from the readings")
-            est.recovery = "turn" if why.turns else "readings"
+            est.recovery = "turn" if why.turns else "lost_track"
             return est
         est = self._estimate(t, self.stepper.x, efforts, status, messages)
         self.estimates.check(est)
@@ -419,6 +454,10 @@ class FixedLagEstimator:
         est.message = message
         return est
 
+    def _far_text(self) -> str:
+        monitor = self.stepper.monitor
+        return ", ".join(f"{name} for {n} steps" for name, n in monitor.far.items())
+
     def _recover(self, t, efforts, obs, exc) -> Estimate:
         """After a numerical failure: re-seed at the last good estimate and integrate to t; if that fails
         too (or failures repeat), re-initialize at t from an extrapolation; if even that fails, return the
@@ -428,13 +467,17 @@ class FixedLagEstimator:
         self.recoveries += 1
         self._failures += 1
         errors = []
+        # an estimate already far from its readings before it failed has lost track: not re-seeded at, but
+        # re-initialized from the readings
+        monitor = self.stepper.monitor
+        lost = bool(monitor is not None and monitor.far and self.sensors.read_coordinates(obs))
         if last is not None:
             # the last estimate is trusted less with each failure not separated by a usual step: re-seed at it,
             # then re-initialize at its extrapolation, then start afresh from the readings (a diverged estimate
             # would otherwise seed every retry, failing forever: seen under sustained overload at 1 kHz)
             n = self._failures
-            attempts = ((["reseed"] if n <= 2 else []) + (["extrapolated"] if n <= self.TRUST_LAST_FAILURES else [])
-                        + ["fresh"])
+            attempts = ((["reseed"] if n <= 2 and not lost else [])
+                        + (["extrapolated"] if n <= self.TRUST_LAST_FAILURES else []) + ["fresh"])
             for attempt in attempts:
                 try:
                     if attempt == "reseed":
@@ -442,11 +485,18 @@ class FixedLagEstimator:
                             t, efforts, obs, "recovered",
                             f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})")
                     if attempt == "extrapolated":
-                        return self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
-                                                f"numerical failure ({reason}): re-initialized at t={t:.6g}")
-                    return self._initialize(t, efforts, obs, self.seeder.fresh(False), "recovered",
-                                            f"numerical failure ({reason}): started afresh from the readings "
-                                            f"at t={t:.6g} ({n} failures in a row)")
+                        est = self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
+                                               f"numerical failure ({reason})"
+                                               + (f" of an estimate far from its readings ({self._far_text()}): "
+                                                  f"re-initialized from the readings" if lost else
+                                                  f": re-initialized at t={t:.6g}"))
+                    else:
+                        est = self._initialize(t, efforts, obs, self.seeder.fresh(False), "recovered",
+                                               f"numerical failure ({reason}): started afresh from the readings "
+                                               f"at t={t:.6g} ({n} failures in a row)")
+                    if lost:
+                        est.recovery = "lost_track"
+                    return est
                 except Exception as exc2:
                     errors.append(f"{type(exc2).__name__}: {exc2}")
         self.stepper.window = None   # retry the initialization at the next step

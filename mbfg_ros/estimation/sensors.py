@@ -16,16 +16,23 @@ import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.plausibility import mechanism_reach
 
-__all__ = ["Sensors", "InnovationGate", "ReadingsDisagree", "observations_in", "UNCONFIRMED_REJECTIONS"]
+__all__ = ["Sensors", "InnovationGate", "TrackMonitor", "ReadingsDisagree", "observations_in", "UNCONFIRMED_REJECTIONS",
+           "LOST_TRACK_SCALE"]
 
 _max = np.maximum.reduce
+TWO_PI = 2.0 * math.pi
 UNCONFIRMED_REJECTIONS = 2  # readings of a sensor not yet confirmed after a guessed seed: believed at the third
+#: an estimate nearer its encoder's reading than this share of the mechanism's scale (1 rad on an angle, the reach on
+#: a length) follows it, whatever the sensor's σ (a very precise encoder and a slightly wrong model)
+LOST_TRACK_SCALE = 1e-3
 
 
 class ReadingsDisagree(Exception):
-    """Readings kept disagreeing with the prediction: re-initialize from them.  `turns`: a multi-turn
-    encoder read whole turns from the prediction (see `stepping`)."""
+    """The estimate stopped following its readings (they kept disagreeing with the prediction, or the
+    estimate stayed far from them): re-initialize from them.  `turns`: a multi-turn encoder read whole turns
+    from the prediction (see `stepping`); else the estimate lost track (`Estimate.recovery` "lost_track")."""
 
     def __init__(self, message: str, turns: bool = False):
         super().__init__(message)
@@ -68,6 +75,19 @@ class Sensors:
         # nothing, a seed puts them on the guess's turn
         self.single_turn_coordinates = frozenset(s.coordinate for s in mech.sensors
                                                  if s.kind == "encoder" and s.single_turn)
+
+    def set_sigma(self, name: str, sigma: float):
+        """A new σ of the named sensor for the readings from now on: a new unit (the step models, Python and
+        compiled, hold their units' σ; the steps in the window keep the units they were made with)."""
+        old = self.units[name]
+        if isinstance(old, F.Encoder):
+            self.units[name] = F.Encoder(self.mech, old.coordinate, 0.0, float(sigma))
+        else:
+            self.units[name] = F.Gyroscope(self.mech, old.body, 0.0, float(sigma))
+
+    def sigma(self, name: str) -> float:
+        """The σ in use of a named sensor."""
+        return float(self.units[name].sigmas[0])
 
     def unit(self, name: str) -> Optional[F.Factor]:
         """The unit of a reading name (None: unknown)."""
@@ -197,15 +217,16 @@ class InnovationGate:
             if m > gate:
                 if since > self.outage_steps:
                     rejections.clear()
-                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ after "
-                                           f"{since} steps without a reading")
+                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ "
+                                           f"({m * float(u.sigmas[0]):.3g}) after {since} steps without a reading")
                 limit = self.max_rejections
                 if name in unconfirmed:
                     limit = min(limit, UNCONFIRMED_REJECTIONS)
                 if rejections.get(name, 0) >= limit:
                     rejections.clear()
-                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ for {limit + 1} "
-                                           f"steps" + (" (the start was a guess)" if name in unconfirmed else ""))
+                    raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ "
+                                           f"({m * float(u.sigmas[0]):.3g}) for {limit + 1} steps"
+                                           + (" (the start was a guess)" if name in unconfirmed else ""))
                 rejections[name] = rejections.get(name, 0) + 1
                 self.rejected.append(f"{name} ({m:.3g} σ)")
                 continue
@@ -235,3 +256,59 @@ class InnovationGate:
         """This step's rejections (for the step's message), then forget them."""
         out, self.rejected = self.rejected, []
         return out
+
+
+class TrackMonitor:
+    """Says when the estimate stopped following its encoders although their readings passed the gate: after a
+    step, an encoder whose reading is farther from the new estimate of its coordinate than both
+    ``lost_track_sigmas`` of its σ in use (fitted online: `sigma_adaptation`) and `LOST_TRACK_SCALE` of the
+    mechanism's scale, for more than ``max_rejections`` of its readings in a row, raises `ReadingsDisagree`:
+    the facade re-initializes from the readings (`Estimate.recovery` "lost_track").  A tracking estimate sits
+    within a few σ of its readings (it weighs them with their σ against the model's densities); one that many σ
+    off for several steps in a row is held there by a prediction the readings no longer move.  (Readings
+    outside the gate are the gate's: it re-initializes after the same number of rejections.)  The distance
+    of an angle is taken modulo a turn (whole turns: `stepping.Stepper._check_turns`)."""
+
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, sensors: Sensors):
+        self.mech, self.sensors = mech, sensors
+        self.sigmas = float(config.lost_track_sigmas)
+        self.enabled = self.sigmas > 0 and sensors.active
+        self.limit = int(config.max_rejections)
+        self.reach = float(mechanism_reach(mech.spec))
+        self.far: Dict[str, int] = {}
+        self.worst: Dict[str, float] = {}
+        self.refresh()
+
+    def refresh(self):
+        """The encoders' thresholds from the σ now in use (after `Sensors.set_sigma`)."""
+        self.encoders = []
+        for name, u in self.sensors.units.items():
+            if isinstance(u, F.Encoder):
+                scale = 1.0 if u.angle else self.reach
+                self.encoders.append((name, u.coordinate, u.angle,
+                                      max(self.sigmas * float(u.sigmas[0]), LOST_TRACK_SCALE * scale),
+                                      float(u.sigmas[0]), u.name))
+
+    def restart(self):
+        self.far = {}
+
+    def check(self, obs: Dict[str, float], x: np.ndarray):
+        """After a step whose readings are `obs` and new estimate x: raise `ReadingsDisagree` when an encoder's
+        reading has been too far from the estimate for too long (see the class docstring)."""
+        far = self.far
+        for name, c, angle, threshold, sigma, unit_name in self.encoders:
+            y = obs.get(name)
+            if y is None:
+                continue
+            d = y - x.item(c)
+            if angle:
+                d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
+            d = abs(d)
+            if d > threshold:
+                n = far[name] = far.get(name, 0) + 1
+                if n > self.limit:
+                    far.clear()
+                    raise ReadingsDisagree(f"{unit_name}'s reading stayed {d:.3g} ({d / sigma:.3g} σ) from the estimate "
+                                           f"for {n} steps (more than {threshold:.3g})")
+            elif name in far:
+                del far[name]

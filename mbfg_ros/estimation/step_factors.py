@@ -116,6 +116,11 @@ class StepFactors:
         self._int_cache.clear()
         self._step_models.clear()
 
+    def readings_changed(self):
+        """The readings' units were replaced (a new σ): the step models made with the old ones are not kept (the
+        steps in the window keep theirs)."""
+        self._step_models.clear()
+
     def seed_state(self, q0, v0, Q0, tau0, tau_rate0=None) -> np.ndarray:
         """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0."""
         self.ctx.clear()

@@ -30,7 +30,7 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import EARLY_RATE_STEPS, EffortModel
 from mbfg_ros.estimation.estimates import StepFailure
-from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors
+from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor
 from mbfg_ros.estimation.step_factors import StepFactors
 from mbfg_ros.graph.step_model import linearize_step
 from mbfg_ros.graph.window import FixedLagWindow
@@ -45,7 +45,7 @@ class Stepper:
     ids are never reused, across windows and resets), time ``t`` and estimate ``x``."""
 
     def __init__(self, config: EstimatorConfig, factors: StepFactors, efforts: EffortModel, sensors: Sensors,
-                 gate: InnovationGate, ctx: EvalContext):
+                 gate: InnovationGate, ctx: EvalContext, monitor: Optional[TrackMonitor] = None):
         self.dt = config.dt
         self.factors, self.efforts, self.sensors, self.gate, self.ctx = factors, efforts, sensors, gate, ctx
         # Relinearization threshold (whitened units).  A mismatch ε moves the estimate by at most what an
@@ -63,14 +63,21 @@ class Stepper:
         # the prediction is input-free (`prepare_next`) with estimated efforts and a jerk-free integrator
         # (fused mode: the prediction uses the newest step's commands, `StepFactors.predict`)
         self._input_free_prediction = efforts.has_state and config.integrator != "hermite"
-        # the multi-turn encoders of relative angles (unit -> (sensor name, coordinate)): their readings'
-        # turns are checked
-        single = sensors.single_turn_coordinates
-        self._angle_encoders = {u: (name, u.coordinate) for name, u in sensors.units.items()
-                                if getattr(u, "angle", False) and u.coordinate not in single}
+        self.monitor = monitor if monitor is not None and monitor.enabled else None
+        self.sensors_changed()
         self._sensor_names = sensors.units.keys()
         self.first_id = self.next_id = 0
         self.reset()
+
+    def sensors_changed(self):
+        """The sensors' units were replaced (a new σ: `Sensors.set_sigma`)."""
+        # the multi-turn encoders of relative angles (unit -> (sensor name, coordinate)): their readings'
+        # turns are checked
+        single = self.sensors.single_turn_coordinates
+        self._angle_encoders = {u: (name, u.coordinate) for name, u in self.sensors.units.items()
+                                if getattr(u, "angle", False) and u.coordinate not in single}
+        if self.monitor is not None:
+            self.monitor.refresh()
 
     def reset(self):
         self.window: Optional[FixedLagWindow] = None
@@ -84,6 +91,8 @@ class Stepper:
     def start(self, window: FixedLagWindow, x: np.ndarray, t: float):
         """A new window (seeded at t, first estimate x)."""
         self.window, self.x, self.k, self.t = window, x, 0, t
+        if self.monitor is not None:
+            self.monitor.restart()
         self.first_id = self.next_id
         self.a_prev, self.h_prev = None, self.dt
 
@@ -154,6 +163,8 @@ class Stepper:
         if rec.mismatch > 1e3 and rec.mismatch > 1e3 * (rec.threshold or self.threshold):
             raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
                               f"{rec.relinearizations} relinearizations)")
+        if obs and self.monitor is not None:
+            self.monitor.check(obs, x)
         self.k, self.x = k, x
 
     def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray):

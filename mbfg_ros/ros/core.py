@@ -45,6 +45,9 @@ class EstimatorCore(Protocol):
     def fitted_effort_density(self) -> Optional[float]:
         """The effort density in use when it is fitted online, else None (reported in the diagnostics)."""
 
+    def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
+        """The σ in use of each encoder when they are fitted online, else None (reported in the diagnostics)."""
+
     def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
         """The newest estimate's covariance of [angles, rates, efforts] of the coordinate columns (3m × 3m), or
         None before the first estimate (used only with publish_covariance)."""

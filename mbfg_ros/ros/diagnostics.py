@@ -42,7 +42,8 @@ REJECT_KINDS = {
     "same_step": "another reading of a sensor for a step that has one (a sensor faster than the timestep): "
                  "the one stamped nearest the step's time is used while the step is pending, else the first",
 }
-EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "turn_recoveries", "solver_failures",
+EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "turn_recoveries", "lost_track",
+          "solver_failures",
           "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
           "late_steps", "inputs_behind")
@@ -119,7 +120,8 @@ class Diagnostics:
 
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
-                 fitted_effort_density: Optional[float] = None, use_sim_time: bool = False):
+                 fitted_effort_density: Optional[float] = None, use_sim_time: bool = False,
+                 fitted_sensor_sigmas: Optional[Dict[str, float]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes."""
         ps = self.period_stats
@@ -144,6 +146,8 @@ class Diagnostics:
             kv["assembly_mode"] = branch_text(self.mech, assembly_mode) if assembly_mode else "auto"
         if fitted_effort_density is not None:
             kv["effort_density"] = fitted_effort_density    # the online fit's value now
+        for name, sigma in (fitted_sensor_sigmas or {}).items():
+            kv[f"sensor_sigma.{name}"] = sigma               # the online fit's σ of each encoder now
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt
         kv["budget_ms"] = dt * 1e3

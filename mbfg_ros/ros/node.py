@@ -419,6 +419,10 @@ class EstimatorNode(Node):
                 diag.warn_kind("turn_recoveries", f"an encoder read whole turns from the prediction at "
                                                   f"t={t_k / NS:.6f}; re-initialized on the reading's turn: "
                                                   f"{est.message}")
+            elif est.recovery == "lost_track":
+                events["lost_track"] += 1
+                diag.warn_kind("lost_track", f"the estimate stopped following its readings at t={t_k / NS:.6f}; "
+                                             f"re-initialized from the readings: {est.message}")
             else:
                 diag.warn_kind("solver_recoveries", f"the core re-initialized (numerical failure, or readings "
                                                     f"that contradict the prediction) at t={t_k / NS:.6f}: "
@@ -605,7 +609,8 @@ class EstimatorNode(Node):
             t_k = self.sched.t_of(self.last_k) if self.last_k is not None else None
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
                                           self.assembly_mode, self.sched, self.settings,
-                                          self.core.fitted_effort_density(), self._on_sim_time())
+                                          self.core.fitted_effort_density(), self._on_sim_time(),
+                                          self.core.fitted_sensor_sigmas())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 

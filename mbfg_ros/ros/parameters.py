@@ -161,8 +161,14 @@ def declare_parameters(node) -> StartupParameters:
         description="Reject a sensor reading whose residual at the prediction exceeds this many sigmas "
                     "(0 = off)", read_only=True, floating_point_range=_float_range(0.0, 1e12))).value
     max_rejections = d("max_rejections", int(defaults.max_rejections), PD(
-        description="...unless rejected this many consecutive steps: then re-initialize from the readings",
+        description="...unless rejected this many consecutive steps: then re-initialize from the readings (the "
+                    "estimate lost track)",
         read_only=True, integer_range=[IntegerRange(from_value=1, to_value=1000000, step=1)])).value
+    lost_track_sigmas = d("lost_track_sigmas", float(defaults.lost_track_sigmas), PD(
+        description="An encoder reading farther than this many of its sigmas (and than 1e-3 of the mechanism's "
+                    "scale) from the new estimate for more than max_rejections steps in a row: the estimate lost "
+                    "track and is re-initialized from the readings (0 = off)",
+        read_only=True, floating_point_range=_float_range(0.0, 1e12))).value
     n_ind = len(mech.assembly_mode_names)
     am_default = [int(x) for x in mech.assembly_mode(np.array(mech.q0))] if n_ind else Parameter.Type.INTEGER_ARRAY
     am = d("assembly_mode", am_default, PD(
@@ -220,6 +226,11 @@ def declare_parameters(node) -> StartupParameters:
                     "likelihood of the encoder readings' innovations (needs one encoder per degree of freedom, "
                     "else the density stays fixed); false: sigmas.effort_density is used as given",
         read_only=True)).value
+    adapt_sensor_sigmas = d("adapt_sensor_sigmas", bool(defaults.adapt_sensor_sigmas), PD(
+        description="estimation and fused modes: fit each encoder's sigma online from its readings' scatter about "
+                    "a local cubic in time, never below sensor_sigmas.<encoder> (the floor); false: "
+                    "sensor_sigmas are used as given",
+        read_only=True)).value
     publish_stddev = d("publish_stddev", False, PD(
         description="Publish ~/joint_states_stddev (1σ of the angle, rate and effort of ~/joint_states, from the "
                     "newest state's marginal covariance; costs ~0.06 ms a step on the crank four-bar)",
@@ -246,6 +257,8 @@ def declare_parameters(node) -> StartupParameters:
                                integrator=str(integrator), independent=tuple(independent),
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
+                               lost_track_sigmas=float(lost_track_sigmas),
+                               adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                compute_covariance=bool(publish_stddev),
                                adapt_effort_density=bool(adapt_effort_density))
         config = base.validated()

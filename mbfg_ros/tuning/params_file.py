@@ -16,9 +16,10 @@ NODE_ONLY_KEYS = frozenset((
     "mechanism", "dt", "formulation", "independent", "assembly_mode", "sensor_timeout", "max_input_delay",
     "adaptive_input_delay", "startup_wait", "max_input_age", "future_tolerance", "publish_markers",
     "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
-    "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "use_sim_time"))
+    "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "lost_track_sigmas", "use_sim_time"))
 #: the keys `mbfg estimate --params` applies
-APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_effort_density")
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_effort_density",
+                "adapt_sensor_sigmas")
 
 
 class ParamsFileError(ValueError):
@@ -116,7 +117,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
-        elif name == "adapt_effort_density":
+        elif name in ("adapt_effort_density", "adapt_sensor_sigmas"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
             out[name] = value
