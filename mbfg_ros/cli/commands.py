@@ -698,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an encoder's starting (or held) σ in its units (repeatable; default: the mechanism file's)")
     s.add_argument("--max-steps", type=_positive("--max-steps", int), default=2000, metavar="N",
                    help="decimate a longer recording to at most N filter steps per likelihood evaluation "
-                        "(default 2000; the EKF costs ~1 ms a step)")
+                        "(default 2000; a batch of candidates costs ~1 ms a step)")
     s.add_argument("--output", "-o", required=True, metavar="PARAMS.yaml")
     s.set_defaults(func=cmd_tune)
     return p

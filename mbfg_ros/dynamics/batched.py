@@ -299,10 +299,12 @@ def angles_consistent(mech: Mechanism, q, tol: float = 1e-6) -> np.ndarray:
     return ok
 
 
-def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8):
+def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8,
+                     jacobians: Optional[np.ndarray] = None):
     """Gauss–Newton on Φ(q) = 0 over the coordinates `free` for every row of x (N, n), in place, with
     the per-step iteration of `batch.trajectories.position_continuation` (steps stop once max |Φ| ≤ tol).
-    Returns the mask of converged rows."""
+    Returns the mask of converged rows; `jacobians` (N, m, n), when given, receives Φq at each converged row
+    (the convergence test computed it: the caller's next linear solves need not)."""
     N = x.shape[0]
     active = np.arange(N)
     done = np.zeros(N, bool)
@@ -313,6 +315,8 @@ def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iteratio
         phi, J = bc.phi_and_jacobian(xa)
         ok = np.abs(phi).max(axis=1, initial=0.0) <= tol
         done[active[ok]] = True
+        if jacobians is not None:
+            jacobians[active[ok]] = J[ok]
         active, xa, phi, J = active[~ok], xa[~ok], phi[~ok], J[~ok]
         if not active.size or _ == iterations:
             break

@@ -5,9 +5,18 @@ estimator's stochastic model: ë white of the effort density (estimation) or dis
 with the disturbance time constant), z̈
 white of the acceleration density, encoders with σ — runs over the recording; its innovations ν_k with
 covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k).  θ is searched in
-log10 space (densities span decades; the likelihood is smooth there): a bounded Brent search for one
-parameter, Nelder–Mead for several.  The 1σ of each fitted log10 value comes from the curvature of the
-log-likelihood at the optimum (the inverse Hessian, central differences of 0.05 decade).
+log10 space (densities span decades; the likelihood is smooth there), within ± `SEARCH_DECADES` of the start.
+
+The search evaluates its candidates in batches, each batch one pass of a bank of filters over the recording
+(`filter_bank.ReducedEKFBank`: the same filter for K parameter vectors at once, at about the cost of one): a
+Newton iteration with a trust region, each batch the central-difference stencil of the gradient and Hessian at
+the candidate centre (2n² + 1 points for n parameters, `CURVATURE_STEP` apart) plus points along the last step;
+the centre moves to the best point, the step is the Newton step of the stencil's quadratic (its Hessian made
+positive definite, |eigenvalues| floored) limited to the trust radius; it stops when the step is under
+`STEP_TOLERANCE` decades or the quadratic promises under `GAIN_TOLERANCE` of log-likelihood.  The stencil at the
+optimum gives the 1σ of each fitted log10 value, the curvature of the log-likelihood (the inverse Hessian).
+Smooth in log space, the likelihood is maximized in ~5–10 batches where Nelder–Mead needed ~400 single
+evaluations; test_tuning_speed.py checks the maximum against a scan of the same likelihood.
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
 freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
@@ -15,9 +24,9 @@ samples (stamps that jitter or drift are taken as they are) and updates with the
 one, NaN, adds nothing to the likelihood); it starts at the first sample where every encoder reads.
 
 Long recordings are decimated (every m-th reading, the commands averaged over each interval) to at most
-`max_steps` filter steps: the EKF costs ~1 ms a step in Python and the search needs ~20 passes, while the
-densities are continuous-time quantities (per second, not per step) and the encoder σ is per reading, so a
-coarser grid estimates the same numbers, with less information about the fastest effort variations.
+`max_steps` filter steps: the densities are continuous-time quantities (per second, not per step) and the
+encoder σ is per reading, so a coarser grid estimates the same numbers, with less information about the fastest
+effort variations.
 """
 
 from __future__ import annotations
@@ -27,17 +36,24 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
-from scipy.optimize import minimize, minimize_scalar
 
 from mbfg_ros.blas import single_threaded_blas
 from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF
+from mbfg_ros.tuning.filter_bank import ReducedEKFBank, ReducedModelBank
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
 
 MODES = ("estimation", "fused")
 SEARCH_DECADES = 6.0     # a fitted log10 value is searched within ± this of its starting value
 CURVATURE_STEP = 0.05    # [decades] of the central differences giving the log-likelihood's curvature
+TRUST_RADIUS = 1.0       # [decades] the first Newton step's longest length (then doubled or halved)
+STEP_TOLERANCE = 0.005   # [decades] a shorter Newton step ends the search ...
+GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this
+MAX_BATCHES = 40
+HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
+MIN_HEAD_STEPS = 100     # ... when that has this many steps
+FAILED = 1e300           # the cost of a candidate whose filter fails
 
 
 class TuningError(ValueError):
@@ -72,6 +88,11 @@ class Recording:
             return self
         return Recording(self.t[k:], self.readings[k:], self.encoders, self.coordinates,
                          None if self.commands is None else self.commands[k:], self.source)
+
+    def head(self, n: int) -> "Recording":
+        """The first n samples."""
+        return Recording(self.t[:n], self.readings[:n], self.encoders, self.coordinates,
+                         None if self.commands is None else self.commands[:n], self.source)
 
     def decimated(self, max_steps: int) -> "Recording":
         """At most `max_steps` samples: every m-th reading, each command the mean over its interval (what the
@@ -174,9 +195,38 @@ def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acc
     return names
 
 
+def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
+    """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
+    as `initial_values` gives them), in one pass of a filter bank; −inf where a filter fails (a density so wrong
+    that the mean leaves the mechanism's workspace)."""
+    if not ReducedModelBank.supports(mech):
+        return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
+    fused = mode == "fused"
+    sigma = np.array([[v[f"sensor_sigmas.{n}"] for n in rec.encoders] for v in candidates])
+    steps = np.diff(rec.t, prepend=rec.t[0])
+    try:
+        with np.errstate(all="ignore"):       # a failing filter's numbers are flagged by the bank, not raised
+            bank = ReducedEKFBank(mech, rec.coordinates, sigma, [v[density_name(mode)] for v in candidates],
+                                  fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
+                                  time_constant=[v["disturbance_time_constant"] if fused else math.inf
+                                                 for v in candidates])
+            for k in range(len(rec.t)):
+                bank.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
+    except np.linalg.LinAlgError:             # a singular matrix in one filter stops the batched solve of all
+        return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
+    ll = bank.log_likelihood.copy()
+    ll[bank.failed | ~np.isfinite(ll)] = -math.inf
+    return ll
+
+
 def log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str, float]) -> float:
-    """log p(readings | values) by the EKF's innovations; −inf where the filter fails (a density so wrong that
-    the mean leaves the mechanism's workspace)."""
+    """`log_likelihoods` of one candidate."""
+    return float(log_likelihoods(mech, rec, mode, [values])[0])
+
+
+def single_log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str, float]) -> float:
+    """The same likelihood by one `ReducedEKF` (the reference the bank is checked against, and the fallback for
+    constraints the bank cannot evaluate in batches)."""
     sigma = [values[f"sensor_sigmas.{n}"] for n in rec.encoders]
     ekf = ReducedEKF(mech, rec.coordinates, rec.dt, sigma, values[density_name(mode)], fused=mode == "fused",
                      acceleration_density=values["acceleration_density"],
@@ -213,68 +263,168 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         raise TuningError(f"cannot fit {', '.join(bad)} from a start that is not a positive finite number "
                           f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
-    cache: Dict[tuple, float] = {}
+    lo, hi = x0 - SEARCH_DECADES, x0 + SEARCH_DECADES
+    evaluations = 0
 
-    def cost(x) -> float:
-        x = np.atleast_1d(x)
-        key = tuple(np.round(x, 10))
-        if key not in cache:
-            values = dict(initial)
-            values.update({n: 10.0 ** v for n, v in zip(names, x)})
-            ll = log_likelihood(mech, rec, mode, values)
-            cache[key] = -ll if math.isfinite(ll) else 1e300
-            if progress is not None:
-                progress(len(cache))
-        return cache[key]
+    def batch_costs(rec: Recording) -> Callable[[np.ndarray], np.ndarray]:
+        cache: Dict[tuple, float] = {}
 
-    with single_threaded_blas():      # BLAS worker threads on 8×8 matrices: expm costs 3 ms instead of 8 µs
-        return _search(mech, rec, mode, initial, names, cost, x0, full_len, cache)
+        def costs(points: np.ndarray) -> np.ndarray:
+            """−log-likelihood at each row of `points` (log10 values of `names`), the new ones in one batch."""
+            nonlocal evaluations
+            keys = [tuple(np.round(p, 10)) for p in points]
+            new = list(dict.fromkeys(k for k in keys if k not in cache))
+            if new:
+                candidates = []
+                for key in new:
+                    values = dict(initial)
+                    values.update({n: 10.0 ** v for n, v in zip(names, key)})
+                    candidates.append(values)
+                ll = log_likelihoods(mech, rec, mode, candidates)
+                for key, v in zip(new, ll):
+                    cache[key] = -float(v) if math.isfinite(v) else FAILED
+                evaluations += len(new)
+                if progress is not None:
+                    progress(evaluations)
+            return np.array([cache[k] for k in keys])
+        return costs
 
-
-def _search(mech, rec, mode, initial, names, cost, x0, full_len, cache) -> TuningResult:
-    if len(names) == 1:
-        res = minimize_scalar(lambda v: cost([v]), bounds=(x0[0] - SEARCH_DECADES, x0[0] + SEARCH_DECADES),
-                              method="bounded", options={"xatol": 0.005})
-        x_best = np.array([res.x])
-        at_bound = [abs(res.x - x0[0]) > SEARCH_DECADES - 0.01]
-    else:
-        simplex = np.vstack([x0] + [x0 + np.eye(len(x0))[i] for i in range(len(x0))])
-        res = minimize(cost, x0, method="Nelder-Mead",
-                       options={"initial_simplex": simplex, "xatol": 0.005, "fatol": 0.01, "maxfev": 400})
-        x_best = np.asarray(res.x, float)
-        at_bound = [False] * len(names)
-    best = cost(x_best)
-    if best >= 1e300:
+    costs = batch_costs(rec)
+    with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
+        start, probe = x0, True
+        head = len(rec.t) // HEAD_FRACTION
+        if head >= MIN_HEAD_STEPS:
+            # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
+            # same optimum but for the scatter of less data), the whole recording's search then starts there
+            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi)[0]
+            probe = False
+        x_best, H = newton_search(costs, start, lo, hi, probe=probe)
+    best = float(costs(x_best[None])[0])
+    if best >= FAILED:
         raise TuningError(f"{rec.source}: the filter fails for every value tried: is this the mechanism that "
                           f"was recorded, and are the encoders in its units?")
-    log10_std = curvature_std(cost, x_best)
+    log10_std = std_from_hessian(H)
+    at_bound = np.abs(x_best - x0) > SEARCH_DECADES - 0.01
     values = dict(initial)
     values.update({n: float(10.0 ** v) for n, v in zip(names, x_best)})
     fitted = [FittedValue(n, values[n], float(s), bool(b)) for n, s, b in zip(names, log10_std, at_bound)]
     sigmas = {k: v for k, v in values.items() if not k.startswith("sensor_sigmas.")}
     sensor = {k[len("sensor_sigmas."):]: v for k, v in values.items() if k.startswith("sensor_sigmas.")}
     held = {k: v for k, v in initial.items() if k not in names}
-    return TuningResult(mode, fitted, sigmas, sensor, -best, len(cache), len(rec.t), rec.dt,
+    return TuningResult(mode, fitted, sigmas, sensor, -best, evaluations, len(rec.t), rec.dt,
                         max(1, full_len // len(rec.t)), held)
 
 
-def curvature_std(cost: Callable, x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
-    """1σ of x from the inverse Hessian of cost (= −log-likelihood) by central differences; nan where the
-    Hessian is not positive definite (a flat or bounded direction)."""
+def stencil(x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
+    """The points of the central differences of the gradient and Hessian at x (2n² + 1 rows): x, x ± h eᵢ and
+    x ± h eᵢ ± h eⱼ (i > j)."""
     n = len(x)
-    f0 = cost(x)
-    H = np.zeros((n, n))
     E = np.eye(n) * h
+    rows = [x]
     for i in range(n):
-        H[i, i] = (cost(x + E[i]) - 2 * f0 + cost(x - E[i])) / h ** 2
+        rows += [x + E[i], x - E[i]]
         for j in range(i):
-            H[i, j] = H[j, i] = (cost(x + E[i] + E[j]) - cost(x + E[i] - E[j]) - cost(x - E[i] + E[j])
-                                 + cost(x - E[i] - E[j])) / (4 * h ** 2)
+            rows += [x + E[i] + E[j], x + E[i] - E[j], x - E[i] + E[j], x - E[i] - E[j]]
+    return np.array(rows)
+
+
+def stencil_derivatives(f: np.ndarray, n: int, h: float = CURVATURE_STEP):
+    """(gradient, Hessian) by central differences from the values f at the points of `stencil`."""
+    g, H = np.zeros(n), np.zeros((n, n))
+    f0, k = f[0], 1
+    for i in range(n):
+        fp, fm = f[k], f[k + 1]
+        k += 2
+        g[i] = (fp - fm) / (2 * h)
+        H[i, i] = (fp - 2 * f0 + fm) / h ** 2
+        for j in range(i):
+            pp, pm, mp, mm = f[k:k + 4]
+            k += 4
+            H[i, j] = H[j, i] = (pp - pm - mp + mm) / (4 * h ** 2)
+    return g, H
+
+
+def std_from_hessian(H: np.ndarray) -> np.ndarray:
+    """1σ from the inverse Hessian of cost (= −log-likelihood); nan where the Hessian is not positive definite
+    (a flat or bounded direction)."""
     try:
         np.linalg.cholesky(H)
         return np.sqrt(np.diag(np.linalg.inv(H)))
     except np.linalg.LinAlgError:
-        return np.full(n, math.nan)
+        return np.full(len(H), math.nan)
+
+
+def curvature_std(cost: Callable, x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
+    """1σ of x from the inverse Hessian of cost (= −log-likelihood, one point at a time) by central differences."""
+    f = np.array([cost(p) for p in stencil(np.asarray(x, float), h)])
+    return std_from_hessian(stencil_derivatives(f, len(x), h)[1])
+
+
+def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi: np.ndarray):
+    """(p, its promised decrease) for the quadratic g·p + ½ pᵀH̃p, H̃ = H with its eigenvalues made positive
+    (|λ|, at least 1e-3 of the largest and 1e-6: a flat or concave direction gets a long step down its slope),
+    p its minimizer cut to length `radius` and to the box [lo, hi] (offsets from the centre)."""
+    lam, V = np.linalg.eigh(H)
+    lam = np.maximum(np.abs(lam), max(1e-3 * float(np.abs(lam).max(initial=0.0)), 1e-6))
+    p = -V @ ((V.T @ g) / lam)
+    length = float(np.linalg.norm(p))
+    if length > radius:
+        p *= radius / length
+    p = np.clip(p, lo, hi)
+    return p, -(g @ p + 0.5 * p @ (V * lam) @ V.T @ p)
+
+
+def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  radius: float = TRUST_RADIUS, probe: bool = True):
+    """(x, Hessian of the cost there) minimizing `costs` over the box [lo, hi] (see the module docstring).
+    `costs` takes a batch of points (rows) and returns their costs (`FAILED`: the filter failed).
+
+    Each batch is the stencil at a candidate centre c plus trial points on the line of the last move (a
+    quarter, half, 2, 4 and 8 times it: the quadratic can overshoot, or be timid where the cost grows
+    exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is
+    the best of the batch and no worse than the centre so far; else the best trial that beats the centre does
+    (its stencil is the next batch, with trials further along the same line); else the step is cut to a
+    quarter from the centre, whose stencil is known.  `probe`: the first batch also tries each parameter one
+    and two decades either way (a start decades off moves at once)."""
+    n = len(x0)
+    m = 2 * n * n + 1
+    x = np.clip(np.asarray(x0, float), lo, hi)
+    f_x, g, H = math.inf, None, None
+    promised = 0.0
+    candidate = x
+    trials = [x + s * e for e in np.eye(n) for s in (-2.0, -1.0, 1.0, 2.0)] if probe else []
+    for _ in range(MAX_BATCHES):
+        trials = [np.clip(t, lo, hi) for t in trials]
+        points = np.vstack([stencil(candidate)] + [t[None] for t in trials])
+        f = costs(points)
+        best_trial = int(np.argmin(f[m:])) + m if len(f) > m else None
+        f_trial = f[best_trial] if best_trial is not None else math.inf
+        # the same point in another batch may differ in the last digits (the batch's common series scaling)
+        slack = 1e-9 * (1.0 + abs(f_x)) if math.isfinite(f_x) else 0.0
+        if f[0] <= f_trial and f[0] <= f_x + slack and f[0] < FAILED:
+            if np.any(f[1:m] >= FAILED):            # the filter fails next to the centre: no derivatives here
+                return candidate, np.full((n, n), math.nan)
+            if g is not None and promised > 0 and f_x - f[0] > 0.5 * promised:
+                radius = min(2.0 * radius, SEARCH_DECADES)
+            x, f_x = candidate, float(f[0])
+            g, H = stencil_derivatives(f[:m], n)
+        elif f_trial < f_x - slack and f_trial < FAILED:
+            move = points[best_trial] - x
+            radius = max(radius, float(np.linalg.norm(move)))
+            x = candidate = points[best_trial]
+            f_x, g, H = float(f_trial), None, None
+            trials = [x + b * move for b in (0.5, 1.0, 2.0, 4.0)]    # its stencil next, the line further on
+            continue
+        elif g is None:                              # the start and every probe failed
+            return x, np.full((n, n), math.nan)
+        else:                                        # nothing beat the centre: a quarter of the last step
+            radius = 0.25 * min(radius, float(np.linalg.norm(candidate - x)))
+        step, promised = newton_step(g, H, radius, lo - x, hi - x)
+        if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < GAIN_TOLERANCE:
+            return x, H
+        candidate = x + step
+        trials = [x + a * step for a in (0.25, 0.5, 2.0, 4.0, 8.0)]
+    return x, H
 
 
 def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
@@ -293,5 +443,6 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
 
 
 def evaluations_budget(n_parameters: int) -> int:
-    """A progress bar's length: the search's typical evaluations plus the curvature's."""
-    return (25 if n_parameters == 1 else 60 * n_parameters) + 2 * n_parameters * n_parameters + 1
+    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first quarter
+    and ~5 on the whole, each the stencil (2n² + 1 points) and a few more, and the first batch's probes."""
+    return 20 * (2 * n_parameters * n_parameters + 6) + 4 * n_parameters

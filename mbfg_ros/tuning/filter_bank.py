@@ -1,0 +1,303 @@
+"""`ReducedEKF` for K parameter vectors at once: the innovation log-likelihood of every candidate of a search
+step in one pass over the recording.
+
+The filter of `estimation.reduced_ekf.ReducedEKF` (its docstring has the model), step for step the same
+arithmetic, with every per-filter quantity carrying a leading axis of K filters: the pose of each filter's z by
+Gauss–Newton over all K at once (`dynamics.batched.newton_positions`, from each filter's previous pose, to the
+single filter's tolerance), the velocities of ż by one batched solve, the constrained forward dynamics by
+`BatchDynamics` (the augmented system solved for all filters), the model's Jacobian in closed form (where the
+single filter takes central differences: ~10× the model evaluations), the exact discretization
+(`reduced_ekf.discretize`) of all K at once.  A pass costs about what one filter costs in Python (the numpy calls per
+step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
+
+The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
+the double pendulum, in both modes, with missing readings); a filter that fails (no assembly of its z, a
+non-finite number) gets −inf, as `likelihood.log_likelihood` gives for a single filter that raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from mbfg_ros.dynamics import constrained
+from mbfg_ros.dynamics.batched import BatchConstraints, BatchDynamics, newton_positions
+from mbfg_ros.estimation.reduced_ekf import ReducedModel, discretize, rk4_step
+from mbfg_ros.model.mechanism import Mechanism
+
+POSE_TOLERANCE = 1e-11      # max |Φ| of a solved pose (ReducedModel.positions)
+POSE_ITERATIONS = 60        # Gauss–Newton iterations before a filter's pose counts as lost
+
+
+def solve_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """np.linalg.solve over a stack, a singular matrix giving NaN in its own row instead of stopping every row
+    (one filter gone astray must not fail the others)."""
+    try:
+        return np.linalg.solve(A, B)
+    except np.linalg.LinAlgError:
+        out = np.full(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + B.shape[-2:], np.nan)
+        for k in range(out.shape[0]):
+            try:
+                out[k] = np.linalg.solve(A[k], B[k])
+            except np.linalg.LinAlgError:
+                pass
+        return out
+
+
+class ReducedModelBank:
+    """z → (q, q̇) and z̈(z, ż, τ) of `ReducedModel` for many rows at once; failed rows are flagged, not raised."""
+
+    def __init__(self, mech: Mechanism, z: Sequence[int]):
+        self.mech = mech
+        self.z = np.asarray([int(i) for i in z], np.intp)
+        self.free = np.array([i for i in range(mech.n) if i not in set(self.z.tolist())], np.intp)
+        self.bc = BatchConstraints(mech.constraints)
+        self.dyn = BatchDynamics(mech, self.bc)
+        self.gravity = np.asarray(mech.gravity_forces, float)
+        self.actuated = np.asarray(mech.actuated, np.intp)
+
+    @staticmethod
+    def supports(mech: Mechanism) -> bool:
+        return BatchConstraints(mech.constraints).supported
+
+    def positions(self, z_values: np.ndarray, guess: np.ndarray, basis: Optional[np.ndarray] = None):
+        """(poses (N, n), their Φq (N, m, n), solved (N,)): each row's z held, the rest by Gauss–Newton from its
+        guess, first moved along the tangent `basis` (N, n, d) at the guess when given (Newton then starts a
+        second-order distance from the pose)."""
+        q = np.array(guess, dtype=float)
+        if basis is not None:
+            q += np.einsum("knd,kd->kn", basis, z_values - q[:, self.z])
+        q[:, self.z] = z_values
+        J = np.full((q.shape[0], self.mech.m, self.mech.n), np.nan)
+        solved = newton_positions(self.bc, q, self.free, tol=POSE_TOLERANCE, iterations=POSE_ITERATIONS,
+                                  jacobians=J)
+        if not solved.all() and q.shape[0] > 1:
+            # a singular Gauss–Newton matrix in one row stops the batched iteration of all: the others again alone
+            for k in np.nonzero(~solved)[0]:
+                row = np.array(guess[k:k + 1], dtype=float)
+                if basis is not None:
+                    row += basis[k] @ (z_values[k] - row[0, self.z])
+                row[0, self.z] = z_values[k]
+                solved[k] = newton_positions(self.bc, row, self.free, tol=POSE_TOLERANCE,
+                                             iterations=POSE_ITERATIONS, jacobians=J[k:k + 1])[0]
+                q[k] = row[0]
+        return q, J, solved & np.all(np.isfinite(q), axis=1)
+
+    def velocity_basis(self, J: np.ndarray) -> np.ndarray:
+        """(N, n, d): the generalized velocities of a unit rate of each z (Φq q̇ = 0, q̇[z] = e_j) at poses of
+        constraint Jacobians J (N, m, n)."""
+        Jf, Jz = J[:, :, self.free], J[:, :, self.z]
+        JfT = np.swapaxes(Jf, 1, 2)
+        N, d = J.shape[0], self.z.size
+        R = np.zeros((N, self.mech.n, d))
+        R[:, self.free, :] = solve_rows(JfT @ Jf, -(JfT @ Jz))
+        R[:, self.z, :] = np.eye(d)
+        return R
+
+    def accelerations(self, q: np.ndarray, J: np.ndarray, z_rates: np.ndarray, tau: np.ndarray) -> np.ndarray:
+        """z̈ (N, d) at the poses q (N, n) with Φq J, rates ż (N, d) and actuator efforts τ (N, n_actuated)."""
+        v = np.einsum("knd,kd->kn", self.velocity_basis(J), z_rates)
+        Q = np.broadcast_to(self.gravity, q.shape).copy()
+        Q[:, self.actuated] += tau
+        out = self.dyn.linearize(q, v, Q, J, self.bc.hessian_vector(q, v), need_jacobians=False)
+        if out is None:
+            a, bad = np.empty_like(q), np.ones(q.shape[0], bool)
+        else:
+            a, bad = out
+            a = a.copy()
+        for k in np.nonzero(bad)[0]:          # a singular augmented system: the null-space solver, as one filter
+            try:
+                a[k] = constrained.forward_dynamics(self.mech, q[k], v[k], Q[k])
+            except (np.linalg.LinAlgError, ValueError):
+                a[k] = np.nan
+        return a[:, self.z]
+
+
+    def linearize(self, q: np.ndarray, J: np.ndarray, basis: np.ndarray, z_rates: np.ndarray, tau: np.ndarray):
+        """(∂z̈/∂z, ∂z̈/∂ż (N, d, d), ∂z̈/∂τ (N, d, n_actuated)) at the poses q with Φq J and tangents `basis`
+        (see `ReducedEKFBank._jacobian` for the chain rule)."""
+        v = np.einsum("knd,kd->kn", basis, z_rates)
+        Q = np.broadcast_to(self.gravity, q.shape).copy()
+        Q[:, self.actuated] += tau
+        Jv = self.bc.hessian_vector(q, v)                       # ∂(Φq q̇)/∂q, also Φ̇q of the dynamics
+        out = self.dyn.linearize(q, v, Q, J, Jv, force_columns=self.actuated)
+        if out is None:
+            bad = np.ones(q.shape[0], bool)
+            da_dq = np.empty(q.shape + (q.shape[1],))
+            da_dv, da_dQ = np.empty_like(da_dq), np.empty(q.shape + (self.actuated.size,))
+        else:
+            _, da_dq, da_dv, da_dQ, bad = out
+        for k in np.nonzero(bad)[0]:
+            try:
+                lin = constrained.forward_dynamics_jacobians(self.mech, q[k], v[k], Q[k])
+                da_dq[k], da_dv[k], da_dQ[k] = lin.da_dq, lin.da_dv, lin.da_dQ[:, self.actuated]
+            except (np.linalg.LinAlgError, ValueError):
+                da_dq[k], da_dv[k], da_dQ[k] = np.nan, np.nan, np.nan
+        Jf = J[:, :, self.free]
+        JfT = np.swapaxes(Jf, 1, 2)
+        dv_dz = np.zeros_like(basis)
+        dv_dz[:, self.free, :] = solve_rows(JfT @ Jf, -(JfT @ (Jv @ basis)))
+        dz = (da_dq @ basis + da_dv @ dv_dz)[:, self.z, :]
+        return dz, (da_dv @ basis)[:, self.z, :], da_dQ[:, self.z, :]
+
+
+class ReducedEKFBank:
+    """K `ReducedEKF`s on one recording, filter k with encoder σ `encoder_sigma[k]` (K, d), densities
+    `effort_density[k]`, `acceleration_density[k]` and the disturbance's time constant `time_constant[k]` (inf:
+    undamped); `log_likelihood` (K,) accumulates as `ReducedEKF.log_likelihood` does (−inf: the filter failed)."""
+
+    def __init__(self, mech: Mechanism, z: Sequence[int], encoder_sigma, effort_density, fused: bool = False,
+                 acceleration_density=0.0, time_constant=math.inf, effort_sigma0: float = 100.0,
+                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1):
+        self.model = ReducedModelBank(mech, z)
+        self.mech, self.fused = mech, bool(fused)
+        self.d = d = self.model.z.size
+        self.na = na = len(mech.actuated)
+        self.nx = nx = 2 * d + 2 * na
+        effort_density = np.atleast_1d(np.asarray(effort_density, float))
+        self.K = K = effort_density.size
+        sigma = np.broadcast_to(np.asarray(encoder_sigma, float).reshape(-1, d) if np.ndim(encoder_sigma) else
+                                np.asarray(encoder_sigma, float), (K, d))
+        self.R = np.zeros((K, d, d))
+        self.R[:, np.arange(d), np.arange(d)] = sigma ** 2
+        tc = np.broadcast_to(np.asarray(time_constant, float), (K,))
+        self.damping = np.where(np.isinf(tc), 0.0, 1.0 / tc)
+        self.acceleration_density = np.broadcast_to(np.asarray(acceleration_density, float), (K,)).copy()
+        # G Qc Gᵀ: the effort rates' white noise; the z̈ block (acceleration noise) is set per step
+        self.noise = np.zeros((K, nx, nx))
+        e_rate = 2 * d + na + np.arange(na)
+        self.noise[:, e_rate, e_rate] = effort_density[:, None]
+        self.P0 = np.diag(np.r_[np.zeros(d), np.full(d, rate_sigma0 ** 2), np.full(na, effort_sigma0 ** 2),
+                                np.full(na, effort_rate_sigma0 ** 2)])
+        self.x: Optional[np.ndarray] = None
+        self.P: Optional[np.ndarray] = None
+        self.pose: Optional[np.ndarray] = None        # each filter's pose of its posterior z (ReducedEKF's q_guess)
+        self.pose_jacobian: Optional[np.ndarray] = None   # Φq there
+        self.basis: Optional[np.ndarray] = None       # ∂q/∂z there (the pose predictor's tangent)
+        self.failed = np.zeros(K, bool)
+        self.log_likelihood = np.zeros(K)
+        self._command = np.zeros((K, na))
+
+    # -- the model ---------------------------------------------------------------------------------------
+    def _efforts(self, x, command):
+        e = x[:, 2 * self.d:2 * self.d + self.na]
+        return command + e if self.fused else e
+
+    def _f(self, x, command, q, J, damping):
+        """ẋ of rows x (N, nx) at their poses q (N, n) (solved for x's z; Φq J), command (N, na), damping (N,)."""
+        d, na = self.d, self.na
+        out = np.zeros_like(x)
+        out[:, :d] = x[:, d:2 * d]
+        out[:, d:2 * d] = self.model.accelerations(q, J, x[:, d:2 * d], self._efforts(x, command))
+        out[:, 2 * d:2 * d + na] = x[:, 2 * d + na:]
+        w = damping[:, None]
+        out[:, 2 * d + na:] = -w * w * x[:, 2 * d:2 * d + na] - 2.0 * w * x[:, 2 * d + na:]
+        return out
+
+    def _solve(self, z_values, repeat: int = 1):
+        """Poses of z_values (K·repeat rows, filter-major) from their filters' poses; lost ones fail their filter."""
+        guess, basis = self.pose, self.basis
+        if repeat > 1:
+            guess, basis = np.repeat(guess, repeat, axis=0), np.repeat(basis, repeat, axis=0)
+        q, J, ok = self.model.positions(z_values, guess, basis)
+        self.failed |= ~ok.reshape(self.K, repeat).all(axis=1)
+        return q, J
+
+    def _f_solving(self, x, command):
+        q, J = self._solve(x[:, :self.d])
+        return self._f(x, command, q, J, self.damping)
+
+    def _jacobian(self, x, command):
+        """∂f/∂x (K, nx, nx) in closed form at each filter's x (its stored pose: x has not moved since it was
+        solved), by the chain rule through q = q(z), q̇ = R(z) ż: ∂z̈/∂z = [∂q̈/∂q R + ∂q̈/∂q̇ ∂q̇/∂z]_z with
+        Φq ∂q̇/∂z = −∂(Φq q̇)/∂q R (∂ż/∂z = 0), ∂z̈/∂ż = [∂q̈/∂q̇ R]_z, ∂z̈/∂e = [∂q̈/∂Q]_{z, actuated}
+        (`ReducedModelBank.linearize`); test_tuning_speed.py checks it against ReducedEKF's central
+        differences."""
+        d, na, nx, K = self.d, self.na, self.nx, self.K
+        dz, dzdot, de = self.model.linearize(self.pose, self.pose_jacobian, self.basis, x[:, d:2 * d],
+                                             self._efforts(x, command))
+        w = self.damping[:, None, None]
+        A = np.zeros((K, nx, nx))
+        A[:, :d, d:2 * d] = np.eye(d)
+        A[:, d:2 * d, :d] = dz
+        A[:, d:2 * d, d:2 * d] = dzdot
+        A[:, d:2 * d, 2 * d:2 * d + na] = de
+        A[:, 2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
+        A[:, 2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
+        A[:, 2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
+        return A
+
+    # -- the filter -------------------------------------------------------------------------------------
+    def _start(self, y):
+        """Every filter at the readings, at rest, its pose solved as the single filter solves it (from the
+        mechanism's drawn pose: the one far move, where the guard against mirrored assemblies matters)."""
+        d, K = self.d, self.K
+        self.x = np.zeros((K, self.nx))
+        self.x[:, :d] = y
+        self.P = np.broadcast_to(self.P0, (K, self.nx, self.nx)).copy()
+        self.P[:, :d, :d] = self.R
+        pose = np.asarray(ReducedModel(self.mech, self.model.z).positions(y), float)
+        self.pose = np.broadcast_to(pose, (K, pose.size)).copy()
+        self.pose_jacobian = np.broadcast_to(self.mech.constraints.jacobian(pose), (K, self.mech.m, pose.size)).copy()
+        self.basis = self.model.velocity_basis(self.pose_jacobian)
+
+    def step(self, readings: np.ndarray, command: Optional[np.ndarray], dt: float) -> None:
+        """`ReducedEKF.step` of every filter: predict by dt (the previous command held), update with the
+        readings present (NaN: none of that encoder); the first call starts every filter at the readings."""
+        d, na, K = self.d, self.na, self.K
+        command = np.zeros((K, na)) if command is None else np.broadcast_to(np.asarray(command, float), (K, na))
+        y = np.asarray(readings, float)
+        if self.x is None:
+            if not np.all(np.isfinite(y)):
+                raise ValueError("the first sample needs a reading of every encoder")
+            self._start(y)
+            self._command = np.array(command)
+            return
+        A = self._jacobian(self.x, self._command)
+        if np.any(self.acceleration_density):
+            self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
+                                               * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
+        F, Qd = discretize(A, self.noise, float(dt))
+        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt))
+        self.P = F @ self.P @ np.swapaxes(F, 1, 2) + Qd
+        read = np.nonzero(np.isfinite(y))[0]
+        if read.size:
+            P_rx = self.P[:, read, :]                                   # H P
+            R = self.R[:, read[:, None], read]
+            S = P_rx[:, :, read] + R
+            innovation = y[read] - self.x[:, read]
+            _, logdet = np.linalg.slogdet(S)
+            white = solve_rows(S, innovation[:, :, None])[:, :, 0]
+            self.log_likelihood -= 0.5 * (np.einsum("ki,ki->k", innovation, white) + logdet
+                                          + read.size * math.log(2.0 * math.pi))
+            gain = np.swapaxes(solve_rows(S, P_rx), 1, 2)            # (K, nx, r)
+            self.x = self.x + np.einsum("kir,kr->ki", gain, innovation)
+            I_KH = np.broadcast_to(np.eye(self.nx), (K, self.nx, self.nx)).copy()
+            I_KH[:, :, read] -= gain
+            self.P = I_KH @ self.P @ np.swapaxes(I_KH, 1, 2) + gain @ R @ np.swapaxes(gain, 1, 2)
+        self._command = np.array(command)
+        q, J = self._solve(self.x[:, :d])
+        keep = ~self.failed
+        self.pose[keep], self.pose_jacobian[keep] = q[keep], J[keep]
+        self.basis[keep] = self.model.velocity_basis(J[keep])
+        self._quarantine()
+
+    def _quarantine(self):
+        """A failed filter keeps −inf and stops carrying numbers: its state becomes a copy of a working
+        filter's, so that the batched solves of the others stay finite."""
+        bad = self.failed | ~np.isfinite(self.log_likelihood) | ~np.all(np.isfinite(self.x), axis=1) \
+            | ~np.all(np.isfinite(self.P), axis=(1, 2))
+        if not bad.any():
+            return
+        self.failed |= bad
+        self.log_likelihood[bad] = -math.inf
+        good = np.nonzero(~bad)[0]
+        if good.size:
+            g = good[0]
+            self.x[bad], self.P[bad] = self.x[g], self.P[g]
+            self.pose[bad], self.pose_jacobian[bad], self.basis[bad] = self.pose[g], self.pose_jacobian[g], self.basis[g]
+        else:
+            self.x[bad] = np.where(np.isfinite(self.x[bad]), self.x[bad], 0.0)
+            self.P[bad] = self.P0

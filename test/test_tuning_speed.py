@@ -1,0 +1,208 @@
+"""The tuner's fast path (mbfg_ros.tuning.filter_bank, likelihood.newton_search): the bank of K filters gives each
+candidate the likelihood one `ReducedEKF` gives it (four-bar and double pendulum, both modes, missing readings,
+jittered stamps), its closed-form model Jacobian equals the single filter's central differences, the series
+discretization equals the Van Loan exponential, a failing candidate fails alone, and the batched Newton search
+finds the maximum Nelder–Mead finds on the same likelihood (the old search), within a small part of its 1σ."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.linalg import expm
+from scipy.optimize import minimize
+
+from mbfg_ros.estimation.reduced_ekf import ReducedEKF, discretize
+from mbfg_ros.tuning.filter_bank import ReducedEKFBank
+from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
+                                        newton_search, single_log_likelihood, std_from_hessian)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "bench"))
+
+from test_tuning import synthetic  # noqa: E402
+
+
+def dfki_recording(seconds: float, decimate: int = 5):
+    """Every `decimate`-th row of the A.0 system-identification run's first seconds as the tuner reads it (the
+    mechanism's coordinates, actuators and encoders are DFKI's joints: positions and commands as recorded)."""
+    import real_hardware as rh
+    r = rh.load_recording("design_A.0__20220815__sys_id__trajectory_00").cut(seconds)
+    mech = rh.design_mechanism("A.0")
+    names, coords, _ = encoder_layout(mech)
+    rows = slice(None, None, decimate)
+    return mech, Recording(r.t[rows], r.q[rows], names, coords, r.tau_con[rows], "A0")
+
+
+def candidates(mech, mode):
+    """Three parameter sets a decade apart in each value (the mode's densities, acceleration density, σ)."""
+    base = initial_values(mech)
+    out = []
+    for k, f in enumerate((0.1, 1.0, 10.0)):
+        v = dict(base)
+        v["effort_density" if mode == "estimation" else "disturbance_density"] *= f
+        v["acceleration_density"] *= 1.0 / f
+        v["disturbance_time_constant"] = (0.3, 1.0, 3.0)[k]
+        for key in v:
+            if key.startswith("sensor_sigmas."):
+                v[key] *= (1.0, 3.0, 0.5)[k]
+        out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_the_bank_gives_each_candidate_the_single_filters_likelihood_four_bar(crank, mode):
+    t, y, u = synthetic(crank, mode, 300.0 if mode == "fused" else 3.0, 3e-4, 1.0, seed=3)
+    names, coords, _ = encoder_layout(crank)
+    keep = np.ones(t.size, bool)
+    keep[7::5] = False                                       # jittered stamps: every 5th sample dropped
+    y = y.copy()
+    y[11::9] = np.nan                                        # and missing readings
+    rec = Recording(t[keep], y[keep, None], names, coords, u[keep], "four-bar")
+    values = candidates(crank, mode)
+    bank = log_likelihoods(crank, rec, mode, values)
+    single = np.array([single_log_likelihood(crank, rec, mode, v) for v in values])
+    assert np.all(np.isfinite(single))
+    assert bank == pytest.approx(single, rel=1e-9, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_the_bank_gives_each_candidate_the_single_filters_likelihood_double_pendulum(mode):
+    """With the joints' friction (a Coulomb term steep near rest) the single filter's central differences
+    differ from the closed-form Jacobian by more than rounding: ~1e-6 of log-likelihood, far below the search's
+    0.005."""
+    mech, rec = dfki_recording(1.0)
+    rec.readings[5, 1] = np.nan
+    values = candidates(mech, mode)
+    bank = log_likelihoods(mech, rec, mode, values)
+    single = np.array([single_log_likelihood(mech, rec, mode, v) for v in values])
+    assert np.all(np.isfinite(single))
+    assert bank == pytest.approx(single, rel=1e-9, abs=1e-4)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(fused):
+    """At a moving state of the double pendulum (rates, efforts, efforts' rates nonzero), the bank's ∂f/∂x
+    (chain rule through the pose) against ReducedEKF._jacobian (central differences of the model)."""
+    mech, rec = dfki_recording(0.5)
+    ekf = ReducedEKF(mech, rec.coordinates, rec.dt, 1e-4, 10.0, fused=fused, time_constant=0.5 if fused else math.inf)
+    bank = ReducedEKFBank(mech, rec.coordinates, [[1e-4, 1e-4]], [10.0], fused=fused,
+                          time_constant=0.5 if fused else math.inf)
+    for k in range(20):
+        ekf.step(rec.readings[k], rec.commands[k], rec.t[k] - rec.t[max(k - 1, 0)])
+        bank.step(rec.readings[k], rec.commands[k], rec.t[k] - rec.t[max(k - 1, 0)])
+    x = ekf.x + np.r_[0.0, 0.0, 1.5, -2.0, 0.3, -0.2, 4.0, -3.0]
+    command = np.array([0.4, -0.1])
+    ekf._command = command
+    bank.x, bank._command = x[None].copy(), command[None]
+    bank.pose, bank.pose_jacobian, _ = bank.model.positions(x[None, :2], bank.pose, bank.basis)
+    bank.basis = bank.model.velocity_basis(bank.pose_jacobian)
+    ekf.model.q_guess = bank.pose[0].copy()
+    closed = bank._jacobian(bank.x, bank._command)[0]
+    differences = ekf._jacobian(x, command)
+    assert closed == pytest.approx(differences, rel=1e-6, abs=1e-6 * np.abs(differences).max())
+
+
+def test_the_series_discretization_equals_the_van_loan_exponential():
+    rng = np.random.default_rng(0)
+    n, h = 8, 6e-3
+    for scale in (0.1, 30.0, 300.0):              # no scaling, a few and many doublings
+        A = scale * rng.standard_normal((3, n, n))
+        B = rng.standard_normal((3, n, n))
+        W = 1e4 * B @ np.swapaxes(B, 1, 2)
+        M = np.zeros((3, 2 * n, 2 * n))
+        M[:, :n, :n], M[:, :n, n:], M[:, n:, n:] = -A, W, np.swapaxes(A, 1, 2)
+        E = expm(M * h)
+        F_ref = np.swapaxes(E[:, n:, n:], 1, 2)
+        Q_ref = F_ref @ E[:, :n, n:]
+        F, Q = discretize(A, W, h)
+        assert np.abs(F - F_ref).max() <= 1e-11 * np.abs(F_ref).max()
+        assert np.abs(Q - Q_ref).max() <= 1e-11 * np.abs(Q_ref).max()
+        F1, Q1 = discretize(A[1], W[1], h)         # one matrix as the single filter calls it
+        assert np.abs(F1 - F_ref[1]).max() <= 1e-11 * np.abs(F_ref[1]).max()
+
+
+def test_a_failing_candidate_fails_alone(crank):
+    """An encoder σ of 1e200 (its variance overflows) fails that filter (−inf) and leaves the others'
+    likelihoods as they are alone."""
+    t, y, u = synthetic(crank, "estimation", 3.0, 3e-4, 0.5, seed=3)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, None, "four-bar")
+    good = candidates(crank, "estimation")
+    bad = dict(good[0], **{"sensor_sigmas.crank": 1e200})
+    together = log_likelihoods(crank, rec, "estimation", [good[0], bad, good[2]])
+    alone = log_likelihoods(crank, rec, "estimation", [good[0], good[2]])
+    assert together[1] == -math.inf
+    assert together[[0, 2]] == pytest.approx(alone, rel=1e-12)
+
+
+def test_newton_search_finds_the_minimum_of_a_curved_valley_in_few_batches():
+    """A curved, non-quadratic valley (a Rosenbrock-like ridge plus an exponential wall, as the likelihood has
+    for an encoder σ far too small), minimum at (1, −2, 0.5), scaled as a log-likelihood of a few thousand
+    readings: found to the search tolerance from 2 decades off, the Hessian the analytic one, in batches of at most
+    2n² + 1 + 8n points; a minimum outside the box ends on its bound."""
+    target = np.array([1.0, -2.0, 0.5])
+    batches = []
+
+    def cost(p):
+        u = p - target
+        return 1e3 * (10.0 * (u[:, 1] - 0.5 * u[:, 0] ** 2) ** 2 + u[:, 0] ** 2 + np.exp(-2 * u[:, 2])
+                      + 2 * u[:, 2] - 1.0)
+
+    def costs(points):
+        batches.append(len(points))
+        return cost(points)
+
+    x, H = newton_search(costs, target + np.array([-2.0, 2.0, 2.0]), target - 6, target + 6)
+    assert x == pytest.approx(target, abs=STEP_TOLERANCE)
+    u = x - target
+    exact = 1e3 * np.array([[20.0 * (1.5 * u[0] ** 2 - u[1]) + 2.0, -20.0 * u[0], 0.0], [-20.0 * u[0], 20.0, 0.0],
+                            [0.0, 0.0, 4.0 * math.exp(-2.0 * u[2])]])
+    assert H == pytest.approx(exact, rel=1e-2, abs=1.0)
+    assert len(batches) <= 25 and max(batches) <= 2 * 9 + 1 + 8 * 3
+    lo = target - np.array([6.0, 6.0, 0.0])
+    lo[2] = target[2] + 0.5
+    x, _ = newton_search(lambda p: cost(p), target + 1.0, lo, target + 6)
+    assert x[2] == pytest.approx(lo[2]) and x[:2] == pytest.approx(target[:2], abs=STEP_TOLERANCE)
+
+
+def test_a_start_where_every_filter_fails_returns_no_curvature():
+    x, H = newton_search(lambda p: np.full(len(p), FAILED), np.zeros(2), -np.ones(2), np.ones(2))
+    assert np.all(np.isnan(H)) and x == pytest.approx(np.zeros(2))
+
+
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_the_fit_is_the_maximum_nelder_mead_finds_on_the_same_likelihood(crank, mode):
+    """The search `mbfg tune` used before (Nelder–Mead over log10 of the values, its options) on the same
+    likelihood, one candidate at a time, and the batched Newton search reach the same maximum: within 0.2 of
+    the fit's own 1σ in each value and 0.05 in log-likelihood (the crank four-bar, 3 s; the density and the
+    encoder σ: its data have no acceleration noise, that density is undetermined).  The double pendulum's
+    fit of every density and σ: bench/tune_speed.py --reference."""
+    t, y, u = synthetic(crank, mode, 300.0 if mode == "fused" else 3.0, 3e-4, 3.0, seed=8)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, u if mode == "fused" else None, "four-bar")
+    density = "effort_density" if mode == "estimation" else "disturbance_density"
+    fitted_names = [density, "sensor_sigmas.crank"]
+    initial = initial_values(crank)
+    result = fit(crank, rec, mode, initial, fitted_names, max_steps=300)
+    x_fit = np.log10([f.value for f in result.fitted])
+    std = np.array([f.log10_std for f in result.fitted])
+    assert np.all(np.isfinite(std)), result.fitted
+    short = rec.decimated(300)
+
+    def cost(x):
+        v = dict(initial, **{n: 10.0 ** e for n, e in zip(fitted_names, x)})
+        ll = log_likelihoods(crank, short, mode, [v])[0]
+        return -ll if math.isfinite(ll) else FAILED
+
+    x0 = np.log10([initial[n] for n in fitted_names])
+    simplex = np.vstack([x0] + [x0 + e for e in np.eye(len(x0))])
+    nm = minimize(cost, x0, method="Nelder-Mead",
+                  options={"initial_simplex": simplex, "xatol": 0.005, "fatol": 0.01, "maxfev": 400})
+    assert -nm.fun <= result.log_likelihood + 0.05
+    assert np.all(np.abs(nm.x - x_fit) <= 0.2 * std), (nm.x, x_fit, std)
+    assert std_from_hessian(np.diag(1.0 / std ** 2)) == pytest.approx(std)
