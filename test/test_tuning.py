@@ -36,15 +36,17 @@ def integrated_random_walk(density: float, n: int, rng, time_constant: float = m
     return out
 
 
-def synthetic(crank, mode: str, density: float, sigma: float, seconds: float, seed: int, dt: float = DT):
+def synthetic(crank, mode: str, density: float, sigma: float, seconds: float, seed: int, dt: float = DT,
+              time_constant: float = None):
     """(t, encoder readings, commands) at dt: estimation mode, the applied torque is the random walk; fused, a
     PD command (known, recorded) keeps the crank near 1 rad and the applied torque is command + the random
     walk."""
     rng = np.random.default_rng(seed)
     n = int(round(seconds / dt)) + 1
     # fused: the disturbance process of the estimator's model, the default time constant
-    walk = integrated_random_walk(density, n + 2, rng,
-                                  default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf, dt)
+    if time_constant is None:
+        time_constant = default_sigmas()["disturbance_time_constant"] if mode == "fused" else math.inf
+    walk = integrated_random_walk(density, n + 2, rng, time_constant, dt)
     c = int(crank.actuated[0])
     commands = np.zeros((n + 2, 1))
 
@@ -125,6 +127,23 @@ def test_tune_recovers_the_effort_density(crank):
     (f,) = result.fitted
     assert abs(f.value / true_density - 1.0) < 0.3, f
     assert 0.0 < f.relative_std < 0.3 and not f.at_bound, f
+
+
+def test_a_disturbance_time_constant_below_a_few_samples_is_not_fitted(crank):
+    """A disturbance that decorrelates within a sample interval is white to the recording: its time constant
+    trades against the density and the sensor σ, and a file with such a value gives the estimator a σ far below
+    its errors.  The fit stops at MIN_TIME_CONSTANT_SAMPLES intervals and says the recording does not determine it."""
+    from mbfg_ros.tuning.likelihood import MIN_TIME_CONSTANT_SAMPLES
+    sigma = 1e-4
+    t, y, u = synthetic(crank, "fused", 300.0, sigma, 6.0, seed=5, time_constant=0.2 * DT)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, u, "synthetic")
+    initial = initial_values(crank, {"acceleration_density": 1e-9}, sensor_sigmas={"crank": sigma})
+    result = fit(crank, rec, "fused", initial, ["disturbance_density", "disturbance_time_constant"], max_steps=2000)
+    f = next(f for f in result.fitted if f.name == "disturbance_time_constant")
+    assert f.value >= MIN_TIME_CONSTANT_SAMPLES * DT * (1 - 1e-9), f
+    assert f.at_bound, f
+    assert "does not determine" in f.describe()
 
 
 def test_tune_uses_the_actual_intervals_and_the_readings_present(crank):

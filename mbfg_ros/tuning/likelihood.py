@@ -54,6 +54,11 @@ MAX_BATCHES = 40
 HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
 MIN_HEAD_STEPS = 100     # ... when that has this many steps
 FAILED = 1e300           # the cost of a candidate whose filter fails
+# The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
+# makes the disturbance white between samples, where its density and time constant trade against the sensor σ
+# (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
+# that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
+MIN_TIME_CONSTANT_SAMPLES = 4.0
 
 
 class TuningError(ValueError):
@@ -264,6 +269,11 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
                           f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
     lo, hi = x0 - SEARCH_DECADES, x0 + SEARCH_DECADES
+    if "disturbance_time_constant" in names:
+        i = names.index("disturbance_time_constant")
+        lo[i] = max(lo[i], math.log10(MIN_TIME_CONSTANT_SAMPLES * rec.dt))
+        hi[i] = max(hi[i], lo[i])
+        x0 = np.clip(x0, lo, hi)
     evaluations = 0
 
     def batch_costs(rec: Recording) -> Callable[[np.ndarray], np.ndarray]:
@@ -304,7 +314,7 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         raise TuningError(f"{rec.source}: the filter fails for every value tried: is this the mechanism that "
                           f"was recorded, and are the encoders in its units?")
     log10_std = std_from_hessian(H)
-    at_bound = np.abs(x_best - x0) > SEARCH_DECADES - 0.01
+    at_bound = (x_best < lo + 0.01) | (x_best > hi - 0.01)
     values = dict(initial)
     values.update({n: float(10.0 ** v) for n, v in zip(names, x_best)})
     fitted = [FittedValue(n, values[n], float(s), bool(b)) for n, s, b in zip(names, log10_std, at_bound)]
