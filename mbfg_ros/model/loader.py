@@ -3,7 +3,7 @@
 The format is the one of the reference implementation (mbse, Blanco-Claraco et al. 2021): it loads
 the paper's Listing 1 unchanged.  It adds optional sections: ``name``, ``gravity``, ``joint_angles``,
 ``sliders``, ``actuators``, ``sensors`` and ``assembly_modes``, and optional ``name`` keys on points, bodies and
-relative coordinates.  README.md ("Mechanism YAML format") documents every key.
+relative coordinates.  docs/mechanism_format.md documents every key.
 
 Every problem raises `MechanismError` (and nothing else) with a one-line message
 ``"<file>: <key path>: <what is wrong>"``, e.g.

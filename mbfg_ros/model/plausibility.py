@@ -7,7 +7,7 @@ topic, a gyroscope reading faster than any link turns, an encoder thousands of t
 must never start, move or re-initialize an estimate: the node counts and drops it (`rejected.<kind>`),
 the command line refuses the CSV cell.  One set of rules for both (`InputLimits`), ROS-free.
 
-The rules (README, "Mechanism YAML format"; docs/decisions.md has the reasons):
+The rules (docs/mechanism_format.md; docs/decisions.md has the reasons):
 
 * every value must be finite (``non_finite``);
 * an encoder reading (a coordinate: an angle, or a length for a point coordinate) must be near where the
