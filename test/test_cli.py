@@ -74,6 +74,19 @@ def test_info_robot_json_by_name(capsys):
     assert [s["name"] for s in info["sensors"]] == ["motor1", "motor2"]
 
 
+def test_info_names_each_actuators_gear_rotor_and_friction(capsys):
+    rc, out, _ = run(["info", "double_pendulum_a0", "--json"], capsys)
+    info = json.loads(out)
+    assert rc == 0 and info["actuated"] == ["q1", "q2"]
+    assert [m["gear_ratio"] for m in info["actuator_motor"]] == [-6.0, -6.0]
+    assert all(m["rotor_inertia"] > 0 for m in info["actuator_motor"])
+    rc, out, _ = run(["info", "double_pendulum_a0"], capsys)
+    actuated = next(line for line in out.splitlines() if line.startswith("actuated"))
+    assert actuated.count("gear ratio -6, rotor inertia") == 2 and actuated.count("friction") == 2
+    rc, out, _ = run(["info", "four_bar_crank", "--json"], capsys)
+    assert json.loads(out)["actuator_motor"] == [None]
+
+
 def test_simulate_free_fall_matches_closed_form_start(tmp_path, capsys):
     out = tmp_path / "sim.csv"
     rc, _, err = run(["simulate", "four_bar_crank", "--duration", "0.05", "--dt", "0.005", "--window", "5",

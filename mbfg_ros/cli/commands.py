@@ -230,10 +230,13 @@ def cmd_info(args) -> int:
                         for s in info["sensors"]) or "none"
     modes = ", ".join(f"{k}={v:+d}" for k, v in info["assembly_modes"].items()) or "none"
     acts = ", ".join(f"{c} (" + (f"joint {j}, " if j != c else "") + f"|effort| ≤ {limit:.5g} {unit}"
+                     + ("" if mo is None else f", gear ratio {mo['gear_ratio']:g}, rotor inertia "
+                                              f"{mo['rotor_inertia']:g} kg·m²")
                      + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
                                               f"{fr['coulomb_velocity']:g})") + ")"
-                     for c, j, limit, unit, fr in zip(info["actuated"], info["actuator_joints"], info["effort_limits"],
-                                                      info["effort_units"], info["actuator_friction"])) or "none"
+                     for c, j, limit, unit, fr, mo in zip(info["actuated"], info["actuator_joints"],
+                                                          info["effort_limits"], info["effort_units"],
+                                                          info["actuator_friction"], info["actuator_motor"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),

@@ -377,6 +377,9 @@ class Mechanism:
             # per actuator: {viscous, coulomb, coulomb_velocity} of its friction, or None
             "actuator_friction": [None if self.friction is None else self.friction.describe(int(c))
                                   for c in self.actuated],
+            # per actuator: {gear_ratio, rotor_inertia} of a geared motor with a rotor inertia, or None
+            "actuator_motor": [{"gear_ratio": a.gear_ratio, "rotor_inertia": a.rotor_inertia}
+                               if a.rotor_inertia > 0.0 or a.gear_ratio != 1.0 else None for a in self.spec.actuators],
             "effort_limits": limits.effort_limits.tolist(),      # the YAML's effort_limit or the default
             "effort_units": list(limits.effort_units),
             "sensors": [{"name": s.name, "type": s.kind, "sigma": s.sigma,
