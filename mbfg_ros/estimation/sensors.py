@@ -14,6 +14,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.factors.sensors import wrapped_angle
 from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import mechanism_reach
@@ -22,7 +23,6 @@ __all__ = ["Sensors", "InnovationGate", "TrackMonitor", "ReadingsDisagree", "obs
            "LOST_TRACK_SCALE"]
 
 _max = np.maximum.reduce
-TWO_PI = 2.0 * math.pi
 UNCONFIRMED_REJECTIONS = 2  # readings of a sensor not yet confirmed after a guessed seed: believed at the third
 #: an estimate nearer its encoder's reading than this share of the mechanism's scale (1 rad on an angle, the reach on
 #: a length) follows it, whatever the sensor's σ (a very precise encoder and a slightly wrong model)
@@ -302,7 +302,7 @@ class TrackMonitor:
                 continue
             d = y - x.item(c)
             if angle:
-                d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
+                d = wrapped_angle(d)
             d = abs(d)
             if d > threshold:
                 n = far[name] = far.get(name, 0) + 1

@@ -34,6 +34,7 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 
 from mbfg_ros.estimation.density_adaptation import chi_square_quantile
+from mbfg_ros.factors.sensors import wrapped_angle
 
 __all__ = ["SensorSigmaAdaptation", "BLOCK", "DEGREE", "MIN_BLOCKS", "SIGNIFICANCE", "MEMORY_BLOCKS", "QUANTILE", "MAX_BLOCK_SPAN", "CHANGE"]
 
@@ -46,7 +47,6 @@ QUANTILE = 0.9         # ... their 90 % quantile (of σ² samples, over the same
 MAX_BLOCK_SPAN = 0.1   # [s] a block spanning longer is not used
 CHANGE = 0.1           # [decades] a smaller change of an encoder's σ is not passed on (~26 %): a change rebuilds the
                        # step models (double pendulum, compiled: ~2 ms once; the acrobot run passes on 90 in 12 s)
-TWO_PI = 2.0 * math.pi
 _TIME_KEY = 1e-7       # [s] block time offsets rounded to this for the cache of residual projections
 
 
@@ -120,7 +120,7 @@ class SensorSigmaAdaptation:
             rel, prev, acc = [0.0], y0, 0.0
             for v in ys[1:]:
                 d = v - prev
-                acc += d - TWO_PI * math.floor((d + math.pi) / TWO_PI)
+                acc += wrapped_angle(d)
                 rel.append(acc)
                 prev = v
         else:

@@ -13,6 +13,12 @@ from mbfg_ros.model.mechanism import Mechanism
 TWO_PI = 2.0 * math.pi
 
 
+def wrapped_angle(d: float) -> float:
+    """An angle difference d moved by whole turns into [−π, π): the same difference of two angles read in any 2π
+    range (plain floats: it runs per encoder reading)."""
+    return d - TWO_PI * math.floor((d + math.pi) / TWO_PI)
+
+
 def _coordinate(mech: Mechanism, coordinate) -> int:
     """Coordinate index from an index or a name (`Mechanism.coordinate_names`)."""
     if isinstance(coordinate, str):
@@ -51,7 +57,7 @@ class Encoder(_CoordinateReading):
     def evaluate(self, q, ctx=None):
         d = q.item(self.coordinate) - self.value       # (a plain float: cheaper arithmetic)
         if self.angle:
-            d -= TWO_PI * math.floor((d + math.pi) / TWO_PI)
+            d = wrapped_angle(d)
         return np.array([d]), [self._J]
 
 
