@@ -364,12 +364,6 @@ def std_from_hessian(H: np.ndarray) -> np.ndarray:
         return np.full(len(H), math.nan)
 
 
-def curvature_std(cost: Callable, x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
-    """1σ of x from the inverse Hessian of cost (= −log-likelihood, one point at a time) by central differences."""
-    f = np.array([cost(p) for p in stencil(np.asarray(x, float), h)])
-    return std_from_hessian(stencil_derivatives(f, len(x), h)[1])
-
-
 def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi: np.ndarray):
     """(p, its promised decrease) for the quadratic g·p + ½ pᵀH̃p, H̃ = H with its eigenvalues made positive
     (|λ|, at least 1e-3 of the largest and 1e-6: a flat or concave direction gets a long step down its slope),
