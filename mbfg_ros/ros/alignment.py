@@ -18,10 +18,10 @@ import math
 from typing import Dict, Mapping, Optional
 
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.ros.scheduler import NS
 
-__all__ = ["ReadingAlignment", "MAX_EXTRAPOLATION"]
+__all__ = ["ReadingAlignment", "MAX_EXTRAPOLATION", "NS"]
 
-NS = 1_000_000_000
 MAX_EXTRAPOLATION = 0.1   # [s] an estimate further than this from the step is too old to move readings by
 
 
