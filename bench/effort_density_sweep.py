@@ -5,7 +5,7 @@
                                                       [--density S ...]
 
 For each estimation-mode scenario of bench/estimation_quality.py and each `effort_density` S:
-* mbfg_ros (`FixedLagEstimator` with this fixed density (`adapt_effort_density` off), every other setting at
+* mbfg_ros (`FixedLagEstimator` with this fixed density (`adapt_densities` off), every other setting at
   its default, covariance computed): RMSE and NEES of the
   encoded angle, rate and the effort against the truth (means over the seeds, scored after 0.5 s);
 * what the readings alone say about S, from the innovations of `ReducedEKF` (the same exact model and
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         for S in a.density or DENSITIES:
             errs, nis, lag1, ll = [], [], [], 0.0
             for traj in trajs:
-                base = EstimatorConfig(dt=sc.dt, mode=sc.mode, compute_covariance=True, adapt_effort_density=False)
+                base = EstimatorConfig(dt=sc.dt, mode=sc.mode, compute_covariance=True, adapt_densities=False)
                 cfg = dataclasses.replace(base, sigmas={**base.sigmas, "effort_density": S})
                 r = eq.run_mbfg(sc, mech, traj, cfg)
                 errs.append(eq.errors(mech, r, eq.truth_of(mech, traj), traj.t >= eq.SETTLE))

@@ -17,14 +17,14 @@ Scenarios (the simulated plant `mbfg_ros.sim.plant.SimulatedPlant`, encoders onl
 Rows:
 * "mbfg_ros, defaults": `FixedLagEstimator` with `EstimatorConfig(dt, mode, compute_covariance=True)` and
   every other setting at its shipped default (window 10; estimation mode: the effort density fitted online from
-  the readings, `adapt_effort_density`, starting from `effort_density`);
+  the readings, `adapt_densities`, starting from `effort_density`);
 * "mbfg_ros, --params FILE": the same with the estimator parameters of FILE (the node's parameter-file format,
   the `mbfg_estimator` section: e.g. written by `mbfg tune`); skipped with the reason when no file is given;
   with `--tune` instead, per scenario the file `mbfg tune` writes from a separate run of the scenario (seed
   2000, never scored, no truth used): the effort and acceleration densities (`--fit-acceleration-density`; the
   latter kept at its default where the recording does not determine it) or, fused, the disturbance's density
   and time constant, by maximum innovation likelihood, the encoder σ held at the mechanism file's; the file
-  sets `adapt_effort_density: false` (the fitted density is used as fitted);
+  sets `adapt_densities: false` (the fitted density is used as fitted);
 * "EKF (truth-tuned)": `mbfg_ros.estimation.reduced_ekf.ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
   τ = command + d, state (z, ż, d, ḋ): a disturbance observer), the density of τ̈ (or d̈) chosen by a line
   search on a separate run of the scenario scored against its truth (seed 1000): the best this filter can do;
@@ -288,7 +288,7 @@ def tune_params_file(name: str, sc: Scenario, mech: Mechanism, seconds: float, o
     path = out_dir / f"tuned_{name}.yaml"
     kept = tl.file_values(result, initial["acceleration_density"])
     path.write_text(format_params(sc.mode, kept, result.sensor_sigmas, [f"bench --tune: {name}, {described}"],
-                                  adapt_effort_density=False if sc.mode == "estimation" else None))
+                                  adapt_densities=False if sc.mode == "estimation" else None))
     return path, [dataclasses.replace(f, value=kept.get(f.name, f.value)) for f in result.fitted]
 
 

@@ -324,7 +324,7 @@ class Output:
 def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
-    sensor_sigmas, adapt_effort_density, adapt_sensor_sigmas; its mode is not used)."""
+    sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used)."""
     dt = float(np.median(np.diff(rec.t)))
     config = EstimatorConfig(dt=dt, mode=mode)
     if settings:
@@ -332,8 +332,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  integrator=settings.get("integrator", config.integrator),
                                  sigmas={**config.sigmas, **settings.get("sigmas", {})},
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
-                                 adapt_effort_density=settings.get("adapt_effort_density",
-                                                                   config.adapt_effort_density),
+                                 adapt_densities=settings.get("adapt_densities",
+                                                                   config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas))
     est = FixedLagEstimator(mech, config)
     cols = [mech.coordinate_index(j) for j in JOINTS]
@@ -351,8 +351,9 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
         if P is not None:
             out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P)[4:6], 0.0, None))
     notes = []
-    if mode == "estimation" and est.fitted_effort_density() is not None:
-        notes.append(f"effort density fitted online: {est.fitted_effort_density():.3g}")
+    if est.fitted_densities() is not None:
+        notes.append("fitted online: " + ", ".join(f"{name} {value:.3g}"
+                                                   for name, value in est.fitted_densities().items()))
     if est.fitted_sensor_sigmas():
         notes.append("encoder σ fitted online at the end: "
                      + ", ".join(f"{name} {1e3 * s:.3g} mrad" for name, s in est.fitted_sensor_sigmas().items()))

@@ -67,7 +67,7 @@ class StubCore:
     def correct_commands(self, corrections):
         return [step for step, _ in corrections]
 
-    def fitted_effort_density(self):
+    def fitted_densities(self):
         return None
 
     def fitted_sensor_sigmas(self):

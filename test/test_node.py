@@ -704,12 +704,16 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
         node.after_batch()
         assert node.state == "running" and node.last_estimate is not None
-        # estimation mode fits the effort density online: the diagnostics report the value in use
+        # estimation mode fits the effort and acceleration densities online: the diagnostics report the values in use
         kv = node.diagnostic_status()[1][4]
-        assert float(kv["effort_density"]) == built[0][1].fitted_effort_density() > 0
+        fitted = built[0][1].fitted_densities()
+        assert set(fitted) == {"effort_density", "acceleration_density"}
+        assert float(kv["effort_density"]) == fitted["effort_density"] > 0
+        assert float(kv["acceleration_density"]) == fitted["acceleration_density"] > 0
         assert kv["kernel"] == native.describe() and kv["kernel"].startswith(("compiled", "numpy ("))
         assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
-        assert "effort_density" not in node.diagnostic_status()[1][4]      # fused: nothing fitted
+        kv = node.diagnostic_status()[1][4]                 # fused: the disturbance's density instead
+        assert "effort_density" not in kv and float(kv["disturbance_density"]) > 0
         assert [mode for mode, _ in built] == ["estimation", "fused"] and node.core is built[1][1]
         assert node.state == "waiting"                      # rebuilt: starts again from the next input
     finally:

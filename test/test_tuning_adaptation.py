@@ -1,4 +1,4 @@
-"""The online fit of the effort density (`adapt_effort_density`, estimation/density_adaptation.py): it recovers
+"""The online fit of the effort density (`adapt_densities`, estimation/density_adaptation.py): it recovers
 a known density, outliers do not move it, it does not drift without readings, a re-initialization keeps what
 it learnt, and where it applies."""
 
@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from mbfg_ros.dynamics.constrained import forward_dynamics
 from mbfg_ros.estimation import density_adaptation as DA
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -62,7 +63,7 @@ def test_the_likelihood_of_the_true_motion_peaks_at_the_true_density(crank_mech,
     """The bank alone, around the plant's true motion (q, q̇, q̈, τ), from 30× off on either side: within 20 %."""
     traj, y = motion
     for start in (TRUE_DENSITY / 30.0, TRUE_DENSITY * 30.0):
-        a = DA.EffortDensityAdaptation(crank_mech, start, 1e-9, sensor_sigmas={"crank": SIGMA})
+        a = DA.DensityAdaptation(crank_mech, start, 1e-9, sensor_sigmas={"crank": SIGMA})
         for k, t in enumerate(traj.t):
             a.observe(float(t), {"crank": float(y[k])}, traj.q[k], traj.v[k], traj.a[k], traj.applied[k])
         assert abs(a.density / TRUE_DENSITY - 1.0) < 0.2, (start, a.density)
@@ -80,7 +81,8 @@ def test_recovers_a_known_density_from_either_side(crank_mech, recording):
         assert abs(adapted / TRUE_DENSITY - 1.0) < 0.3, (start, adapted)
         assert abs(math.log10(est.sigmas["effort_density"] / adapted)) <= DA.CHANGE + 1e-9
         assert est.density_adaptation.rejected == 0
-        assert est.fitted_effort_density() == est.sigmas["effort_density"]
+        assert est.fitted_densities() == {name: est.sigmas[name]
+                                          for name in ("effort_density", "acceleration_density")}
 
 
 def test_converges_within_a_few_seconds(crank_mech, recording):
@@ -138,11 +140,15 @@ def test_keeps_what_it_learnt_over_a_reinitialization(crank_mech, recording):
 
 
 def test_where_it_applies(crank_mech):
-    """Estimation mode with adapt_effort_density and one encoder per degree of freedom; fixed otherwise."""
+    """Estimation and fused modes with adapt_densities and one encoder per degree of freedom; fixed otherwise."""
     assert estimator(crank_mech, 1e4).density_adaptation is not None
-    assert estimator(crank_mech, 1e4, adapt_effort_density=False).density_adaptation is None
+    assert estimator(crank_mech, 1e4, adapt_densities=False).density_adaptation is None
     fused = FixedLagEstimator(crank_mech, EstimatorConfig(dt=DT, mode="fused"))
-    assert fused.density_adaptation is None and fused.fitted_effort_density() is None
+    assert fused.density_adaptation is not None and fused.density_adaptation.time_constant == 1.0
+    assert set(fused.fitted_densities()) == {"disturbance_density", "acceleration_density"}
+    assert FixedLagEstimator(crank_mech, EstimatorConfig(dt=DT, mode="fused", adapt_densities=False)
+                             ).fitted_densities() is None
+    assert FixedLagEstimator(crank_mech, EstimatorConfig(dt=DT)).fitted_densities() is None   # forward dynamics
     # no encoders (and no actuators): nothing to fit, nothing to fit it with
     plain = load_mechanism("four_bar")
     assert DA.encoded_coordinates(plain) is None
@@ -152,24 +158,88 @@ def test_where_it_applies(crank_mech):
 
 def test_the_params_file_says_whether_to_adapt(crank_mech, tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text(format_params("estimation", {"effort_density": 1234.0}, {}, adapt_effort_density=False))
-    assert read_params(path, crank_mech)["adapt_effort_density"] is False
+    path.write_text(format_params("estimation", {"effort_density": 1234.0}, {}, adapt_densities=False))
+    assert read_params(path, crank_mech)["adapt_densities"] is False
     path.write_text(format_params("estimation", {"effort_density": 1234.0}, {}))
-    assert "adapt_effort_density" not in read_params(path, crank_mech)
-    path.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    adapt_effort_density: 3\n")
-    with pytest.raises(ParamsFileError, match=r"p.yaml: .*adapt_effort_density must be true or false \(got 3\)"):
+    assert "adapt_densities" not in read_params(path, crank_mech)
+    path.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    adapt_densities: 3\n")
+    with pytest.raises(ParamsFileError, match=r"p.yaml: .*adapt_densities must be true or false \(got 3\)"):
         read_params(path, crank_mech)
 
 
-def test_the_bank_model_is_exact_for_the_integrator_chain():
-    """The effort noise's covariance over a step, in closed form, against a fine quadrature of ∫ G Gᵀ ds."""
-    B = np.array([[0.7, -0.2], [0.1, 0.4]])
-    H = 0.02
-    s = np.linspace(0.0, H, 20001)
-    G = np.stack([np.vstack([B * u ** 3 / 6, B * u ** 2 / 2, np.eye(2) * u, np.eye(2)]) for u in s])
+def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001):
+    """∫₀ᴴ e^{A s} W e^{Aᵀ s} ds of the bank's state (z, ż, τ, τ̇) by the trapezoid rule on e^{A s} from scipy:
+    W the unit efforts' noise on τ̇ (and the damping −τ/T², −2τ̇/T), or the acceleration noise Sa on ż."""
+    from scipy.linalg import expm
+    d, na = B.shape
+    nx = 2 * d + 2 * na
+    A = np.zeros((nx, nx))
+    A[:d, d:2 * d] = np.eye(d)
+    A[d:2 * d, 2 * d:2 * d + na] = B
+    A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
+    if math.isfinite(T):
+        A[2 * d + na:, 2 * d:2 * d + na] = -np.eye(na) / T ** 2
+        A[2 * d + na:, 2 * d + na:] = -2.0 * np.eye(na) / T
+    We = np.zeros((nx, nx))
+    We[2 * d + na:, 2 * d + na:] = np.eye(na)
+    Wa = np.zeros((nx, nx))
+    Wa[d:2 * d, d:2 * d] = Sa
+    s = np.linspace(0.0, H, n)
+    E = np.stack([expm(A * u) for u in s])
     trapezoid = getattr(np, "trapezoid", None) or np.trapz   # numpy < 2.0 (ROS Jazzy's 1.26) has only trapz
-    quad = trapezoid(G @ np.swapaxes(G, 1, 2), s, axis=0)
-    assert np.allclose(DA.chain_noise(H, B), quad, rtol=1e-6, atol=1e-18)
+    quad = [trapezoid(E @ W @ np.swapaxes(E, 1, 2), s, axis=0) for W in (We, Wa)]
+    return expm(A * H), quad[0], quad[1]
+
+
+@pytest.mark.parametrize("T", [math.inf, 0.05])
+def test_the_bank_model_is_exact(T):
+    """The bank's transition and process noise over a step (each filter's effort density × the efforts' noise +
+    its acceleration density × the acceleration noise), estimation (T = ∞) and fused (damped disturbance),
+    against the matrix exponential and a fine quadrature."""
+    mech = load_mechanism("double_pendulum_a0")
+    a = DA.DensityAdaptation(mech, 10.0, 0.1, time_constant=T)
+    a.B = np.array([[0.7, -0.2], [0.1, 0.4]])
+    a.Sa = np.array([[2.0, 0.3], [0.3, 0.5]])
+    a._H = None
+    H = 0.02
+    F, _, Q = a._matrices(H)
+    F_ref, Qe, Qa = bank_noise_by_quadrature(H, a.B, a.Sa, T, n=2001)
+    assert np.allclose(F, F_ref, rtol=1e-12, atol=1e-14)
+    assert Q.shape == (a.K, 8, 8) and a.K == len(a.grid) * len(a.acceleration_grid)
+    for k in (0, a.K // 2, a.K - 1):
+        i, j = divmod(k, len(a.acceleration_grid))
+        ref = a.grid[i] * Qe + a.acceleration_grid[j] * Qa
+        assert np.allclose(Q[k], ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+
+
+def test_unmodelled_accelerations_are_read_as_such(crank_mech):
+    """The plant's effort carries, besides the integrated random walk, white noise (held over each 5 ms step):
+    to the readings that is unmodelled acceleration.  The joint fit raises the acceleration density by decades
+    over the fit on the clean motion and keeps the effort density near the walk's, where holding the
+    acceleration density reads the noise as a faster-varying effort (a density 1000× the walk's)."""
+    rng = np.random.default_rng(11)
+    n = int(round(12.0 / DT)) + 1
+    walk = integrated_random_walk(TRUE_DENSITY, n + 2, rng)
+    white = rng.normal(0.0, 1.0, n + 2)        # N·m held per step: density 1² · 5 ms = 5e-3 (N·m)²/s
+    plant = SimulatedPlant(crank_mech, dt=DT, seed=4,
+                           profile=lambda mech, t, q, v: (walk + white)[int(round(t / DT))][None],
+                           actuator=Actuator.ideal(crank_mech), sensors=[])
+    traj = plant.simulate(12.0)
+    c = int(crank_mech.actuated[0])
+    y = traj.q[:, c] + rng.normal(0.0, SIGMA, len(traj.t))
+    fits = {}
+    for label, fit_acceleration in (("joint", True), ("held", False)):
+        a = DA.DensityAdaptation(crank_mech, TRUE_DENSITY, 1e-6, sensor_sigmas={"crank": SIGMA},
+                                 fit_acceleration=fit_acceleration)
+        for k, t in enumerate(traj.t):
+            # the drift as an estimator that knew the walk would see it: the model's acceleration under the walk
+            qdd = forward_dynamics(crank_mech, traj.q[k], traj.v[k], crank_mech.generalized_forces(walk[k:k + 1]))
+            a.observe(float(t), {"crank": float(y[k])}, traj.q[k], traj.v[k], qdd, walk[k:k + 1])
+        fits[label] = a
+    joint, held = fits["joint"], fits["held"]
+    assert joint.acceleration_density > 100 * 1e-6
+    assert abs(math.log10(joint.density / TRUE_DENSITY)) < math.log10(3.0), joint.density
+    assert held.acceleration_density == 1e-6 and held.density > 100 * joint.density, held.density
 
 
 def test_the_drift_integrals_are_exact_for_a_quadratic():
@@ -199,8 +269,8 @@ def test_sample_times_round_to_ns_as_python_does():
 
 
 def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
-    """`mbfg estimate` fits the density by default; --no-adapt-effort-density and a file's
-    `adapt_effort_density: false` keep it fixed (the same output as each other), an explicit option wins."""
+    """`mbfg estimate` fits the density by default; --no-adapt-densities and a file's
+    `adapt_densities: false` keep it fixed (the same output as each other), an explicit option wins."""
     from mbfg_ros.cli.commands import main
     t, y = recording
     n = int(round(2.0 / DT)) + 1
@@ -208,14 +278,14 @@ def test_mbfg_estimate_adapts_unless_told_not_to(recording, tmp_path):
     np.savetxt(obs, np.column_stack([t[:n], y[:n]]), delimiter=",", header="t,crank", comments="")
     params = tmp_path / "fixed.yaml"
     params.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA},
-                                    adapt_effort_density=False))
+                                    adapt_densities=False))
     adapting = tmp_path / "adapting.yaml"           # the same without the key: the default, adapt
     adapting.write_text(format_params("estimation", {"effort_density": 30.0}, {"crank": SIGMA}))
     outs = {}
     for label, extra in (("default", ["--params", str(adapting)]),
-                         ("option", ["--params", str(adapting), "--no-adapt-effort-density"]),
+                         ("option", ["--params", str(adapting), "--no-adapt-densities"]),
                          ("file", ["--params", str(params)]),
-                         ("file, option wins", ["--params", str(params), "--adapt-effort-density"])):
+                         ("file, option wins", ["--params", str(params), "--adapt-densities"])):
         out = tmp_path / f"{label}.csv"
         assert main(["estimate", "four_bar_crank", "--observations", str(obs), "-o", str(out)] + extra) == 0
         outs[label] = np.loadtxt(out, delimiter=",", skiprows=1)
@@ -250,3 +320,20 @@ def test_chi_square_quantile_matches_scipy():
             x = chi_square_quantile(tail, d)
             assert abs(x - chi2.isf(tail, d)) <= 1e-9 * max(1.0, x), (d, tail)
             assert abs(chi_square_survival(x, d) - tail) <= 1e-9 * tail
+
+
+def test_a_right_start_is_kept_until_the_readings_reject_it(crank_mech, recording):
+    """Started at the data's density, a second of readings does not move the estimate (the best pair's
+    log-likelihood does not beat the start's by `RELEASE` nats: the grid's best is chance); started 30× off, the
+    readings of this slow swing reject the start within 3 s and the fit moves."""
+    t, y = recording
+    second = int(round(1.0 / DT)) + 1
+    right = estimator(crank_mech, TRUE_DENSITY)
+    run(right, t, y, stop=second)
+    a = right.density_adaptation
+    assert a.counted > 0 and not a.released
+    assert (a.density, a.acceleration_density) == (TRUE_DENSITY, 1e-9)
+    assert right.fitted_densities() == {"effort_density": TRUE_DENSITY, "acceleration_density": 1e-9}
+    wrong = estimator(crank_mech, TRUE_DENSITY * 30.0)
+    run(wrong, t, y, stop=3 * second)
+    assert wrong.density_adaptation.released and wrong.density_adaptation.density < TRUE_DENSITY * 10.0

@@ -428,15 +428,15 @@ def cmd_estimate(args) -> int:
         value = getattr(args, name)
         if value is not None:
             sigmas[name] = value
-    adapt = args.adapt_effort_density
+    adapt = args.adapt_densities
     if adapt is None:
-        adapt = from_file.get("adapt_effort_density", EstimatorConfig.adapt_effort_density)
+        adapt = from_file.get("adapt_densities", EstimatorConfig.adapt_densities)
     adapt_sigmas = args.adapt_sensor_sigmas
     if adapt_sigmas is None:
         adapt_sigmas = from_file.get("adapt_sensor_sigmas", EstimatorConfig.adapt_sensor_sigmas)
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
-                             adapt_effort_density=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas))
+                             adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas))
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -520,9 +520,8 @@ def cmd_tune(args) -> int:
     held = [k for k in list(kept) + [f"sensor_sigmas.{n}" for n in result.sensor_sigmas] if k not in names]
     if held:
         header.append(f"held at their given/default values: {', '.join(held)}")
-    # a fitted effort density is used as fitted (the estimator's online fit would start from it and move)
-    text = format_params(args.mode, kept, result.sensor_sigmas, header,
-                         adapt_effort_density=False if args.mode == "estimation" else None)
+    # fitted densities are used as fitted (the estimator's online fit would start from them and move)
+    text = format_params(args.mode, kept, result.sensor_sigmas, header, adapt_densities=False)
     try:
         with open(args.output, "w") as f:
             f.write(text)
@@ -666,10 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="T" if name.endswith("time_constant") else "S",
                        help=f"{text} (default: {_default_text(defaults, name)})")
-    s.add_argument("--adapt-effort-density", action=argparse.BooleanOptionalAction, default=None,
-                   help="estimation: fit the effort density online from the readings, starting from "
-                        "--effort-density (default: on, unless the --params file says adapt_effort_density: "
-                        "false; needs one encoder per degree of freedom, else the density stays fixed)")
+    s.add_argument("--adapt-densities", action=argparse.BooleanOptionalAction, default=None,
+                   help="estimation and fused: fit the process densities online from the readings (the effort "
+                        "or disturbance density and the acceleration density, starting from their values) "
+                        "(default: on, unless the --params file says adapt_densities: false; needs one "
+                        "encoder per degree of freedom, else the densities stay fixed)")
     s.add_argument("--adapt-sensor-sigmas", action=argparse.BooleanOptionalAction, default=None,
                    help="fit each encoder's σ online from its readings' scatter, never below its stated σ "
                         "(--sensor-sigma, the --params file's or the mechanism file's) (default: on, unless the "

@@ -26,9 +26,11 @@ class EstimatorConfig:
     sigmas: Dict[str, float] = field(default_factory=dict)
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
-    adapt_effort_density: bool = True     # estimation mode: fit effort_density online (starting from sigmas'
-                                           # value) by the innovation likelihood of the encoders (one per
-                                           # degree of freedom; else it stays fixed): estimation/density_adaptation.py
+    adapt_densities: bool = True           # estimation and fused modes: fit the process densities online
+                                           # (effort_density or disturbance_density, and acceleration_density,
+                                           # starting from sigmas' values) by the innovation likelihood of the
+                                           # encoders (one per degree of freedom; else they stay fixed):
+                                           # estimation/density_adaptation.py
     adapt_sensor_sigmas: bool = True      # estimation and fused modes: fit each encoder's σ online from its
                                            # readings' scatter, never below the stated σ (sensor_sigmas or the
                                            # mechanism file's): estimation/sigma_adaptation.py

@@ -1,34 +1,42 @@
-"""Online maximum-likelihood fit of the unknown efforts' density (`EstimatorConfig.adapt_effort_density`).
+"""Online maximum-likelihood fit of the process densities (`EstimatorConfig.adapt_densities`): the unknown
+efforts' density (estimation mode) or the disturbance's (fused mode), jointly with the unmodelled
+accelerations' density.
 
-No single `effort_density` is consistent for every mechanism and motion (docs/decisions.md: the four-bar
-needs ≤ 1e4, the slider-crank ~3e5, the robot ≥ 1e5 (N·m)²/s³), and matching the innovations' covariance
-cannot see a density that is too large, while the readings' likelihood peaks sharply.  So the estimator
-fits it, as `mbfg tune` does offline, by the innovation likelihood of its own readings, online:
+No single pair of densities fits every mechanism and motion: the four-bar needs an effort density ≤ 1e4, the
+slider-crank ~3e5, the robot ≥ 1e5 (N·m)²/s³ (docs/decisions.md); on a simulation the unmodelled accelerations
+are rounding, on a real machine (a gear's play and elasticity, readings stamped late, a model's error) the
+readings move 30–300× more than the crank four-bar's default says (bench/real_hardware.py), and with the
+acceleration density held there every unexplained motion is read as effort (the double pendulum's estimated
+torque 5× the measured one at full band).  Matching the innovations' covariance cannot see a density that is
+too large, while the readings' likelihood peaks sharply.  So the estimator fits both, as `mbfg tune` does
+offline, by the innovation likelihood of its own readings, online:
 
-* a bank of K Kalman filters, one per density on a log grid (half decades, ± `GRID_DECADES` around the
-  starting density: the estimate stays within it), each on the linear model of the encoded coordinates z
-  (one encoder per degree of freedom) around the estimator's newest estimate:
-      z̈ = u + B τ + ξ,   τ̈ = w,
-  u = the model's acceleration without the efforts at the estimates (gravity, velocity terms: a quadratic
-  in time through the estimates of the bank's step, integrated exactly; `drift_weights`), B = ∂z̈/∂τ
-  (the reduced inverse inertia, refreshed every `B_REFRESH` s), w white of the filter's density, ξ the
-  estimator's unmodelled accelerations (white of `acceleration_density` on every generalized coordinate,
-  which the constraints restrict to S_a (JᵀJ)⁻¹ on z, J = ∂q/∂z); the exact discretization over the bank's
-  step (closed form: integrator chains), the state (z, ż, τ, τ̇);
+* a bank of K = Kₑ × Kₐ Kalman filters, one per pair of densities on a 2-D log grid (half decades, ±
+  `GRID_DECADES` around the starting density of the efforts; whole decades, `ACCELERATION_DECADES` below and
+  above the starting acceleration density: the estimates stay within it), each on the linear model of the encoded
+  coordinates z (one encoder per degree of freedom) around the estimator's newest estimate:
+      z̈ = u + B τ + ξ,   τ̈ = −(2/T) τ̇ − τ/T² + w,
+  u = the model's acceleration without the state's efforts at the estimates (gravity, velocity terms and, in
+  fused mode, the commands: a quadratic in time through the estimates of the bank's step, integrated exactly;
+  `drift_weights`), B = ∂z̈/∂τ (the reduced inverse inertia, refreshed every `B_REFRESH` s), τ the unknown
+  efforts (estimation, T = ∞) or the disturbance (fused, T its time constant), w white of the filter's effort
+  density, ξ the unmodelled accelerations (white of the filter's acceleration density on every generalized
+  coordinate, which the constraints restrict to Sₐ (JᵀJ)⁻¹ on z, J = ∂q/∂z); the exact discretization over
+  the bank's step (`reduced_ekf.discretize`), the state (z, ż, τ, τ̇);
 * every filter predicts and updates with the same encoder readings; the log-likelihood of each filter's
   innovation (log N(ν; 0, S)) is summed per filter, old evidence forgotten with time constant `MEMORY` s;
-* the density is the maximum of the summed log-likelihood plus a weak log-normal prior around the starting
-  density (σ `PRIOR_DECADES` decades), located by a parabola through the best grid point and its
-  neighbours.
+* the densities are the maximum of the summed log-likelihood plus weak log-normal priors around the starting
+  densities (σ `PRIOR_DECADES` decades), located by a parabola along each axis through the best grid point
+  and its neighbours, once the readings reject the starting densities (`RELEASE`).
 
 Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
-density is a continuous-time quantity; crank four-bar at 1 kHz: +3–5 % of the median step, bench/core_step_cost.py);
-a reading whose normalized innovation is improbable (χ² gate) under every filter's density is not counted
-(outliers; `MAX_REJECTED` in a row restart the filters: they lost the motion), nor any reading during
-`BURN_IN` s after the bank (re)starts (its filters start from the estimator's estimate with broad priors:
-start-up, re-initialization, recovery, a gap over `MAX_GAP` s, a branch change); the estimate changes only
-with counted readings (steps without readings do nothing) and is used only after `MIN_EVIDENCE` s of
-counted readings.  Units: the density in (N·m)²/s³ (revolute actuators) or N²/s³ (prismatic).
+densities are continuous-time quantities); a reading whose normalized innovation is improbable (χ² gate) under
+every filter's densities is not counted (outliers; `MAX_REJECTED` in a row restart the filters: they lost the
+motion), nor any reading during `BURN_IN` s after the bank (re)starts (its filters start from the estimator's
+estimate with broad priors: start-up, re-initialization, recovery, a gap over `MAX_GAP` s, a branch change); the
+estimates change only with counted readings (steps without readings do nothing) and are used only after
+`MIN_EVIDENCE` s of counted readings.  Units: the effort density in (N·m)²/s³ (revolute actuators) or N²/s³
+(prismatic), the acceleration density in rad²/s³ on angles, m²/s³ on point coordinates.
 """
 
 from __future__ import annotations
@@ -39,26 +47,34 @@ from typing import Dict, Optional
 import numpy as np
 
 from mbfg_ros.dynamics import constrained as dynamics
-from mbfg_ros.estimation.reduced_ekf import encoded_acceleration_noise
+from mbfg_ros.estimation.reduced_ekf import discretize, encoded_acceleration_noise
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["EffortDensityAdaptation", "encoded_coordinates", "chain_noise", "drift_weights", "round_to_ns"]
+__all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns"]
 
-GRID_DECADES = 4.0     # the bank's densities: start × 10^(−4 … +4) ...
-GRID_STEP = 0.5        # ... every half decade (17 filters)
-PRIOR_DECADES = 1.0    # σ of the weak log-normal prior around the starting density [decades]
+GRID_DECADES = 4.0     # the bank's effort densities: start × 10^(−4 … +4) ...
+GRID_STEP = 0.5        # ... every half decade (17) ...
+ACCELERATION_DECADES = (2.0, 4.0)   # ... its acceleration densities: start × 10^(−2 … +4): the default is a
+                       # simulation's (a floor), real machines sit 1.5–4 decades above it (bench/real_hardware.py) ...
+ACCELERATION_STEP = 1.0   # ... every decade (7): the likelihood is flat over a decade about its peak, and the
+                       # bank's cost is its filter count (17 × 13 at half decades: 2× the time, the same fits)
+PRIOR_DECADES = 1.0    # σ of the weak log-normal priors around the starting densities [decades]
 MEMORY = 10.0          # [s] time constant over which old evidence is forgotten (follows a change of motion)
 BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step; 0.05 gave the same
                        # bench errors at 40 % of the cost, but a quadratic through 50 ms of a swinging crank's
                        # drift biased the density 35 % up on test_tuning_adaptation's data)
 B_REFRESH = 0.1        # [s] ∂z̈/∂τ refreshed this often (it changes with the pose) ...
-SA_REFRESH = 1.0       # [s] ... and the acceleration noise on z (a small term) this often
+SA_REFRESH = 1.0       # [s] ... and the acceleration noise's shape on z this often
 BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
 MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
 MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
 GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) is not counted
 MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
-CHANGE = 0.1           # [decades] a smaller change of the estimate is not passed on (saves rebuilding units)
+CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
+RELEASE = 3.0          # [nats] the starting densities are kept until the best pair's log-likelihood exceeds
+                       # theirs by this much (a likelihood-ratio test, 2 degrees of freedom, 95 %): a second's
+                       # readings move a right start by chance (the crank four-bar's fused disturbance density
+                       # to a tenth of its value and back: +4 % angle error over 3 s), a wrong one at once
 
 
 def encoded_coordinates(mech: Mechanism):
@@ -82,23 +98,6 @@ def round_to_ns(x: float) -> float:
         if abs(abs(y - r) - 0.5) > 1e-3:
             return r / 1e9
     return round(x, 9)
-
-
-def chain_noise(H: float, B: np.ndarray) -> np.ndarray:
-    """∫₀ᴴ G(s) G(s)ᵀ ds of the state (z, ż, τ, τ̇) driven by unit white noise on τ̈: G(s) = [B s³/6; B s²/2;
-    I s; I] (s = time to the end of the step), blocks c_ij M_i M_jᵀ with c_ij = H^(p_i+p_j+1) / ((p_i+p_j+1)
-    p_i! p_j!), p = (3, 2, 1, 0) integrations, M = (B, B, I, I)."""
-    d, na = B.shape
-    M = (B, B, np.eye(na), np.eye(na))
-    p = (3, 2, 1, 0)
-    edges = np.cumsum([0, d, d, na, na])
-    Q = np.empty((edges[-1], edges[-1]))
-    for i in range(4):
-        for j in range(4):
-            k = p[i] + p[j] + 1
-            c = H ** k / (k * math.factorial(p[i]) * math.factorial(p[j]))
-            Q[edges[i]:edges[i + 1], edges[j]:edges[j + 1]] = c * (M[i] @ M[j].T)
-    return Q
 
 
 def drift_weights(times: np.ndarray, H: float) -> np.ndarray:
@@ -150,21 +149,26 @@ def chi_square_quantile(tail: float, d: int) -> float:
             break
     return 0.5 * (lo + hi)
 
-class EffortDensityAdaptation:
-    """See the module docstring.  ``observe(t, readings, q, v, a, efforts, restarted)`` after each estimator
-    step (readings: dict sensor name → value of this step; the estimate's q, q̇, q̈ and efforts; restarted:
-    the estimator started a new window this step); ``density`` is the current estimate (the starting density
-    until there is enough evidence), ``changed`` says whether the last `observe` moved it by more than
+class DensityAdaptation:
+    """See the module docstring.  ``observe(t, readings, q, v, a, tau, restarted)`` after each estimator step
+    (readings: dict sensor name → value of this step; the estimate's q, q̇, q̈ and its state's efforts τ: the
+    estimated efforts, or in fused mode the disturbance; restarted: the estimator started a new window this
+    step); ``density`` and ``acceleration_density`` are the current estimates (the starting densities until
+    there is enough evidence), ``changed`` says whether the last `observe` moved one of them by more than
     `CHANGE` decades since it was last passed on."""
 
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
-                 layout=None, sensor_sigmas: Optional[Dict[str, float]] = None):
+                 layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
+                 time_constant: float = math.inf, fit_acceleration: bool = True):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
-            raise ValueError(f"{mech.spec.source}: effort_density 'auto' needs one encoder per degree of freedom "
-                             f"on distinct coordinates (the likelihood's measurement model); give a number")
-        if not (initial_density > 0 and math.isfinite(initial_density)):
-            raise ValueError(f"the starting effort density must be positive and finite (got {initial_density})")
+            raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
+                             f"freedom on distinct coordinates (the likelihood's measurement model)")
+        for what, value in (("effort", initial_density), ("acceleration", acceleration_density)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"the starting {what} density must be positive and finite (got {value})")
+        if not time_constant > 0:
+            raise ValueError(f"the disturbance's time constant must be > 0 s (got {time_constant})")
         self.mech = mech
         self.names, self.z, sig = layout
         sig = np.array([float((sensor_sigmas or {}).get(n, s)) for n, s in zip(self.names, sig)])
@@ -172,24 +176,40 @@ class EffortDensityAdaptation:
         self.na = na = len(mech.actuated)
         self.nx = 2 * d + 2 * na
         self.R = np.diag(sig ** 2)
+        self.time_constant = float(time_constant)
         self.angles = np.isin(self.z, mech.relative_angle_columns)
         self.any_angles = bool(np.any(self.angles))
+        # the 2-D grid: effort densities along axis 0, acceleration densities along axis 1 (flattened: k = i Kₐ + j)
         self.log10_start = math.log10(initial_density)
+        self.log10_acceleration_start = math.log10(acceleration_density)
         n_side = int(round(GRID_DECADES / GRID_STEP))
         self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
+        if fit_acceleration:
+            below, above = (int(round(x / ACCELERATION_STEP)) for x in ACCELERATION_DECADES)
+            self.log10_acceleration_grid = (self.log10_acceleration_start
+                                            + ACCELERATION_STEP * np.arange(-below, above + 1))
+        else:
+            self.log10_acceleration_grid = np.array([self.log10_acceleration_start])
         self.grid = 10.0 ** self.log10_grid
-        self.K = len(self.grid)
-        self.log_prior = -0.5 * ((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2
-        self.acceleration_density = float(acceleration_density)
+        self.acceleration_grid = 10.0 ** self.log10_acceleration_grid
+        self.shape = (len(self.grid), len(self.acceleration_grid))
+        self.K = self.shape[0] * self.shape[1]
+        self._effort_of_filter = np.repeat(self.grid, self.shape[1])
+        self._acceleration_of_filter = np.tile(self.acceleration_grid, self.shape[0])
+        self.log_prior = -0.5 * ((((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2)[:, None]
+                                 + (((self.log10_acceleration_grid - self.log10_acceleration_start)
+                                     / PRIOR_DECADES) ** 2)[None, :]).reshape(-1)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
         self.density = float(initial_density)
-        self.passed_log10 = self.log10_start     # the estimate last passed on
+        self.acceleration_density = float(acceleration_density)
+        self.passed_log10 = (self.log10_start, self.log10_acceleration_start)   # the estimates last passed on
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
-        self.best = int(np.argmax(self.log_prior))   # the filter of the current estimate (judges outliers)
+        self.start = self.best = int(np.argmax(self.log_prior))   # the filter of the starting densities, of the current
+        self.released = False                     # the data have rejected the starting densities (`RELEASE`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
         self.Hm = np.eye(d, self.nx)                 # the encoders read z
@@ -209,7 +229,7 @@ class EffortDensityAdaptation:
         self.t_bank = None          # time of the bank's last step
         self.t_start = None
         self.t_B = None             # time B was refreshed
-        self.t_Sa = None            # time the acceleration noise on z was
+        self.t_Sa = None            # time the acceleration noise's shape on z was
         self.held = []              # (t, q̈, τ) of the estimates since the bank's last step
         self.rejected_in_a_row = 0
 
@@ -221,8 +241,8 @@ class EffortDensityAdaptation:
     # -- the model ------------------------------------------------------------------------------------------
     def _refresh(self, q, t: float):
         """B = ∂z̈/∂τ at the pose q (forward dynamics is linear in Q at rest, where γ = 0: B e_j = q̈[z] at
-        (q, 0, E e_j), gravity left out), every `B_REFRESH` s; the acceleration noise's density matrix on z,
-        S_a (JᵀJ)⁻¹ with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
+        (q, 0, E e_j), gravity left out), every `B_REFRESH` s; the acceleration noise's shape on z, (JᵀJ)⁻¹
+        with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
         mech = self.mech
         zero = np.zeros(mech.n)
         B = np.empty((self.d, self.na))
@@ -233,34 +253,36 @@ class EffortDensityAdaptation:
         self.B = B
         self.t_B = t
         if self.t_Sa is None or t - self.t_Sa >= SA_REFRESH:
-            self.Sa = encoded_acceleration_noise(mech, q, self.z, self.acceleration_density)
+            self.Sa = encoded_acceleration_noise(mech, q, self.z, 1.0)
             self.t_Sa = t
         self._H = None
 
     def _matrices(self, H: float):
-        """(F, Fᵀ, each filter's process noise: its density × the effort noise + the acceleration noise) of a
-        step H (cached for the last H, to 1 ns)."""
+        """(F, Fᵀ, each filter's process noise: its effort density × the effort noise + its acceleration density
+        × the acceleration noise) of a step H (cached for the last H, to 1 ns, and the last B)."""
         H = round(H, 9)
         if self._H != H:
-            d, na, B = self.d, self.na, self.B
-            F = np.eye(self.nx)
-            F[:d, d:2 * d] = H * np.eye(d)
-            F[:d, 2 * d:2 * d + na] = 0.5 * H * H * B
-            F[:d, 2 * d + na:] = H ** 3 / 6.0 * B
-            F[d:2 * d, 2 * d:2 * d + na] = H * B
-            F[d:2 * d, 2 * d + na:] = 0.5 * H * H * B
-            F[2 * d:2 * d + na, 2 * d + na:] = H * np.eye(na)
-            Qa = np.zeros((self.nx, self.nx))
-            Sa = self.Sa
-            Qa[:d, :d] = H ** 3 / 3.0 * Sa
-            Qa[:d, d:2 * d] = Qa[d:2 * d, :d] = 0.5 * H * H * Sa
-            Qa[d:2 * d, d:2 * d] = H * Sa
+            d, na, nx = self.d, self.na, self.nx
+            A = np.zeros((nx, nx))
+            A[:d, d:2 * d] = np.eye(d)
+            A[d:2 * d, 2 * d:2 * d + na] = self.B
+            A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
+            if math.isfinite(self.time_constant):
+                w = 1.0 / self.time_constant
+                A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
+                A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
+            W = np.zeros((2, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ
+            W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
+            W[1, d:2 * d, d:2 * d] = self.Sa
+            F, Qd = discretize(np.broadcast_to(A, (2, nx, nx)), W, H)
+            F = F[0]
             self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
-            self._Q = self.grid[:, None, None] * chain_noise(H, B) + Qa
+            self._Q = (self._effort_of_filter[:, None, None] * Qd[0]
+                       + self._acceleration_of_filter[:, None, None] * Qd[1])
         return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
-    def observe(self, t: float, readings: Dict[str, float], q, v, a, efforts, restarted: bool = False) -> bool:
+    def observe(self, t: float, readings: Dict[str, float], q, v, a, tau, restarted: bool = False) -> bool:
         """One estimator step (see the class docstring); returns `changed`.  Between the bank's steps this only
         records the estimate's time, accelerations and efforts (the drift's samples)."""
         self.changed = False
@@ -271,8 +293,8 @@ class EffortDensityAdaptation:
         if self.x is None:
             y = self._reading(readings)
             if y is not None:
-                self._start(t, q, v, efforts)
-                self.held.append((t, a, efforts))
+                self._start(t, q, v, tau)
+                self.held.append((t, a, tau))
             return False
         if t - self.t_bank >= BANK_INTERVAL - 1e-9:
             y = self._reading(readings)
@@ -285,7 +307,7 @@ class EffortDensityAdaptation:
                 self.held.clear()
                 if t - self.t_B >= B_REFRESH:
                     self._refresh(q, t)
-        self.held.append((t, a, efforts))
+        self.held.append((t, a, tau))
         return self.changed
 
     def _reading(self, readings) -> Optional[np.ndarray]:
@@ -298,7 +320,7 @@ class EffortDensityAdaptation:
 
     def _drift_input(self, t: float) -> np.ndarray:
         """What the drift adds to (z, ż) over the bank's step to t.  The drift u = q̈[z] − B τ (the model's
-        acceleration without the efforts) of each estimate since the bank's last step is fitted by a polynomial
+        acceleration without the state's efforts) of each estimate since the bank's last step is fitted by a polynomial
         in time (least squares, degree ≤ 2), which is integrated exactly up to t: ż gains ∫ u, z gains
         ∫ u(s) (t − s) ds.  Holding each sample until the next biased the velocity by u̇ h / 2 and a linear
         interpolation still by ü h² H / 12, which the filters took for effort variation (a density 30 % to 5×
@@ -321,13 +343,13 @@ class EffortDensityAdaptation:
         c[:2 * d] = (weights @ U).reshape(-1)
         return c
 
-    def _start(self, t, q, v, efforts):
+    def _start(self, t, q, v, tau):
         d, na = self.d, self.na
         self._refresh(q, t)
         x = np.zeros(self.nx)
         x[:d] = q[self.z]
         x[d:2 * d] = v[self.z]
-        x[2 * d:2 * d + na] = efforts
+        x[2 * d:2 * d + na] = tau
         P0 = np.zeros((self.nx, self.nx))
         P0[:d, :d] = self.R
         # broad: the estimate's rate and efforts are uncertain at a (re)start; the burn-in hides the transient
@@ -393,16 +415,29 @@ class EffortDensityAdaptation:
             self._update_estimate()
 
     def _update_estimate(self):
-        score = self.log_likelihood + self.log_prior
-        i = self.best = int(np.argmax(score))
-        x = self.log10_grid[i]
-        if 0 < i < self.K - 1:
-            # the parabola's vertex through the best point and its neighbours (equal spacing)
-            s0, s1, s2 = score[i - 1], score[i], score[i + 1]
-            curv = s0 - 2.0 * s1 + s2
-            if curv < 0:
-                x += 0.5 * GRID_STEP * (s0 - s2) / curv
+        best = int(np.argmax(self.log_likelihood + self.log_prior))
+        if not self.released:
+            if self.log_likelihood[best] - self.log_likelihood[self.start] < RELEASE:
+                return
+            self.released = True
+        score = (self.log_likelihood + self.log_prior).reshape(self.shape)
+        i, j = divmod(best, self.shape[1])
+        self.best = best
+        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j], i)
+        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :], j)
         self.density = float(10.0 ** x)
-        if abs(x - self.passed_log10) >= CHANGE:
-            self.passed_log10 = x
+        self.acceleration_density = float(10.0 ** y)
+        px, py = self.passed_log10
+        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE:
+            self.passed_log10 = (x, y)
             self.changed = True
+
+
+def _vertex_offset(scores: np.ndarray, i: int) -> float:
+    """The offset of the parabola's vertex through scores[i − 1 … i + 1] from point i, in grid steps (within
+    ±½); 0 at an edge of the grid or where the scores do not curve down."""
+    if not 0 < i < len(scores) - 1:
+        return 0.0
+    s0, s1, s2 = scores[i - 1], scores[i], scores[i + 1]
+    curv = s0 - 2.0 * s1 + s2
+    return 0.5 * (s0 - s2) / curv if curv < 0 else 0.0

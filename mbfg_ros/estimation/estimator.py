@@ -32,6 +32,7 @@ stepper / seeder → step factors, effort model, sensors, gate → graph), never
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -41,7 +42,7 @@ import mbfg_ros.factors as F
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
-from mbfg_ros.estimation.density_adaptation import EffortDensityAdaptation, encoded_coordinates
+from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.joint_covariance import joint_covariance
@@ -132,15 +133,17 @@ class FixedLagEstimator:
         self.last: Optional[Estimate] = None
         self.reset()
 
-    def _density_adaptation(self) -> Optional[EffortDensityAdaptation]:
-        """The online fit of effort_density (estimation mode with `adapt_effort_density`, when the mechanism has
-        one encoder per degree of freedom), else None (the density stays as configured)."""
+    def _density_adaptation(self) -> Optional[DensityAdaptation]:
+        """The online fit of the process densities (estimation: effort_density, fused: disturbance_density, both
+        with acceleration_density) with `adapt_densities`, when the mechanism has one encoder per degree of
+        freedom; else None (the densities stay as configured)."""
         c = self.config
         layout = encoded_coordinates(self.mech)
-        if not (c.adapt_effort_density and c.mode == "estimation" and self.efforts.has_state and layout):
+        if not (c.adapt_densities and c.mode in ("estimation", "fused") and self.efforts.has_state and layout):
             return None
-        return EffortDensityAdaptation(self.mech, self.sigmas["effort_density"], self.sigmas["acceleration_density"],
-                                       layout, c.sensor_sigmas)
+        T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
+        return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
+                                 self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -225,19 +228,24 @@ class FixedLagEstimator:
         adaptation = self.density_adaptation
         if adaptation is not None and est.status != "waiting":
             try:
-                if adaptation.observe(t, obs, est.q, est.v, est.a, est.efforts, est.status != "ok"):
-                    self.factors.set_process_density("effort_density", adaptation.density)
+                tau = est.efforts if est.disturbance is None else est.disturbance
+                if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
+                    self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
+                                                        "acceleration_density": adaptation.acceleration_density})
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
         est.solve_time = time.perf_counter() - t_start
         return est
 
-    def fitted_effort_density(self) -> Optional[float]:
-        """The effort density the online fit has handed to the factors (the steps added from now on use it),
-        or None when it is not fitted online (other modes, `adapt_effort_density` false)."""
+    def fitted_densities(self) -> Optional[Dict[str, float]]:
+        """The process densities the online fit has handed to the factors (the steps added from now on use them):
+        {effort_density (estimation) or disturbance_density (fused), acceleration_density}; None when they are
+        not fitted online (forward_dynamics mode, `adapt_densities` false, not one encoder per degree of
+        freedom)."""
         if self.density_adaptation is None:
             return None
-        return float(self.factors.sigmas["effort_density"])
+        return {name: float(self.factors.sigmas[name])
+                for name in (self.efforts.density_name, "acceleration_density")}
 
     def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
         """The σ in use of each encoder when they are fitted online (the steps added from now on use them), or

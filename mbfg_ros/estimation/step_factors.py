@@ -109,10 +109,11 @@ class StepFactors:
     def _build(self):
         raise NotImplementedError
 
-    def set_process_density(self, name: str, value: float):
-        """A new density of the effort (disturbance) random walk for the steps added from now on (the steps in
-        the window keep theirs): the units between steps are rebuilt with it."""
-        self.sigmas[name] = float(value)
+    def set_process_densities(self, densities: Dict[str, float]):
+        """New densities (effort or disturbance random walk, unmodelled accelerations) for the steps added from
+        now on (the steps in the window keep theirs): the units between steps are rebuilt with them."""
+        for name, value in densities.items():
+            self.sigmas[name] = float(value)
         self._int_cache.clear()
         self._step_models.clear()
 

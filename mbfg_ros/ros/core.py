@@ -42,8 +42,9 @@ class EstimatorCore(Protocol):
     def reset(self) -> None:
         """Forget everything: the next step initializes."""
 
-    def fitted_effort_density(self) -> Optional[float]:
-        """The effort density in use when it is fitted online, else None (reported in the diagnostics)."""
+    def fitted_densities(self) -> Optional[Dict[str, float]]:
+        """The process densities in use (name → value) when they are fitted online, else None (reported in the
+        diagnostics)."""
 
     def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
         """The σ in use of each encoder when they are fitted online, else None (reported in the diagnostics)."""

@@ -120,7 +120,7 @@ class Diagnostics:
 
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
-                 fitted_effort_density: Optional[float] = None, use_sim_time: bool = False,
+                 fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
                  fitted_sensor_sigmas: Optional[Dict[str, float]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes."""
@@ -144,8 +144,8 @@ class Diagnostics:
             kv["estimate_time"] = (last_t_k / NS) if last_t_k is not None else ""
         else:
             kv["assembly_mode"] = branch_text(self.mech, assembly_mode) if assembly_mode else "auto"
-        if fitted_effort_density is not None:
-            kv["effort_density"] = fitted_effort_density    # the online fit's value now
+        for name, density in (fitted_densities or {}).items():
+            kv[name] = density                               # the online fit's value now
         for name, sigma in (fitted_sensor_sigmas or {}).items():
             kv[f"sensor_sigma.{name}"] = sigma               # the online fit's σ of each encoder now
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period

@@ -609,7 +609,7 @@ class EstimatorNode(Node):
             t_k = self.sched.t_of(self.last_k) if self.last_k is not None else None
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
                                           self.assembly_mode, self.sched, self.settings,
-                                          self.core.fitted_effort_density(), self._on_sim_time(),
+                                          self.core.fitted_densities(), self._on_sim_time(),
                                           self.core.fitted_sensor_sigmas())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)

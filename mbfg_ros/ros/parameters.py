@@ -221,10 +221,12 @@ def declare_parameters(node) -> StartupParameters:
                     "runs normally.  Applies to the fast loop only (ignored, with a warning, under the stock executor)",
         read_only=True, integer_range=[IntegerRange(from_value=0, to_value=99, step=1)])).value
 
-    adapt_effort_density = d("adapt_effort_density", bool(defaults.adapt_effort_density), PD(
-        description="estimation mode: fit sigmas.effort_density online (starting from its value) by maximum "
-                    "likelihood of the encoder readings' innovations (needs one encoder per degree of freedom, "
-                    "else the density stays fixed); false: sigmas.effort_density is used as given",
+    adapt_densities = d("adapt_densities", bool(defaults.adapt_densities), PD(
+        description="estimation and fused modes: fit the process densities online (sigmas.effort_density in "
+                    "estimation, sigmas.disturbance_density in fused, and sigmas.acceleration_density, each "
+                    "starting from its value) by maximum likelihood of the encoder readings' innovations (needs "
+                    "one encoder per degree of freedom, else the densities stay fixed); false: they are used as "
+                    "given",
         read_only=True)).value
     adapt_sensor_sigmas = d("adapt_sensor_sigmas", bool(defaults.adapt_sensor_sigmas), PD(
         description="estimation and fused modes: fit each encoder's sigma online from its readings' scatter about "
@@ -260,7 +262,7 @@ def declare_parameters(node) -> StartupParameters:
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                compute_covariance=bool(publish_stddev),
-                               adapt_effort_density=bool(adapt_effort_density))
+                               adapt_densities=bool(adapt_densities))
         config = base.validated()
     except ValueError as e:
         raise ConfigError(shown(f"bad estimator parameters: {name_params(str(e))}", MAX_LINE)) from None

@@ -18,7 +18,7 @@ NODE_ONLY_KEYS = frozenset((
     "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
     "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "lost_track_sigmas", "use_sim_time"))
 #: the keys `mbfg estimate --params` applies
-APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_effort_density",
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_densities",
                 "adapt_sensor_sigmas")
 
 
@@ -38,9 +38,9 @@ def format_double(x: float) -> str:
 
 def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, float],
                   header: Iterable[str] = (), mechanism: Optional[str] = None,
-                  adapt_effort_density: Optional[bool] = None) -> str:
+                  adapt_densities: Optional[bool] = None) -> str:
     """The file's text: `header` lines as comments, then the `mbfg_estimator` section (with
-    `adapt_effort_density` when given: a fitted effort density is used as fitted, not adapted further)."""
+    `adapt_densities` when given: fitted densities are used as fitted, not adapted further)."""
     descriptions = {"acceleration_density": "unmodelled accelerations [rad²/s³ on angles, m²/s³ on points]",
                     "effort_density": "estimation: unknown efforts' second derivative [(N·m)²/s³ or N²/s³]",
                     "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]",
@@ -50,8 +50,8 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     if mechanism:
         lines.append(f"    mechanism: {mechanism}")
     lines.append(f"    mode: {mode}")
-    if adapt_effort_density is not None:
-        lines.append(f"    adapt_effort_density: {'true' if adapt_effort_density else 'false'}")
+    if adapt_densities is not None:
+        lines.append(f"    adapt_densities: {'true' if adapt_densities else 'false'}")
     lines.append("    sigmas:")
     for k, v in sigmas.items():
         lines.append(f"      {k}: {format_double(v):<14} # {descriptions.get(k, '')}".rstrip())
@@ -117,7 +117,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
-        elif name in ("adapt_effort_density", "adapt_sensor_sigmas"):
+        elif name in ("adapt_densities", "adapt_sensor_sigmas"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
             out[name] = value
