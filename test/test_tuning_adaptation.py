@@ -306,8 +306,8 @@ def test_a_jump_of_the_readings_restarts_the_filters(crank_mech, recording):
     counted = a.counted
     run(est, t, y, start=half, readings=lambda k, value: value + 0.5)
     # until the estimator itself re-initializes from the readings (max_rejections steps), the bank, restarted
-    # at its estimate, refuses them again: a few bank steps
-    assert 0 < a.rejected <= DA.MAX_REJECTED + EstimatorConfig().max_rejections * DT / DA.BANK_INTERVAL + 1
+    # at its estimate, refuses them again: a few bank steps (at most two restarts)
+    assert 0 < a.rejected <= 2 * DA.MAX_REJECTED + EstimatorConfig().max_rejections * DT / DA.BANK_INTERVAL + 1
     assert a.counted > counted + 0.5 * (len(t) - half) * DT / DA.BANK_INTERVAL
     assert a.grid[0] <= a.density <= a.grid[-1]
 
@@ -337,3 +337,24 @@ def test_a_right_start_is_kept_until_the_readings_reject_it(crank_mech, recordin
     wrong = estimator(crank_mech, TRUE_DENSITY * 30.0)
     run(wrong, t, y, stop=3 * second)
     assert wrong.density_adaptation.released and wrong.density_adaptation.density < TRUE_DENSITY * 10.0
+
+
+def test_a_wrong_command_burst_does_not_move_the_fit():
+    """Fused mode, the command 300 N·m off for 0.2 s (test_tracking's burst): probable only under the grid's
+    largest densities, it would take both fits to the grid's top for the memory's 10 s; each reading's
+    normalized innovation enters the likelihood at most at the gate's quantile (`GATE_PROBABILITY`), so the
+    fit stays where the readings before it put it."""
+    import test_tracking as T
+    crank = load_mechanism("four_bar_crank")
+    driven = T.R.simulate(2.0, T.DT, 9.81, T.torque)
+    rng = np.random.default_rng(5)
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=T.DT, mode="fused"))
+    start = est.fitted_densities()
+    fits = []
+    for k, t in enumerate(driven.t):
+        command = driven.tau[k] + (300.0 if 800 <= k < 1000 else 0.0)
+        est.step(float(t), efforts=[float(command)],
+                 observations={"crank": float(driven.theta[k] + 1e-3 * rng.standard_normal())})
+        if k < 1300:
+            fits.append(est.fitted_densities())
+    assert all(f == start for f in fits), [f for f in fits if f != start][:3]

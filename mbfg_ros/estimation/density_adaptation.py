@@ -32,7 +32,7 @@ offline, by the innovation likelihood of its own readings, online:
 Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
 densities are continuous-time quantities); a reading whose normalized innovation is improbable (χ² gate) under
 every filter's densities is not counted (outliers; `MAX_REJECTED` in a row restart the filters: they lost the
-motion), nor any reading during `BURN_IN` s after the bank (re)starts (its filters start from the estimator's
+motion), one improbable under some of them enters their likelihood at the gate's value (a bounded influence), nor any reading during `BURN_IN` s after the bank (re)starts (its filters start from the estimator's
 estimate with broad priors: start-up, re-initialization, recovery, a gap over `MAX_GAP` s, a branch change); the
 estimates change only with counted readings (steps without readings do nothing) and are used only after
 `MIN_EVIDENCE` s of counted readings.  Units: the effort density in (N·m)²/s³ (revolute actuators) or N²/s³
@@ -68,7 +68,10 @@ SA_REFRESH = 1.0       # [s] ... and the acceleration noise's shape on z this of
 BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
 MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
 MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
-GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) is not counted
+GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) under every filter is
+                       # not counted; under some filters only, it enters their likelihood at this quantile (robust:
+                       # a wrong command for 0.2 s, probable only under the grid's largest densities, otherwise
+                       # took both fits to the grid's top for the memory's 10 s)
 MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
 CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
 RELEASE = 3.0          # [nats] the starting densities are kept until the best pair's log-likelihood exceeds
@@ -408,7 +411,7 @@ class DensityAdaptation:
         if not count:
             return
         forget = math.exp(-H / MEMORY)
-        self.log_likelihood = forget * self.log_likelihood - 0.5 * (m + logdet)
+        self.log_likelihood = forget * self.log_likelihood - 0.5 * (np.minimum(m, self.gate) + logdet)
         self.evidence = forget * self.evidence + H
         self.counted += 1
         if self.evidence >= MIN_EVIDENCE:
