@@ -234,10 +234,44 @@ def test_wrong_inputs_raise_clear_errors(crank):
         kernel.acceleration(np.zeros(n), np.zeros(n), np.zeros(n), np.empty(n, dtype=np.float32))
     with pytest.raises(TypeError, match="takes 4 arguments"):
         kernel.acceleration(np.zeros(n))
+    code = native.unit_kinds()["position"]["code"]
+    with pytest.raises(ValueError, match="a position unit has 2 rows, not 4"):
+        native.step_kernel(kernel, 3 * n, np.zeros((0, 3 * n)), False, [(code, 0, 2, -1, True, [(1, 0, n)],
+                                                                          np.ones(2), [], [])],
+                           np.zeros((2, 3 * n)), None, np.zeros(2), np.zeros(2))
+    with pytest.raises(ValueError, match="unknown unit code 99"):
+        native.step_kernel(kernel, 3 * n, np.zeros((0, 3 * n)), False, [(99, 0, 1, -1, True, [(1, 0, n)],
+                                                                          np.ones(1), [], [])],
+                           np.zeros((1, 3 * n)), None, np.zeros(1), np.zeros(1))
     with pytest.raises(ValueError, match="columns out of range"):
         native.step_kernel(kernel, 3, np.zeros((0, 3)), False, [(native.unit_kinds()["position"]["code"], 0, crank.m, -1, True,
                                                                     [(1, 0, n)], np.ones(crank.m), [], [])],
                            np.zeros((crank.m, 3)), None, np.zeros(crank.m), np.zeros(crank.m))
+
+
+@pytest.mark.parametrize("config,step_form", [
+    ({}, "compiled"),
+    ({"integrator": "hermite"}, "numpy (no compiled form of hermite_velocity)"),
+    ({"formulation": "independent", "integrator": "euler"}, "numpy (no compiled form of equality(q), "
+     "position_constraints_indep, velocity_constraints_indep, acceleration_constraints_indep, forward_dynamics_indep)"),
+])
+def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatch):
+    monkeypatch.setenv(native.ENVIRONMENT, "1")
+    est = FixedLagEstimator(crank, EstimatorConfig(**config))
+    for k in range(3):
+        est.step(k * 1e-3, observations={"crank": 0.1})
+    numerics = est.numerics()
+    assert numerics["dynamics"] == "compiled" and numerics["step"] == step_form
+    assert numerics["seed"] == ("compiled" if "formulation" not in config else
+                                step_form.replace("equality(q), ", ""))
+    model = est.window.records[est.stepper.k].model
+    assert model.compiled == (step_form == "compiled")
+    # switched off: every model says so
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    est = FixedLagEstimator(crank, EstimatorConfig(**config))
+    est.step(0.0, observations={"crank": 0.1})
+    est.step(1e-3, observations={"crank": 0.1})
+    assert set(est.numerics().values()) == {native.describe()} and native.describe().startswith("numpy (switched off")
 
 
 def _run(mech, mode, steps, enabled, monkeypatch):

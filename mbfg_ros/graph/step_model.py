@@ -181,23 +181,34 @@ class StepModel:
             self._views.append((u, _getter([self._block_index(which, cols) for which, cols in slots]),
                                 self._e_raw[a:b], outs, last, distinct, param_index.get(id(u), -1)))
         self._b = np.zeros(self.rows)
+        self._no_form = ""                # why the units have no compiled program ('' where they have)
         self._native_forms = self._unit_forms()
         self._native = None               # (the context's mechanism kernel, the StepKernel built for it)
 
     def _unit_forms(self) -> Optional[list]:
         """The step program of the compiled kernel (one entry per non-static unit), or None when a unit has no
-        compiled form."""
-        forms = []
+        compiled form (``_no_form`` then says why)."""
+        forms, kindless, missing = [], [], []
         param_index = {id(u): i for i, (u, _) in enumerate(self.param_units)}
         check_ids = {id(u) for u in self.check_units}
         for u, row, w, slots, _ in self._plan:
             form = native.unit_form(u)
-            if form is None or len(u.params) > 1:
-                return None
+            if form is None:
+                (kindless if u.kernel_kind is None else missing).append(u.name if u.kernel_kind is None
+                                                                       else native.no_form_reason(u))
+                continue
+            if len(u.params) > 1:
+                missing.append(f"{u.name} has {len(u.params)} per-step parameters")
+                continue
             code, ints, floats = form
             forms.append((code, row, u.dim, param_index.get(id(u), -1), id(u) in check_ids,
                           [(which, cols.start, cols.stop - cols.start) for which, cols in slots],
                           np.ascontiguousarray(w, dtype=float), ints, floats))
+        if kindless:
+            missing.insert(0, f"no compiled form of {', '.join(dict.fromkeys(kindless))}")
+        if missing:
+            self._no_form = "; ".join(dict.fromkeys(missing))
+            return None
         return forms
 
     def _kernel(self, ctx: Optional[EvalContext]):
@@ -212,6 +223,16 @@ class StepModel:
                                                           self._native_forms, self.A_cur, self.A_prev, self.r,
                                                           self._b))
         return held[1]
+
+    def form(self, ctx: Optional[EvalContext]) -> str:
+        """Which path linearizes this model with `ctx`: 'compiled', or 'numpy (why)': a unit without a compiled
+        form, or no compiled kernel of the mechanism.  (A step at a singular point of the dynamics goes to numpy
+        alone: not a property of the model.)"""
+        if not native.enabled():
+            return native.describe()
+        if self._native_forms is None:
+            return f"numpy ({self._no_form})"
+        return native.mechanism_form(ctx.mech, ctx.native) if ctx is not None else "numpy (no evaluation context)"
 
     @property
     def compiled(self) -> bool:

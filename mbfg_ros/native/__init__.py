@@ -24,7 +24,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "describe", "module",
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "disabled_reason", "describe",
+           "mechanism_form", "module",
            "mechanism_kernel", "unit_kinds", "unit_form", "no_form_reason", "step_kernel", "scaled_distance2"]
 
 if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
@@ -54,13 +55,28 @@ def enabled() -> bool:
     return AVAILABLE and os.environ.get(ENVIRONMENT, "1").strip() not in ("0", "false", "no", "off")
 
 
-def describe() -> str:
-    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's diagnostics and log)."""
+def disabled_reason() -> str:
+    """Why the compiled kernel is not used ('' where it is: `enabled`)."""
     if enabled():
-        return "compiled"
+        return ""
     if not AVAILABLE:
-        return f"numpy ({UNAVAILABLE_REASON})"
-    return f"numpy (switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')})"
+        return UNAVAILABLE_REASON
+    return f"switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')}"
+
+
+def describe() -> str:
+    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's log; per model, the
+    estimator's `numerics`)."""
+    return "compiled" if enabled() else f"numpy ({disabled_reason()})"
+
+
+def mechanism_form(mech, kernel) -> str:
+    """'compiled' where `kernel` (`mechanism_kernel(mech)`) is one, else 'numpy (why)'."""
+    if kernel is not None:
+        return "compiled"
+    if not enabled():
+        return describe()
+    return f"numpy (the kernel does not know a constraint type of mechanism {mech.name})"
 
 
 def module():
