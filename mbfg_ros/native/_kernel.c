@@ -942,15 +942,15 @@ slot_block(const Unit *u, int j, const double *xp, const double *xc)
  * whitened afterwards; the dynamics are linearized (or, without jac, solved) at most once per call (dyn: 0 not
  * yet, 1 done).  0 on success, 1 where the dynamics are singular, −1 on a Python error.  Each kind is one
  * function here and one row of `unit_kinds` below; the Python factor names its kind (`Factor.kernel_kind`). */
-typedef int (*UnitEval)(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params,
-                        double *e, int jac, double *const A[2], int *dyn);
+#define UNIT_EVAL_ARGS StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, \
+                       double *e, int jac, double *const A[2], int *dyn
+typedef int (*UnitEval)(UNIT_EVAL_ARGS);
 
 #define JROW(slot, i) (A[u->which[slot]] + (size_t)(u->row + (i)) * s->D + u->col[slot])
 
 /* Φ(q)                                   slots q */
 static int
-eval_position(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-              int jac, double *const A[2], int *dyn)
+eval_position(UNIT_EVAL_ARGS)
 {
     MechanismKernel *k = s->mk;
     int n = k->n, m = k->m;
@@ -967,8 +967,7 @@ eval_position(StepKernel *s, const Unit *u, const double *xp, const double *xc, 
 
 /* Φq q̇                                   slots q, v */
 static int
-eval_velocity(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-              int jac, double *const A[2], int *dyn)
+eval_velocity(UNIT_EVAL_ARGS)
 {
     MechanismKernel *k = s->mk;
     int n = k->n, m = k->m;
@@ -996,8 +995,7 @@ eval_velocity(StepKernel *s, const Unit *u, const double *xp, const double *xc, 
 /* q̈(q, q̇; Q) − a                         slots q, v, a; param Q (n)
  * q̈(q, q̇; Q_known + E τ) − a             slots q, v, a, tau; param Q_known (n); ints: the actuated coordinates */
 static int
-eval_dynamics(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-              int jac, double *const A[2], int *dyn)
+eval_dynamics(UNIT_EVAL_ARGS)
 {
     MechanismKernel *k = s->mk;
     int n = k->n;
@@ -1060,15 +1058,13 @@ coordinate_reading(StepKernel *s, const Unit *u, const double *xp, const double 
 }
 
 static int
-eval_coordinate(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-                int jac, double *const A[2], int *dyn)
+eval_coordinate(UNIT_EVAL_ARGS)
 {
     return coordinate_reading(s, u, xp, xc, params, e, jac, A, 0);
 }
 
 static int
-eval_wrapped_coordinate(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params,
-                        double *e, int jac, double *const A[2], int *dyn)
+eval_wrapped_coordinate(UNIT_EVAL_ARGS)
 {
     return coordinate_reading(s, u, xp, xc, params, e, jac, A, 1);
 }
@@ -1076,8 +1072,7 @@ eval_wrapped_coordinate(StepKernel *s, const Unit *u, const double *xp, const do
 /* ω(q, q̇) − value                        slots q, v; param value; ints: cxi, cyi, cxj, cyj (−1: a fixed point,
  *                                        its (x, y) in doubles 0–1 for i, 2–3 for j) */
 static int
-eval_gyroscope(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-               int jac, double *const A[2], int *dyn)
+eval_gyroscope(UNIT_EVAL_ARGS)
 {
     double value;
     if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
@@ -1111,8 +1106,7 @@ eval_gyroscope(StepKernel *s, const Unit *u, const double *xp, const double *xc,
 
 /* x[select] − mean                       slot x; param mean (dim); ints: select (dim) */
 static int
-eval_prior(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-           int jac, double *const A[2], int *dyn)
+eval_prior(UNIT_EVAL_ARGS)
 {
     Buf bm = {0};
     double *mean, dummy;
