@@ -162,7 +162,7 @@ def _random_chain_problem(uniform: bool):
             self.target, self.dim, self.sigmas = np.asarray(target, float), 2, np.full(2, 0.1)
             self.slots = ("x",)
 
-        def evaluate(self, x, ctx=None):
+        def evaluate(self, x, ctx=None, params=None):
             return x * x - self.target, [np.diag(2 * x)]
 
     prob = Problem()

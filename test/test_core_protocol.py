@@ -16,7 +16,7 @@ CALLS = [name for name, member in vars(EstimatorCore).items()
 def test_the_protocol_lists_the_node_calls():
     assert sorted(CALLS) == sorted(["step", "prepare_next_step", "reinitialize", "apply_reinitialization",
                                     "add_late_observations", "correct_commands", "reset",
-                                    "joint_covariance", "fitted_densities", "fitted_sensor_sigmas"])
+                                    "joint_covariance", "fitted_densities", "fitted_sensor_sigmas", "numerics"])
 
 
 @pytest.mark.parametrize("name", CALLS)

@@ -121,11 +121,9 @@ def _record(monkeypatch):
     orig = G.FixedLagWindow.commit
 
     def commit(self, rec, *args, **kw):
-        copies = {id(u): u.copy() for u in rec.model.units}
-        for (u, names), values in zip(rec.model.param_units, rec.params):
-            for name, value in zip(names, values):
-                setattr(copies[id(u)], name, value)
-        log.append((rec.k, [copies[id(u)] for u in rec.model.units]))
+        copies = {id(u): u.with_params(**dict(zip(names, values)))
+                  for (u, names), values in zip(rec.model.param_units, rec.params)}
+        log.append((rec.k, [copies.get(id(u), u) for u in rec.model.units]))
         return orig(self, rec, *args, **kw)
 
     monkeypatch.setattr(G.FixedLagWindow, "commit", commit)

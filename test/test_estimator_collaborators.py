@@ -196,7 +196,7 @@ def _encoder_gate(crank, **config):
 def test_gate_rejects_outliers_then_believes_a_persistent_sensor(crank):
     gate, enc, whitened_at = _encoder_gate(crank, outlier_gate=100.0, max_rejections=3)
     sigma = enc.sigmas[0]
-    enc.value = 0.0
+    assert enc.value == 0.0
     assert gate.screen([enc], whitened_at(10 * sigma), 1) == [enc]
     for k in range(2, 5):                     # three rejections ...
         assert gate.screen([enc], whitened_at(500 * sigma), k) == []
@@ -213,7 +213,7 @@ def test_gate_rejects_outliers_then_believes_a_persistent_sensor(crank):
 def test_gate_after_an_outage_and_for_unconfirmed_sensors(crank):
     gate, enc, whitened_at = _encoder_gate(crank, outlier_gate=100.0, max_rejections=50, outage_steps=20)
     sigma = enc.sigmas[0]
-    enc.value = 0.0
+    assert enc.value == 0.0
     gate.screen([enc], whitened_at(0.0), 1)
     with pytest.raises(ReadingsDisagree, match="after 30 steps without a reading"):
         gate.screen([enc], whitened_at(500 * sigma), 31)
@@ -231,7 +231,7 @@ def test_gate_after_an_outage_and_for_unconfirmed_sensors(crank):
 def test_late_readings_share_the_gate_bookkeeping(crank):
     gate, enc, whitened_at = _encoder_gate(crank, outlier_gate=100.0, max_rejections=2, outage_steps=20)
     sigma = enc.sigmas[0]
-    enc.value = 0.0
+    assert enc.value == 0.0
     gate.screen([enc], whitened_at(0.0), 1)
     # refused late readings count towards max_rejections of the on-time ones
     assert gate.screen_late([enc], np.array([500.0]), 2) == [False]

@@ -272,7 +272,7 @@ def test_hermite_velocity_integrator(mech):
     np.testing.assert_allclose(Js[4], np.eye(n) + c * l1.da_dq, rtol=1e-9, atol=1e-12)
     # previous end on the linear model built at another point: matrices there, q̇ and q̈ of the state
     qb, vb = x0["q"] + 1e-3, x0["v"] - 1e-3
-    unit.lin_prev = (qb, vb, None)
+    unit = unit.with_params(lin_prev=(qb, vb, None))
     e2, Js2 = unit.evaluate(*blocks)
     j0b, l0b = j_pred(x0, Q0, Qd0, at=(qb, vb))
     np.testing.assert_allclose(e2, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0b, j1), rtol=1e-9, atol=1e-12)
@@ -353,6 +353,40 @@ def test_sensor_values():
         F.ObservedCoordinate(mech, 99)
 
 
+def test_units_are_immutable_and_take_their_per_step_values_explicitly(mech):
+    rng = np.random.default_rng(5)
+    s = random_state(mech, rng)
+    units = all_units(mech, s, rng) + [F.Jerk(mech, Qdot=rng.standard_normal(mech.n)),
+                                       F.HermiteVelocityIntegrator(mech, 1e-3)]
+    for unit in units:
+        name = unit.params[0] if unit.params else "sigmas"
+        with pytest.raises(AttributeError, match="immutable"):
+            setattr(unit, name, getattr(unit, name))
+        with pytest.raises(AttributeError, match="immutable"):
+            unit.something_new = 1.0
+        with pytest.raises(AttributeError, match="immutable"):
+            del unit.dim
+        for value in unit.own_params():
+            if isinstance(value, np.ndarray):
+                with pytest.raises(ValueError, match="read-only"):
+                    value[...] = 0.0
+        if not unit.params:
+            continue
+        blocks = blocks_for(unit, s)
+        e0 = unit.error(*blocks)
+        np.testing.assert_array_equal(unit.error(*blocks, params=unit.own_params()), e0)
+        # other values passed with the evaluation, or held by a new unit: the same numbers, the unit unchanged
+        other = {p: (None if p == "lin_prev" else v + 0.25) for p, v in zip(unit.params, unit.own_params())
+                 if v is not None}
+        changed = unit.with_params(**other)
+        given = tuple(other.get(p, v) for p, v in zip(unit.params, unit.own_params()))
+        np.testing.assert_array_equal(changed.error(*blocks), unit.error(*blocks, params=given))
+        assert not np.array_equal(changed.error(*blocks), e0)
+        np.testing.assert_array_equal(unit.error(*blocks), e0)
+        with pytest.raises(ValueError, match="not per-step parameters"):
+            unit.with_params(sigmas=1.0)
+
+
 def test_default_sigmas_come_from_table_2():
     mech = load_mechanism("mechanisms/four_bar.yaml")
     s = default_sigmas()
@@ -392,11 +426,12 @@ def test_custom_factor_adapter_matches_unit():
         np.testing.assert_allclose(A, np.hstack(Jw), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(b, -ew, rtol=1e-12, atol=1e-12)
         assert cf.error(values) == pytest.approx(0.5 * ew @ ew, rel=1e-12, abs=1e-300)
-    # the adapter holds a copy: changing the unit's parameters afterwards does not change the factor
+    # the adapter holds the unit, which cannot change afterwards
     unit = F.Encoder(mech, mech.coordinate_index("crank"), 0.1, 1e-3)
     key = gtsam.symbol("q", 0)
     cf = custom_factor(unit, [key])
-    unit.value = 0.5
+    with pytest.raises(AttributeError, match="immutable"):
+        unit.value = 0.5
     values = gtsam.Values()
     values.insert(key, s["q"])
     d = s["q"][mech.coordinate_index("crank")] - 0.1

@@ -64,9 +64,8 @@ def test_prepare_then_commit_a_step_with_or_without_a_reading(crank):
 @pytest.mark.parametrize("kernel", ["compiled", "numpy"])
 def test_each_step_is_evaluated_with_its_own_values(crank, kernel, monkeypatch):
     """A unit shared by the models of several steps (an encoder) gets each step's reading passed with the
-    step: the window keeps them per step and evaluates each step with its own (the compiled kernel reads them
-    from the step's record, the numpy forms from the unit, where the window puts them), and the caller never
-    sets them."""
+    step: the window keeps them per step and evaluates each step with its own, passed with each evaluation on
+    both paths; the unit itself keeps the value it was made with."""
     monkeypatch.setenv(native.ENVIRONMENT, "1" if kernel == "compiled" else "0")
     window, layout, _, _, x = _seeded(crank)
     c = crank.coordinate_index("crank")
@@ -84,7 +83,6 @@ def test_each_step_is_evaluated_with_its_own_values(crank, kernel, monkeypatch):
     rec1 = window.records[1]
     assert window.mismatch(rec1, window.estimate(0), window.estimate(1)) < 1e-6
     assert model.compiled == (kernel == "compiled" and native.AVAILABLE)
-    if not model.compiled:
-        assert enc.value == readings[1]
-    # without a passed value the unit's current one is taken (for parameters fixed at construction)
-    assert model.params_of({})[i] == (enc.value,)
+    assert enc.value == 0.0
+    # without a passed value the unit's own is taken (for parameters fixed at construction)
+    assert model.params_of({})[i] == (0.0,)

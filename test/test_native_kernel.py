@@ -95,46 +95,86 @@ def _layout(mech, na):
     return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na)])
 
 
-def _every_unit(mech, h):
-    """Units of every compiled type (and static integrators) on one step of `mech`, with their per-step values."""
-    n, na = mech.n, len(mech.actuated)
-    dyn_fwd = F.ForwardDynamics(mech, sigma=0.3)
-    dyn_inv = F.InverseDynamics(mech, sigma=0.2)
-    angle = n - 1                                   # (the last coordinate of the shipped crank is its angle)
-    enc_angle = F.Encoder(mech, angle, sigma=1e-3)
-    enc_point = F.Encoder(mech, 0, sigma=2e-3)
-    obs = F.ObservedCoordinate(mech, 1, order=1, sigma=0.05)
-    gyro_fixed = F.Gyroscope(mech, 0, sigma=0.01)
-    gyro_moving = F.Gyroscope(mech, 1, sigma=0.02)
-    prior = F.Prior("tau", np.zeros(na), 3.0, select=list(range(na)), size=na)
-    units = [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h),
-             F.PositionConstraints(mech), F.VelocityConstraints(mech), dyn_fwd, dyn_inv, enc_angle, enc_point, obs,
-             gyro_fixed, gyro_moving, prior]
+# One case per unit kind of the kernel's table (`native.unit_kinds`): units of that kind on a mechanism, each with
+# its per-step values (or None).  A kind the kernel exports without a case here fails
+# `test_every_unit_kind_of_the_kernel_has_a_case`: a new compiled kind comes with its comparison to numpy.
+KIND_CASES = {
+    "position": lambda mech, rng: [(F.PositionConstraints(mech), None)],
+    "velocity": lambda mech, rng: [(F.VelocityConstraints(mech), None)],
+    "forward_dynamics": lambda mech, rng: [
+        (F.ForwardDynamics(mech, sigma=0.3), {"Q": mech.gravity_forces + rng.standard_normal(mech.n)})],
+    "inverse_dynamics": lambda mech, rng: [
+        (F.InverseDynamics(mech, sigma=0.2), {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n)})],
+    "coordinate": lambda mech, rng: [(F.Encoder(mech, 0, sigma=2e-3), {"value": 0.1}),
+                                     (F.ObservedCoordinate(mech, 1, order=1, sigma=0.05), {"value": -0.2})],
+    # (the last coordinate of the shipped crank is its angle)
+    "wrapped_coordinate": lambda mech, rng: [(F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0})],
+    "gyroscope": lambda mech, rng: [(F.Gyroscope(mech, 0, sigma=0.01), {"value": 0.5}),
+                                    (F.Gyroscope(mech, 1, sigma=0.02), {"value": -0.4})],
+    "prior": lambda mech, rng: [(F.Prior("tau", np.zeros(len(mech.actuated)), 3.0,
+                                         select=list(range(len(mech.actuated))), size=len(mech.actuated)),
+                                 {"mean": rng.standard_normal(len(mech.actuated))})],
+}
+
+
+def _units_of(mech, h, kinds):
+    """The units of `kinds` (`KIND_CASES`) and the static integrators on one step of `mech`, with their per-step
+    values."""
+    n = mech.n
     rng = np.random.default_rng(7)
-    values = {dyn_fwd: {"Q": mech.gravity_forces + rng.standard_normal(n)},
-              dyn_inv: {"Q_known": mech.gravity_forces + rng.standard_normal(n)},
-              enc_angle: {"value": 3.0}, enc_point: {"value": 0.1}, obs: {"value": -0.2},
-              gyro_fixed: {"value": 0.5}, gyro_moving: {"value": -0.4}, prior: {"mean": rng.standard_normal(na)}}
+    units = [F.TrapezoidalIntegrator("q", "v", n, h), F.TrapezoidalIntegrator("v", "a", n, h)]
+    values = {}
+    for kind in kinds:
+        for unit, given in KIND_CASES[kind](mech, rng):
+            assert unit.kernel_kind == kind
+            units.append(unit)
+            if given is not None:
+                values[unit] = given
     return units, values
 
 
+def test_every_unit_kind_of_the_kernel_has_a_case():
+    kinds = native.unit_kinds()
+    assert kinds, "the kernel exports no unit kinds"
+    assert sorted(kinds) == sorted(KIND_CASES), (
+        f"unit kinds of the kernel without a case in KIND_CASES: {sorted(set(kinds) - set(KIND_CASES))}; "
+        f"cases of kinds the kernel does not know: {sorted(set(KIND_CASES) - set(kinds))}")
+    assert sorted(k["code"] for k in kinds.values()) == list(range(len(kinds)))
+
+
+@pytest.mark.parametrize("kind", sorted(native.unit_kinds()))
+def test_each_unit_kind_matches_numpy(crank, kind):
+    units, values = _units_of(crank, 1e-3, [kind])
+    entry = native.unit_kinds()[kind]
+    rows = {"constraints": crank.m, "coordinates": crank.n, "one": 1}
+    for u in units[2:]:
+        assert native.unit_form(u)[0] == entry["code"] and len(u.slots) == entry["slots"]
+        assert u.dim == rows.get(entry["rows"], len(native.unit_form(u)[1]))
+    _compare_step(crank, units, values)
+
+
 def test_a_whole_step_matches_numpy(crank):
-    n, na, h = crank.n, len(crank.actuated), 1e-3
-    layout = _layout(crank, na)
-    units, values = _every_unit(crank, h)
+    _compare_step(crank, *_units_of(crank, 1e-3, sorted(native.unit_kinds())))
+
+
+def _compare_step(mech, units, values):
+    """The compiled linearization, right-hand side and relinearization mismatch of one step of `units` against
+    the numpy forms."""
+    n, na = mech.n, len(mech.actuated)
+    layout = _layout(mech, na)
     model = StepModel(layout, units)
-    ctx, ref_ctx = EvalContext(crank), _python_context(crank)
+    ctx, ref_ctx = EvalContext(mech), _python_context(mech)
     params = model.params_of(values)
     rng = np.random.default_rng(11)
-    for q, v, _ in _configurations(crank, 4, 5):
+    for q, v, _ in _configurations(mech, 4, 5):
         x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na))
         x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
         th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4
         compiled = model.native_linearize(x_prev, x_cur, ctx, (th_prev, th_cur), params)
         assert compiled is not None
         A_prev, A_cur, r, b = [np.array(a) for a in compiled]
-        model.apply(params)
-        P_prev, P_cur, p_r = [np.array(a) for a in model.linearize(x_prev, x_cur, ref_ctx, static_at=(th_prev, th_cur))]
+        P_prev, P_cur, p_r = [np.array(a) for a in model.linearize(x_prev, x_cur, ref_ctx, static_at=(th_prev, th_cur),
+                                                                   params=params)]
         _close(A_prev, P_prev)
         _close(A_cur, P_cur)
         _close(r, p_r)
@@ -146,9 +186,11 @@ def test_a_whole_step_matches_numpy(crank):
         rows = model.check_rows
         x_new, x_new_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim), x_prev + 1e-3 * rng.standard_normal(layout.dim)
         lin = P_cur[rows].dot(x_new - x_cur) + p_r[rows] + P_prev[rows].dot(x_new_prev - x_prev)
-        expected = np.abs(lin - model.check_residual(x_new_prev, x_new, ref_ctx))
+        expected = np.abs(lin - model.check_residual(x_new_prev, x_new, ref_ctx, params=params))
         if model.check_weights is not None:
             expected *= model.check_weights
+        if not rows.size:
+            continue
         got = model.native_mismatch(ctx, params, np.ascontiguousarray(P_cur[rows]), np.ascontiguousarray(p_r[rows]),
                                     np.ascontiguousarray(P_prev[rows]), x_cur, x_prev, x_new, x_new_prev)
         assert got == pytest.approx(float(expected.max()), rel=1e-9, abs=1e-12)
@@ -192,10 +234,44 @@ def test_wrong_inputs_raise_clear_errors(crank):
         kernel.acceleration(np.zeros(n), np.zeros(n), np.zeros(n), np.empty(n, dtype=np.float32))
     with pytest.raises(TypeError, match="takes 4 arguments"):
         kernel.acceleration(np.zeros(n))
+    code = native.unit_kinds()["position"]["code"]
+    with pytest.raises(ValueError, match="a position unit has 2 rows, not 4"):
+        native.step_kernel(kernel, 3 * n, np.zeros((0, 3 * n)), False, [(code, 0, 2, -1, True, [(1, 0, n)],
+                                                                          np.ones(2), [], [])],
+                           np.zeros((2, 3 * n)), None, np.zeros(2), np.zeros(2))
+    with pytest.raises(ValueError, match="unknown unit code 99"):
+        native.step_kernel(kernel, 3 * n, np.zeros((0, 3 * n)), False, [(99, 0, 1, -1, True, [(1, 0, n)],
+                                                                          np.ones(1), [], [])],
+                           np.zeros((1, 3 * n)), None, np.zeros(1), np.zeros(1))
     with pytest.raises(ValueError, match="columns out of range"):
-        native.step_kernel(kernel, 3, np.zeros((0, 3)), False, [(native.module().POSITION, 0, crank.m, -1, True,
+        native.step_kernel(kernel, 3, np.zeros((0, 3)), False, [(native.unit_kinds()["position"]["code"], 0, crank.m, -1, True,
                                                                     [(1, 0, n)], np.ones(crank.m), [], [])],
                            np.zeros((crank.m, 3)), None, np.zeros(crank.m), np.zeros(crank.m))
+
+
+@pytest.mark.parametrize("config,step_form", [
+    ({}, "compiled"),
+    ({"integrator": "hermite"}, "numpy (no compiled form of hermite_velocity)"),
+    ({"formulation": "independent", "integrator": "euler"}, "numpy (no compiled form of equality(q), "
+     "position_constraints_indep, velocity_constraints_indep, acceleration_constraints_indep, forward_dynamics_indep)"),
+])
+def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatch):
+    monkeypatch.setenv(native.ENVIRONMENT, "1")
+    est = FixedLagEstimator(crank, EstimatorConfig(**config))
+    for k in range(3):
+        est.step(k * 1e-3, observations={"crank": 0.1})
+    numerics = est.numerics()
+    assert numerics["dynamics"] == "compiled" and numerics["step"] == step_form
+    assert numerics["seed"] == ("compiled" if "formulation" not in config else
+                                step_form.replace("equality(q), ", ""))
+    model = est.window.records[est.stepper.k].model
+    assert model.compiled == (step_form == "compiled")
+    # switched off: every model says so
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    est = FixedLagEstimator(crank, EstimatorConfig(**config))
+    est.step(0.0, observations={"crank": 0.1})
+    est.step(1e-3, observations={"crank": 0.1})
+    assert set(est.numerics().values()) == {native.describe()} and native.describe().startswith("numpy (switched off")
 
 
 def _run(mech, mode, steps, enabled, monkeypatch):

@@ -721,6 +721,43 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         rclpy.shutdown(context=ctx)
 
 
+def test_the_kernel_diagnostic_names_each_model_that_runs_in_numpy():
+    """With the hermite integrator the step models run in numpy (the kernel has no hermite velocity
+    integrator): /diagnostics' `kernel` names each model's form, not the kernel's global state."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.serialization import serialize_message
+    from mbfg_ros import native
+    from mbfg_ros.ros import node as N
+    from mbfg_ros.ros.diagnostics import kernel_text
+    assert kernel_text(None) == native.describe() == kernel_text({"dynamics": native.describe()})
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false",
+                     "-p", "mode:=estimation", "-p", "integrator:=hermite"], context=ctx,
+               domain_id=fresh_domain_id())
+    node = N.EstimatorNode(context=ctx)
+    try:
+        node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+        node.after_batch()
+        assert node.state == "running"
+        for _ in range(100):                 # (steps after the seed: the step models are built)
+            if "step" in node.core.numerics():
+                break
+            time.sleep(0.005)
+            node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
+            node.after_batch()
+        kv = node.diagnostic_status()[1][4]
+        if native.enabled():
+            assert kv["kernel"] == kernel_text(node.core.numerics()) != native.describe()
+            assert "step: numpy (no compiled form of hermite_velocity)" in kv["kernel"]
+            assert "dynamics: compiled" in kv["kernel"]
+        else:
+            assert kv["kernel"] == native.describe()
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
 def test_lost_track_and_the_fitted_sensor_sigmas_are_reported():
     """The node steps its real core (estimation mode) through readings that jump 0.3 rad for good: the core
     re-initializes from them (`Estimate.recovery` "lost_track"), the node counts it in the diagnostics'

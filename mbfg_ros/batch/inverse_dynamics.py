@@ -13,7 +13,6 @@ fixes it without biasing the ends (a soft equality q̈_k → q̈_k+1 pulls the e
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -84,16 +83,11 @@ class InverseDynamicsUnits:
         self.smoothness_a = F.SecondDifference("a", n, sigmas.smoothness)
 
     def priors(self, targets):
-        """Priors on the actuated coordinates, one per row of targets: shallow copies of one prior with
-        their own means (they share the selection, so the batch engine stacks them without a loop)."""
+        """Priors on the actuated coordinates, one per row of targets: one prior with each row as its mean
+        (`Factor.with_params`: they share the selection, so the batch engine stacks them without a loop)."""
         mech = self.mech
         base = F.Prior("q", targets[0], self.sigmas.trajectory, select=mech.actuated, size=mech.n)
-        out = []
-        for row in np.asarray(targets, float):
-            p = copy.copy(base)
-            p.mean = row.copy()
-            out.append(p)
-        return out
+        return [base.with_params(mean=row) for row in np.asarray(targets, float)]
 
 
 def _finite_difference(x, dt):

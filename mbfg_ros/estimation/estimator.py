@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 import mbfg_ros.factors as F
+from mbfg_ros import native
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
@@ -236,6 +237,11 @@ class FixedLagEstimator:
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
         est.solve_time = time.perf_counter() - t_start
         return est
+
+    def numerics(self) -> Dict[str, str]:
+        """Which form computes each of the estimator's models: {'dynamics': the mechanism's q̈ and its
+        derivatives, 'seed' and 'step': the step models built so far} -> 'compiled' or 'numpy (why)'."""
+        return {"dynamics": native.mechanism_form(self.mech, self.ctx.native), **self.factors.forms}
 
     def fitted_densities(self) -> Optional[Dict[str, float]]:
         """The process densities the online fit has handed to the factors (the steps added from now on use them):

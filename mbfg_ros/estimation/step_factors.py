@@ -87,6 +87,9 @@ class StepFactors:
         self.z: Optional[np.ndarray] = None
         self._models: Dict[tuple, StepModel] = {}
         self._step_models: Dict[tuple, StepModel] = {}
+        #: which path linearizes the step models built so far, per role ('seed', 'step'): 'compiled' or
+        #: 'numpy (why)' (`StepModel.form`; a role's numpy model is kept over its compiled ones)
+        self.forms: Dict[str, str] = {}
         self._int_cache: Dict[float, list] = {}
         self.jerk: Optional[F.Factor] = None
         self._known_newest = self._known_before = None
@@ -139,7 +142,14 @@ class StepFactors:
 
     def seed_model(self, priors: list, effort_prior, readings: list) -> StepModel:
         """The first step of a window: its priors, constraints, dynamics and readings."""
-        return StepModel(self.layout, priors + self.kinematics + self._dynamic_units(effort_prior) + readings)
+        return self._noted("seed", StepModel(self.layout, priors + self.kinematics
+                                             + self._dynamic_units(effort_prior) + readings))
+
+    def _noted(self, role: str, model: StepModel) -> StepModel:
+        """`model`, its form noted in ``forms`` under `role`."""
+        if self.forms.get(role, "compiled") == "compiled":
+            self.forms[role] = model.form(self.ctx)
+        return model
 
     # -- per step --------------------------------------------------------------------------------
     def integrators(self, h: float) -> list:
@@ -238,7 +248,7 @@ class StepFactors:
             if model is None:
                 if len(self._models) > MAX_CACHED_MODELS:
                     self._models.clear()
-                model = self._models[ukey] = StepModel(self.layout, units)
+                model = self._models[ukey] = self._noted("step", StepModel(self.layout, units))
             if len(self._step_models) > MAX_CACHED_MODELS:
                 self._step_models.clear()
             self._step_models[key] = model

@@ -20,7 +20,6 @@ from an estimate that drifted a turn while steps were skipped).
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -228,19 +227,18 @@ class Stepper:
         j = int(step) - self.first_id
         if j not in window.records:
             return [], names
-        fused, refused, units = [], [], []
+        fused, refused, units, readings = [], [], [], []
         for name, val in obs.items():
             u = self.sensors.unit(name)
             if u is None:
                 refused.append(name)
                 continue
-            late = copy.copy(u)                 # the shared unit's value belongs to the newest step
-            late.value = val
-            units.append((name, late))
+            units.append((name, u))
+            readings.append((val,))
         if not units:
             return [], names
         x_j = window.estimate(j)
-        _, A, r = linearize_step([u for _, u in units], self.factors.layout, None, x_j, self.ctx)
+        _, A, r = linearize_step([u for _, u in units], self.factors.layout, None, x_j, self.ctx, params=readings)
         rows, row = [], 0
         for (name, u), passed in zip(units, self.gate.screen_late([u for _, u in units], r, j)):
             if passed:

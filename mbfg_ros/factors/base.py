@@ -8,15 +8,17 @@ A unit is one small object with
   soft equality, random walks), twice two steps earlier (second differences).
 * ``dim``    – number of error rows,
 * ``sigmas`` – (dim,) standard deviations of the rows (the noise model is diagonal),
-* ``evaluate(*blocks, ctx=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
-  ``error(*blocks, ctx=None)`` – error only (cheaper for the dynamics units),
-  ``whitened(*blocks, ctx=None)`` – both divided by the sigmas.
+* ``evaluate(*blocks, ctx=None, params=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
+  ``error(*blocks, ctx=None, params=None)`` – error only (cheaper for the dynamics units),
+  ``whitened(*blocks, ctx=None, params=None)`` – both divided by the sigmas.
 
-Parameters (measured values, known forces, Δt) are attributes set at construction.  A unit shared by
-the steps of a window has per-step parameters (``params``: a reading, the forces of a step): the caller
-passes each step's values with the step and `graph.step_model.StepModel` puts them on the unit whenever
-it evaluates that step; the gtsam adapters take a copy.  Nothing is read from outside the blocks: every
-quantity an error depends on is either a slot or a parameter of the unit.
+Units are immutable: every attribute is set at construction (setting one afterwards raises), so a unit is
+shared freely (by the step models of a window, the gtsam adapters, threads).  Parameters (measured values,
+known forces, Δt) are fixed at construction.  A unit shared by the steps of a window has per-step parameters
+(``params`` names them: a reading, the forces of a step): each evaluation takes that step's values as the
+tuple ``params`` (in the order of the names; None: the values given at construction), on the numpy path as
+in the compiled kernel; `with_params` makes a new unit with other values.  Nothing is read from outside the
+blocks: every quantity an error depends on is either a slot or a parameter.
 
 ``ctx`` is an optional `EvalContext`: a memo of the expensive per-configuration quantities (Φ, Φq,
 q̈ and its Jacobians) keyed by the *values* of the blocks, so several units evaluated at the same
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,9 +44,25 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.noise import default_sigmas
 
 
+class _FrozenAfterInit(type):
+    """Freezes a unit once its construction (every ``__init__`` of its classes) is done."""
+
+    def __call__(cls, *args, **kwargs):
+        unit = super().__call__(*args, **kwargs)
+        unit._freeze()
+        return unit
+
+
 def prev(name: str) -> str:
     """Slot name of block `name` one step earlier."""
     return name + "_prev"
+
+
+def _read_only(value):
+    """`value`, made read-only where it is an array (a unit's parameter array is never written)."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    return value
 
 
 def sigma_or_default(sigma, key: str) -> float:
@@ -78,7 +96,7 @@ def batch_mechanism(units: Sequence["Factor"]):
 
 
 # ----------------------------------------------------------------------------------------------
-class Factor:
+class Factor(metaclass=_FrozenAfterInit):
     """Base of all units (see the module docstring)."""
 
     slots: tuple = ()
@@ -95,8 +113,11 @@ class Factor:
     #: names of the per-step parameters (measured values, known forces): passed with each step
     #: (`graph.step_model.StepValues`) and kept per step, so an older step is re-linearized with its own values
     params: tuple = ()
+    #: the kind of this unit in the compiled kernel's table (`mbfg_ros.native.unit_kinds`; None: no compiled form,
+    #: the step linearizes in numpy), whose integers and floats `kernel_arguments` gives
+    kernel_kind: Optional[str] = None
 
-    def evaluate(self, *blocks, ctx: Optional[EvalContext] = None):
+    def evaluate(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None):
         raise NotImplementedError
 
     @classmethod
@@ -108,21 +129,49 @@ class Factor:
         None when the class (or the series) has no such form: the caller evaluates factor by factor."""
         return None
 
-    def error(self, *blocks, ctx: Optional[EvalContext] = None) -> np.ndarray:
-        return self.evaluate(*blocks, ctx=ctx)[0]
+    def kernel_arguments(self) -> Tuple[list, list]:
+        """(integers, floats) of this unit's compiled form (see `kernel_kind`): what its kind in `_kernel.c`
+        reads besides the blocks and the per-step parameters."""
+        return [], []
 
-    def whitened(self, *blocks, ctx: Optional[EvalContext] = None):
-        e, J = self.evaluate(*blocks, ctx=ctx)
+    def error(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None) -> np.ndarray:
+        return self.evaluate(*blocks, ctx=ctx, params=params)[0]
+
+    def whitened(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None):
+        e, J = self.evaluate(*blocks, ctx=ctx, params=params)
         w = 1.0 / self.sigmas
         return e * w, [Ji * w[:, None] for Ji in J]
 
-    def copy(self) -> "Factor":
-        """Shallow copy with its own parameter arrays (the mechanism is shared: it is immutable)."""
-        c = copy.copy(self)
-        for k, val in vars(self).items():
-            if isinstance(val, np.ndarray):
-                setattr(c, k, val.copy())
-        return c
+    def own_params(self) -> tuple:
+        """The per-step parameters given at construction, in the order of ``params``."""
+        return tuple(getattr(self, name) for name in self.params)
+
+    def with_params(self, **values) -> "Factor":
+        """A new unit like this one with other values of its per-step parameters (names from ``params``)."""
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            raise ValueError(f"{self.name}: {unknown} are not per-step parameters of {type(self).__name__} "
+                             f"(those are {list(self.params)})")
+        unit = copy.copy(self)
+        for name, value in values.items():       # (arrays copied: the caller's stay writable)
+            object.__setattr__(unit, name, _read_only(value.copy() if isinstance(value, np.ndarray) else value))
+        return unit
+
+    def _freeze(self):
+        for name in self.params:
+            _read_only(getattr(self, name, None))
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(f"{type(self).__name__} units are immutable (setting {name!r}): per-step values "
+                                 f"are passed with each evaluation (params=), with_params makes a changed unit")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(f"{type(self).__name__} units are immutable (deleting {name!r})")
+        object.__delattr__(self, name)
 
     def __repr__(self):
         return f"{type(self).__name__}(slots={self.slots}, dim={self.dim})"

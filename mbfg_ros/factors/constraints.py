@@ -18,6 +18,8 @@ TWO_PI = 2.0 * math.pi
 class PositionConstraints(Factor):
     """f_pc: e = Φ(q); ∂e/∂q = Φq."""
 
+    kernel_kind = "position"
+
     def __init__(self, mech: Mechanism, sigma=None):
         self.mech = mech
         self.slots = ("q",)
@@ -25,11 +27,11 @@ class PositionConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "position_constraints"), self.dim)
         self.name = "position_constraints"
 
-    def evaluate(self, q, ctx=None):
+    def evaluate(self, q, ctx=None, params=None):
         phi, J = context_or_new(ctx, self.mech).phi_and_jacobian(q)
         return phi, [J]
 
-    def error(self, q, ctx=None):
+    def error(self, q, ctx=None, params=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[0]
 
     @classmethod
@@ -46,6 +48,8 @@ class PositionConstraints(Factor):
 class VelocityConstraints(Factor):
     """f_vc: e = Φq q̇; ∂e/∂q = ∂(Φq q̇)/∂q = Φ̇q, ∂e/∂q̇ = Φq."""
 
+    kernel_kind = "velocity"
+
     def __init__(self, mech: Mechanism, sigma=None):
         self.mech = mech
         self.slots = ("q", "v")
@@ -53,13 +57,13 @@ class VelocityConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "velocity_constraints"), self.dim)
         self.name = "velocity_constraints"
 
-    def evaluate(self, q, v, ctx=None):
+    def evaluate(self, q, v, ctx=None, params=None):
         c = context_or_new(ctx, self.mech)
         J = c.phi_and_jacobian(q)[1]
         Jd = c.jacobian_dot(q, v)
         return J.dot(v), [Jd, J]
 
-    def error(self, q, v, ctx=None):
+    def error(self, q, v, ctx=None, params=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[1].dot(v)
 
     @classmethod
@@ -85,7 +89,7 @@ class AccelerationConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "acceleration_constraints"), self.dim)
         self.name = "acceleration_constraints"
 
-    def evaluate(self, q, v, a, ctx=None):
+    def evaluate(self, q, v, a, ctx=None, params=None):
         c = context_or_new(ctx, self.mech)
         C = self.mech.constraints
         J = c.phi_and_jacobian(q)[1]
@@ -128,7 +132,7 @@ class PositionConstraintsIndep(_IndepBase):
     def __init__(self, mech: Mechanism, z: Sequence[int], sigma=None):
         super().__init__(mech, z, sigma, "position_constraints", ("q", "z"), "position_constraints_indep")
 
-    def evaluate(self, q, zz, ctx=None):
+    def evaluate(self, q, zz, ctx=None, params=None):
         phi, J = context_or_new(ctx, self.mech).phi_and_jacobian(q)
         return np.concatenate((phi, q[self.z] - zz)), [np.vstack((J, self._B)), self._minus_I]
 
@@ -139,7 +143,7 @@ class VelocityConstraintsIndep(_IndepBase):
     def __init__(self, mech: Mechanism, z: Sequence[int], sigma=None):
         super().__init__(mech, z, sigma, "velocity_constraints", ("q", "v", "zd"), "velocity_constraints_indep")
 
-    def evaluate(self, q, v, zd, ctx=None):
+    def evaluate(self, q, v, zd, ctx=None, params=None):
         c = context_or_new(ctx, self.mech)
         J = c.phi_and_jacobian(q)[1]
         Jd = c.jacobian_dot(q, v)
@@ -154,7 +158,7 @@ class AccelerationConstraintsIndep(_IndepBase):
         super().__init__(mech, z, sigma, "acceleration_constraints", ("q", "v", "a", "zdd"),
                          "acceleration_constraints_indep")
 
-    def evaluate(self, q, v, a, zdd, ctx=None):
+    def evaluate(self, q, v, a, zdd, ctx=None, params=None):
         c = context_or_new(ctx, self.mech)
         C = self.mech.constraints
         J = c.phi_and_jacobian(q)[1]

@@ -40,16 +40,17 @@ class ForwardDynamics(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
         self._minus_I = -np.eye(self.dim)
         self.name = "forward_dynamics" if self.z is None else "forward_dynamics_indep"
+        self.kernel_kind = "forward_dynamics" if self.z is None else None
 
-    def evaluate(self, q, v, a, ctx=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q)
+    def evaluate(self, q, v, a, ctx=None, params=None):
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q if params is None else params[0])
         z = self.z
         if z is None:
             return d.a - a, [d.da_dq, d.da_dv, self._minus_I]
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I]
 
-    def error(self, q, v, a, ctx=None):
-        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.Q)
+    def error(self, q, v, a, ctx=None, params=None):
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.Q if params is None else params[0])
         return (acc if self.z is None else acc[self.z]) - a
 
     @classmethod
@@ -94,21 +95,26 @@ class InverseDynamics(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
         self._minus_I = -np.eye(self.dim)
         self.name = "inverse_dynamics" if self.z is None else "inverse_dynamics_indep"
+        self.kernel_kind = "inverse_dynamics" if self.z is None else None
 
-    def forces(self, tau):
-        Q = self.Q_known.copy()
+    def kernel_arguments(self):
+        return [int(i) for i in self.actuated], []
+
+    def forces(self, tau, Q_known=None):
+        """Q = Q_known + E τ (Q_known: the one given at construction where None)."""
+        Q = (self.Q_known if Q_known is None else Q_known).copy()
         Q[self._act] += tau
         return Q
 
-    def evaluate(self, q, v, a, tau, ctx=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau))
+    def evaluate(self, q, v, a, tau, ctx=None, params=None):
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau, None if params is None else params[0]))
         z = self.z
         if z is None:
             return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self._act]]
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self._act]]
 
-    def error(self, q, v, a, tau, ctx=None):
-        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau))
+    def error(self, q, v, a, tau, ctx=None, params=None):
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau, None if params is None else params[0]))
         return (acc if self.z is None else acc[self.z]) - a
 
     @classmethod
@@ -176,16 +182,17 @@ class Jerk(Factor):
         self.name = "jerk"
         self.check_weight = 0.0
 
-    def _forces(self, tau):
+    def _forces(self, Q, tau):
         if not self.efforts:
-            return self.Q
-        Q = self.Q.copy()
+            return Q
+        Q = Q.copy()
         Q[self.actuated] += tau
         return Q
 
-    def evaluate(self, q, v, a, j, *tau, ctx=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self._forces(tau[0] if tau else None))
-        jp = d.da_dq @ v + d.da_dv @ a + d.da_dQ @ self.Qdot
+    def evaluate(self, q, v, a, j, *tau, ctx=None, params=None):
+        Q, Qdot = (self.Q, self.Qdot) if params is None else params
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self._forces(Q, tau[0] if tau else None))
+        jp = d.da_dq @ v + d.da_dv @ a + d.da_dQ @ Qdot
         Jv, Ja = -d.da_dq, -d.da_dv
         if self.select is not None:
             jp, Jv, Ja = jp[self.select], Jv[self.select], Ja[self.select]

@@ -29,7 +29,7 @@ class _Combination(Factor):
         self.jacobians = [c * I for c in self.coefficients]
         self.name = title
 
-    def evaluate(self, *blocks, ctx=None):
+    def evaluate(self, *blocks, ctx=None, params=None):
         e = self.coefficients[0] * blocks[0]
         for c, b in zip(self.coefficients[1:], blocks[1:]):
             e = e + c * b
@@ -86,10 +86,11 @@ class SoftEquality(_Combination):
             self.static = False          # the offset is a per-step parameter
             self.params = ("offset",)
 
-    def evaluate(self, x0, x1, ctx=None):
+    def evaluate(self, x0, x1, ctx=None, params=None):
         e = x1 - x0
-        if self.offset is not None:
-            e = e - self.offset
+        offset = self.offset if params is None else params[0]
+        if offset is not None:
+            e = e - offset
         return e, self.jacobians
 
 
@@ -168,23 +169,22 @@ class HermiteVelocityIntegrator(Factor):
             j += d.da_dQ.dot(Qdot)
         return j
 
-    def dynamics_prev(self, q0, v0, tau0=None, ctx=None):
-        """The dynamics linearization j₀ is built on (at ``lin_prev``, else at (q₀, q̇₀))."""
-        return self.dynamics_at(context_or_new(ctx, self.mech), self.Q_prev, self.lin_prev, q0, v0, tau0)
-
     def dynamics_at(self, ctx, Q_prev, lin_prev, q0, v0, tau0=None):
-        """`dynamics_prev` for given per-step values ``Q_prev`` and ``lin_prev`` (a step not yet added)."""
+        """The dynamics linearization j₀ is built on (at ``lin_prev``, else at (q₀, q̇₀)) for the per-step values
+        ``Q_prev`` and ``lin_prev``."""
         if lin_prev is None:
             return ctx.dynamics(q0, v0, self.forces(Q_prev, tau0))
         qb, vb, tb = lin_prev
         return ctx.dynamics(qb, vb, self.forces(Q_prev, tb))
 
-    def evaluate(self, q0, v0, a0, q1, v1, a1, *tau, ctx=None):
+    def evaluate(self, q0, v0, a0, q1, v1, a1, *tau, ctx=None, params=None):
+        Q_prev, Q, Qdot_prev, Qdot, lin_prev = ((self.Q_prev, self.Q, self.Qdot_prev, self.Qdot, self.lin_prev)
+                                                if params is None else params)
         c = context_or_new(ctx, self.mech)
-        d0 = self.dynamics_prev(q0, v0, tau[0] if tau else None, ctx=c)
-        d1 = c.dynamics(q1, v1, self.forces(self.Q, tau[1] if tau else None))
-        j0 = self.jerk(d0, v0, a0, self.Qdot_prev)
-        j0 -= self.jerk(d1, v1, a1, self.Qdot)
+        d0 = self.dynamics_at(c, Q_prev, lin_prev, q0, v0, tau[0] if tau else None)
+        d1 = c.dynamics(q1, v1, self.forces(Q, tau[1] if tau else None))
+        j0 = self.jerk(d0, v0, a0, Qdot_prev)
+        j0 -= self.jerk(d1, v1, a1, Qdot)
         h2, cc = self._h2, self._c
         e = v1 - v0
         e -= h2 * (a0 + a1)

@@ -17,6 +17,7 @@ class Prior(Factor):
     """f_prior: e = x[select] − x0 (all of x when `select` is None).  Jacobian: rows of I."""
 
     linear = True
+    kernel_kind = "prior"
 
     params = ('mean',)
 
@@ -32,9 +33,12 @@ class Prior(Factor):
         self.name = f"prior({block})"
         self._J = np.eye(self.size)[self.select] if self.select is not None else np.eye(self.size)
 
-    def evaluate(self, x, ctx=None):
-        e = (x if self.select is None else x[self.select]) - self.mean
+    def evaluate(self, x, ctx=None, params=None):
+        e = (x if self.select is None else x[self.select]) - (self.mean if params is None else params[0])
         return e, [self._J]
+
+    def kernel_arguments(self):
+        return [int(i) for i in (range(self.dim) if self.select is None else self.select)], []
 
 
 class CorrelatedPrior(Factor):
@@ -71,5 +75,5 @@ class CorrelatedPrior(Factor):
         lam = np.maximum(lam, floor * floor)
         return cls(blocks, sizes, mean, (V / np.sqrt(lam)).T)
 
-    def evaluate(self, *blocks, ctx=None):
-        return self._R.dot(np.concatenate(blocks) - self.mean), self._J
+    def evaluate(self, *blocks, ctx=None, params=None):
+        return self._R.dot(np.concatenate(blocks) - (self.mean if params is None else params[0])), self._J

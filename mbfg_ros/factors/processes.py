@@ -103,7 +103,7 @@ class IntegratedRandomWalk(Factor):
         damped = "" if math.isinf(self.time_constant) else f",T={self.time_constant:g}"
         self.name = f"integrated_random_walk({x},{xd}{damped})"
 
-    def evaluate(self, x0, x1, xd0, xd1, ctx=None):
+    def evaluate(self, x0, x1, xd0, xd1, ctx=None, params=None):
         J = self.jacobians
         e = J[0].dot(x0) + J[1].dot(x1) + J[2].dot(xd0) + J[3].dot(xd1)
         return e, J

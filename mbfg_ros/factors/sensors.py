@@ -43,6 +43,9 @@ class _CoordinateReading(Factor):
         self._J = np.zeros((1, mech.n))
         self._J[0, self.coordinate] = 1.0
 
+    def kernel_arguments(self):
+        return [self.coordinate], []
+
 
 class Encoder(_CoordinateReading):
     """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
@@ -52,10 +55,11 @@ class Encoder(_CoordinateReading):
         super().__init__(mech, coordinate, "q", value, sigma)
         self.angle = self.coordinate >= mech.n_point_coordinates
         self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
+        self.kernel_kind = "wrapped_coordinate" if self.angle else "coordinate"
         self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
 
-    def evaluate(self, q, ctx=None):
-        d = q.item(self.coordinate) - self.value       # (a plain float: cheaper arithmetic)
+    def evaluate(self, q, ctx=None, params=None):
+        d = q.item(self.coordinate) - (self.value if params is None else params[0])   # (a plain float: cheaper)
         if self.angle:
             d = wrapped_angle(d)
         return np.array([d]), [self._J]
@@ -66,6 +70,7 @@ class ObservedCoordinate(_CoordinateReading):
     e = x[c] − reading with x = q, q̇ or q̈.  `coordinate` is an index or a name."""
 
     linear = True
+    kernel_kind = "coordinate"
     BLOCKS = ("q", "v", "a")
 
     def __init__(self, mech: Mechanism, coordinate, order=0, value: float = 0.0, sigma: float = 1e-3):
@@ -75,8 +80,8 @@ class ObservedCoordinate(_CoordinateReading):
         super().__init__(mech, coordinate, self.BLOCKS[self.order], value, sigma)
         self.name = f"observed_{self.slots[0]}({mech.coordinate_names[self.coordinate]})"
 
-    def evaluate(self, x, ctx=None):
-        return np.array([x[self.coordinate] - self.value]), [self._J]
+    def evaluate(self, x, ctx=None, params=None):
+        return np.array([x[self.coordinate] - (self.value if params is None else params[0])]), [self._J]
 
 
 class Gyroscope(Factor):
@@ -85,6 +90,7 @@ class Gyroscope(Factor):
     ∂ω/∂Δ̇ = (−Δy, Δx)/r,  ∂ω/∂Δ = (Δ̇y, −Δ̇x)/r − 2ω Δ/r, scattered with ±1 onto the point columns."""
 
     params = ('value',)
+    kernel_kind = "gyroscope"
 
     def __init__(self, mech: Mechanism, body: int, value: float = 0.0, sigma: float = 1e-2):
         self.mech = mech
@@ -102,7 +108,7 @@ class Gyroscope(Factor):
         self.n = mech.n
         self.name = f"gyroscope(body {self.body})"
 
-    def evaluate(self, q, v, ctx=None):
+    def evaluate(self, q, v, ctx=None, params=None):
         # plain floats (one `tolist` per block) and scalar stores: this runs at every step of a 1 kHz loop
         ql, vl = q.tolist(), v.tolist()
         fi, fj = self.fixed_i, self.fixed_j
@@ -130,4 +136,13 @@ class Gyroscope(Factor):
         if fi is None:
             cx, cy = self._ci
             jq[cx], jq[cy], jv[cx], jv[cy] = -gqx, -gqy, -gvx, -gvy
-        return np.array([w - self.value]), [Jq, Jv]
+        return np.array([w - (self.value if params is None else params[0])]), [Jq, Jv]
+
+    def kernel_arguments(self):
+        # a fixed point: its columns −1 and its position among the floats
+        fi, fj = self.fixed_i, self.fixed_j
+        ints = [-1, -1] if fi is not None else list(self._ci)
+        ints += [-1, -1] if fj is not None else list(self._cj)
+        floats = [fi.x, fi.y] if fi is not None else [0.0, 0.0]
+        floats += [fj.x, fj.y] if fj is not None else [0.0, 0.0]
+        return ints, [float(f) for f in floats]

@@ -24,13 +24,12 @@ def state_key(k: int) -> int:
 
 
 def custom_factor(unit: Factor, keys: Sequence[int]) -> gtsam.CustomFactor:
-    """`gtsam.CustomFactor` for `unit`, one vector key per slot (in slot order), diagonal noise model
-    with the unit's sigmas.  The unit is copied: later changes to the original's parameters do not
-    affect the factor."""
+    """`gtsam.CustomFactor` for `unit` (immutable: the factor holds it), one vector key per slot (in slot order),
+    diagonal noise model with the unit's sigmas."""
     keys = [int(k) for k in keys]
     if len(keys) != len(unit.slots):
         raise ValueError(f"{unit.name}: {len(unit.slots)} slots {unit.slots} but {len(keys)} keys")
-    u = unit.copy()
+    u = unit
     noise = gtsam.noiseModel.Diagonal.Sigmas(np.asarray(u.sigmas, dtype=float))
 
     def error_function(this, values, H):

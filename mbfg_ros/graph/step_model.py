@@ -40,8 +40,9 @@ def _blocks_for(unit, slot_map, vprev, vcur):
 
 
 def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
-                   ctx: Optional[EvalContext] = None):
-    """Whitened linearization of all `units` of one step at (X_{k−1}, X_k) = (x_prev, x_cur):
+                   ctx: Optional[EvalContext] = None, params: Optional[Sequence[Optional[tuple]]] = None):
+    """Whitened linearization of all `units` of one step at (X_{k−1}, X_k) = (x_prev, x_cur), with `params` the
+    per-step parameters of each unit (`Factor.params`; None, or a None item: those given at construction):
     returns (A_prev or None, A_cur, r) with e_w(X) ≈ r + A_prev (X_{k−1} − x_prev) + A_cur (X_k − x_cur)."""
     rows = 0
     need_prev = False
@@ -60,11 +61,11 @@ def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optiona
     vcur = layout.views(x_cur)
     vprev = layout.views(x_prev) if need_prev else None
     row = 0
-    for u in units:
+    for i, u in enumerate(units):
         d = u.dim
         if d == 0:
             continue
-        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx)
+        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx, params=None if params is None else params[i])
         w = 1.0 / u.sigmas
         r[row:row + d] = e * w
         wc = w[:, None]
@@ -85,10 +86,10 @@ class StepModel:
     the relinearization check (`check_rows`, weighted by the units' ``check_weight``; weight 0 = unchecked).
     `linearize` returns internal buffers: they stay valid until the next call (gtsam copies them).
 
-    Where every non-static unit has a compiled form (`mbfg_ros.native.unit_form`) and the context has the
-    mechanism's compiled kernel, `native_linearize` and `native_mismatch` do a whole linearization and a whole
-    relinearization check in one C call each, from the step's parameters directly (`params_of`; no `apply`);
-    the window uses them first.
+    A step's per-step parameters (`params_of`: the readings, the forces) are passed with each call, on both
+    paths.  Where every non-static unit has a compiled form (`mbfg_ros.native.unit_form`) and the context has
+    the mechanism's compiled kernel, `native_linearize` and `native_mismatch` do a whole linearization and a
+    whole relinearization check in one C call each; the window uses them first (`form` says which path runs).
     """
 
     def __init__(self, layout: StateLayout, units: Sequence[Factor]):
@@ -141,13 +142,14 @@ class StepModel:
                                if all(len(names) == 1 for _, names in self.param_units) else None)
         self._check_plan = [(u, slots, 1.0 / u.sigmas) for (u, _, _, slots, _) in self._plan
                             if not u.linear and u.check_weight > 0.0]
+        param_of = {id(u): i for i, (u, _) in enumerate(self.param_units)}
         # do the checked rows read X_{k−1}?  (If not, the check needs no estimate of the previous state.)
         self.check_prev = any(not which for _, slots, _ in self._check_plan for which, _ in slots)
         self._check_buf = np.zeros(len(check_rows))
         # do the non-static rows read X_{k−1}?
         self.dynamic_prev = any(not which for p in self._plan for which, _ in p[3])
         offs = np.cumsum([0] + [u.dim for u, _, _ in self._check_plan])
-        self._check_plan = [(u, slots, w, int(a), int(b)) for (u, slots, w), a, b in
+        self._check_plan = [(u, slots, w, int(a), int(b), param_of.get(id(u), -1)) for (u, slots, w), a, b in
                             zip(self._check_plan, offs[:-1], offs[1:])]
         # The dynamic units write their raw errors and Jacobians into buffers of their own, whitened with one
         # product per buffer after all are written (a product per Jacobian block was a visible share of a
@@ -172,29 +174,41 @@ class StepModel:
                 if not any(w == which and c == cols for w, c in self._blocks):
                     self._blocks.append((which, cols))
         self._views = []
+        param_index = {id(u): i for i, (u, _) in enumerate(self.param_units)}
         for (u, row, w, slots, distinct), last in zip(self._plan, self._last_J):
             a, b = row - rows_s, row - rows_s + u.dim
             outs = [(self._J_raw_cur if which else self._J_raw_prev)[a:b, cols] for which, cols in slots]
             self._views.append((u, _getter([self._block_index(which, cols) for which, cols in slots]),
-                                self._e_raw[a:b], outs, last, distinct))
+                                self._e_raw[a:b], outs, last, distinct, param_index.get(id(u), -1)))
         self._b = np.zeros(self.rows)
+        self._no_form = ""                # why the units have no compiled program ('' where they have)
         self._native_forms = self._unit_forms()
         self._native = None               # (the context's mechanism kernel, the StepKernel built for it)
 
     def _unit_forms(self) -> Optional[list]:
         """The step program of the compiled kernel (one entry per non-static unit), or None when a unit has no
-        compiled form."""
-        forms = []
+        compiled form (``_no_form`` then says why)."""
+        forms, kindless, missing = [], [], []
         param_index = {id(u): i for i, (u, _) in enumerate(self.param_units)}
         check_ids = {id(u) for u in self.check_units}
         for u, row, w, slots, _ in self._plan:
             form = native.unit_form(u)
-            if form is None or len(u.params) > 1:
-                return None
+            if form is None:
+                (kindless if u.kernel_kind is None else missing).append(u.name if u.kernel_kind is None
+                                                                       else native.no_form_reason(u))
+                continue
+            if len(u.params) > 1:
+                missing.append(f"{u.name} has {len(u.params)} per-step parameters")
+                continue
             code, ints, floats = form
             forms.append((code, row, u.dim, param_index.get(id(u), -1), id(u) in check_ids,
                           [(which, cols.start, cols.stop - cols.start) for which, cols in slots],
                           np.ascontiguousarray(w, dtype=float), ints, floats))
+        if kindless:
+            missing.insert(0, f"no compiled form of {', '.join(dict.fromkeys(kindless))}")
+        if missing:
+            self._no_form = "; ".join(dict.fromkeys(missing))
+            return None
         return forms
 
     def _kernel(self, ctx: Optional[EvalContext]):
@@ -209,6 +223,16 @@ class StepModel:
                                                           self._native_forms, self.A_cur, self.A_prev, self.r,
                                                           self._b))
         return held[1]
+
+    def form(self, ctx: Optional[EvalContext]) -> str:
+        """Which path linearizes this model with `ctx`: 'compiled', or 'numpy (why)': a unit without a compiled
+        form, or no compiled kernel of the mechanism.  (A step at a singular point of the dynamics goes to numpy
+        alone: not a property of the model.)"""
+        if not native.enabled():
+            return native.describe()
+        if self._native_forms is None:
+            return f"numpy ({self._no_form})"
+        return native.mechanism_form(ctx.mech, ctx.native) if ctx is not None else "numpy (no evaluation context)"
 
     @property
     def compiled(self) -> bool:
@@ -247,8 +271,9 @@ class StepModel:
         return self.r[a:b]
 
     def params_of(self, values: StepValues) -> list:
-        """This model's per-step parameters, one tuple per unit that has any: from `values` (unit -> {name:
-        value}) where given, else the unit's own, fixed at construction."""
+        """This model's per-step parameters, one tuple per unit that has any (``param_units``), passed with each
+        linearization and check of the step: from `values` (unit -> {name: value}) where given, else the
+        unit's own, fixed at construction."""
         single = self._single_params
         if single is not None:         # (the usual case: one parameter per unit)
             get = values.get
@@ -265,16 +290,11 @@ class StepModel:
                 out.append(tuple([given[p] if p in given else getattr(u, p) for p in names]))
         return out
 
-    def apply(self, params: list):
-        """Put a step's parameters (`params_of`) on the units before they are evaluated for it (units are
-        shared by the models of several steps: every value is always set)."""
-        for (u, names), vals in zip(self.param_units, params):
-            for p, val in zip(names, vals):
-                setattr(u, p, val)
-
     def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
-                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None):
-        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers).
+                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None,
+                  params: Optional[list] = None):
+        """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers) with the
+        step's per-step parameters `params` (`params_of`; None: the units' own).
         With ``static_at`` = (x_prev', x_cur') the rows of the static (affine) units are evaluated there
         instead (their linear model is exact, so this is the same model expressed about another point)."""
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
@@ -290,8 +310,8 @@ class StepModel:
                 last[:] = [None] * len(last)
         xs = (x_prev, x_cur)
         blocks = [xs[which][c] for which, c in self._blocks]
-        for u, take, e_rows, outs, last, distinct in self._views:
-            e, Js = u.evaluate(*take(blocks), ctx=ctx)
+        for u, take, e_rows, outs, last, distinct, p in self._views:
+            e, Js = u.evaluate(*take(blocks), ctx=ctx, params=None if p < 0 or params is None else params[p])
             e_rows[:] = e
             if distinct:         # every block of these rows is overwritten; the others stay zero
                 i = 0
@@ -311,11 +331,13 @@ class StepModel:
                 mul(self._J_raw_prev, self._w_dyn_col, out=A_prev[rs:])
         return A_prev, A_cur, r
 
-    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None):
-        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur) (an internal buffer,
-        valid until the next call)."""
+    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
+                       params: Optional[list] = None):
+        """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur) with the step's per-step
+        parameters `params` (`params_of`; None: the units' own) (an internal buffer, valid until the next call)."""
         buf = self._check_buf
         mul = np.multiply
-        for u, slots, w, a, b in self._check_plan:
-            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx), w, out=buf[a:b])
+        for u, slots, w, a, b, p in self._check_plan:
+            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx,
+                        params=None if p < 0 or params is None else params[p]), w, out=buf[a:b])
         return buf

@@ -192,11 +192,11 @@ class FixedLagWindow:
         th_cur = theta[k]
         th_prev = theta[k - 1] if rec.x_prev is not None else None
         compiled = model.native_linearize(rec.x_prev, rec.x_cur, self.ctx, (th_prev, th_cur), rec.params)
-        if compiled is not None:           # (the kernel reads the parameters from the record)
+        if compiled is not None:
             A_prev, A_cur, r, b = compiled
-        else:                              # (the numpy forms read them on the units, shared by every step)
-            model.apply(rec.params)
-            A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur))
+        else:
+            A_prev, A_cur, r = model.linearize(rec.x_prev, rec.x_cur, self.ctx, static_at=(th_prev, th_cur),
+                                               params=rec.params)
             b = np.negative(r)
             rs = model.static_rows
             if th_cur is not rec.x_cur:
@@ -280,12 +280,11 @@ class FixedLagWindow:
             if m != m:
                 raise FloatingPointError("non-finite residual at the estimate")
             return m
-        model.apply(rec.params)
         lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:
             lin += rec.A_prev.dot(x_prev - rec.x_prev)
-        diff = model.check_residual(x_prev, x_cur, self.ctx)
+        diff = model.check_residual(x_prev, x_cur, self.ctx, params=rec.params)
         lin -= diff
         np.abs(lin, out=lin)
         if model.check_weights is not None:

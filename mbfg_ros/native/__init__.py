@@ -6,7 +6,8 @@ builds with the package; no dependency beyond a C compiler at build time).
   norm, speed, assembly mode), used by `dynamics.cache.EvalContext`;
 * `unit_form(unit)`: how a factor unit is written in the kernel's step program (`graph.step_model.StepModel`
   builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
-  mismatch of a whole step in one call each);
+  mismatch of a whole step in one call each): the unit names its kind of the kernel's table (`unit_kinds`)
+  and gives its integers and floats, so this module knows no factor class;
 * `scaled_distance2()`: the relinearization check's quadratic bound (`graph.window.FixedLagWindow`).
 
 The Python forms stay the reference and the fallback: where the extension is not built (``AVAILABLE`` false,
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "describe", "module",
-           "mechanism_kernel", "unit_form", "step_kernel", "scaled_distance2"]
+__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "disabled_reason", "describe",
+           "mechanism_form", "module",
+           "mechanism_kernel", "unit_kinds", "unit_form", "no_form_reason", "step_kernel", "scaled_distance2"]
 
 if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
     # not built (no C compiler or Python headers at install): the numpy forms do the work.  The reason names the
@@ -53,17 +55,32 @@ def enabled() -> bool:
     return AVAILABLE and os.environ.get(ENVIRONMENT, "1").strip() not in ("0", "false", "no", "off")
 
 
-def describe() -> str:
-    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's diagnostics and log)."""
+def disabled_reason() -> str:
+    """Why the compiled kernel is not used ('' where it is: `enabled`)."""
     if enabled():
-        return "compiled"
+        return ""
     if not AVAILABLE:
-        return f"numpy ({UNAVAILABLE_REASON})"
-    return f"numpy (switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')})"
+        return UNAVAILABLE_REASON
+    return f"switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')}"
+
+
+def describe() -> str:
+    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's log; per model, the
+    estimator's `numerics`)."""
+    return "compiled" if enabled() else f"numpy ({disabled_reason()})"
+
+
+def mechanism_form(mech, kernel) -> str:
+    """'compiled' where `kernel` (`mechanism_kernel(mech)`) is one, else 'numpy (why)'."""
+    if kernel is not None:
+        return "compiled"
+    if not enabled():
+        return describe()
+    return f"numpy (the kernel does not know a constraint type of mechanism {mech.name})"
 
 
 def module():
-    """The extension module (`MechanismKernel`, `StepKernel`, the unit codes), or None where it is not built."""
+    """The extension module (`MechanismKernel`, `StepKernel`, `UNIT_KINDS`), or None where it is not built."""
     return _kernel
 
 
@@ -86,37 +103,33 @@ def mechanism_kernel(mech):
                                     for c in mech.extended_point_index[p]], friction)
 
 
+def unit_kinds() -> Dict[str, dict]:
+    """The kernel's table of unit kinds, {name: {"code", "rows", "slots"}} (`_kernel.c`'s ``unit_kinds``: rows
+    "constraints" (m), "coordinates" (n), "one" or "per index"), empty where the kernel is not built.  A factor
+    names its kind in ``kernel_kind`` (`factors.base.Factor`)."""
+    return {} if _kernel is None else _kernel.UNIT_KINDS
+
+
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:
     """(kernel code, integers, floats) of a factor unit in the step program, or None when the kernel does not know
-    it (the step model then linearizes in Python).  Only the dependent-coordinate forms: the independent ones
-    (``z``), the jerk and the hermite integrators stay in Python."""
-    if _kernel is None:
+    its kind (`no_form_reason` says why; the step model then linearizes in Python)."""
+    kind = unit.kernel_kind
+    if _kernel is None or kind is None:
         return None
-    from mbfg_ros.factors import constraints as C, dynamics as Dy, priors as P, sensors as S
-    kind = type(unit)
-    if kind is C.PositionConstraints:
-        return _kernel.POSITION, [], []
-    if kind is C.VelocityConstraints:
-        return _kernel.VELOCITY, [], []
-    if kind is Dy.ForwardDynamics and unit.z is None:
-        return _kernel.FORWARD_DYNAMICS, [], []
-    if kind is Dy.InverseDynamics and unit.z is None:
-        return _kernel.INVERSE_DYNAMICS, [int(i) for i in unit.actuated], []
-    if kind is S.Encoder:
-        return _kernel.ENCODER, [unit.coordinate, int(unit.angle)], []
-    if kind is S.ObservedCoordinate:
-        return _kernel.OBSERVED, [unit.coordinate], []
-    if kind is S.Gyroscope:
-        fi, fj = unit.fixed_i, unit.fixed_j
-        ints = [-1, -1] if fi is not None else [int(c) for c in unit.cols_i]
-        ints += [-1, -1] if fj is not None else [int(c) for c in unit.cols_j]
-        floats = [fi.x if fi is not None else 0.0, fi.y if fi is not None else 0.0,
-                  fj.x if fj is not None else 0.0, fj.y if fj is not None else 0.0]
-        return _kernel.GYROSCOPE, ints, [float(f) for f in floats]
-    if kind is P.Prior:
-        select = range(unit.dim) if unit.select is None else unit.select
-        return _kernel.PRIOR, [int(i) for i in select], []
-    return None
+    entry = _kernel.UNIT_KINDS.get(kind)
+    if entry is None:
+        return None
+    ints, floats = unit.kernel_arguments()
+    return entry["code"], ints, floats
+
+
+def no_form_reason(unit) -> str:
+    """Why `unit_form` of `unit` is None."""
+    if _kernel is None:
+        return UNAVAILABLE_REASON
+    if unit.kernel_kind is None:
+        return f"{unit.name} has no compiled form"
+    return f"the kernel does not know the unit kind {unit.kernel_kind!r} of {unit.name}"
 
 
 def _scaled_distance2(A: np.ndarray, x: np.ndarray, lin: np.ndarray) -> float:

@@ -879,22 +879,12 @@ static PyTypeObject MechanismKernelType = {
 };
 
 /* ================================================================================================= StepKernel */
-enum {
-    U_POSITION = 1,       /* Φ(q)                          slots q */
-    U_VELOCITY = 2,       /* Φq q̇                          slots q, v */
-    U_FORWARD = 3,        /* q̈(q, q̇; Q) − a               slots q, v, a; param Q (n) */
-    U_INVERSE = 4,        /* q̈(q, q̇; Q_known + E τ) − a   slots q, v, a, tau; param Q_known (n); ints: actuated */
-    U_ENCODER = 5,        /* q[c] − value (wrapped angle)  slot q; param value; ints: c, angle */
-    U_OBSERVED = 6,       /* x[c] − value                  slot x; param value; ints: c */
-    U_GYROSCOPE = 7,      /* ω(q, q̇) − value               slots q, v; param value; ints: cxi, cyi, cxj, cyj
-                                                            (−1: fixed point, its position in doubles) */
-    U_PRIOR = 8,          /* x[select] − mean              slot x; param mean (dim); ints: select (dim) */
-};
-
 #define MAX_SLOTS 4
+#define MAX_DOUBLES 4
 
 typedef struct {
-    int code, row, dim, param, check;      /* check: its rows are in the relinearization check (offset check_row) */
+    int code, row, dim, param, check;      /* code: the unit's kind (its index in `unit_kinds`); check: its rows
+                                              are in the relinearization check (offset check_row) */
     int check_row;
     int nslots;
     int which[MAX_SLOTS], col[MAX_SLOTS], width[MAX_SLOTS];  /* per slot: 1 this step / 0 previous, its block's
@@ -902,7 +892,7 @@ typedef struct {
     double *w;                             /* 1/σ per row */
     int *ints;
     int nints;
-    double fixed[4];                       /* gyroscope: fixed points' (x, y) */
+    double doubles[MAX_DOUBLES];           /* constants of the kind (the gyroscope's fixed points) */
 } Unit;
 
 typedef struct {
@@ -918,6 +908,313 @@ typedef struct {
     /* work: one dynamics linearization per call */
     double *a, *da_dq, *da_dv, *da_dQ, *lam, *Q, *e, *dx;
 } StepKernel;
+
+/* the per-step parameter of unit u: a float, or a buffer of `len` values (params[u->param][0]) */
+static int
+unit_param(PyObject *params, const Unit *u, double *scalar, Buf *buf, double **vec, Py_ssize_t len)
+{
+    if (u->param < 0 || u->param >= PyList_GET_SIZE(params)) {
+        PyErr_SetString(PyExc_ValueError, "StepKernel: a unit's parameters are missing");
+        return -1;
+    }
+    PyObject *t = PyList_GET_ITEM(params, u->param);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+        PyErr_SetString(PyExc_TypeError, "StepKernel: parameters must be tuples");
+        return -1;
+    }
+    PyObject *p = PyTuple_GET_ITEM(t, 0);
+    if (vec) {
+        *vec = get_doubles(p, buf, len, 0, "unit parameter");
+        return *vec ? 0 : -1;
+    }
+    *scalar = PyFloat_AsDouble(p);
+    return (*scalar == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static inline const double *
+slot_block(const Unit *u, int j, const double *xp, const double *xc)
+{
+    return (u->which[j] ? xc : xp) + u->col[j];
+}
+
+/* The unit kinds.  Each evaluates unit u's raw error into e (dim) and, with jac, adds its raw Jacobians into
+ * the rows of A[1] (this step's block columns) / A[0] (the previous step's) — D columns, zeroed by the caller,
+ * whitened afterwards; the dynamics are linearized (or, without jac, solved) at most once per call (dyn: 0 not
+ * yet, 1 done).  0 on success, 1 where the dynamics are singular, −1 on a Python error.  Each kind is one
+ * function here and one row of `unit_kinds` below; the Python factor names its kind (`Factor.kernel_kind`). */
+#define UNIT_EVAL_ARGS StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, \
+                       double *e, int jac, double *const A[2], int *dyn
+typedef int (*UnitEval)(UNIT_EVAL_ARGS);
+
+#define JROW(slot, i) (A[u->which[slot]] + (size_t)(u->row + (i)) * s->D + u->col[slot])
+
+/* Φ(q)                                   slots q */
+static int
+eval_position(UNIT_EVAL_ARGS)
+{
+    MechanismKernel *k = s->mk;
+    int n = k->n, m = k->m;
+    mk_positions(k, slot_block(u, 0, xp, xc));
+    memcpy(e, k->phi, m * sizeof(double));
+    if (jac)
+        for (int i = 0; i < m; i++) {
+            double *row = JROW(0, i);
+            for (int j = 0; j < n; j++)
+                row[j] += k->J[(size_t)i * n + j];
+        }
+    return 0;
+}
+
+/* Φq q̇                                   slots q, v */
+static int
+eval_velocity(UNIT_EVAL_ARGS)
+{
+    MechanismKernel *k = s->mk;
+    int n = k->n, m = k->m;
+    const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
+    mk_positions(k, q);
+    for (int i = 0; i < m; i++) {
+        double sum = 0.0;
+        for (int j = 0; j < n; j++)
+            sum += k->J[(size_t)i * n + j] * v[j];
+        e[i] = sum;
+    }
+    if (jac) {
+        mk_hessian_vector(k, v, k->Jd);
+        for (int i = 0; i < m; i++) {
+            double *rq = JROW(0, i), *rv = JROW(1, i);
+            for (int j = 0; j < n; j++) {
+                rq[j] += k->Jd[(size_t)i * n + j];
+                rv[j] += k->J[(size_t)i * n + j];
+            }
+        }
+    }
+    return 0;
+}
+
+/* q̈(q, q̇; Q) − a                         slots q, v, a; param Q (n)
+ * q̈(q, q̇; Q_known + E τ) − a             slots q, v, a, tau; param Q_known (n); ints: the actuated coordinates */
+static int
+eval_dynamics(UNIT_EVAL_ARGS)
+{
+    MechanismKernel *k = s->mk;
+    int n = k->n;
+    const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
+    Buf bq = {0};
+    double *Qp, dummy;
+    if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
+        release(&bq);
+        return -1;
+    }
+    memcpy(s->Q, Qp, n * sizeof(double));
+    release(&bq);
+    const int *act = u->ints;
+    int na = u->nints, efforts = u->nslots == 4;
+    if (efforts) {
+        const double *tau = slot_block(u, 3, xp, xc);
+        for (int t = 0; t < na; t++)
+            s->Q[act[t]] += tau[t];
+    }
+    int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
+                   : mk_acceleration(k, q, v, s->Q, s->a);
+    if (fail)
+        return 1;
+    *dyn = 1;
+    for (int i = 0; i < n; i++)
+        e[i] = s->a[i] - acc[i];
+    if (jac)
+        for (int i = 0; i < n; i++) {
+            double *rq = JROW(0, i), *rv = JROW(1, i), *ra = JROW(2, i);
+            for (int j = 0; j < n; j++) {
+                rq[j] += s->da_dq[(size_t)i * n + j];
+                rv[j] += s->da_dv[(size_t)i * n + j];
+            }
+            ra[i] += -1.0;
+            if (efforts) {
+                double *rt = JROW(3, i);
+                for (int t = 0; t < na; t++)
+                    rt[t] += s->da_dQ[(size_t)i * n + act[t]];
+            }
+        }
+    return 0;
+}
+
+/* x[c] − value, wrapped to [−π, π) with `wrap`   slot x; param value; ints: c */
+static int
+coordinate_reading(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
+                   int jac, double *const A[2], int wrap)
+{
+    double value;
+    if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+        return -1;
+    int c = u->ints[0];
+    double d = slot_block(u, 0, xp, xc)[c] - value;
+    if (wrap)
+        d -= TWO_PI * floor((d + M_PI) / TWO_PI);
+    e[0] = d;
+    if (jac)
+        JROW(0, 0)[c] += 1.0;
+    return 0;
+}
+
+static int
+eval_coordinate(UNIT_EVAL_ARGS)
+{
+    return coordinate_reading(s, u, xp, xc, params, e, jac, A, 0);
+}
+
+static int
+eval_wrapped_coordinate(UNIT_EVAL_ARGS)
+{
+    return coordinate_reading(s, u, xp, xc, params, e, jac, A, 1);
+}
+
+/* ω(q, q̇) − value                        slots q, v; param value; ints: cxi, cyi, cxj, cyj (−1: a fixed point,
+ *                                        its (x, y) in doubles 0–1 for i, 2–3 for j) */
+static int
+eval_gyroscope(UNIT_EVAL_ARGS)
+{
+    double value;
+    if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+        return -1;
+    const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
+    const int *c = u->ints;
+    double xi, yi, vxi, vyi, xj, yj, vxj, vyj;
+    if (c[0] >= 0)
+        xi = q[c[0]], yi = q[c[1]], vxi = v[c[0]], vyi = v[c[1]];
+    else
+        xi = u->doubles[0], yi = u->doubles[1], vxi = 0.0, vyi = 0.0;
+    if (c[2] >= 0)
+        xj = q[c[2]], yj = q[c[3]], vxj = v[c[2]], vyj = v[c[3]];
+    else
+        xj = u->doubles[2], yj = u->doubles[3], vxj = 0.0, vyj = 0.0;
+    double dx = xj - xi, dy = yj - yi, ddx = vxj - vxi, ddy = vyj - vyi;
+    double r2 = dx * dx + dy * dy;
+    double om = (dx * ddy - dy * ddx) / r2;
+    e[0] = om - value;
+    if (jac) {
+        double gqx = (ddy - 2.0 * om * dx) / r2, gqy = (-ddx - 2.0 * om * dy) / r2;
+        double gvx = -dy / r2, gvy = dx / r2;
+        double *rq = JROW(0, 0), *rv = JROW(1, 0);
+        if (c[2] >= 0)
+            rq[c[2]] += gqx, rq[c[3]] += gqy, rv[c[2]] += gvx, rv[c[3]] += gvy;
+        if (c[0] >= 0)
+            rq[c[0]] += -gqx, rq[c[1]] += -gqy, rv[c[0]] += -gvx, rv[c[1]] += -gvy;
+    }
+    return 0;
+}
+
+/* x[select] − mean                       slot x; param mean (dim); ints: select (dim) */
+static int
+eval_prior(UNIT_EVAL_ARGS)
+{
+    Buf bm = {0};
+    double *mean, dummy;
+    if (unit_param(params, u, &dummy, &bm, &mean, u->dim) < 0) {
+        release(&bm);
+        return -1;
+    }
+    const double *x = slot_block(u, 0, xp, xc);
+    for (int i = 0; i < u->dim; i++) {
+        e[i] = x[u->ints[i]] - mean[i];
+        if (jac)
+            JROW(0, i)[u->ints[i]] += 1.0;
+    }
+    release(&bm);
+    return 0;
+}
+#undef JROW
+
+/* how a kind's rows, integers and slot widths are checked when a step program is built */
+enum { ROWS_CONSTRAINTS, ROWS_COORDINATES, ROWS_ONE, ROWS_PER_INDEX };     /* dim = m, n, 1, nints */
+#define INDICES_PER_ROW (-1)      /* as many integers as rows */
+#define INDICES_ANY (-2)
+enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT };      /* [0, n), [−1, n), [0, slot 0's width) */
+enum { WIDTH_COORDINATES, WIDTH_LAST_PER_INDEX, WIDTH_ANY };  /* every slot n wide; the last nints wide; any */
+
+typedef struct {
+    const char *name;             /* the Python factor's `kernel_kind` */
+    int rows, slots, indices, index_range, widths, doubles;
+    UnitEval eval;
+} UnitKind;
+
+static const UnitKind unit_kinds[] = {
+    {"position", ROWS_CONSTRAINTS, 1, 0, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_position},
+    {"velocity", ROWS_CONSTRAINTS, 2, 0, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_velocity},
+    {"forward_dynamics", ROWS_COORDINATES, 3, 0, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_dynamics},
+    {"inverse_dynamics", ROWS_COORDINATES, 4, INDICES_ANY, INDEX_COORDINATE, WIDTH_LAST_PER_INDEX, 0, eval_dynamics},
+    {"coordinate", ROWS_ONE, 1, 1, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_coordinate},
+    {"wrapped_coordinate", ROWS_ONE, 1, 1, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_wrapped_coordinate},
+    {"gyroscope", ROWS_ONE, 2, 4, INDEX_COORDINATE_OR_FIXED, WIDTH_COORDINATES, 4, eval_gyroscope},
+    {"prior", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_prior},
+};
+#define N_UNIT_KINDS ((int)(sizeof(unit_kinds) / sizeof(unit_kinds[0])))
+
+/* Is unit u (its code in range) a well-formed unit of its kind?  Else a ValueError naming what is wrong. */
+static int
+unit_check(const Unit *u, int n, int m, int D, int ndoubles)
+{
+    const UnitKind *kind = &unit_kinds[u->code];
+    int dim = kind->rows == ROWS_CONSTRAINTS ? m : kind->rows == ROWS_COORDINATES ? n
+            : kind->rows == ROWS_ONE ? 1 : u->nints;
+    if (u->dim != dim) {
+        PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d rows, not %d", kind->name, u->dim, dim);
+        return -1;
+    }
+    if (u->nslots != kind->slots) {
+        PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d slots, not %d", kind->name, u->nslots,
+                     kind->slots);
+        return -1;
+    }
+    int nints = kind->indices == INDICES_PER_ROW ? u->dim : kind->indices;
+    if (kind->indices != INDICES_ANY && u->nints != nints) {
+        PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d integers, not %d", kind->name, u->nints, nints);
+        return -1;
+    }
+    if (ndoubles != kind->doubles) {
+        PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d doubles, not %d", kind->name, ndoubles,
+                     kind->doubles);
+        return -1;
+    }
+    for (int j = 0; j < u->nslots; j++) {
+        int want = kind->widths == WIDTH_ANY ? u->width[j]
+                 : kind->widths == WIDTH_LAST_PER_INDEX && j == u->nslots - 1 ? u->nints : n;
+        if (u->col[j] < 0 || u->width[j] != want || u->col[j] + u->width[j] > D) {
+            PyErr_Format(PyExc_ValueError, "StepKernel: slot %d of a %s unit: columns out of range", j, kind->name);
+            return -1;
+        }
+    }
+    int lo = kind->index_range == INDEX_COORDINATE_OR_FIXED ? -1 : 0;
+    int hi = kind->index_range == INDEX_IN_SLOT ? u->width[0] : n;
+    for (int j = 0; j < u->nints; j++)
+        if (u->ints[j] < lo || u->ints[j] >= hi) {
+            PyErr_Format(PyExc_ValueError, "StepKernel: index %d of a %s unit out of range", u->ints[j], kind->name);
+            return -1;
+        }
+    return 0;
+}
+
+/* the table as Python reads it: {name: {"code", "rows" ("constraints", "coordinates", "one", "per index"),
+ * "slots"}} */
+static PyObject *
+unit_kinds_dict(void)
+{
+    static const char *rows[] = {"constraints", "coordinates", "one", "per index"};
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    for (int i = 0; i < N_UNIT_KINDS; i++) {
+        PyObject *entry = Py_BuildValue("{s:i,s:s,s:i}", "code", i, "rows", rows[unit_kinds[i].rows], "slots",
+                                        unit_kinds[i].slots);
+        if (!entry || PyDict_SetItemString(d, unit_kinds[i].name, entry) < 0) {
+            Py_XDECREF(entry);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(entry);
+    }
+    return d;
+}
 
 static void
 sk_free(StepKernel *s)
@@ -1037,81 +1334,23 @@ sk_init(StepKernel *s, PyObject *args, PyObject *kw)
         PyObject *df = PySequence_Fast(dbl, "doubles");
         if (!df)
             goto fail;
-        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(df) && j < 4; j++)
-            u->fixed[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(df, j));
+        int ndoubles = (int)PySequence_Fast_GET_SIZE(df);
+        for (int j = 0; j < ndoubles && j < MAX_DOUBLES; j++)
+            u->doubles[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(df, j));
         Py_DECREF(df);
         if (PyErr_Occurred())
             goto fail;
-        int need_ints = 0;
-        switch (u->code) {
-        case U_POSITION: case U_VELOCITY:
-            if (u->dim != m) goto bad_dim;
-            break;
-        case U_FORWARD:
-            if (u->dim != n) goto bad_dim;
-            break;
-        case U_INVERSE:
-            if (u->dim != n) goto bad_dim;
-            need_ints = 1;
-            break;
-        case U_ENCODER:
-            need_ints = 2;
-            if (u->dim != 1) goto bad_dim;
-            break;
-        case U_OBSERVED:
-            need_ints = 1;
-            if (u->dim != 1) goto bad_dim;
-            break;
-        case U_GYROSCOPE:
-            need_ints = 4;
-            if (u->dim != 1) goto bad_dim;
-            break;
-        case U_PRIOR:
-            need_ints = u->dim;
-            break;
-        default:
-            PyErr_Format(PyExc_ValueError, "StepKernel: unknown unit code %d", u->code);
+        if (u->code < 0 || u->code >= N_UNIT_KINDS) {
+            PyErr_Format(PyExc_ValueError, "StepKernel: unknown unit code %d (the kinds: UNIT_KINDS)", u->code);
             goto fail;
         }
-        if (u->nints < need_ints) {
-            PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d needs %d integers", u->code, need_ints);
+        if (unit_check(u, n, m, D, ndoubles) < 0)
             goto fail;
-        }
-        for (int j = 0; j < u->nslots; j++) {
-            /* every slot is a coordinate block (n wide) but the efforts' (one per actuator) and a prior's */
-            int want = (u->code == U_PRIOR) ? u->width[j] : (u->code == U_INVERSE && j == 3) ? u->nints : n;
-            if (u->col[j] < 0 || u->width[j] != want || u->col[j] + u->width[j] > D) {
-                PyErr_Format(PyExc_ValueError, "StepKernel: slot %d of unit code %d: columns out of range", j,
-                             u->code);
-                goto fail;
-            }
-        }
-        if (u->nslots < (u->code == U_INVERSE ? 4 : u->code == U_FORWARD ? 3 :
-                         (u->code == U_VELOCITY || u->code == U_GYROSCOPE) ? 2 : 1)) {
-            PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d has too few slots", u->code);
-            goto fail;
-        }
-        for (int j = 0; j < u->nints; j++) {
-            int v = u->ints[j];
-            int bad = (u->code == U_INVERSE || u->code == U_OBSERVED || (u->code == U_ENCODER && j == 0))
-                          ? (v < 0 || v >= n)
-                      : u->code == U_GYROSCOPE ? (v < -1 || v >= n)
-                      : u->code == U_PRIOR     ? (v < 0 || v >= u->width[0])
-                                               : 0;
-            if (bad) {
-                PyErr_Format(PyExc_ValueError, "StepKernel: index %d of unit code %d out of range", v, u->code);
-                goto fail;
-            }
-        }
         u->check_row = check_row;
         if (u->check)
             check_row += u->dim;
         for (int j = 0; j < u->nslots; j++)
             s->dynamic_prev |= !u->which[j];
-        continue;
-bad_dim:
-        PyErr_Format(PyExc_ValueError, "StepKernel: unit code %d has the wrong number of rows (%d)", u->code, u->dim);
-        goto fail;
     }
     Py_DECREF(fast);
     s->nchecks = check_row;
@@ -1130,196 +1369,6 @@ bad_dim:
     return 0;
 fail:
     Py_DECREF(fast);
-    return -1;
-}
-
-/* the per-step parameter of unit u: a float, or a buffer of `len` values (params[u->param][0]) */
-static int
-unit_param(PyObject *params, const Unit *u, double *scalar, Buf *buf, double **vec, Py_ssize_t len)
-{
-    if (u->param < 0 || u->param >= PyList_GET_SIZE(params)) {
-        PyErr_SetString(PyExc_ValueError, "StepKernel: a unit's parameters are missing");
-        return -1;
-    }
-    PyObject *t = PyList_GET_ITEM(params, u->param);
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
-        PyErr_SetString(PyExc_TypeError, "StepKernel: parameters must be tuples");
-        return -1;
-    }
-    PyObject *p = PyTuple_GET_ITEM(t, 0);
-    if (vec) {
-        *vec = get_doubles(p, buf, len, 0, "unit parameter");
-        return *vec ? 0 : -1;
-    }
-    *scalar = PyFloat_AsDouble(p);
-    return (*scalar == -1.0 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static inline const double *
-slot_block(const Unit *u, int j, const double *xp, const double *xc)
-{
-    return (u->which[j] ? xc : xp) + u->col[j];
-}
-
-/* unit u's raw error into e (dim) and, with jac, its raw Jacobians added into the rows of A_cur / A_prev (D
- * columns, zeroed by the caller) — whitened afterwards; the dynamics are linearized (or, without jac,
- * solved) at most once per call (dyn: 0 not yet, 1 done).  0 on success, 1 where the dynamics are singular,
- * −1 on a Python error. */
-static int
-unit_eval(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e, int jac,
-          double *Acur, double *Aprev, int *dyn)
-{
-    MechanismKernel *k = s->mk;
-    int n = k->n, m = k->m, D = s->D;
-    double *A[2] = {Aprev, Acur};
-#define JROW(slot, i) (A[u->which[slot]] + (size_t)(u->row + (i)) * D + u->col[slot])
-    switch (u->code) {
-    case U_POSITION: {
-        const double *q = slot_block(u, 0, xp, xc);
-        mk_positions(k, q);
-        memcpy(e, k->phi, m * sizeof(double));
-        if (jac)
-            for (int i = 0; i < m; i++) {
-                double *row = JROW(0, i);
-                for (int j = 0; j < n; j++)
-                    row[j] += k->J[(size_t)i * n + j];
-            }
-        return 0;
-    }
-    case U_VELOCITY: {
-        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
-        mk_positions(k, q);
-        for (int i = 0; i < m; i++) {
-            double sum = 0.0;
-            for (int j = 0; j < n; j++)
-                sum += k->J[(size_t)i * n + j] * v[j];
-            e[i] = sum;
-        }
-        if (jac) {
-            mk_hessian_vector(k, v, k->Jd);
-            for (int i = 0; i < m; i++) {
-                double *rq = JROW(0, i), *rv = JROW(1, i);
-                for (int j = 0; j < n; j++) {
-                    rq[j] += k->Jd[(size_t)i * n + j];
-                    rv[j] += k->J[(size_t)i * n + j];
-                }
-            }
-        }
-        return 0;
-    }
-    case U_FORWARD:
-    case U_INVERSE: {
-        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
-        Buf bq = {0};
-        double *Qp, dummy;
-        if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
-            release(&bq);
-            return -1;
-        }
-        memcpy(s->Q, Qp, n * sizeof(double));
-        release(&bq);
-        const int *act = u->ints;
-        int na = u->nints;
-        if (u->code == U_INVERSE) {
-            const double *tau = slot_block(u, 3, xp, xc);
-            for (int t = 0; t < na; t++)
-                s->Q[act[t]] += tau[t];
-        }
-        int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
-                       : mk_acceleration(k, q, v, s->Q, s->a);
-        if (fail)
-            return 1;
-        *dyn = 1;
-        for (int i = 0; i < n; i++)
-            e[i] = s->a[i] - acc[i];
-        if (jac)
-            for (int i = 0; i < n; i++) {
-                double *rq = JROW(0, i), *rv = JROW(1, i), *ra = JROW(2, i);
-                for (int j = 0; j < n; j++) {
-                    rq[j] += s->da_dq[(size_t)i * n + j];
-                    rv[j] += s->da_dv[(size_t)i * n + j];
-                }
-                ra[i] += -1.0;
-                if (u->code == U_INVERSE) {
-                    double *rt = JROW(3, i);
-                    for (int t = 0; t < na; t++)
-                        rt[t] += s->da_dQ[(size_t)i * n + act[t]];
-                }
-            }
-        return 0;
-    }
-    case U_ENCODER: {
-        double value;
-        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
-            return -1;
-        int c = u->ints[0];
-        double d = slot_block(u, 0, xp, xc)[c] - value;
-        if (u->ints[1])
-            d -= TWO_PI * floor((d + M_PI) / TWO_PI);
-        e[0] = d;
-        if (jac)
-            JROW(0, 0)[c] += 1.0;
-        return 0;
-    }
-    case U_OBSERVED: {
-        double value;
-        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
-            return -1;
-        int c = u->ints[0];
-        e[0] = slot_block(u, 0, xp, xc)[c] - value;
-        if (jac)
-            JROW(0, 0)[c] += 1.0;
-        return 0;
-    }
-    case U_GYROSCOPE: {
-        double value;
-        if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
-            return -1;
-        const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc);
-        const int *c = u->ints;
-        double xi, yi, vxi, vyi, xj, yj, vxj, vyj;
-        if (c[0] >= 0)
-            xi = q[c[0]], yi = q[c[1]], vxi = v[c[0]], vyi = v[c[1]];
-        else
-            xi = u->fixed[0], yi = u->fixed[1], vxi = 0.0, vyi = 0.0;
-        if (c[2] >= 0)
-            xj = q[c[2]], yj = q[c[3]], vxj = v[c[2]], vyj = v[c[3]];
-        else
-            xj = u->fixed[2], yj = u->fixed[3], vxj = 0.0, vyj = 0.0;
-        double dx = xj - xi, dy = yj - yi, ddx = vxj - vxi, ddy = vyj - vyi;
-        double r2 = dx * dx + dy * dy;
-        double om = (dx * ddy - dy * ddx) / r2;
-        e[0] = om - value;
-        if (jac) {
-            double gqx = (ddy - 2.0 * om * dx) / r2, gqy = (-ddx - 2.0 * om * dy) / r2;
-            double gvx = -dy / r2, gvy = dx / r2;
-            double *rq = JROW(0, 0), *rv = JROW(1, 0);
-            if (c[2] >= 0)
-                rq[c[2]] += gqx, rq[c[3]] += gqy, rv[c[2]] += gvx, rv[c[3]] += gvy;
-            if (c[0] >= 0)
-                rq[c[0]] += -gqx, rq[c[1]] += -gqy, rv[c[0]] += -gvx, rv[c[1]] += -gvy;
-        }
-        return 0;
-    }
-    case U_PRIOR: {
-        Buf bm = {0};
-        double *mean, dummy;
-        if (unit_param(params, u, &dummy, &bm, &mean, u->dim) < 0) {
-            release(&bm);
-            return -1;
-        }
-        const double *x = slot_block(u, 0, xp, xc);
-        for (int i = 0; i < u->dim; i++) {
-            e[i] = x[u->ints[i]] - mean[i];
-            if (jac)
-                JROW(0, i)[u->ints[i]] += 1.0;
-        }
-        release(&bm);
-        return 0;
-    }
-    }
-#undef JROW
-    PyErr_SetString(PyExc_RuntimeError, "StepKernel: unknown unit");
     return -1;
 }
 
@@ -1369,9 +1418,10 @@ sk_py_linearize(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
     if (A_prev)
         memset(A_prev + (size_t)rs * D, 0, (size_t)(rows - rs) * D * sizeof(double));
     int dyn = 0;
+    double *const A[2] = {s->A_prev, s->A_cur};
     for (int i = 0; i < s->nunits; i++) {
         const Unit *u = &s->units[i];
-        int st = unit_eval(s, u, xp, xc, params, s->r + u->row, 1, s->A_cur, s->A_prev, &dyn);
+        int st = unit_kinds[u->code].eval(s, u, xp, xc, params, s->r + u->row, 1, A, &dyn);
         if (st < 0)
             goto done;
         if (st > 0) {
@@ -1453,6 +1503,7 @@ sk_py_mismatch(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     double *e = s->e;
     int dyn = 0;
+    double *const no_jacobians[2] = {NULL, NULL};
     for (int i = 0; i < s->nunits; i++) {
         const Unit *u = &s->units[i];
         if (!u->check)
@@ -1464,7 +1515,7 @@ sk_py_mismatch(StepKernel *s, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "mismatch: the checked rows read X_{k-1}: x_prev is required");
             goto done;
         }
-        int st = unit_eval(s, u, xp, xc, params, e + u->check_row, 0, NULL, NULL, &dyn);
+        int st = unit_kinds[u->code].eval(s, u, xp, xc, params, e + u->check_row, 0, no_jacobians, &dyn);
         if (st < 0)
             goto done;
         if (st > 0) {
@@ -1604,15 +1655,13 @@ PyInit__kernel(void)
         return NULL;
     if (PyModule_AddObjectRef(mod, "MechanismKernel", (PyObject *)&MechanismKernelType) < 0 ||
         PyModule_AddObjectRef(mod, "StepKernel", (PyObject *)&StepKernelType) < 0 ||
-        PyModule_AddIntConstant(mod, "POSITION", U_POSITION) < 0 ||
-        PyModule_AddIntConstant(mod, "VELOCITY", U_VELOCITY) < 0 ||
-        PyModule_AddIntConstant(mod, "FORWARD_DYNAMICS", U_FORWARD) < 0 ||
-        PyModule_AddIntConstant(mod, "INVERSE_DYNAMICS", U_INVERSE) < 0 ||
-        PyModule_AddIntConstant(mod, "ENCODER", U_ENCODER) < 0 ||
-        PyModule_AddIntConstant(mod, "OBSERVED", U_OBSERVED) < 0 ||
-        PyModule_AddIntConstant(mod, "GYROSCOPE", U_GYROSCOPE) < 0 ||
-        PyModule_AddIntConstant(mod, "PRIOR", U_PRIOR) < 0 ||
         PyModule_AddStringConstant(mod, "SOURCE_SHA256", MBFG_KERNEL_SOURCE_SHA256) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    PyObject *kinds = unit_kinds_dict();
+    if (!kinds || PyModule_AddObject(mod, "UNIT_KINDS", kinds) < 0) {
+        Py_XDECREF(kinds);
         Py_DECREF(mod);
         return NULL;
     }

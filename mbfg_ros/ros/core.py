@@ -42,6 +42,10 @@ class EstimatorCore(Protocol):
     def reset(self) -> None:
         """Forget everything: the next step initializes."""
 
+    def numerics(self) -> Dict[str, str]:
+        """Which form computes each of the core's models: {model: 'compiled' or 'numpy (why)'} (reported in the
+        diagnostics where they differ from the kernel's global state)."""
+
     def fitted_densities(self) -> Optional[Dict[str, float]]:
         """The process densities in use (name → value) when they are fitted online, else None (reported in the
         diagnostics)."""

@@ -69,6 +69,15 @@ def new_period_stats() -> dict:
     return {"steps": 0, "solve": [], "solve_cpu": [], "latency": [], "late": 0, "input_delay": []}
 
 
+def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
+    """The `kernel` diagnostic: the kernel's global state (`native.describe`) where every model of the core runs
+    in it, else each model's form ('step: numpy (no compiled form of hermite_velocity), dynamics: compiled')."""
+    overall = native.describe()
+    if not numerics or all(form == overall for form in numerics.values()):
+        return overall
+    return ", ".join(f"{model}: {form}" for model, form in numerics.items())
+
+
 def branch_text(mech: Mechanism, mode) -> str:
     names = mech.assembly_mode_names
     if not names:
@@ -89,7 +98,7 @@ class Diagnostics:
         self.last_error = ""
         self.last_message = ""
         self._failures_reported = 0
-        self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why
+        self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why (for the log)
         # what each angle encoder's readings say about turns (mechanism YAML `turns:`): fixed for the node's life
         self.encoder_turns = ", ".join(f"{s.name}={'single' if s.single_turn else 'multi'}" for s in mech.sensors
                                        if s.kind == "encoder" and s.coordinate >= mech.n_point_coordinates)
@@ -121,9 +130,10 @@ class Diagnostics:
     def snapshot(self, now: int, state: str, config: EstimatorConfig, last_estimate: Optional[Estimate],
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
                  fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
-                 fitted_sensor_sigmas: Optional[Dict[str, float]] = None):
+                 fitted_sensor_sigmas: Optional[Dict[str, float]] = None,
+                 numerics: Optional[Dict[str, str]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
-        node's lock: it reads what the hot path writes."""
+        node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`)."""
         ps = self.period_stats
         self.period_stats = new_period_stats()
         dt = config.dt
@@ -133,7 +143,7 @@ class Diagnostics:
             level, st = DiagnosticStatus.WARN, "waiting for valid ROS time"
         kv = {"state": st, "mechanism": self.mech.name, "mode": config.mode,
               "formulation": config.formulation, "integrator": config.integrator,
-              "dt": dt, "window": config.window, "kernel": self.kernel}
+              "dt": dt, "window": config.window, "kernel": kernel_text(numerics)}
         if self.encoder_turns:
             kv["encoder_turns"] = self.encoder_turns
         est = last_estimate

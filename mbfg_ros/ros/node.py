@@ -610,7 +610,7 @@ class EstimatorNode(Node):
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
                                           self.assembly_mode, self.sched, self.settings,
                                           self.core.fitted_densities(), self._on_sim_time(),
-                                          self.core.fitted_sensor_sigmas())
+                                          self.core.fitted_sensor_sigmas(), self.core.numerics())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 
