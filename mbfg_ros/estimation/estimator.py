@@ -144,7 +144,8 @@ class FixedLagEstimator:
             return None
         T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
-                                 self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T)
+                                 self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
+                                 hold_start=c.mode == "fused")
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
