@@ -119,7 +119,8 @@ class FixedLagEstimator:
         q0 = None if q0 is None else _vector(q0, mech.n, "q0")
         v0 = None if v0 is None else _vector(v0, mech.n, "v0")
         self.ctx = EvalContext(mech)
-        self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite")
+        self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
+                                    overrides=c.actuator_efforts)
         self.sensors = Sensors(mech, c, self.sigmas)
         self.gate = InnovationGate(c)
         self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx)
