@@ -145,7 +145,8 @@ class FixedLagEstimator:
             return None
         T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
-                                 self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T)
+                                 self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
+                                 actuated=self.efforts.state_coordinates)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -231,6 +232,8 @@ class FixedLagEstimator:
         if adaptation is not None and est.status != "waiting":
             try:
                 tau = est.efforts if est.disturbance is None else est.disturbance
+                if self.efforts.partial_state:      # (the known efforts are in q̈: the fit's drift input)
+                    tau = tau[self.efforts.state_actuators]
                 if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                     self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
                                                         "acceleration_density": adaptation.acceleration_density})
