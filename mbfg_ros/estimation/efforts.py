@@ -34,10 +34,11 @@ import numpy as np
 import mbfg_ros.factors as F
 from mbfg_ros.model.mechanism import Mechanism
 
+from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.spec import EFFORT_KINDS
 
 __all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model", "effort_kinds",
-           "EARLY_RATE_STEPS"]
+           "parse_actuator_efforts", "EARLY_RATE_STEPS"]
 
 EARLY_RATE_STEPS = 2     # the window's steps after which `EffortModel.early_rates` may correct earlier ones
 
@@ -51,14 +52,30 @@ def effort_kinds(mode: str, mech: Mechanism, overrides: Optional[Dict[str, str]]
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(mech.actuator_names))
     if unknown:
-        raise ValueError(f"actuator efforts: no actuator named {', '.join(map(repr, unknown))} in mechanism "
+        raise ValueError(f"actuator efforts: no actuator named {', '.join(repr(excerpt(n)) for n in unknown)} in mechanism "
                          f"'{mech.name}' (actuators: {', '.join(mech.actuator_names) or 'none'})")
     for name, kind in overrides.items():
         if kind not in EFFORT_KINDS:
             raise ValueError(f"actuator efforts: actuator '{name}': kind must be one of {', '.join(EFFORT_KINDS)} "
-                             f"(got {kind!r})")
+                             f"(got '{excerpt(kind)}')")
     return tuple(overrides.get(name) or declared or DEFAULT_KINDS.get(mode, "commanded")
                  for name, declared in zip(mech.actuator_names, mech.actuator_efforts))
+
+
+def parse_actuator_efforts(entries, mech: Mechanism) -> Dict[str, str]:
+    """The `actuator_efforts` parameter (or `mbfg estimate --actuator-effort`), ``NAME=KIND`` entries, as
+    {actuator joint name: kind}; ValueError naming the entry, the actuators and the kinds."""
+    out: Dict[str, str] = {}
+    for entry in list(entries or []):
+        name, sep, kind = str(entry).partition("=")
+        name, kind = name.strip(), kind.strip()
+        if not sep or not name:
+            raise ValueError(f"'{excerpt(str(entry))}' is not NAME=KIND (KIND one of {', '.join(EFFORT_KINDS)})")
+        if name in out:
+            raise ValueError(f"actuator '{excerpt(name)}' is given twice")
+        out[name] = kind
+    effort_kinds("estimation", mech, out)        # the names and kinds (ValueError: which is wrong)
+    return out
 
 
 class EffortModel:
