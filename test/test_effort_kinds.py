@@ -238,3 +238,13 @@ def test_the_estimators_density_fit_covers_its_estimated_actuators(pendulum, pen
     fit = est.density_adaptation
     assert fit is not None and fit.na == 1 and fit.actuated.tolist() == [int(pendulum.actuated[0])]
     assert fit.counted > 0
+
+
+def test_the_joint_covariance_has_no_effort_rows_for_known_actuators(pendulum, pendubot):
+    """`joint_covariance` of both joints with the shoulder's effort estimated and the elbow's passive: the
+    shoulder's effort variance is its τ state's, the elbow's row and column are 0."""
+    est, out = _run(pendulum, pendubot.head(200), mode="estimation", actuator_efforts={"q2": "passive"})
+    cols = [int(c) for c in pendulum.actuated]
+    P = est.joint_covariance(cols)
+    np.testing.assert_allclose(math.sqrt(P[4, 4]), out[-1].efforts_std[0], rtol=1e-6)
+    assert not P[5].any() and not P[:, 5].any() and P[4, 4] > 0
