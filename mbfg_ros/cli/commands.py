@@ -233,10 +233,12 @@ def cmd_info(args) -> int:
                      + ("" if mo is None else f", gear ratio {mo['gear_ratio']:g}, rotor inertia "
                                               f"{mo['rotor_inertia']:g} kg·m²")
                      + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
-                                              f"{fr['coulomb_velocity']:g})") + ")"
-                     for c, j, limit, unit, fr, mo in zip(info["actuated"], info["actuator_joints"],
-                                                          info["effort_limits"], info["effort_units"],
-                                                          info["actuator_friction"], info["actuator_motor"])) or "none"
+                                              f"{fr['coulomb_velocity']:g})")
+                     + ("" if kind is None else f", effort {kind}") + ")"
+                     for c, j, limit, unit, fr, mo, kind in zip(info["actuated"], info["actuator_joints"],
+                                                                info["effort_limits"], info["effort_units"],
+                                                                info["actuator_friction"], info["actuator_motor"],
+                                                                info["actuator_efforts"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
