@@ -2,7 +2,7 @@
 """Real-hardware bench: the estimator on recordings of the DFKI Underactuated Lab double pendulum.
 
     PYTHONPATH=. python bench/real_hardware.py [--recording NAME ...] [--seconds T] [--params PARAMS.yaml]
-                                               [--data DIR] [--json OUT.json]
+                                               [--passive] [--data DIR] [--json OUT.json]
     PYTHONPATH=. python bench/real_hardware.py --make-excerpt SOURCE_DIR      # rebuild bench/data/ from the source
 
 Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every recording of the source set, cut to
@@ -16,7 +16,12 @@ estimate` builds it (shipped defaults: window 10, trapezoidal, default densities
 online in estimation mode; the encoder σ of the mechanism file, the readings' quantization, as the floor of
 the σ fitted online from the readings' scatter, both modes).  The core makes one
 factor-graph step of the actual gap when the gap is under 1.5 median steps, else round(gap/dt) equal sub-steps.
-Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.
+Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.  With `--passive`, the runs
+of an underactuated machine (pendubot: elbow passive; acrobot: shoulder passive; `PASSIVE_JOINT`) get three
+more rows with the passive joint's actuator declared (`EstimatorConfig.actuator_efforts`): `passive` (its
+effort known zero) in estimation and fused mode, and `commanded` in estimation mode (its command known: on these
+runs the controller commands the passive motor's friction compensation, so it is not zero, and the measured
+torque is not either).
 
 Scored per joint (shoulder q1, elbow q2), from 0.5 s to the end less the reference's half-width:
 * rate: against a non-causal reference, the centred local cubic on the measured positions over ±25 ms with the
@@ -109,6 +114,10 @@ RECORDINGS = {
 }
 
 # the recording the EKF's density is tuned on (against its truth) for each scored recording: same design, never itself
+# the runs with a passive joint (the `--passive` rows): its actuator's joint name
+PASSIVE_JOINT = {"design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory": "q2",
+                 "design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory": "q1"}
+
 TUNING_RUN = {
     "design_A.0__20220815__sys_id__trajectory_00": "design_A.0__20220815__sys_id__trajectory_01",
     "design_A.0__20220815__sys_id__trajectory_01": "design_A.0__20220815__sys_id__trajectory_02",
@@ -321,12 +330,16 @@ class Output:
     note: str = ""
 
 
-def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None) -> Output:
+def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None,
+             actuator_efforts: Optional[Dict[str, str]] = None) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
-    sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used)."""
+    sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
+    effort kind (`mbfg estimate --actuator-effort`)."""
     dt = float(np.median(np.diff(rec.t)))
-    config = EstimatorConfig(dt=dt, mode=mode)
+    kinds = dict(actuator_efforts or {})
+    config = EstimatorConfig(dt=dt, mode=mode, actuator_efforts=kinds)
+    commands = mode == "fused" or "commanded" in kinds.values()
     if settings:
         config = EstimatorConfig(dt=dt, mode=mode, window=settings.get("window", config.window),
                                  integrator=settings.get("integrator", config.integrator),
@@ -334,13 +347,14 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
                                  adapt_densities=settings.get("adapt_densities",
                                                                    config.adapt_densities),
-                                 adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas))
+                                 adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
+                                 actuator_efforts=kinds)
     est = FixedLagEstimator(mech, config)
     cols = [mech.coordinate_index(j) for j in JOINTS]
     N = len(rec.t)
     out = Output(*(np.full((N, 2), np.nan) for _ in range(4)))
     for k in range(N):
-        e = est.step(float(rec.t[k]), efforts=rec.tau_con[k] if mode == "fused" else None,
+        e = est.step(float(rec.t[k]), efforts=rec.tau_con[k] if commands else None,
                      observations={"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
         if e.status in ("initialized", "recovered") and k > 0:
             out.reinitializations += 1
@@ -518,9 +532,11 @@ def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_
     return row
 
 
-def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: Optional[Path] = None) -> dict:
+def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: Optional[Path] = None,
+                    passive: bool = False) -> dict:
     """Every estimator on one recording, scored (`tuning`: the recording the EKF is tuned on; `params_file`: a
-    parameter file for two more rows, the estimator with its settings in both modes)."""
+    parameter file for two more rows, the estimator with its settings in both modes; `passive`: on a run with a
+    passive joint (`PASSIVE_JOINT`), three more rows with its actuator declared passive or commanded)."""
     params = dfki_parameters(rec.design)
     mech = design_mechanism(rec.design)
     modelled = friction_modelled(mech)
@@ -538,6 +554,11 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
 
     timed("mbfg_ros estimation, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "estimation")))
     timed("mbfg_ros fused, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "fused")))
+    joint = PASSIVE_JOINT.get(rec.name) if passive else None
+    if joint is not None:
+        for mode, kind in (("estimation", "passive"), ("fused", "passive"), ("estimation", "commanded")):
+            timed(f"mbfg_ros {mode}, {joint} {kind}",
+                  lambda: score(rec, truth, run_mbfg(mech, rec, mode, actuator_efforts={joint: kind})))
     if params_file is not None:
         from mbfg_ros.tuning.params_file import read_params
         settings = read_params(params_file, mech)
@@ -604,6 +625,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--params", type=Path, metavar="PARAMS.yaml",
                     help="also the estimator with this parameter file's settings (node format, e.g. from mbfg tune), "
                          "in both modes")
+    ap.add_argument("--passive", action="store_true",
+                    help="on the pendubot and acrobot runs, also the estimator with the passive joint's actuator "
+                         "declared passive (estimation, fused) and commanded (estimation)")
     ap.add_argument("--make-excerpt", type=Path, metavar="SOURCE_DIR",
                     help="rebuild the shipped excerpt from the source recordings (their CSVs, params/, LICENSE)")
     args = ap.parse_args(argv)
@@ -618,7 +642,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rec = load_recording(name, args.data).cut(args.seconds)
         tuning = load_recording(TUNING_RUN[name], args.data).cut(args.seconds)
         results.append(bench_recording(rec, tuning, log=lambda s: print(s, file=sys.stderr, flush=True),
-                                       params_file=args.params))
+                                       params_file=args.params, passive=args.passive))
     print(f"Recordings ({os.uname().machine}, load {os.getloadavg()[0]:.1f}):\n")
     print(recordings_table(results))
     print("\nEstimates, scored from 0.5 s:\n")

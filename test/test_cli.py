@@ -483,3 +483,27 @@ def test_tune_takes_jittered_stamps_and_missing_readings(tmp_path, capsys):
     assert rc == 0, err
     assert "60 samples" in out and "effort_density" in (tmp_path / "p.yaml").read_text()
     assert "at dt 0.00505 s" in (tmp_path / "p.yaml").read_text()          # the median interval
+
+
+def test_estimate_actuator_effort_declares_a_passive_or_commanded_joint(tmp_path, capsys):
+    """--actuator-effort NAME=KIND reaches the estimator: a passive crank's effort column is 0 (σ 0), a
+    commanded one's is its --torques column; wrong entries and a commanded kind without torques are refused."""
+    t = np.arange(100) * 0.005
+    crank = 1.2 * (1 - np.cos(2 * t)) + 1e-3 * np.random.default_rng(5).standard_normal(t.size)
+    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    write_csv(cmd, ["t", "crank"], np.column_stack([t, 2.5 + 0 * t]))
+    for kind, torques, expected in (("passive", [], 0.0), ("commanded", ["--torques", cmd], 2.5)):
+        out = tmp_path / f"{kind}.csv"
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, *torques, "--actuator-effort",
+                          f"crank={kind}", "--std", "-o", out], capsys)
+        assert rc == 0, err
+        header, data = read_csv(out)
+        np.testing.assert_allclose(data[:, header.index("tau_crank")], expected, atol=1e-12)
+        assert np.all(data[:, header.index("tau_crank_std")] == 0.0)
+    for bad, message in (("crank=off", "kind must be one of estimated, commanded, passive"),
+                         ("wheel=passive", "no actuator named 'wheel'"), ("crank", "is not NAME=KIND"),
+                         ("crank=commanded", "needs --torques")):
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--actuator-effort", bad,
+                          "-o", tmp_path / "x.csv"], capsys)
+        assert rc == 2 and "--actuator-effort" in err and message in err, err

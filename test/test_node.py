@@ -473,6 +473,38 @@ def test_effort_array_input_and_mode_change(shared, mech, traj):
         assert probe.set_params({"mode": "fused"})[0].successful
 
 
+def test_actuator_efforts_switch_at_run_time(shared, mech, traj):
+    """`actuator_efforts` is dynamic (rebuilds the core): the crank declared passive is known zero (published
+    effort 0, its σ 0) while the readings are fused; wrong entries are refused with what is wrong."""
+    est, probe = shared
+    for bad, why in ((["crank=off"], "kind must be one of estimated, commanded, passive"),
+                     (["elbow=passive"], "no actuator named 'elbow'"), (["crank"], "is not NAME=KIND")):
+        r = probe.set_params({"actuator_efforts": bad})[0]
+        assert not r.successful and "actuator_efforts" in r.reason and why in r.reason, r.reason
+    assert probe.wait_diag(lambda d: d["actuator_efforts"] == "crank=commanded", 3.0)
+    assert probe.set_params({"actuator_efforts": ["crank=passive"]})[0].successful
+    try:
+        assert probe.wait_diag(lambda d: d["actuator_efforts"] == "crank=passive", 3.0)
+        probe.clear()
+        f = Feeder(probe, traj.head(int(0.5 / DT)), DT, mech).start()
+        f.join()
+        assert wait_until(lambda: len(probe.snapshot("js")) > 50 and len(probe.snapshot("stddev")) > 50, 5.0)
+        fed = set(f.stamps)
+        js = [m for _, m in probe.snapshot("js") if stamp_ns(m.header.stamp) in fed]
+        sd = [m for _, m in probe.snapshot("stddev") if stamp_ns(m.header.stamp) in fed]
+        assert len(js) > 50 and all(m.effort[0] == 0.0 for m in js)
+        assert sd and all(m.effort[0] == 0.0 and m.position[0] > 0 for m in sd)
+    finally:
+        # back to no override (an empty list needs its type: rclpy takes an untyped [] for a byte array)
+        from rcl_interfaces.srv import SetParameters
+        from rclpy.parameter import Parameter
+        req = SetParameters.Request()
+        req.parameters = [Parameter("actuator_efforts", Parameter.Type.STRING_ARRAY, []).to_parameter_msg()]
+        res, _ = probe.call(SetParameters, f"{probe.ns}/set_parameters", req)
+        assert res.results[0].successful, res.results[0].reason
+    assert probe.wait_diag(lambda d: d["actuator_efforts"] == "crank=commanded", 3.0)
+
+
 def test_numerical_trouble_never_kills_the_node(shared, mech, traj):
     """Readings that contradict the model (a crank jumping half a turn) must not crash or poison it."""
     est, probe = shared

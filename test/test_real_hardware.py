@@ -155,3 +155,17 @@ def test_bench_runs_end_to_end_on_a_short_excerpt():
     assert rows["zero"]["rate"] == pytest.approx(result["info"]["rate_rms"])
     table = rh.results_table([result])
     assert table.count("\n") == 2 + len(rows) - 1 and "nan" not in table
+
+
+def test_the_passive_rows_declare_the_passive_joint():
+    """--passive: on the acrobot (shoulder passive) three more rows; the shoulder declared passive has effort 0
+    (its error is the measured torque's own size); declared commanded, its effort is the command (the error the
+    command's)."""
+    rec = rh.load_recording("design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory").cut(1.0)
+    tuning = rh.load_recording("design_C.0__20220914__sys_id__trajectory_00").cut(1.0)
+    rows = rh.bench_recording(rec, tuning, log=lambda s: None, passive=True)["rows"]
+    assert {"mbfg_ros estimation, q1 passive", "mbfg_ros fused, q1 passive",
+            "mbfg_ros estimation, q1 commanded"} <= set(rows)
+    for label in ("mbfg_ros estimation, q1 passive", "mbfg_ros fused, q1 passive"):
+        assert rows[label]["effort"][0] == pytest.approx(rows["zero"]["effort"][0]) and rows[label]["lost"] == 0.0
+    assert rows["mbfg_ros estimation, q1 commanded"]["effort"][0] == pytest.approx(rows["command"]["effort"][0])

@@ -29,7 +29,7 @@ from mbfg_ros.dynamics.kinematics import AssemblyError
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
 from mbfg_ros.factors.noise import SCALED, default_sigmas
 from mbfg_ros.model.plausibility import InputLimits
-from mbfg_ros.model.spec import MechanismError
+from mbfg_ros.model.spec import EFFORT_KINDS, MechanismError
 from mbfg_ros.tuning.likelihood import TuningError
 
 PROG = "mbfg"
@@ -233,10 +233,12 @@ def cmd_info(args) -> int:
                      + ("" if mo is None else f", gear ratio {mo['gear_ratio']:g}, rotor inertia "
                                               f"{mo['rotor_inertia']:g} kg·m²")
                      + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
-                                              f"{fr['coulomb_velocity']:g})") + ")"
-                     for c, j, limit, unit, fr, mo in zip(info["actuated"], info["actuator_joints"],
-                                                          info["effort_limits"], info["effort_units"],
-                                                          info["actuator_friction"], info["actuator_motor"])) or "none"
+                                              f"{fr['coulomb_velocity']:g})")
+                     + ("" if kind is None else f", effort {kind}") + ")"
+                     for c, j, limit, unit, fr, mo, kind in zip(info["actuated"], info["actuator_joints"],
+                                                                info["effort_limits"], info["effort_units"],
+                                                                info["actuator_friction"], info["actuator_motor"],
+                                                                info["actuator_efforts"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
@@ -434,9 +436,14 @@ def cmd_estimate(args) -> int:
     adapt_sigmas = args.adapt_sensor_sigmas
     if adapt_sigmas is None:
         adapt_sigmas = from_file.get("adapt_sensor_sigmas", EstimatorConfig.adapt_sensor_sigmas)
+    kinds = _actuator_effort_options(args.actuator_effort, mech)
+    if "commanded" in kinds.values() and not args.torques:
+        raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
+                        "needs --torques (the commanded efforts)")
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
-                             adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas))
+                             adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
+                             actuator_efforts=kinds)
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -492,6 +499,15 @@ def _sensor_sigma_options(items, names: Sequence[str], what: str) -> dict:
         out[name] = sigma
     return out
 
+
+
+def _actuator_effort_options(items, mech) -> Dict[str, str]:
+    """--actuator-effort NAME=KIND (repeatable) as {actuator joint name: kind}; UserError naming what is wrong."""
+    from mbfg_ros.estimation.efforts import parse_actuator_efforts
+    try:
+        return parse_actuator_efforts(items, mech)
+    except ValueError as e:
+        raise UserError(f"--actuator-effort: {e}") from None
 
 def cmd_tune(args) -> int:
     from mbfg_ros.tuning import likelihood as tl
@@ -656,6 +672,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimation: efforts unknown; fused: applied efforts = commanded + an estimated "
                         "disturbance (default estimation)")
     s.add_argument("--integrator", choices=INTEGRATORS, default=None, help="(default trapezoidal)")
+    s.add_argument("--actuator-effort", action="append", default=[], metavar="NAME=KIND",
+                   help=f"what actuator NAME's effort is: KIND one of {', '.join(EFFORT_KINDS)} (passive: known "
+                        "zero, an underactuated joint; commanded: its --torques column is a known force); "
+                        "repeatable; wins over the mechanism file's 'effort' keys (default: the file's, else as "
+                        "the mode says)")
     defaults = default_sigmas()
     for name, text in zip(DENSITY_OPTIONS, (
             "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",

@@ -8,6 +8,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mbfg_ros.factors.noise import default_sigmas
+from mbfg_ros.model.spec import EFFORT_KINDS
 
 MODES = ("forward_dynamics", "estimation", "fused")
 FORMULATIONS = ("dependent", "independent")
@@ -26,6 +27,9 @@ class EstimatorConfig:
     sigmas: Dict[str, float] = field(default_factory=dict)
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
+    # per actuator (joint name) its effort kind, estimated | commanded | passive, over the mechanism's `effort`
+    # keys (those not given: the mechanism's, else as the mode says): estimation/efforts.py
+    actuator_efforts: Dict[str, str] = field(default_factory=dict)
     adapt_densities: bool = True           # estimation and fused modes: fit the process densities online
                                            # (effort_density or disturbance_density, and acceleration_density,
                                            # starting from sigmas' values) by the innovation likelihood of the
@@ -80,6 +84,10 @@ class EstimatorConfig:
             # a time constant may be infinite (no damping)
             if not (s > 0 and (np.isfinite(s) or k == "disturbance_time_constant")):
                 problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
+        for name, kind in self.actuator_efforts.items():
+            if kind not in EFFORT_KINDS:
+                problems.append(f"actuator '{name}': effort kind must be one of {', '.join(EFFORT_KINDS)} "
+                                f"(got {kind!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:
             problems.append(f"unknown noise parameter names {sorted(unknown)} (known: {sorted(default_sigmas())})")

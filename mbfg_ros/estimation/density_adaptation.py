@@ -16,10 +16,11 @@ offline, by the innovation likelihood of its own readings, online:
   above the starting acceleration density: the estimates stay within it), each on the linear model of the encoded
   coordinates z (one encoder per degree of freedom) around the estimator's newest estimate:
       z̈ = u + B τ + ξ,   τ̈ = −(2/T) τ̇ − τ/T² + w,
-  u = the model's acceleration without the state's efforts at the estimates (gravity, velocity terms and, in
-  fused mode, the commands: a quadratic in time through the estimates of the bank's step, integrated exactly;
+  u = the model's acceleration without the state's efforts at the estimates (gravity, velocity terms and the
+  known efforts: in fused mode the commands, and any actuator declared commanded or passive: a quadratic in time through the estimates of the bank's step, integrated exactly;
   `drift_weights`), B = ∂z̈/∂τ (the reduced inverse inertia, refreshed every `B_REFRESH` s), τ the unknown
-  efforts (estimation, T = ∞) or the disturbance (fused, T its time constant), w white of the filter's effort
+  efforts (estimation, T = ∞) or the disturbance (fused, T its time constant) of the actuators whose τ is a
+  state (``actuated``: the estimator's `EffortModel.state_coordinates`), w white of the filter's effort
   density, ξ the unmodelled accelerations (white of the filter's acceleration density on every generalized
   coordinate, which the constraints restrict to Sₐ (JᵀJ)⁻¹ on z, J = ∂q/∂z); the exact discretization over
   the bank's step (`reduced_ekf.discretize`), the state (z, ż, τ, τ̇);
@@ -158,14 +159,16 @@ def chi_square_quantile(tail: float, d: int) -> float:
 class DensityAdaptation:
     """See the module docstring.  ``observe(t, readings, q, v, a, tau, restarted)`` after each estimator step
     (readings: dict sensor name → value of this step; the estimate's q, q̇, q̈ and its state's efforts τ: the
-    estimated efforts, or in fused mode the disturbance; restarted: the estimator started a new window this
+    estimated efforts, or in fused mode the disturbance, of the actuated coordinates ``actuated`` (default:
+    every actuator's, in actuator order); restarted: the estimator started a new window this
     step); ``density`` and ``acceleration_density`` are the current estimates (the starting densities until
     there is enough evidence), ``changed`` says whether the last `observe` moved one of them by more than
     `CHANGE` decades since it was last passed on."""
 
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
-                 time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False):
+                 time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
+                 actuated=None):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -179,7 +182,8 @@ class DensityAdaptation:
         self.names, self.z, sig = layout
         sig = np.array([float((sensor_sigmas or {}).get(n, s)) for n, s in zip(self.names, sig)])
         self.d = d = len(self.z)
-        self.na = na = len(mech.actuated)
+        self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
+        self.na = na = len(self.actuated)
         self.nx = 2 * d + 2 * na
         self.R = np.diag(sig ** 2)
         self.time_constant = float(time_constant)
@@ -254,7 +258,7 @@ class DensityAdaptation:
         B = np.empty((self.d, self.na))
         for j in range(self.na):
             Q = np.zeros(mech.n)
-            Q[mech.actuated[j]] = 1.0
+            Q[self.actuated[j]] = 1.0
             B[:, j] = dynamics.forward_dynamics(mech, q, zero, Q)[self.z]
         self.B = B
         self.t_B = t

@@ -10,6 +10,16 @@
   ``disturbance_density``, damped back to 0 with ``disturbance_time_constant`` [s]; the reported efforts are
   command + d, the disturbance is reported too.
 
+Per actuator a kind (`effort_kinds`: the mechanism's `effort` keys, overridden by the configuration's
+``actuator_efforts``; default: as the mode says) narrows what its effort is: ``estimated`` (a state: its
+command is ignored), ``commanded`` (its command is a known force), ``passive`` (known zero: an underactuated
+joint whose motor is off; its friction still acts).  The state's τ block covers only the actuators whose τ
+(estimation: ``estimated``) or disturbance (fused: every one but ``passive``) is estimated
+(``state_actuators``); the others enter the dynamics' known forces.  In fused mode an ``estimated``
+actuator's command is ignored (the disturbance carries its whole effort, as for an unknown command); in
+forward-dynamics mode ``estimated`` counts as ``commanded``.  With no actuator left to estimate, the
+estimator runs as forward dynamics on the known efforts (`effort_model`).
+
 A model answers, per step, the forces of the dynamics factors, the effort rate Q̇ of the 4th-order
 integrator's jerk, and the extra effort units (the integrated random walk between steps); per window, the seed's efforts and their prior; per estimate, the efforts reported.
 """
@@ -17,16 +27,55 @@ integrator's jerk, and the extra effort units (the integrated random walk betwee
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model", "EARLY_RATE_STEPS"]
+from mbfg_ros.excerpt import excerpt
+from mbfg_ros.model.spec import EFFORT_KINDS
+
+__all__ = ["EffortModel", "CommandedEfforts", "UnknownEfforts", "FusedEfforts", "effort_model", "effort_kinds",
+           "parse_actuator_efforts", "EARLY_RATE_STEPS"]
 
 EARLY_RATE_STEPS = 2     # the window's steps after which `EffortModel.early_rates` may correct earlier ones
+
+#: the kind of an actuator that declares none, per mode
+DEFAULT_KINDS = {"forward_dynamics": "commanded", "estimation": "estimated", "fused": "commanded"}
+
+
+def effort_kinds(mode: str, mech: Mechanism, overrides: Optional[Dict[str, str]] = None) -> Tuple[str, ...]:
+    """Each actuator's effort kind (actuator order, one of `model.spec.EFFORT_KINDS`): `overrides` (joint name →
+    kind, e.g. the node's ``actuator_efforts``), else the mechanism's declared one, else the mode's default."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(mech.actuator_names))
+    if unknown:
+        raise ValueError(f"actuator efforts: no actuator named {', '.join(repr(excerpt(n)) for n in unknown)} in mechanism "
+                         f"'{mech.name}' (actuators: {', '.join(mech.actuator_names) or 'none'})")
+    for name, kind in overrides.items():
+        if kind not in EFFORT_KINDS:
+            raise ValueError(f"actuator efforts: actuator '{name}': kind must be one of {', '.join(EFFORT_KINDS)} "
+                             f"(got '{excerpt(kind)}')")
+    return tuple(overrides.get(name) or declared or DEFAULT_KINDS.get(mode, "commanded")
+                 for name, declared in zip(mech.actuator_names, mech.actuator_efforts))
+
+
+def parse_actuator_efforts(entries, mech: Mechanism) -> Dict[str, str]:
+    """The `actuator_efforts` parameter (or `mbfg estimate --actuator-effort`), ``NAME=KIND`` entries, as
+    {actuator joint name: kind}; ValueError naming the entry, the actuators and the kinds."""
+    out: Dict[str, str] = {}
+    for entry in list(entries or []):
+        name, sep, kind = str(entry).partition("=")
+        name, kind = name.strip(), kind.strip()
+        if not sep or not name:
+            raise ValueError(f"'{excerpt(str(entry))}' is not NAME=KIND (KIND one of {', '.join(EFFORT_KINDS)})")
+        if name in out:
+            raise ValueError(f"actuator '{excerpt(name)}' is given twice")
+        out[name] = kind
+    effort_kinds("estimation", mech, out)        # the names and kinds (ValueError: which is wrong)
+    return out
 
 
 class EffortModel:
@@ -42,9 +91,27 @@ class EffortModel:
     #: with τ a state, do the dynamics' known forces change from step to step (with the commands)?
     known_forces_vary = False
 
-    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool, kinds: Optional[Sequence[str]] = None):
         self.mech = mech
         self.na = len(mech.actuated)
+        self.kinds = tuple(kinds) if kinds is not None else (self.default_kind,) * self.na
+        if len(self.kinds) != self.na:
+            raise ValueError(f"expected {self.na} effort kinds (actuators {list(mech.actuator_names)}), "
+                             f"got {len(self.kinds)}")
+        # the actuators (actuator order) whose τ or disturbance is a state, and whose command is a known force
+        state = [i for i, kind in enumerate(self.kinds) if self._in_state(kind)] if self.has_state else []
+        self.state_actuators = np.array(state, dtype=np.intp)
+        self.state_actuators.flags.writeable = False
+        self.n_state = len(state)
+        self.state_coordinates = np.array(mech.actuated, dtype=np.intp)[self.state_actuators]
+        self.state_coordinates.flags.writeable = False
+        #: the state covers only some actuators: its τ block is scattered into actuator order
+        self.partial_state = self.has_state and self.n_state < self.na
+        self._state_pairs = tuple(zip(range(self.n_state), (int(c) for c in self.state_coordinates)))
+        takes = [self._takes_command(kind) for kind in self.kinds]
+        self._all_commands = all(takes)
+        self._any_command = any(takes)
+        self._command_mask = np.array(takes, dtype=bool)
         self.sigmas = sigmas
         self.rates = bool(rates)          # the integrator needs Q̇ (hermite)
         g = np.array(mech.gravity_forces, dtype=float)
@@ -59,6 +126,16 @@ class EffortModel:
         self._actuated_pairs = tuple(enumerate(int(c) for c in mech.actuated))
         self._history: List[np.ndarray] = []     # the commanded efforts of the last two steps
         self._first: List[np.ndarray] = []       # the commanded efforts of the window's first steps
+
+    default_kind = "commanded"
+
+    @staticmethod
+    def _in_state(kind: str) -> bool:
+        return False
+
+    @staticmethod
+    def _takes_command(kind: str) -> bool:
+        return kind != "passive"
 
     # -- inputs --------------------------------------------------------------------------------
     def efforts_in(self, efforts) -> np.ndarray:
@@ -81,6 +158,30 @@ class EffortModel:
         if all(map(math.isfinite, efforts.tolist())):   # the usual case (plain floats: cheaper than numpy's calls)
             return efforts.copy() if copy else efforts
         return np.where(np.isfinite(efforts), efforts, 0.0)
+
+    def known(self, efforts: np.ndarray, copy: bool = True) -> np.ndarray:
+        """The known efforts in actuator order: the commands of the actuators that take theirs (unknown entries 0),
+        0 for the others (`copy`: as in `commanded`)."""
+        if self._all_commands:
+            return self.commanded(efforts, copy)
+        if not self._any_command:
+            return np.zeros(self.na)
+        return np.where(self._command_mask & np.isfinite(efforts), efforts, 0.0)
+
+    def scattered(self, x_tau: np.ndarray) -> np.ndarray:
+        """The state's τ block (`state_actuators`) in actuator order, 0 for the other actuators."""
+        if not self.partial_state:
+            return x_tau.copy()
+        out = np.zeros(self.na)
+        out[self.state_actuators] = x_tau
+        return out
+
+    def add_state(self, base: np.ndarray, x_tau: np.ndarray) -> np.ndarray:
+        """The generalized forces `base` plus the state's τ block on its coordinates, as a new array."""
+        Q = base.copy()
+        for i, c in self._state_pairs:
+            Q[c] += x_tau[i]
+        return Q
 
     def add_efforts(self, base: np.ndarray, tau: np.ndarray) -> np.ndarray:
         """The generalized forces `base` plus the efforts τ (actuator order) on their coordinates, as a new array.
@@ -106,8 +207,12 @@ class EffortModel:
         return np.array(x_tau, dtype=float), Q0
 
     def seed_units(self, tau0) -> list:
-        """The seed's prior on τ₀ (weak: the efforts are not known at the start)."""
-        return [] if tau0 is None else [F.Prior("tau", tau0, self.sigmas["initial_effort"])]
+        """The seed's priors on τ₀ and τ̇₀ (weak: the efforts are not known when the window starts; the rate is not
+        kept across windows)."""
+        if tau0 is None:
+            return []
+        return [F.Prior("tau", tau0, self.sigmas["initial_effort"]),
+                F.Prior("tau_rate", np.zeros(self.n_state), self.sigmas["initial_effort_rate"])]
 
     def seeded(self):
         """The seed step's forces are set: remember its efforts for `early_rates`."""
@@ -180,23 +285,23 @@ class EffortModel:
 class CommandedEfforts(EffortModel):
     """The commanded efforts are known forces (see the module docstring)."""
 
-    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool):
-        super().__init__(mech, sigmas, rates)
-        self.rates_from_commands = self.na > 0
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool, kinds: Optional[Sequence[str]] = None):
+        super().__init__(mech, sigmas, rates, kinds)
+        self.rates_from_commands = self._any_command
 
     def seed(self, efforts, tau_guess):
-        return None, self.add_efforts(self.gravity, self.commanded(efforts))
+        return None, self.add_efforts(self.gravity, self.known(efforts))
 
     def forces(self, efforts, h):
         if self.na:
-            tau = self.commanded(efforts)
+            tau = self.known(efforts)
             Q = self.add_efforts(self.gravity, tau)
         else:
             tau, Q = efforts, self.gravity
         return Q, (self._rate(tau, h) if self.rates else None), None
 
     def reported(self, x_tau, efforts):
-        return self.commanded(efforts) if self.na else np.zeros(0)
+        return self.known(efforts) if self.na else np.zeros(0)
 
 
 class UnknownEfforts(EffortModel):
@@ -205,26 +310,48 @@ class UnknownEfforts(EffortModel):
     has_state = True
     uses_commands = False
     density_name = "effort_density"
+    default_kind = "estimated"
+
+    def __init__(self, mech: Mechanism, sigmas: dict, rates: bool, kinds: Optional[Sequence[str]] = None):
+        super().__init__(mech, sigmas, rates, kinds)
+        # commanded actuators: their commands are known forces of each step
+        self.uses_commands = self.known_forces_vary = self.rates_from_commands = self._any_command
+
+    @staticmethod
+    def _in_state(kind):
+        return kind == "estimated"
+
+    @staticmethod
+    def _takes_command(kind):
+        return kind == "commanded"
 
     def seed(self, efforts, tau_guess):
-        tau0 = np.zeros(self.na) if tau_guess is None else np.array(tau_guess, dtype=float)
+        known = self.known(efforts)
+        if tau_guess is None:
+            tau0 = np.zeros(self.n_state)
+        else:
+            tau0 = np.array(tau_guess, dtype=float)[self.state_actuators] if self.partial_state else \
+                np.array(tau_guess, dtype=float)
         tau0 = np.where(np.isfinite(tau0), tau0, 0.0)
-        return tau0, self.add_efforts(self.gravity, tau0)
-
-    def seed_units(self, tau0):
-        # weak priors: the efforts are not known when the window starts (the rate is not kept across windows)
-        return [F.Prior("tau", tau0, self.sigmas["initial_effort"]),
-                F.Prior("tau_rate", np.zeros(self.na), self.sigmas["initial_effort_rate"])]
+        return tau0, self.add_efforts(self.gravity, known + self.scattered(tau0))
 
     def forces(self, efforts, h):
-        # the effort's rate is a state: the (hermite) jerk's Q̇ neglects it (a Δt²/12 term)
-        return self.gravity, (self.zero_rate if self.rates else None), None
+        if not self._any_command:
+            # the effort's rate is a state: the (hermite) jerk's Q̇ neglects it (a Δt²/12 term)
+            return self.gravity, (self.zero_rate if self.rates else None), None
+        known = self.known(efforts)
+        Q = self.add_efforts(self.gravity, known)
+        return Q, (self._rate(known, h) if self.rates else None), None
 
     def transition_units(self, h):
-        return [F.IntegratedRandomWalk("tau", "tau_rate", self.na, h, self.sigmas[self.density_name])]
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name])]
 
     def reported(self, x_tau, efforts):
-        return x_tau.copy()
+        if not self.partial_state:
+            return x_tau.copy()
+        tau = self.known(efforts)
+        tau[self.state_actuators] = x_tau
+        return tau
 
 
 class FusedEfforts(UnknownEfforts):
@@ -233,47 +360,54 @@ class FusedEfforts(UnknownEfforts):
     forces are gravity + E·command (per step) and the
     state's τ block is d.  Unknown commands count as 0 (the disturbance then takes the whole effort)."""
 
-    rates_from_commands = True
-    known_forces_vary = True
-    uses_commands = True
     density_name = "disturbance_density"
+    default_kind = "commanded"
+
+    @staticmethod
+    def _in_state(kind):
+        return kind != "passive"
 
     def transition_units(self, h):
         # damped back to 0 (the command is right on average): without readings the disturbance's prediction
         # stays bounded instead of following its last rate (an undamped walk drifted over robot steps without
         # readings in bag replays)
-        return [F.IntegratedRandomWalk("tau", "tau_rate", self.na, h, self.sigmas[self.density_name],
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name],
                                        self.sigmas["disturbance_time_constant"])]
 
     def seed(self, efforts, tau_guess):
-        cmd = self.commanded(efforts)
+        cmd = self.known(efforts)
         d0 = np.zeros(self.na) if tau_guess is None else np.array(tau_guess, dtype=float) - cmd
         d0 = np.where(np.isfinite(d0), d0, 0.0)
-        return d0, self.add_efforts(self.gravity, cmd + d0)
-
-    def seed_units(self, d0):
-        return [F.Prior("tau", d0, self.sigmas["initial_effort"]),
-                F.Prior("tau_rate", np.zeros(self.na), self.sigmas["initial_effort_rate"])]
+        if self.partial_state:
+            d0 = d0[self.state_actuators]
+        return d0, self.add_efforts(self.gravity, cmd + self.scattered(d0))
 
     def forces(self, efforts, h):
-        cmd = self.commanded(efforts, copy=False)
+        cmd = self.known(efforts, copy=False)
         Q = self.add_efforts(self.gravity, cmd)
         Qdot = self._rate(cmd.copy(), h) if self.rates else None    # (the history keeps its own copy)
         return Q, Qdot, None
 
     def reported(self, x_d, efforts):
-        return self.commanded(efforts, copy=False) + x_d
+        return self.known(efforts, copy=False) + (self.scattered(x_d) if self.partial_state else x_d)
 
     def disturbance(self, x_d):
-        return x_d.copy()
+        return self.scattered(x_d)
 
 
-def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool) -> EffortModel:
-    """The strategy of `mode` (forward_dynamics | estimation | fused); without actuators: commanded (none)."""
-    if mode == "forward_dynamics" or not len(mech.actuated):
-        return CommandedEfforts(mech, sigmas, rates)
-    if mode == "estimation":
-        return UnknownEfforts(mech, sigmas, rates)
-    if mode == "fused":
-        return FusedEfforts(mech, sigmas, rates)
-    raise ValueError(f"unknown mode {mode!r}")
+def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool,
+                 overrides: Optional[Dict[str, str]] = None) -> EffortModel:
+    """The strategy of `mode` (forward_dynamics | estimation | fused) with each actuator's kind
+    (`effort_kinds`: `overrides` by joint name, the mechanism's declared kinds, the mode's default); without
+    actuators, or with none left to estimate (estimation: none ``estimated``; fused: all ``passive``):
+    commanded (the known efforts)."""
+    if mode not in DEFAULT_KINDS:
+        raise ValueError(f"unknown mode {mode!r}")
+    kinds = effort_kinds(mode, mech, overrides)
+    if mode == "estimation" and "estimated" in kinds:
+        return UnknownEfforts(mech, sigmas, rates, kinds)
+    if mode == "fused" and any(kind != "passive" for kind in kinds):
+        return FusedEfforts(mech, sigmas, rates, kinds)
+    if mode == "estimation":      # no estimated actuator: the rest are known
+        return CommandedEfforts(mech, sigmas, rates, ["passive" if k == "passive" else "commanded" for k in kinds])
+    return CommandedEfforts(mech, sigmas, rates, kinds)

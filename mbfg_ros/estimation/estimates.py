@@ -96,7 +96,9 @@ class Estimates:
                 sd = np.sqrt(np.clip(np.diagonal(P), 0.0, None))
                 std = sd[:3 * n].copy()                  # the layout starts with q, q̇, q̈
                 # the commands are known: the efforts' uncertainty is the τ block's (estimated τ or disturbance)
-                efforts_std = sd[self._tau].copy() if self._tau is not None else np.zeros(self.efforts.na)
+                # (0 for a known actuator: commanded or passive)
+                efforts_std = (self.efforts.scattered(sd[self._tau]) if self._tau is not None
+                               else np.zeros(self.efforts.na))
                 if self.efforts.disturbance(x_tau) is not None:
                     disturbance_std = efforts_std.copy()
             except Exception as exc:      # covariance is a by-product: report, do not fail

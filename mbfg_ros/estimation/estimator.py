@@ -119,7 +119,8 @@ class FixedLagEstimator:
         q0 = None if q0 is None else _vector(q0, mech.n, "q0")
         v0 = None if v0 is None else _vector(v0, mech.n, "v0")
         self.ctx = EvalContext(mech)
-        self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite")
+        self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
+                                    overrides=c.actuator_efforts)
         self.sensors = Sensors(mech, c, self.sigmas)
         self.gate = InnovationGate(c)
         self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx)
@@ -145,7 +146,7 @@ class FixedLagEstimator:
         T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
-                                 hold_start=c.mode == "fused")
+                                 hold_start=c.mode == "fused", actuated=self.efforts.state_coordinates)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -231,6 +232,8 @@ class FixedLagEstimator:
         if adaptation is not None and est.status != "waiting":
             try:
                 tau = est.efforts if est.disturbance is None else est.disturbance
+                if self.efforts.partial_state:      # (the known efforts are in q̈: the fit's drift input)
+                    tau = tau[self.efforts.state_actuators]
                 if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                     self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
                                                         "acceleration_density": adaptation.acceleration_density})
@@ -268,7 +271,7 @@ class FixedLagEstimator:
         if self.window is None or self.last is None:
             return None
         P = self.window.marginal_covariance(self.stepper.k)
-        return joint_covariance(P, self.layout, self.mech, coordinates)
+        return joint_covariance(P, self.layout, self.mech, coordinates, self.efforts.state_coordinates)
 
     def prepare_next_step(self) -> bool:
         """Do now the part of the next step (one dt after the newest) that does not depend on its inputs:

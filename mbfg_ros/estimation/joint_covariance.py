@@ -4,14 +4,15 @@ For the coordinates c₁ … c_m (columns of q) it is the covariance of the stac
 [q_c₁ … q_c_m, q̇_c₁ … q̇_c_m, τ_c₁ … τ_c_m], where τ_c is the effort published on coordinate c: the effort of
 the actuator on c (estimated τ in estimation mode; command + disturbance in fused mode, whose uncertainty is the
 disturbance's, the command being known), and 0 — with zero rows and columns — on a coordinate without an
-actuator or when the efforts are the commands (forward dynamics).  It is a marginal of the newest step's state
+actuator, of an actuator whose effort is known (commanded or passive: not in the state) or when the efforts are
+the commands (forward dynamics).  It is a marginal of the newest step's state
 in the window (one `marginalCovariance` of the smoother, about as costly as `compute_covariance`'s per step),
 so it is computed only when asked.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -19,9 +20,11 @@ from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.model.mechanism import Mechanism
 
 
-def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordinates: Sequence[int]) -> np.ndarray:
+def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordinates: Sequence[int],
+                     state_coordinates: Optional[Sequence[int]] = None) -> np.ndarray:
     """The (3m × 3m) covariance described in the module docstring, from the newest step's state marginal P
-    (ordered as `layout`)."""
+    (ordered as `layout`; its τ block over the actuated coordinates `state_coordinates`, default every
+    actuator's in actuator order: `EffortModel.state_coordinates`)."""
     cols = [int(c) for c in coordinates]
     for c in cols:
         if not 0 <= c < mech.n:
@@ -30,7 +33,8 @@ def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordi
     q, v = layout.slices["q"], layout.slices["v"]
     tau = layout.slices.get("tau")
     index = [q.start + c for c in cols] + [v.start + c for c in cols]
-    actuator_of = {int(a): j for j, a in enumerate(mech.actuated)}
+    actuator_of = {int(a): j for j, a in enumerate(mech.actuated if state_coordinates is None
+                                                   else state_coordinates)}
     effort_rows = []                   # (row in the output, index in the state) of the efforts with a state
     for i, c in enumerate(cols):
         j = actuator_of.get(c)

@@ -223,7 +223,7 @@ class Seeder:
             tau0, Q0 = self.efforts.seed(efforts, seed.tau)
             x0 = factors.seed_state(q0, v0, Q0, tau0)
         else:
-            na = self.efforts.na
+            na = self.efforts.n_state
             tau0, Q0 = self.efforts.seed_at(efforts, effort_prior[0][:na])
             x0 = factors.seed_state(q0, v0, Q0, tau0, effort_prior[0][na:])
         # With sensors an unknown initial velocity gets a weak prior: the mechanism may be moving when the
@@ -245,7 +245,7 @@ class Seeder:
         if effort_prior is None:
             priors += self.efforts.seed_units(tau0)
         else:
-            na = self.efforts.na
+            na = self.efforts.n_state
             priors.append(F.CorrelatedPrior.from_covariance(("tau", "tau_rate"), (na, na), effort_prior[0],
                                                             effort_prior[1], floor=EFFORT_PRIOR_FLOOR))
         values, effort_prior = factors.step_values(efforts, None, None)

@@ -70,7 +70,7 @@ class StepFactors:
         n = mech.n
         blocks = [("q", n), ("v", n), ("a", n)] + self._extra_blocks()
         if efforts.has_state:
-            blocks += [("tau", efforts.na), ("tau_rate", efforts.na)]
+            blocks += [("tau", efforts.n_state), ("tau_rate", efforts.n_state)]
         self.layout = StateLayout(blocks)
         self.a_slice = self.layout.slices["a"]
         self._tau = self.layout.slices.get("tau")
@@ -282,7 +282,7 @@ class StepFactors:
         qp, vp = xp[:n], xp[n:n2]
         Q = self._prediction_forces(values)
         if self._tau is not None:
-            Q = self.efforts.add_efforts(Q, xp[self._tau])
+            Q = self.efforts.add_state(Q, xp[self._tau])
         if self._predict_linearizes:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
@@ -338,7 +338,11 @@ class DependentFactors(StepFactors):
         native = self.ctx.native
         if native is not None and self.compiled_step_models:
             xp = np.empty(x.size)
-            if native.predict(x, h, a_prev, h_prev, self._prediction_forces(values), self._tau_start, xp):
+            Q, tau_start = self._prediction_forces(values), self._tau_start
+            if self.efforts.partial_state:
+                # the kernel adds a τ block over every actuator: this one covers some, added here (τ is not predicted)
+                Q, tau_start = self.efforts.add_state(Q, x[self._tau]), -1
+            if native.predict(x, h, a_prev, h_prev, Q, tau_start, xp):
                 return xp, None
         return super().predict(x, h, a_prev, h_prev, values)
 
@@ -347,7 +351,8 @@ class DependentFactors(StepFactors):
         self._integrated = ("q", "v", "a", mech.n)
         self.kinematics = [F.PositionConstraints(mech, s["position_constraints"]),
                            F.VelocityConstraints(mech, s["velocity_constraints"])]
-        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"]) if self.efforts.has_state
+        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"], actuated=self.efforts.state_coordinates)
+                         if self.efforts.has_state
                          else F.ForwardDynamics(mech, sigma=s["dynamics"]))
         self.jerk = None
 
@@ -365,7 +370,8 @@ class DependentHermiteFactors(DependentFactors):
     def _integrator_units(self, h):
         sq, sv = self.integrator_sigmas(h)
         return [F.HermiteIntegrator("q", "v", "a", self.mech.n, h, sq),
-                F.HermiteVelocityIntegrator(self.mech, h, sigma=sv, efforts=self.efforts.has_state)]
+                F.HermiteVelocityIntegrator(self.mech, h, sigma=sv, efforts=self.efforts.has_state,
+                                            actuated=self.efforts.state_coordinates)]
 
     def _forces_values(self, values, Q, Qdot, h, window):
         if h is not None:
@@ -413,7 +419,8 @@ class IndependentFactors(StepFactors):
         self.kinematics = [F.PositionConstraintsIndep(mech, z, s["position_constraints"]),
                            F.VelocityConstraintsIndep(mech, z, s["velocity_constraints"]),
                            F.AccelerationConstraintsIndep(mech, z, s["acceleration_constraints"])]
-        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"], z=z) if self.efforts.has_state
+        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"], z=z, actuated=self.efforts.state_coordinates)
+                         if self.efforts.has_state
                          else F.ForwardDynamics(mech, sigma=s["dynamics"], z=z))
         self.soft_equality = F.SoftEquality("q", mech.n, s["soft_equality"], offset=np.zeros(mech.n))
         self.jerk = None
@@ -455,7 +462,8 @@ class IndependentHermiteFactors(IndependentFactors):
 
     def _build(self):
         super()._build()
-        self.jerk = F.Jerk(self.mech, sigma=self.sigmas["dynamics"], select=self.z, efforts=self.efforts.has_state)
+        self.jerk = F.Jerk(self.mech, sigma=self.sigmas["dynamics"], select=self.z, efforts=self.efforts.has_state,
+                           actuated=self.efforts.state_coordinates)
 
     def _integrator_units(self, h):
         (sz, szd), d = self.integrator_sigmas(h), self.dof

@@ -22,7 +22,7 @@ import yaml
 
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
-from mbfg_ros.model.spec import (ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
+from mbfg_ros.model.spec import (EFFORT_KINDS, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
                    GyroscopeSpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
                    RelativeAngleSpec)
 
@@ -50,7 +50,7 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
 _ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "gear_ratio", "rotor_inertia", "viscous_friction",
-                  "coulomb_friction", "coulomb_velocity")
+                  "coulomb_friction", "coulomb_velocity", "effort")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
@@ -655,9 +655,19 @@ class _Builder:
             limit = self.positive(entry["effort_limit"], f"{path}.effort_limit") if "effort_limit" in entry else None
             gear, rotor, stator = self.motor(entry, path, coord, relative, joints_by_name)
             out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
-                                    rotor_inertia=rotor, stator_angle=stator,
+                                    rotor_inertia=rotor, stator_angle=stator, effort=self.effort_kind(entry, path),
                                     **self.actuator_friction(entry, path)))
         return out
+
+    def effort_kind(self, entry: Dict[str, Any], path: str) -> Optional[str]:
+        """An actuator's `effort` (one of EFFORT_KINDS), or None: as the estimator's mode says."""
+        if "effort" not in entry:
+            return None
+        kind = entry["effort"]
+        if kind not in EFFORT_KINDS:
+            self.fail(f"{path}.effort", f"expected one of {', '.join(EFFORT_KINDS)}; got {_type_name(kind)} "
+                                        f"{_show(kind)}")
+        return kind
 
     def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:
         """The friction keys of an actuator (`model.friction`): b, c ≥ 0; v_s > 0, only with a Coulomb friction."""

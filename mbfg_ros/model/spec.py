@@ -14,6 +14,10 @@ from typing import Optional, Tuple
 #: [rad/s or m/s] the rate v_s of an actuator's smoothed Coulomb friction when the YAML gives none (`ActuatorSpec`)
 DEFAULT_COULOMB_VELOCITY = 0.01
 
+#: what an actuator's effort is to the estimator (`ActuatorSpec.effort`): a state to estimate, the commanded effort
+#: (a known force), or zero (a passive joint of an underactuated machine: its motor is off, its friction still acts)
+EFFORT_KINDS = ("estimated", "commanded", "passive")
+
 
 class MechanismError(ValueError):
     """Any problem with a mechanism description.  The message names the file, the key path and what is wrong."""
@@ -91,6 +95,9 @@ class ActuatorSpec:
     viscous_friction: float = 0.0
     coulomb_friction: float = 0.0
     coulomb_velocity: float = DEFAULT_COULOMB_VELOCITY
+    # one of EFFORT_KINDS, or None: as the estimator's mode says (estimation: estimated; fused, forward dynamics:
+    # commanded); `estimation.efforts.effort_kinds`
+    effort: Optional[str] = None
 
 
 @dataclass(frozen=True)

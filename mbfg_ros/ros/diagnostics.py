@@ -13,6 +13,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 
 from mbfg_ros import native
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.estimation.efforts import effort_kinds
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import KINDS
 from mbfg_ros.ros.parameters import Settings
@@ -146,6 +147,9 @@ class Diagnostics:
               "dt": dt, "window": config.window, "kernel": kernel_text(numerics)}
         if self.encoder_turns:
             kv["encoder_turns"] = self.encoder_turns
+        if self.mech.actuator_names:
+            kinds = effort_kinds(config.mode, self.mech, config.actuator_efforts)
+            kv["actuator_efforts"] = ", ".join(f"{n}={k}" for n, k in zip(self.mech.actuator_names, kinds))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

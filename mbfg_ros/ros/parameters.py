@@ -13,6 +13,8 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
+from mbfg_ros.estimation.efforts import parse_actuator_efforts
+from mbfg_ros.model.spec import EFFORT_KINDS
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
@@ -32,7 +34,7 @@ DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_
 MAX_NAME = 256
 MAX_PATH = 4096
 STRING_LIMITS = {"mechanism": MAX_PATH, "frame_id": MAX_NAME, "mode": MAX_NAME, "formulation": MAX_NAME,
-                 "integrator": MAX_NAME, "independent": MAX_NAME}
+                 "integrator": MAX_NAME, "independent": MAX_NAME, "actuator_efforts": MAX_NAME}
 MIN_INPUT_AGE = 0.01     # [s] a loaded machine delivers inputs several ms after their stamps
 
 
@@ -136,6 +138,12 @@ def declare_parameters(node) -> StartupParameters:
         description="forward_dynamics (commanded efforts drive the model) | estimation (sensors only, "
                     "efforts estimated) | fused (both); changing it restarts the estimator",
         additional_constraints="one of: " + ", ".join(MODES))).value
+    actuator_efforts = d("actuator_efforts", Parameter.Type.STRING_ARRAY, PD(
+        description="Per actuator NAME=KIND, KIND estimated | commanded | passive (an underactuated joint: effort "
+                    "known zero), over the mechanism file's 'effort' keys; actuators not listed: the file's kind, "
+                    "else as the mode says. Changing it restarts the estimator",
+        additional_constraints=f"entries NAME=KIND, NAME an actuator joint ({', '.join(mech.actuator_names) or 'none'})"
+                               f", KIND one of {', '.join(EFFORT_KINDS)}")).value or []
     formulation = d("formulation", "dependent", PD(
         description="dependent | independent coordinates", read_only=True,
         additional_constraints="one of: " + ", ".join(FORMULATIONS))).value
@@ -244,10 +252,15 @@ def declare_parameters(node) -> StartupParameters:
         read_only=True)).value
 
     for name, value in (("frame_id", frame_id), ("mode", mode), ("formulation", formulation),
-                        ("integrator", integrator), ("independent", independent)):
+                        ("integrator", integrator), ("independent", independent),
+                        ("actuator_efforts", actuator_efforts)):
         problem = string_problem(name, value)
         if problem:
             raise ConfigError(problem)
+    try:
+        efforts = parse_actuator_efforts(actuator_efforts, mech)
+    except ValueError as e:
+        raise ConfigError(shown(f"parameter 'actuator_efforts': {e}", MAX_LINE)) from None
     for name, value in (("max_input_age", max_input_age), ("sensor_timeout", sensor_timeout)):
         problem = stopping_problem(name, value, dt, window)
         if problem:
@@ -262,7 +275,7 @@ def declare_parameters(node) -> StartupParameters:
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                compute_covariance=bool(publish_stddev),
-                               adapt_densities=bool(adapt_densities))
+                               adapt_densities=bool(adapt_densities), actuator_efforts=efforts)
         config = base.validated()
     except ValueError as e:
         raise ConfigError(shown(f"bad estimator parameters: {name_params(str(e))}", MAX_LINE)) from None
@@ -321,7 +334,7 @@ def no_single_indicator(mech: Mechanism) -> Optional[str]:
 class ParameterChange:
     """A validated set of parameter changes, not applied yet."""
     config: EstimatorConfig       # the estimator configuration with the new mode and sigmas
-    rebuild: Tuple[str, ...]      # the changed parameters that need a new core (mode, sigmas), sorted
+    rebuild: Tuple[str, ...]      # the changed parameters that need a new core (mode, sigmas, actuator_efforts), sorted
 
 
 def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorConfig):
@@ -341,6 +354,11 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
             if value not in MODES:
                 return f"parameter 'mode' must be one of {', '.join(MODES)}"
             rebuild["mode"] = value
+        elif name == "actuator_efforts":
+            try:
+                rebuild[name] = parse_actuator_efforts(value, mech)
+            except ValueError as e:
+                return shown(f"parameter 'actuator_efforts': {e}", MAX_LINE)
         elif name.startswith("sigmas.") or name.startswith("sensor_sigmas."):
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
@@ -357,8 +375,8 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
             elif name.startswith("sensor_sigmas."):
                 ssig[name[len("sensor_sigmas."):]] = value
         try:
-            config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig,
-                             sensor_sigmas=ssig).validated()
+            config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
+                             actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts)).validated()
         except ValueError as e:
             return name_params(str(e))
     return ParameterChange(config, tuple(sorted(rebuild)))
