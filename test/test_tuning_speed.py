@@ -102,9 +102,12 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     bank.pose, bank.pose_jacobian, _ = bank.model.positions(x[None, :2], bank.pose, bank.basis)
     bank.basis = bank.model.velocity_basis(bank.pose_jacobian)
     ekf.model.q_guess = bank.pose[0].copy()
-    closed = bank._jacobian(bank.x, bank._command)[0]
+    closed, rates = bank._jacobian(bank.x, bank._command)
     differences = ekf._jacobian(x, command)
-    assert closed == pytest.approx(differences, rel=1e-6, abs=1e-6 * np.abs(differences).max())
+    assert closed[0] == pytest.approx(differences, rel=1e-6, abs=1e-6 * np.abs(differences).max())
+    # the linearization's ẋ is the Runge–Kutta step's first stage: the model's ẋ at x, its pose solved anew
+    assert rates[0] == pytest.approx(ekf._f(x, command, bank.pose[0]), rel=1e-12, abs=1e-12)
+    assert rates == pytest.approx(bank._f_solving(bank.x, bank._command), rel=1e-12, abs=1e-12)
 
 
 def test_the_series_discretization_equals_the_van_loan_exponential():

@@ -49,16 +49,28 @@ SEARCH_DECADES = 6.0     # a fitted log10 value is searched within ± this of it
 CURVATURE_STEP = 0.05    # [decades] of the central differences giving the log-likelihood's curvature
 TRUST_RADIUS = 1.0       # [decades] the first Newton step's longest length (then doubled or halved)
 STEP_TOLERANCE = 0.005   # [decades] a shorter Newton step ends the search ...
-GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this
+GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this, ...
+STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BATCHES batches gained less than
+STALL_PROMISE = 0.5      # STALL_GAIN together (a likelihood rugged at this level: the acrobot's)
+STALL_BATCHES = 2
 MAX_BATCHES = 40
 HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
-MIN_HEAD_STEPS = 100     # ... when that has this many steps
+MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
+HEAD_BATCHES = 10        # ... for at most this many batches ...
+HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
 # (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
 # that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
 MIN_TIME_CONSTANT_SAMPLES = 4.0
+# The innovations of the first filter steps are left out of the likelihood (a diffuse likelihood: the readings
+# that pin the state down are conditioned on, not scored): the filter starts at rest with effort and rate priors
+# of a hundred N·m and N·m/s, and until the readings have settled its state the innovations are chaotic in the
+# densities.  On the C0 acrobot run (6-ms steps) a change of 0.01 decades in one value moved the total by up to
+# 100 (either sign) through the first 0.1 s and by a few units through steps 25–50, where the rest of the run
+# varies smoothly; the search then ends on such a spike, many of its 1σ from the smooth maximum.
+SETTLING_STEPS = 100
 
 
 class TuningError(ValueError):
@@ -200,10 +212,16 @@ def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acc
     return names
 
 
+def settling_steps(n_samples: int) -> int:
+    """How many first filter steps' innovations the likelihood leaves out (`SETTLING_STEPS`, at most a quarter
+    of a short recording)."""
+    return min(SETTLING_STEPS, n_samples // 4)
+
+
 def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
     """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
-    as `initial_values` gives them), in one pass of a filter bank; −inf where a filter fails (a density so wrong
-    that the mean leaves the mechanism's workspace)."""
+    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank; −inf where a
+    filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
     if not ReducedModelBank.supports(mech):
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
     fused = mode == "fused"
@@ -215,11 +233,15 @@ def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequ
                                   fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
                                   time_constant=[v["disturbance_time_constant"] if fused else math.inf
                                                  for v in candidates])
+            settled = np.zeros(len(candidates))
+            settle = settling_steps(len(rec.t))
             for k in range(len(rec.t)):
+                if k == settle:
+                    settled = bank.log_likelihood.copy()
                 bank.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
+            ll = bank.log_likelihood - settled
     except np.linalg.LinAlgError:             # a singular matrix in one filter stops the batched solve of all
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
-    ll = bank.log_likelihood.copy()
     ll[bank.failed | ~np.isfinite(ll)] = -math.inf
     return ll
 
@@ -237,14 +259,18 @@ def single_log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Di
                      acceleration_density=values["acceleration_density"],
                      time_constant=values["disturbance_time_constant"] if mode == "fused" else math.inf)
     fused = mode == "fused"
+    settled, settle = 0.0, settling_steps(len(rec.t))
     try:
         with np.errstate(all="raise"):
             steps = np.diff(rec.t, prepend=rec.t[0])
             for k in range(len(rec.t)):
+                if k == settle:
+                    settled = ekf.log_likelihood
                 ekf.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
     except (AssemblyError, FloatingPointError, np.linalg.LinAlgError, ValueError):
         return -math.inf
-    return ekf.log_likelihood if math.isfinite(ekf.log_likelihood) else -math.inf
+    ll = ekf.log_likelihood - settled
+    return ll if math.isfinite(ll) else -math.inf
 
 
 def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], names: Sequence[str],
@@ -306,7 +332,8 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         if head >= MIN_HEAD_STEPS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
             # same optimum but for the scatter of less data), the whole recording's search then starts there
-            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi)[0]
+            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi, max_batches=HEAD_BATCHES,
+                                  gain_tolerance=HEAD_GAIN_TOLERANCE)[0]
             probe = False
         x_best, H = newton_search(costs, start, lo, hi, probe=probe)
     best = float(costs(x_best[None])[0])
@@ -379,7 +406,8 @@ def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi:
 
 
 def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                  radius: float = TRUST_RADIUS, probe: bool = True):
+                  radius: float = TRUST_RADIUS, probe: bool = True, max_batches: int = MAX_BATCHES,
+                  gain_tolerance: float = GAIN_TOLERANCE):
     """(x, Hessian of the cost there) minimizing `costs` over the box [lo, hi] (see the module docstring).
     `costs` takes a batch of points (rows) and returns their costs (`FAILED`: the filter failed).
 
@@ -396,8 +424,9 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
     f_x, g, H = math.inf, None, None
     promised = 0.0
     candidate = x
+    history: List[float] = []            # the centre's cost at each Newton step (the stall rule)
     trials = [x + s * e for e in np.eye(n) for s in (-2.0, -1.0, 1.0, 2.0)] if probe else []
-    for _ in range(MAX_BATCHES):
+    for _ in range(max_batches):
         trials = [np.clip(t, lo, hi) for t in trials]
         points = np.vstack([stencil(candidate)] + [t[None] for t in trials])
         f = costs(points)
@@ -419,12 +448,24 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
             f_x, g, H = float(f_trial), None, None
             trials = [x + b * move for b in (0.5, 1.0, 2.0, 4.0)]    # its stencil next, the line further on
             continue
+        elif float(np.min(f[1:m])) < min(f_x - slack, FAILED):
+            # the candidate lost but a point of its stencil beats the centre (a likelihood rugged on the scale of
+            # the step, as the acrobot's is): the centre moves there, its stencil next, the line further on
+            near = int(np.argmin(f[1:m])) + 1
+            move = points[near] - x
+            x = candidate = points[near]
+            f_x, g, H = float(f[near]), None, None
+            trials = [x + b * move for b in (1.0, 2.0)]
+            continue
         elif g is None:                              # the start and every probe failed
             return x, np.full((n, n), math.nan)
         else:                                        # nothing beat the centre: a quarter of the last step
             radius = 0.25 * min(radius, float(np.linalg.norm(candidate - x)))
         step, promised = newton_step(g, H, radius, lo - x, hi - x)
-        if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < GAIN_TOLERANCE:
+        history.append(f_x)
+        stalled = len(history) > STALL_BATCHES and history[-1 - STALL_BATCHES] - f_x < STALL_GAIN
+        if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < gain_tolerance or \
+                (stalled and promised < STALL_PROMISE):
             return x, H
         candidate = x + step
         trials = [x + a * step for a in (0.25, 0.5, 2.0, 4.0, 8.0)]
