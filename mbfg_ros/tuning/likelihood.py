@@ -4,8 +4,11 @@ Method (Mehra's innovation likelihood): for given parameters θ, `ReducedEKF` �
 estimator's stochastic model: ë white of the effort density (estimation) or disturbance density (fused, damped
 with the disturbance time constant), z̈
 white of the acceleration density, encoders with σ — runs over the recording; its innovations ν_k with
-covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k).  θ is searched in
-log10 space (densities span decades; the likelihood is smooth there), within ± `SEARCH_DECADES` of the start.
+covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k), summed from the
+filter's `SETTLING_STEPS`-th step (the readings before it pin the filter's state down and are conditioned on: a
+diffuse likelihood).  θ is searched in log10 space (densities span decades; the likelihood is smooth there but
+for a ruggedness of a few tenths where the filter nearly loses track, as on the acrobot), within
+± `SEARCH_DECADES` of the start.
 
 The search evaluates its candidates in batches, each batch one pass of a bank of filters over the recording
 (`filter_bank.ReducedEKFBank`: the same filter for K parameter vectors at once, at about the cost of one): a
@@ -13,10 +16,13 @@ Newton iteration with a trust region, each batch the central-difference stencil 
 the candidate centre (2n² + 1 points for n parameters, `CURVATURE_STEP` apart) plus points along the last step;
 the centre moves to the best point, the step is the Newton step of the stencil's quadratic (its Hessian made
 positive definite, |eigenvalues| floored) limited to the trust radius; it stops when the step is under
-`STEP_TOLERANCE` decades or the quadratic promises under `GAIN_TOLERANCE` of log-likelihood.  The stencil at the
-optimum gives the 1σ of each fitted log10 value, the curvature of the log-likelihood (the inverse Hessian).
-Smooth in log space, the likelihood is maximized in ~5–10 batches where Nelder–Mead needed ~400 single
-evaluations; test_tuning_speed.py checks the maximum against a scan of the same likelihood.
+`STEP_TOLERANCE` decades, the quadratic promises under `GAIN_TOLERANCE` of log-likelihood, or the search has
+stalled at the likelihood's ruggedness (`STALL_GAIN`).  The stencil at the optimum gives the 1σ of each fitted
+log10 value, the curvature of the log-likelihood (the inverse Hessian).  The search runs first on the
+recording's first eighth, quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the
+shorter one ended: the long moves from a start decades off at a fraction of the cost), then on the whole
+recording, where it typically needs 3–7 batches; test_tuning_speed.py checks the maximum against Nelder–Mead
+on the same likelihood.
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
 freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
@@ -50,13 +56,13 @@ CURVATURE_STEP = 0.05    # [decades] of the central differences giving the log-l
 TRUST_RADIUS = 1.0       # [decades] the first Newton step's longest length (then doubled or halved)
 STEP_TOLERANCE = 0.005   # [decades] a shorter Newton step ends the search ...
 GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this, ...
-STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BATCHES batches gained less than
-STALL_PROMISE = 0.5      # STALL_GAIN together (a likelihood rugged at this level: the acrobot's)
-STALL_BATCHES = 2
+STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BATCHES steps gained less than
+STALL_PROMISE = 2.0      # STALL_GAIN together (the acrobot's likelihood is rugged at a few tenths: its quadratic
+STALL_BATCHES = 2        # promised ~1 batch after batch and the centre moved by 0.001)
 MAX_BATCHES = 40
-HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
+HEAD_FRACTIONS = (8, 4, 2)   # the first searches run on the first eighth, quarter and half of the recording ...
 MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
-HEAD_BATCHES = 10        # ... for at most this many batches ...
+HEAD_BATCHES = 6         # ... for at most this many batches ...
 HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
@@ -328,13 +334,15 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
         start, probe = x0, True
-        head = len(rec.t) // HEAD_FRACTION
-        if head >= MIN_HEAD_STEPS:
+        for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
-            # same optimum but for the scatter of less data), the whole recording's search then starts there
-            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi, max_batches=HEAD_BATCHES,
-                                  gain_tolerance=HEAD_GAIN_TOLERANCE)[0]
-            probe = False
+            # same optimum but for the scatter of less data), each longer part's search starting where the
+            # shorter one's ended, the whole recording's last
+            head = len(rec.t) // fraction
+            if head >= MIN_HEAD_STEPS:
+                start = newton_search(batch_costs(rec.head(head)), start, lo, hi, probe=probe,
+                                      max_batches=HEAD_BATCHES, gain_tolerance=HEAD_GAIN_TOLERANCE)[0]
+                probe = False
         x_best, H = newton_search(costs, start, lo, hi, probe=probe)
     best = float(costs(x_best[None])[0])
     if best >= FAILED:
@@ -415,9 +423,13 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
     quarter, half, 2, 4 and 8 times it: the quadratic can overshoot, or be timid where the cost grows
     exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is
     the best of the batch and no worse than the centre so far; else the best trial that beats the centre does
-    (its stencil is the next batch, with trials further along the same line); else the step is cut to a
-    quarter from the centre, whose stencil is known.  `probe`: the first batch also tries each parameter one
-    and two decades either way (a start decades off moves at once)."""
+    (its stencil is the next batch, with trials further along the same line); else the best point of c's
+    stencil that beats the centre does (a likelihood rugged on the stencil's scale); else the step is cut to a
+    quarter from the centre, whose stencil is known.  It ends at `max_batches`, or when the step is under
+    `STEP_TOLERANCE`, or its promised gain under `gain_tolerance`, or under `STALL_PROMISE` while the last
+    `STALL_BATCHES` steps gained under `STALL_GAIN` together (the ruggedness defeats the quadratic).  `probe`:
+    the first batch also tries each parameter one and two decades either way (a start decades off moves at
+    once)."""
     n = len(x0)
     m = 2 * n * n + 1
     x = np.clip(np.asarray(x0, float), lo, hi)
@@ -488,6 +500,6 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
 
 
 def evaluations_budget(n_parameters: int) -> int:
-    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first quarter
+    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first parts
     and ~5 on the whole, each the stencil (2n² + 1 points) and a few more, and the first batch's probes."""
     return 20 * (2 * n_parameters * n_parameters + 6) + 4 * n_parameters
