@@ -18,7 +18,8 @@ from scipy.optimize import minimize
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF, discretize
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
-                                        newton_search, settling_steps, single_log_likelihood, std_from_hessian)
+                                        SCAN_DECADES, SCAN_POINTS, newton_search, scan, settling_steps,
+                                        single_log_likelihood, std_from_hessian)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -213,6 +214,26 @@ def test_newton_search_ends_near_the_maximum_of_a_rugged_likelihood():
     std = 1.0 / np.sqrt(np.diag(H))
     assert np.all(np.abs(x - target) < 0.5 * std), (x - target) / std
     assert std_from_hessian(H_fit) == pytest.approx(std, rel=0.25)
+
+
+def test_the_scan_starts_the_search_in_the_deeper_basin():
+    """Two maxima of the likelihood, the deeper 2 decades from the start: the scan (one batch of the start and
+    `SCAN_POINTS` points within ± `SCAN_DECADES` and the box) returns its best point, in the deeper basin."""
+    x0 = np.zeros(3)
+    deep, shallow = np.array([2.0, -1.5, 1.0]), np.array([-0.3, 0.2, 0.0])
+    batches = []
+
+    def costs(p):
+        batches.append(p)
+        return np.minimum(100.0 * ((p - deep) ** 2).sum(axis=1) - 50.0, 100.0 * ((p - shallow) ** 2).sum(axis=1))
+
+    lo, hi = x0 - np.array([6.0, 6.0, 0.5]), x0 + 6.0
+    x = scan(costs, x0, lo, hi)
+    (points,) = batches
+    assert len(points) == SCAN_POINTS + 1 and np.all(points[0] == x0)
+    assert np.all(points >= lo) and np.all(points <= hi) and np.all(np.abs(points - x0) <= SCAN_DECADES)
+    assert costs(x[None])[0] == pytest.approx(costs(points).min())
+    assert np.linalg.norm(x - deep) < np.linalg.norm(x - shallow)
 
 
 def test_a_start_where_every_filter_fails_returns_no_curvature():

@@ -18,11 +18,12 @@ the centre moves to the best point, the step is the Newton step of the stencil's
 positive definite, |eigenvalues| floored) limited to the trust radius; it stops when the step is under
 `STEP_TOLERANCE` decades, the quadratic promises under `GAIN_TOLERANCE` of log-likelihood, or the search has
 stalled at the likelihood's ruggedness (`STALL_GAIN`).  The stencil at the optimum gives the 1σ of each fitted
-log10 value, the curvature of the log-likelihood (the inverse Hessian).  The search runs first on the
-recording's first eighth, quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the
-shorter one ended: the long moves from a start decades off at a fraction of the cost), then on the whole
-recording, where it typically needs 3–7 batches; test_tuning_speed.py checks the maximum against Nelder–Mead
-on the same likelihood.
+log10 value, the curvature of the log-likelihood (the inverse Hessian).  A scan of the recording's first
+quarter (`scan`: a Sobol set within ± `SCAN_DECADES` of the start, one batch) picks the start among the
+likelihood's maxima; the search runs first on the first quarter and half (`HEAD_FRACTIONS`, a few batches
+each, each starting where the shorter one ended: the long moves from a start decades off at a fraction of the
+cost), then on the whole recording, where it typically needs 3–7 batches; test_tuning_speed.py checks the
+maximum against Nelder–Mead on the same likelihood.
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
 freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
@@ -60,7 +61,9 @@ STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BA
 STALL_PROMISE = 2.0      # STALL_GAIN together (the acrobot's likelihood is rugged at a few tenths: its quadratic
 STALL_BATCHES = 2        # promised ~1 batch after batch and the centre moved by 0.001)
 MAX_BATCHES = 40
-HEAD_FRACTIONS = (8, 4, 2)   # the first searches run on the first eighth, quarter and half of the recording ...
+SCAN_POINTS = 64         # before any search, a scan of this many points (a Sobol set) ...
+SCAN_DECADES = 3.0       # ... within ± this of the start, on the first head: the search starts at the best
+HEAD_FRACTIONS = (4, 2)  # the first searches run on the first quarter and the first half of the recording ...
 MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
 HEAD_BATCHES = 6         # ... for at most this many batches ...
 HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
@@ -70,6 +73,12 @@ FAILED = 1e300           # the cost of a candidate whose filter fails
 # (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
 # that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
 MIN_TIME_CONSTANT_SAMPLES = 4.0
+# An encoder's σ is searched down to this many decades below its given (or the mechanism file's) value.  Far
+# below it the filter stops filtering: it follows each reading and explains the motion by acceleration noise,
+# a second maximum of the likelihood (on the C0 acrobot run, fused: σ 1e-7 rad and an acceleration density of
+# 50 against σ 8.5e-4 and 0.94, 1200 below the other on the whole run but above it on its first quarter, where
+# the search starts).
+SENSOR_SIGMA_DECADES_BELOW = 1.0
 # The innovations of the first filter steps are left out of the likelihood (a diffuse likelihood: the readings
 # that pin the state down are conditioned on, not scored): the filter starts at rest with effort and rate priors
 # of a hundred N·m and N·m/s, and until the readings have settled its state the innovations are chaotic in the
@@ -301,6 +310,9 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
                           f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
     lo, hi = x0 - SEARCH_DECADES, x0 + SEARCH_DECADES
+    for i, name in enumerate(names):
+        if name.startswith("sensor_sigmas."):
+            lo[i] = x0[i] - SENSOR_SIGMA_DECADES_BELOW
     if "disturbance_time_constant" in names:
         i = names.index("disturbance_time_constant")
         lo[i] = max(lo[i], math.log10(MIN_TIME_CONSTANT_SAMPLES * rec.dt))
@@ -334,6 +346,12 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
         start, probe = x0, True
+        first = len(rec.t) // HEAD_FRACTIONS[0]
+        if first >= MIN_HEAD_STEPS:
+            # the likelihood has more than one maximum (fused: the disturbance with a density and a time constant
+            # of a fraction of a second, or nearly white beside a large acceleration density; the C0 fits ended
+            # in either, 400 apart, by the path the search took): the scan picks the basin
+            start = scan(batch_costs(rec.head(first)), x0, lo, hi)
         for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
             # same optimum but for the scatter of less data), each longer part's search starting where the
@@ -358,6 +376,17 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     held = {k: v for k, v in initial.items() if k not in names}
     return TuningResult(mode, fitted, sigmas, sensor, -best, evaluations, len(rec.t), rec.dt,
                         max(1, full_len // len(rec.t)), held)
+
+
+def scan(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The best of x0 and `SCAN_POINTS` points of a scrambled Sobol set (a fixed seed) within ± `SCAN_DECADES`
+    of it and the box [lo, hi], in one batch."""
+    from scipy.stats import qmc
+    n = len(x0)
+    unit = qmc.Sobol(n, scramble=True, seed=0).random(SCAN_POINTS)
+    points = np.vstack([x0, np.clip(x0 + (2.0 * unit - 1.0) * SCAN_DECADES, lo, hi)])
+    f = costs(points)
+    return points[int(np.argmin(f))]
 
 
 def stencil(x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
@@ -424,12 +453,12 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
     exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is
     the best of the batch and no worse than the centre so far; else the best trial that beats the centre does
     (its stencil is the next batch, with trials further along the same line); else the best point of c's
-    stencil that beats the centre does (a likelihood rugged on the stencil's scale); else the step is cut to a
-    quarter from the centre, whose stencil is known.  It ends at `max_batches`, or when the step is under
-    `STEP_TOLERANCE`, or its promised gain under `gain_tolerance`, or under `STALL_PROMISE` while the last
-    `STALL_BATCHES` steps gained under `STALL_GAIN` together (the ruggedness defeats the quadratic).  `probe`:
-    the first batch also tries each parameter one and two decades either way (a start decades off moves at
-    once)."""
+    stencil that beats the centre by `STALL_GAIN` does (a likelihood rugged on the stencil's scale); else the
+    step is cut to a quarter from the centre, whose stencil is known.  It ends at `max_batches`, or when the
+    step is under `STEP_TOLERANCE`, or its promised gain under `gain_tolerance`, or under `STALL_PROMISE` while
+    the last `STALL_BATCHES` steps gained under `STALL_GAIN` together (the ruggedness defeats the quadratic).
+    `probe`: the first batch also tries each parameter one and two decades either way (a start decades off
+    moves at once)."""
     n = len(x0)
     m = 2 * n * n + 1
     x = np.clip(np.asarray(x0, float), lo, hi)
@@ -460,9 +489,10 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
             f_x, g, H = float(f_trial), None, None
             trials = [x + b * move for b in (0.5, 1.0, 2.0, 4.0)]    # its stencil next, the line further on
             continue
-        elif float(np.min(f[1:m])) < min(f_x - slack, FAILED):
-            # the candidate lost but a point of its stencil beats the centre (a likelihood rugged on the scale of
-            # the step, as the acrobot's is): the centre moves there, its stencil next, the line further on
+        elif float(np.min(f[1:m])) < min(f_x - STALL_GAIN, FAILED):
+            # the candidate lost but a point of its stencil beats the centre by more than the ruggedness (a
+            # likelihood rugged on the scale of the step, as the acrobot's is, by ~6 there): the centre moves
+            # there, its stencil next, the line further on
             near = int(np.argmin(f[1:m])) + 1
             move = points[near] - x
             x = candidate = points[near]
