@@ -18,7 +18,7 @@ from scipy.optimize import minimize
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF, discretize
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
-                                        SCAN_DECADES, SCAN_POINTS, newton_search, scan, settling_steps,
+                                        SENSOR_SIGMA_DECADES_BELOW, newton_search, settling_steps,
                                         single_log_likelihood, std_from_hessian)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,24 +216,16 @@ def test_newton_search_ends_near_the_maximum_of_a_rugged_likelihood():
     assert std_from_hessian(H_fit) == pytest.approx(std, rel=0.25)
 
 
-def test_the_scan_starts_the_search_in_the_deeper_basin():
-    """Two maxima of the likelihood, the deeper 2 decades from the start: the scan (one batch of the start and
-    `SCAN_POINTS` points within ± `SCAN_DECADES` and the box) returns its best point, in the deeper basin."""
-    x0 = np.zeros(3)
-    deep, shallow = np.array([2.0, -1.5, 1.0]), np.array([-0.3, 0.2, 0.0])
-    batches = []
-
-    def costs(p):
-        batches.append(p)
-        return np.minimum(100.0 * ((p - deep) ** 2).sum(axis=1) - 50.0, 100.0 * ((p - shallow) ** 2).sum(axis=1))
-
-    lo, hi = x0 - np.array([6.0, 6.0, 0.5]), x0 + 6.0
-    x = scan(costs, x0, lo, hi)
-    (points,) = batches
-    assert len(points) == SCAN_POINTS + 1 and np.all(points[0] == x0)
-    assert np.all(points >= lo) and np.all(points <= hi) and np.all(np.abs(points - x0) <= SCAN_DECADES)
-    assert costs(x[None])[0] == pytest.approx(costs(points).min())
-    assert np.linalg.norm(x - deep) < np.linalg.norm(x - shallow)
+def test_an_encoder_sigma_is_searched_down_to_a_decade_below_its_given_value(crank):
+    """Readings of σ 3e-4 and a given σ of 0.3 rad: the fit stops at a decade below the given value and says
+    the bound held it (the readings ask for less)."""
+    t, y, _ = synthetic(crank, "estimation", 3.0, 3e-4, 3.0, seed=8)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, None, "four-bar")
+    initial = initial_values(crank, {"effort_density": 3.0}, {"crank": 0.3})
+    result = fit(crank, rec, "estimation", initial, ["sensor_sigmas.crank"], max_steps=300)
+    (sigma,) = result.fitted
+    assert sigma.value == pytest.approx(0.3 * 10.0 ** -SENSOR_SIGMA_DECADES_BELOW, rel=0.03) and sigma.at_bound
 
 
 def test_a_start_where_every_filter_fails_returns_no_curvature():

@@ -18,12 +18,13 @@ the centre moves to the best point, the step is the Newton step of the stencil's
 positive definite, |eigenvalues| floored) limited to the trust radius; it stops when the step is under
 `STEP_TOLERANCE` decades, the quadratic promises under `GAIN_TOLERANCE` of log-likelihood, or the search has
 stalled at the likelihood's ruggedness (`STALL_GAIN`).  The stencil at the optimum gives the 1σ of each fitted
-log10 value, the curvature of the log-likelihood (the inverse Hessian).  A scan of the recording's first
-quarter (`scan`: a Sobol set within ± `SCAN_DECADES` of the start, one batch) picks the start among the
-likelihood's maxima; the search runs first on the first quarter and half (`HEAD_FRACTIONS`, a few batches
-each, each starting where the shorter one ended: the long moves from a start decades off at a fraction of the
-cost), then on the whole recording, where it typically needs 3–7 batches; test_tuning_speed.py checks the
-maximum against Nelder–Mead on the same likelihood.
+log10 value, the curvature of the log-likelihood (the inverse Hessian).  The search runs first on the
+recording's first quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the shorter one
+ended: the long moves from a start decades off at a fraction of the cost), then on the whole recording, where
+it typically needs 3–7 batches; test_tuning_speed.py checks the maximum against Nelder–Mead on the same
+likelihood.  The likelihood can have more than one maximum (fused: a disturbance of a time constant of a
+fraction of a second, or one nearly white beside a large acceleration density): the search ends in the one
+its path from the start leads to.
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
 freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
@@ -61,8 +62,6 @@ STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BA
 STALL_PROMISE = 2.0      # STALL_GAIN together (the acrobot's likelihood is rugged at a few tenths: its quadratic
 STALL_BATCHES = 2        # promised ~1 batch after batch and the centre moved by 0.001)
 MAX_BATCHES = 40
-SCAN_POINTS = 64         # before any search, a scan of this many points (a Sobol set) ...
-SCAN_DECADES = 3.0       # ... within ± this of the start, on the first head: the search starts at the best
 HEAD_FRACTIONS = (4, 2)  # the first searches run on the first quarter and the first half of the recording ...
 MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
 HEAD_BATCHES = 6         # ... for at most this many batches ...
@@ -346,12 +345,6 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
         start, probe = x0, True
-        first = len(rec.t) // HEAD_FRACTIONS[0]
-        if first >= MIN_HEAD_STEPS:
-            # the likelihood has more than one maximum (fused: the disturbance with a density and a time constant
-            # of a fraction of a second, or nearly white beside a large acceleration density; the C0 fits ended
-            # in either, 400 apart, by the path the search took): the scan picks the basin
-            start = scan(batch_costs(rec.head(first)), x0, lo, hi)
         for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
             # same optimum but for the scatter of less data), each longer part's search starting where the
@@ -376,17 +369,6 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     held = {k: v for k, v in initial.items() if k not in names}
     return TuningResult(mode, fitted, sigmas, sensor, -best, evaluations, len(rec.t), rec.dt,
                         max(1, full_len // len(rec.t)), held)
-
-
-def scan(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The best of x0 and `SCAN_POINTS` points of a scrambled Sobol set (a fixed seed) within ± `SCAN_DECADES`
-    of it and the box [lo, hi], in one batch."""
-    from scipy.stats import qmc
-    n = len(x0)
-    unit = qmc.Sobol(n, scramble=True, seed=0).random(SCAN_POINTS)
-    points = np.vstack([x0, np.clip(x0 + (2.0 * unit - 1.0) * SCAN_DECADES, lo, hi)])
-    f = costs(points)
-    return points[int(np.argmin(f))]
 
 
 def stencil(x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
