@@ -19,8 +19,8 @@ positive definite, |eigenvalues| floored) limited to the trust radius; it stops 
 `STEP_TOLERANCE` decades, the quadratic promises under `GAIN_TOLERANCE` of log-likelihood, or the search has
 stalled at the likelihood's ruggedness (`STALL_GAIN`).  The stencil at the optimum gives the 1σ of each fitted
 log10 value, the curvature of the log-likelihood (the inverse Hessian).  The search runs first on the
-recording's first quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the shorter one
-ended: the long moves from a start decades off at a fraction of the cost), then on the whole recording, where
+recording's first eighth, quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the
+shorter one ended: the long moves from a start decades off at a fraction of the cost), then on the whole recording, where
 it typically needs 3–7 batches; test_tuning_speed.py checks the maximum against Nelder–Mead on the same
 likelihood.  The likelihood can have more than one maximum (fused: a disturbance of a time constant of a
 fraction of a second, or one nearly white beside a large acceleration density): the search ends in the one
@@ -62,7 +62,7 @@ STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BA
 STALL_PROMISE = 2.0      # STALL_GAIN together (the acrobot's likelihood is rugged at a few tenths: its quadratic
 STALL_BATCHES = 2        # promised ~1 batch after batch and the centre moved by 0.001)
 MAX_BATCHES = 40
-HEAD_FRACTIONS = (4, 2)  # the first searches run on the first quarter and the first half of the recording ...
+HEAD_FRACTIONS = (8, 4, 2)   # the first searches run on the first eighth, quarter and half of the recording ...
 MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
 HEAD_BATCHES = 6         # ... for at most this many batches ...
 HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
