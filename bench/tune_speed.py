@@ -3,6 +3,7 @@
 on another.
 
     python bench/tune_speed.py [--case NAME ...] [--mode M ...] [--repo DIR] [--json OUT.json]
+    python bench/tune_speed.py --case "A0 pendubot" --seconds 20   # the 20-s pendubot swing-up run
     python bench/tune_speed.py --transfer [--seconds T]      # tune on run A, score on run B (real_hardware.py)
     python bench/tune_speed.py --reference [--case ...]      # the same maximum as the search before
 
@@ -55,9 +56,11 @@ SECONDS = 10.0
 DFKI_CASES = {"A0 sysid 00": "design_A.0__20220815__sys_id__trajectory_00",
               "A0 sysid 01": "design_A.0__20220815__sys_id__trajectory_01",
               "C0 sysid 00": "design_C.0__20220914__sys_id__trajectory_00",
-              "C0 acrobot": "design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory"}
+              "C0 acrobot": "design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory",
+              "A0 pendubot": "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory"}
 FOUR_BAR = "four-bar (simulated)"
 CASES = list(DFKI_CASES) + [FOUR_BAR]
+DEFAULT_CASES = [c for c in CASES if c != "A0 pendubot"]     # the pendubot's run: its 20 s (--case, --seconds 20)
 MODES = ("estimation", "fused")
 
 
@@ -101,7 +104,7 @@ def each_case(args, prefix: str):
     temporary folder."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         folder = Path(tmp)
-        for name in args.case or CASES:
+        for name in args.case or DEFAULT_CASES:
             for mode in args.mode or MODES:
                 files = four_bar_case(folder, args.seconds)[mode] if name == FOUR_BAR else \
                     dfki_case(name, folder, args.seconds)
@@ -252,7 +255,8 @@ def reference(args) -> List[dict]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", action="append", choices=CASES, help="only these recordings (default: all)")
+    ap.add_argument("--case", action="append", choices=CASES,
+                    help="only these recordings (default: all but the A0 pendubot run)")
     ap.add_argument("--mode", action="append", choices=MODES, help="only these modes (default: both)")
     ap.add_argument("--seconds", type=float, default=SECONDS, help=f"recording length (default {SECONDS:g})")
     ap.add_argument("--repo", type=Path, default=ROOT.parent, help="the checkout whose `mbfg tune` runs")

@@ -18,7 +18,8 @@ from scipy.optimize import minimize
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF, discretize
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
-                                        newton_search, single_log_likelihood, std_from_hessian)
+                                        SENSOR_SIGMA_DECADES_BELOW, newton_search, settling_steps,
+                                        single_log_likelihood, std_from_hessian)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,9 +103,12 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     bank.pose, bank.pose_jacobian, _ = bank.model.positions(x[None, :2], bank.pose, bank.basis)
     bank.basis = bank.model.velocity_basis(bank.pose_jacobian)
     ekf.model.q_guess = bank.pose[0].copy()
-    closed = bank._jacobian(bank.x, bank._command)[0]
+    closed, rates = bank._jacobian(bank.x, bank._command)
     differences = ekf._jacobian(x, command)
-    assert closed == pytest.approx(differences, rel=1e-6, abs=1e-6 * np.abs(differences).max())
+    assert closed[0] == pytest.approx(differences, rel=1e-6, abs=1e-6 * np.abs(differences).max())
+    # the linearization's ẋ is the Runge–Kutta step's first stage: the model's ẋ at x, its pose solved anew
+    assert rates[0] == pytest.approx(ekf._f(x, command, bank.pose[0]), rel=1e-12, abs=1e-12)
+    assert rates == pytest.approx(bank._f_solving(bank.x, bank._command), rel=1e-12, abs=1e-12)
 
 
 def test_the_series_discretization_equals_the_van_loan_exponential():
@@ -168,6 +172,60 @@ def test_newton_search_finds_the_minimum_of_a_curved_valley_in_few_batches():
     lo[2] = target[2] + 0.5
     x, _ = newton_search(lambda p: cost(p), target + 1.0, lo, target + 6)
     assert x[2] == pytest.approx(lo[2]) and x[:2] == pytest.approx(target[:2], abs=STEP_TOLERANCE)
+
+
+def test_the_readings_before_the_filter_settles_are_not_scored(crank):
+    """The likelihood sums the innovations from the filter's `settling_steps`-th step: a 30σ outlier among the
+    first readings moves it by about 1 (the filter's diffuse start absorbs it), the same outlier later costs its
+    ~450 of log-likelihood; the bank and the single filter agree either way."""
+    t, y, _ = synthetic(crank, "estimation", 3.0, 3e-4, 2.0, seed=5)
+    names, coords, _ = encoder_layout(crank)
+    assert settling_steps(t.size) == 100 and settling_steps(40) == 10
+    values = initial_values(crank, {"effort_density": 3.0}, {"crank": 3e-4})
+
+    def likelihood(k):
+        readings = y[:, None].copy()
+        if k is not None:
+            readings[k] += 30 * 3e-4
+        rec = Recording(t, readings, names, coords, None, "four-bar")
+        bank = log_likelihoods(crank, rec, "estimation", [values])[0]
+        assert bank == pytest.approx(single_log_likelihood(crank, rec, "estimation", values), rel=1e-9)
+        return bank
+
+    clean = likelihood(None)
+    assert abs(likelihood(3) - clean) < 2.0
+    assert clean - likelihood(300) > 300.0
+
+
+def test_newton_search_ends_near_the_maximum_of_a_rugged_likelihood():
+    """A quadratic with the curvatures of the acrobot's fit (1σ 0.007–0.045 decades) plus a ruggedness of ±0.3
+    at every point (the filter nearly losing track): the search still ends within half a 1σ of the quadratic's
+    minimum in each value, with the curvature's 1σ to within 25 %."""
+    target = np.array([1.6, 0.4, -3.1, -3.2])
+    H = np.diag([500.0, 3000.0, 12000.0, 22000.0])
+    w = np.random.default_rng(1).normal(size=4) * 1e3
+
+    def costs(p):
+        u = p - target
+        rugged = 2.0 * np.modf(np.abs(np.sin(p @ w)) * 43758.5453)[0] - 1.0
+        return 0.5 * np.einsum("ki,ij,kj->k", u, H, u) + 0.3 * rugged
+
+    x, H_fit = newton_search(costs, target + np.array([1.0, -1.0, 0.5, 0.5]), target - 6, target + 6)
+    std = 1.0 / np.sqrt(np.diag(H))
+    assert np.all(np.abs(x - target) < 0.5 * std), (x - target) / std
+    assert std_from_hessian(H_fit) == pytest.approx(std, rel=0.25)
+
+
+def test_an_encoder_sigma_is_searched_down_to_a_decade_below_its_given_value(crank):
+    """Readings of σ 3e-4 and a given σ of 0.3 rad: the fit stops at a decade below the given value and says
+    the bound held it (the readings ask for less)."""
+    t, y, _ = synthetic(crank, "estimation", 3.0, 3e-4, 3.0, seed=8)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, None, "four-bar")
+    initial = initial_values(crank, {"effort_density": 3.0}, {"crank": 0.3})
+    result = fit(crank, rec, "estimation", initial, ["sensor_sigmas.crank"], max_steps=300)
+    (sigma,) = result.fitted
+    assert sigma.value == pytest.approx(0.3 * 10.0 ** -SENSOR_SIGMA_DECADES_BELOW, rel=0.03) and sigma.at_bound
 
 
 def test_a_start_where_every_filter_fails_returns_no_curvature():

@@ -69,9 +69,10 @@ def discretize(A: np.ndarray, W: np.ndarray, h: float):
     return F, Q
 
 
-def rk4_step(f, x, h: float):
-    """x after one classical Runge–Kutta step of ẋ = f(x) over h (x: one state or a stack of states)."""
-    k1 = f(x)
+def rk4_step(f, x, h: float, k1=None):
+    """x after one classical Runge–Kutta step of ẋ = f(x) over h (x: one state or a stack of states); `k1`: f(x)
+    when the caller has it."""
+    k1 = f(x) if k1 is None else k1
     k2 = f(x + 0.5 * h * k1)
     k3 = f(x + 0.5 * h * k2)
     k4 = f(x + h * k3)

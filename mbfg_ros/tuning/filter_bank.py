@@ -116,8 +116,8 @@ class ReducedModelBank:
 
 
     def linearize(self, q: np.ndarray, J: np.ndarray, basis: np.ndarray, z_rates: np.ndarray, tau: np.ndarray):
-        """(∂z̈/∂z, ∂z̈/∂ż (N, d, d), ∂z̈/∂τ (N, d, n_actuated)) at the poses q with Φq J and tangents `basis`
-        (see `ReducedEKFBank._jacobian` for the chain rule)."""
+        """(z̈ (N, d), ∂z̈/∂z, ∂z̈/∂ż (N, d, d), ∂z̈/∂τ (N, d, n_actuated)) at the poses q with Φq J and tangents
+        `basis` (see `ReducedEKFBank._jacobian` for the chain rule)."""
         v = np.einsum("knd,kd->kn", basis, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
@@ -125,22 +125,22 @@ class ReducedModelBank:
         out = self.dyn.linearize(q, v, Q, J, Jv, force_columns=self.actuated)
         if out is None:
             bad = np.ones(q.shape[0], bool)
-            da_dq = np.empty(q.shape + (q.shape[1],))
+            a, da_dq = np.empty_like(q), np.empty(q.shape + (q.shape[1],))
             da_dv, da_dQ = np.empty_like(da_dq), np.empty(q.shape + (self.actuated.size,))
         else:
-            _, da_dq, da_dv, da_dQ, bad = out
+            a, da_dq, da_dv, da_dQ, bad = out
         for k in np.nonzero(bad)[0]:
             try:
                 lin = constrained.forward_dynamics_jacobians(self.mech, q[k], v[k], Q[k])
-                da_dq[k], da_dv[k], da_dQ[k] = lin.da_dq, lin.da_dv, lin.da_dQ[:, self.actuated]
+                a[k], da_dq[k], da_dv[k], da_dQ[k] = lin.a, lin.da_dq, lin.da_dv, lin.da_dQ[:, self.actuated]
             except (np.linalg.LinAlgError, ValueError):
-                da_dq[k], da_dv[k], da_dQ[k] = np.nan, np.nan, np.nan
+                a[k], da_dq[k], da_dv[k], da_dQ[k] = np.nan, np.nan, np.nan, np.nan
         Jf = J[:, :, self.free]
         JfT = np.swapaxes(Jf, 1, 2)
         dv_dz = np.zeros_like(basis)
         dv_dz[:, self.free, :] = solve_rows(JfT @ Jf, -(JfT @ (Jv @ basis)))
         dz = (da_dq @ basis + da_dv @ dv_dz)[:, self.z, :]
-        return dz, (da_dv @ basis)[:, self.z, :], da_dQ[:, self.z, :]
+        return a[:, self.z], dz, (da_dv @ basis)[:, self.z, :], da_dQ[:, self.z, :]
 
 
 class ReducedEKFBank:
@@ -187,10 +187,15 @@ class ReducedEKFBank:
 
     def _f(self, x, command, q, J, damping):
         """ẋ of rows x (N, nx) at their poses q (N, n) (solved for x's z; Φq J), command (N, na), damping (N,)."""
+        d = self.d
+        return self._rates(x, self.model.accelerations(q, J, x[:, d:2 * d], self._efforts(x, command)), damping)
+
+    def _rates(self, x, acceleration, damping):
+        """ẋ of rows x (N, nx) with z̈ = `acceleration` (N, d)."""
         d, na = self.d, self.na
-        out = np.zeros_like(x)
+        out = np.empty_like(x)
         out[:, :d] = x[:, d:2 * d]
-        out[:, d:2 * d] = self.model.accelerations(q, J, x[:, d:2 * d], self._efforts(x, command))
+        out[:, d:2 * d] = acceleration
         out[:, 2 * d:2 * d + na] = x[:, 2 * d + na:]
         w = damping[:, None]
         out[:, 2 * d + na:] = -w * w * x[:, 2 * d:2 * d + na] - 2.0 * w * x[:, 2 * d + na:]
@@ -210,14 +215,14 @@ class ReducedEKFBank:
         return self._f(x, command, q, J, self.damping)
 
     def _jacobian(self, x, command):
-        """∂f/∂x (K, nx, nx) in closed form at each filter's x (its stored pose: x has not moved since it was
-        solved), by the chain rule through q = q(z), q̇ = R(z) ż: ∂z̈/∂z = [∂q̈/∂q R + ∂q̈/∂q̇ ∂q̇/∂z]_z with
+        """(∂f/∂x (K, nx, nx), f (K, nx)) in closed form at each filter's x (its stored pose: x has not moved since
+        it was solved; f is the first stage of the Runge–Kutta step), by the chain rule through q = q(z), q̇ = R(z) ż: ∂z̈/∂z = [∂q̈/∂q R + ∂q̈/∂q̇ ∂q̇/∂z]_z with
         Φq ∂q̇/∂z = −∂(Φq q̇)/∂q R (∂ż/∂z = 0), ∂z̈/∂ż = [∂q̈/∂q̇ R]_z, ∂z̈/∂e = [∂q̈/∂Q]_{z, actuated}
         (`ReducedModelBank.linearize`); test_tuning_speed.py checks it against ReducedEKF's central
         differences."""
         d, na, nx, K = self.d, self.na, self.nx, self.K
-        dz, dzdot, de = self.model.linearize(self.pose, self.pose_jacobian, self.basis, x[:, d:2 * d],
-                                             self._efforts(x, command))
+        acceleration, dz, dzdot, de = self.model.linearize(self.pose, self.pose_jacobian, self.basis,
+                                                           x[:, d:2 * d], self._efforts(x, command))
         w = self.damping[:, None, None]
         A = np.zeros((K, nx, nx))
         A[:, :d, d:2 * d] = np.eye(d)
@@ -227,7 +232,7 @@ class ReducedEKFBank:
         A[:, 2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
         A[:, 2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
         A[:, 2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
-        return A
+        return A, self._rates(x, acceleration, self.damping)
 
     # -- the filter -------------------------------------------------------------------------------------
     def _start(self, y):
@@ -255,12 +260,12 @@ class ReducedEKFBank:
             self._start(y)
             self._command = np.array(command)
             return
-        A = self._jacobian(self.x, self._command)
+        A, f = self._jacobian(self.x, self._command)
         if np.any(self.acceleration_density):
             self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
         F, Qd = discretize(A, self.noise, float(dt))
-        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt))
+        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt), k1=f)
         self.P = F @ self.P @ np.swapaxes(F, 1, 2) + Qd
         read = np.nonzero(np.isfinite(y))[0]
         if read.size:

@@ -4,8 +4,11 @@ Method (Mehra's innovation likelihood): for given parameters θ, `ReducedEKF` �
 estimator's stochastic model: ë white of the effort density (estimation) or disturbance density (fused, damped
 with the disturbance time constant), z̈
 white of the acceleration density, encoders with σ — runs over the recording; its innovations ν_k with
-covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k).  θ is searched in
-log10 space (densities span decades; the likelihood is smooth there), within ± `SEARCH_DECADES` of the start.
+covariances S_k factor the readings' likelihood, log p(y | θ) = Σ_k log N(ν_k; 0, S_k), summed from the
+filter's `SETTLING_STEPS`-th step (the readings before it pin the filter's state down and are conditioned on: a
+diffuse likelihood).  θ is searched in log10 space (densities span decades; the likelihood is smooth there but
+for a ruggedness of a few tenths where the filter nearly loses track, as on the acrobot), within
+± `SEARCH_DECADES` of the start.
 
 The search evaluates its candidates in batches, each batch one pass of a bank of filters over the recording
 (`filter_bank.ReducedEKFBank`: the same filter for K parameter vectors at once, at about the cost of one): a
@@ -13,10 +16,15 @@ Newton iteration with a trust region, each batch the central-difference stencil 
 the candidate centre (2n² + 1 points for n parameters, `CURVATURE_STEP` apart) plus points along the last step;
 the centre moves to the best point, the step is the Newton step of the stencil's quadratic (its Hessian made
 positive definite, |eigenvalues| floored) limited to the trust radius; it stops when the step is under
-`STEP_TOLERANCE` decades or the quadratic promises under `GAIN_TOLERANCE` of log-likelihood.  The stencil at the
-optimum gives the 1σ of each fitted log10 value, the curvature of the log-likelihood (the inverse Hessian).
-Smooth in log space, the likelihood is maximized in ~5–10 batches where Nelder–Mead needed ~400 single
-evaluations; test_tuning_speed.py checks the maximum against a scan of the same likelihood.
+`STEP_TOLERANCE` decades, the quadratic promises under `GAIN_TOLERANCE` of log-likelihood, or the search has
+stalled at the likelihood's ruggedness (`STALL_GAIN`).  The stencil at the optimum gives the 1σ of each fitted
+log10 value, the curvature of the log-likelihood (the inverse Hessian).  The search runs first on the
+recording's first eighth, quarter and half (`HEAD_FRACTIONS`, a few batches each, each starting where the
+shorter one ended: the long moves from a start decades off at a fraction of the cost), then on the whole recording, where
+it typically needs 3–7 batches; test_tuning_speed.py checks the maximum against Nelder–Mead on the same
+likelihood.  The likelihood can have more than one maximum (fused: a disturbance of a time constant of a
+fraction of a second, or one nearly white beside a large acceleration density): the search ends in the one
+its path from the start leads to.
 
 Only encoders on a set of independent coordinates enter (the EKF's measurement model: one encoder per degree of
 freedom); gyroscopes are left out and keep their sigmas.  The filter steps by each actual interval between the
@@ -49,16 +57,34 @@ SEARCH_DECADES = 6.0     # a fitted log10 value is searched within ± this of it
 CURVATURE_STEP = 0.05    # [decades] of the central differences giving the log-likelihood's curvature
 TRUST_RADIUS = 1.0       # [decades] the first Newton step's longest length (then doubled or halved)
 STEP_TOLERANCE = 0.005   # [decades] a shorter Newton step ends the search ...
-GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this
+GAIN_TOLERANCE = 0.005   # ... and so does a promised log-likelihood gain under this, ...
+STALL_GAIN = 0.1         # ... or one under STALL_PROMISE when the last STALL_BATCHES steps gained less than
+STALL_PROMISE = 2.0      # STALL_GAIN together (the acrobot's likelihood is rugged at a few tenths: its quadratic
+STALL_BATCHES = 2        # promised ~1 batch after batch and the centre moved by 0.001)
 MAX_BATCHES = 40
-HEAD_FRACTION = 4        # the first search runs on the first quarter of the recording ...
-MIN_HEAD_STEPS = 100     # ... when that has this many steps
+HEAD_FRACTIONS = (8, 4, 2)   # the first searches run on the first eighth, quarter and half of the recording ...
+MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
+HEAD_BATCHES = 6         # ... for at most this many batches ...
+HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
 # (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
 # that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
 MIN_TIME_CONSTANT_SAMPLES = 4.0
+# An encoder's σ is searched down to this many decades below its given (or the mechanism file's) value.  Far
+# below it the filter stops filtering: it follows each reading and explains the motion by acceleration noise,
+# a second maximum of the likelihood (on the C0 acrobot run, fused: σ 1e-7 rad and an acceleration density of
+# 50 against σ 8.5e-4 and 0.94, 1200 below the other on the whole run but above it on its first quarter, where
+# the search starts).
+SENSOR_SIGMA_DECADES_BELOW = 1.0
+# The innovations of the first filter steps are left out of the likelihood (a diffuse likelihood: the readings
+# that pin the state down are conditioned on, not scored): the filter starts at rest with effort and rate priors
+# of a hundred N·m and N·m/s, and until the readings have settled its state the innovations are chaotic in the
+# densities.  On the C0 acrobot run (6-ms steps) a change of 0.01 decades in one value moved the total by up to
+# 100 (either sign) through the first 0.1 s and by a few units through steps 25–50, where the rest of the run
+# varies smoothly; the search then ends on such a spike, many of its 1σ from the smooth maximum.
+SETTLING_STEPS = 100
 
 
 class TuningError(ValueError):
@@ -200,10 +226,16 @@ def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acc
     return names
 
 
+def settling_steps(n_samples: int) -> int:
+    """How many first filter steps' innovations the likelihood leaves out (`SETTLING_STEPS`, at most a quarter
+    of a short recording)."""
+    return min(SETTLING_STEPS, n_samples // 4)
+
+
 def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
     """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
-    as `initial_values` gives them), in one pass of a filter bank; −inf where a filter fails (a density so wrong
-    that the mean leaves the mechanism's workspace)."""
+    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank; −inf where a
+    filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
     if not ReducedModelBank.supports(mech):
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
     fused = mode == "fused"
@@ -215,11 +247,15 @@ def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequ
                                   fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
                                   time_constant=[v["disturbance_time_constant"] if fused else math.inf
                                                  for v in candidates])
+            settled = np.zeros(len(candidates))
+            settle = settling_steps(len(rec.t))
             for k in range(len(rec.t)):
+                if k == settle:
+                    settled = bank.log_likelihood.copy()
                 bank.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
+            ll = bank.log_likelihood - settled
     except np.linalg.LinAlgError:             # a singular matrix in one filter stops the batched solve of all
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
-    ll = bank.log_likelihood.copy()
     ll[bank.failed | ~np.isfinite(ll)] = -math.inf
     return ll
 
@@ -237,14 +273,18 @@ def single_log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Di
                      acceleration_density=values["acceleration_density"],
                      time_constant=values["disturbance_time_constant"] if mode == "fused" else math.inf)
     fused = mode == "fused"
+    settled, settle = 0.0, settling_steps(len(rec.t))
     try:
         with np.errstate(all="raise"):
             steps = np.diff(rec.t, prepend=rec.t[0])
             for k in range(len(rec.t)):
+                if k == settle:
+                    settled = ekf.log_likelihood
                 ekf.step(rec.readings[k], rec.commands[k] if fused else None, steps[k])
     except (AssemblyError, FloatingPointError, np.linalg.LinAlgError, ValueError):
         return -math.inf
-    return ekf.log_likelihood if math.isfinite(ekf.log_likelihood) else -math.inf
+    ll = ekf.log_likelihood - settled
+    return ll if math.isfinite(ll) else -math.inf
 
 
 def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], names: Sequence[str],
@@ -269,6 +309,9 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
                           f"({', '.join(f'{n} = {initial[n]}' for n in bad)})")
     x0 = np.log10([initial[n] for n in names])
     lo, hi = x0 - SEARCH_DECADES, x0 + SEARCH_DECADES
+    for i, name in enumerate(names):
+        if name.startswith("sensor_sigmas."):
+            lo[i] = x0[i] - SENSOR_SIGMA_DECADES_BELOW
     if "disturbance_time_constant" in names:
         i = names.index("disturbance_time_constant")
         lo[i] = max(lo[i], math.log10(MIN_TIME_CONSTANT_SAMPLES * rec.dt))
@@ -302,12 +345,15 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
         start, probe = x0, True
-        head = len(rec.t) // HEAD_FRACTION
-        if head >= MIN_HEAD_STEPS:
+        for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
-            # same optimum but for the scatter of less data), the whole recording's search then starts there
-            start = newton_search(batch_costs(rec.head(head)), x0, lo, hi)[0]
-            probe = False
+            # same optimum but for the scatter of less data), each longer part's search starting where the
+            # shorter one's ended, the whole recording's last
+            head = len(rec.t) // fraction
+            if head >= MIN_HEAD_STEPS:
+                start = newton_search(batch_costs(rec.head(head)), start, lo, hi, probe=probe,
+                                      max_batches=HEAD_BATCHES, gain_tolerance=HEAD_GAIN_TOLERANCE)[0]
+                probe = False
         x_best, H = newton_search(costs, start, lo, hi, probe=probe)
     best = float(costs(x_best[None])[0])
     if best >= FAILED:
@@ -379,7 +425,8 @@ def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi:
 
 
 def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                  radius: float = TRUST_RADIUS, probe: bool = True):
+                  radius: float = TRUST_RADIUS, probe: bool = True, max_batches: int = MAX_BATCHES,
+                  gain_tolerance: float = GAIN_TOLERANCE):
     """(x, Hessian of the cost there) minimizing `costs` over the box [lo, hi] (see the module docstring).
     `costs` takes a batch of points (rows) and returns their costs (`FAILED`: the filter failed).
 
@@ -387,17 +434,22 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
     quarter, half, 2, 4 and 8 times it: the quadratic can overshoot, or be timid where the cost grows
     exponentially in log space, as it does for an encoder σ far too small).  c becomes the centre when it is
     the best of the batch and no worse than the centre so far; else the best trial that beats the centre does
-    (its stencil is the next batch, with trials further along the same line); else the step is cut to a
-    quarter from the centre, whose stencil is known.  `probe`: the first batch also tries each parameter one
-    and two decades either way (a start decades off moves at once)."""
+    (its stencil is the next batch, with trials further along the same line); else the best point of c's
+    stencil that beats the centre by `STALL_GAIN` does (a likelihood rugged on the stencil's scale); else the
+    step is cut to a quarter from the centre, whose stencil is known.  It ends at `max_batches`, or when the
+    step is under `STEP_TOLERANCE`, or its promised gain under `gain_tolerance`, or under `STALL_PROMISE` while
+    the last `STALL_BATCHES` steps gained under `STALL_GAIN` together (the ruggedness defeats the quadratic).
+    `probe`: the first batch also tries each parameter one and two decades either way (a start decades off
+    moves at once)."""
     n = len(x0)
     m = 2 * n * n + 1
     x = np.clip(np.asarray(x0, float), lo, hi)
     f_x, g, H = math.inf, None, None
     promised = 0.0
     candidate = x
+    history: List[float] = []            # the centre's cost at each Newton step (the stall rule)
     trials = [x + s * e for e in np.eye(n) for s in (-2.0, -1.0, 1.0, 2.0)] if probe else []
-    for _ in range(MAX_BATCHES):
+    for _ in range(max_batches):
         trials = [np.clip(t, lo, hi) for t in trials]
         points = np.vstack([stencil(candidate)] + [t[None] for t in trials])
         f = costs(points)
@@ -419,12 +471,25 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
             f_x, g, H = float(f_trial), None, None
             trials = [x + b * move for b in (0.5, 1.0, 2.0, 4.0)]    # its stencil next, the line further on
             continue
+        elif float(np.min(f[1:m])) < min(f_x - STALL_GAIN, FAILED):
+            # the candidate lost but a point of its stencil beats the centre by more than the ruggedness (a
+            # likelihood rugged on the scale of the step, as the acrobot's is, by ~6 there): the centre moves
+            # there, its stencil next, the line further on
+            near = int(np.argmin(f[1:m])) + 1
+            move = points[near] - x
+            x = candidate = points[near]
+            f_x, g, H = float(f[near]), None, None
+            trials = [x + b * move for b in (1.0, 2.0)]
+            continue
         elif g is None:                              # the start and every probe failed
             return x, np.full((n, n), math.nan)
         else:                                        # nothing beat the centre: a quarter of the last step
             radius = 0.25 * min(radius, float(np.linalg.norm(candidate - x)))
         step, promised = newton_step(g, H, radius, lo - x, hi - x)
-        if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < GAIN_TOLERANCE:
+        history.append(f_x)
+        stalled = len(history) > STALL_BATCHES and history[-1 - STALL_BATCHES] - f_x < STALL_GAIN
+        if np.abs(step).max(initial=0.0) < STEP_TOLERANCE or promised < gain_tolerance or \
+                (stalled and promised < STALL_PROMISE):
             return x, H
         candidate = x + step
         trials = [x + a * step for a in (0.25, 0.5, 2.0, 4.0, 8.0)]
@@ -447,6 +512,6 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
 
 
 def evaluations_budget(n_parameters: int) -> int:
-    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first quarter
+    """A progress bar's length: the search's typical evaluations, ~15 batches on the recording's first parts
     and ~5 on the whole, each the stencil (2n² + 1 points) and a few more, and the first batch's probes."""
     return 20 * (2 * n_parameters * n_parameters + 6) + 4 * n_parameters
