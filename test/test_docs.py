@@ -237,3 +237,14 @@ def test_bench_options_exist(doc):
         source = script.read_text(encoding="utf-8")
         for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", m.group(2)):
             assert f'"{option}"' in source, f"{doc.name}: {m.group(0).strip()}: bench/{script.name} has no {option}"
+
+
+# -- the README's length ---------------------------------------------------------------------------------
+README_MAX_BYTES = 25_000
+
+
+def test_readme_stays_short():
+    """The README is read in ten minutes: at most 25 KB; what does not fit goes to docs/ with a link."""
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move detail to docs/ and link it")
