@@ -365,3 +365,17 @@ def test_a_wrong_command_burst_does_not_move_the_fit():
         if k < 1300:
             fits.append(est.fitted_densities())
     assert all(f == start for f in fits), [f for f in fits if f != start][:3]
+
+
+def test_steps_without_readings_do_not_pile_up(crank_mech, motion):
+    """Estimates without the encoders' readings for 2 s (a gyroscope alone, commands alone): the bank keeps no
+    more than its longest step's samples (it restarts after `MAX_GAP`), then counts again."""
+    traj, y = motion
+    a = DA.DensityAdaptation(crank_mech, TRUE_DENSITY, 1e-9, sensor_sigmas={"crank": SIGMA})
+    most = 0
+    for k, t in enumerate(traj.t[:1000]):
+        readings = {"crank": float(y[k])} if k < 200 or k >= 600 else {}
+        a.observe(float(t), readings, traj.q[k], traj.v[k], traj.a[k], traj.applied[k])
+        most = max(most, len(a.held))
+    assert most <= (DA.MAX_GAP + DA.BANK_INTERVAL) / DT + 2, most
+    assert a.counted > 0 and a.x is not None

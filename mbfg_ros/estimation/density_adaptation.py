@@ -298,7 +298,10 @@ class DensityAdaptation:
         self.changed = False
         if self.held and t == self.held[-1][0] and not restarted:
             return False                    # the same time again (the estimator's previous estimate)
-        if restarted or (self.held and not (0.0 < t - self.held[-1][0] <= MAX_GAP)):
+        if restarted or (self.held and not (0.0 < t - self.held[-1][0] <= MAX_GAP)) or \
+                (self.t_bank is not None and t - self.t_bank > MAX_GAP + BANK_INTERVAL):
+            # (the last: steps without every encoder's reading for longer than that, whose samples would
+            # otherwise pile up in `held`)
             self._restart()
         if self.x is None:
             y = self._reading(readings)
