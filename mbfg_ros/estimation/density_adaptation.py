@@ -218,7 +218,7 @@ class DensityAdaptation:
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
-        self.start = self.best = int(np.argmax(self.log_prior))   # the filter of the starting densities, of the current
+        self.start = int(np.argmax(self.log_prior))   # the filter of the starting densities
         self.released = not hold_start            # the data have rejected the starting densities (`RELEASE`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
@@ -284,8 +284,7 @@ class DensityAdaptation:
             W = np.zeros((2, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ
             W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
             W[1, d:2 * d, d:2 * d] = self.Sa
-            F, Qd = discretize(np.broadcast_to(A, (2, nx, nx)), W, H)
-            F = F[0]
+            F, Qd = discretize(A, W, H)                # (one F, the two noises: W broadcasts over A)
             self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
             self._Q = (self._effort_of_filter[:, None, None] * Qd[0]
                        + self._acceleration_of_filter[:, None, None] * Qd[1])
@@ -428,14 +427,14 @@ class DensityAdaptation:
             self._update_estimate()
 
     def _update_estimate(self):
-        best = int(np.argmax(self.log_likelihood + self.log_prior))
+        score = self.log_likelihood + self.log_prior
+        best = int(np.argmax(score))
         if not self.released:
             if self.log_likelihood[best] - self.log_likelihood[self.start] < RELEASE:
                 return
             self.released = True
-        score = (self.log_likelihood + self.log_prior).reshape(self.shape)
+        score = score.reshape(self.shape)
         i, j = divmod(best, self.shape[1])
-        self.best = best
         x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j], i)
         y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :], j)
         self.density = float(10.0 ** x)
