@@ -16,7 +16,9 @@ from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.graph.gtsam_adapters import custom_factor
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel, linearize_step
+from mbfg_ros.model.identified import IdentifiedParameters
 from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
 
 MECHANISMS = ["four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "double_pendulum_c0"]
 SWITCH = 1.0 / math.sqrt(2.0)
@@ -43,7 +45,8 @@ def random_state(mech, rng):
     d = mech.degrees_of_freedom(q)
     return dict(q=q, v=rng.standard_normal(mech.n), a=rng.standard_normal(mech.n), j=rng.standard_normal(mech.n),
                 tau=rng.standard_normal(len(mech.actuated)), z=rng.standard_normal(d), zd=rng.standard_normal(d),
-                zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d)
+                zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d,
+                theta=rng.standard_normal(len(IDENTIFIABLE) * len(mech.actuated)))
 
 
 def fd_jacobian(unit, blocks, i, h=1e-6):
@@ -83,6 +86,13 @@ def all_units(mech, s, rng):
         F.CorrelatedPrior(("q", "v"), (n, n), rng.standard_normal(2 * n), rng.standard_normal((2 * n, 2 * n))),
     ]
     units += [F.Gyroscope(mech, b, 0.7) for b in range(len(mech.spec.bodies))]
+    na = len(mech.actuated)
+    if na:
+        # every identifiable parameter of every actuator (gain, viscous, Coulomb), some rates near v_s
+        P = IdentifiedParameters(mech, [IdentifySpec(joint=j, parameter=k) for j in mech.actuator_names
+                                        for k in IDENTIFIABLE])
+        units += [F.IdentifiedDynamics(mech, P, Q_known=Q, commands=rng.standard_normal(na)),
+                  F.RandomWalk("tau", na, 2e-3, 0.3)]
     units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in mech.sensors if sensor.kind == "encoder"]
     return units
 

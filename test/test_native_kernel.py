@@ -18,7 +18,9 @@ from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel
+from mbfg_ros.model.identified import IdentifiedParameters
 from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
 MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank",
@@ -92,7 +94,7 @@ def test_kinematics_match_numpy(crank):
 
 def _layout(mech, na):
     n = mech.n
-    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na)])
+    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE))])
 
 
 # One case per unit kind of the kernel's table (`native.unit_kinds`): units of that kind on a mechanism, each with
@@ -111,6 +113,12 @@ KIND_CASES = {
     "wrapped_coordinate": lambda mech, rng: [(F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0})],
     "gyroscope": lambda mech, rng: [(F.Gyroscope(mech, 0, sigma=0.01), {"value": 0.5}),
                                     (F.Gyroscope(mech, 1, sigma=0.02), {"value": -0.4})],
+    # every parameter kind on the crank's actuator: a gain, viscous and Coulomb friction (rates near v_s included)
+    "identified_dynamics": lambda mech, rng: [
+        (F.IdentifiedDynamics(mech, IdentifiedParameters(mech, [
+            IdentifySpec(joint=mech.actuator_names[0], parameter=k) for k in IDENTIFIABLE]), sigma=0.2),
+         {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n),
+          "commands": rng.standard_normal(len(mech.actuated))})],
     "prior": lambda mech, rng: [(F.Prior("tau", np.zeros(len(mech.actuated)), 3.0,
                                          select=list(range(len(mech.actuated))), size=len(mech.actuated)),
                                  {"mean": rng.standard_normal(len(mech.actuated))})],
@@ -165,9 +173,10 @@ def _compare_step(mech, units, values):
     model = StepModel(layout, units)
     ctx, ref_ctx = EvalContext(mech), _python_context(mech)
     params = model.params_of(values)
-    rng = np.random.default_rng(11)
+    rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
-        x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na))
+        x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na),
+                            theta=theta_rng.standard_normal(len(IDENTIFIABLE)))
         x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
         th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4
         compiled = model.native_linearize(x_prev, x_cur, ctx, (th_prev, th_cur), params)

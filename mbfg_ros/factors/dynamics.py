@@ -136,6 +136,60 @@ class InverseDynamics(Factor):
         return evaluate_many
 
 
+class IdentifiedDynamics(Factor):
+    """f_idyn with identified actuator parameters θ (`model.identified`) as a real variable (slots q, v, a, tau,
+    theta): e = q̈(q, q̇; Q_known + E τ + ΔQ(θ, q̇, u)) − a, ΔQ = Y(q̇, u)(θ − θ₀) the parameters' forces beyond the
+    declared model (u: the step's known commands, actuator order);
+    ∂e/∂q̇ = ∂q̈/∂q̇ + ∂q̈/∂Q ∂ΔQ/∂q̇,  ∂e/∂τ = ∂q̈/∂Q E,  ∂e/∂θ = ∂q̈/∂Q Y (columns of the parameters' coordinates)."""
+
+    params = ('Q_known', 'commands')
+
+    def __init__(self, mech: Mechanism, parameters, Q_known=None, commands=None, sigma=None,
+                 actuated: Optional[Sequence[int]] = None):
+        self.mech = mech
+        self.parameters = parameters
+        self.Q_known = np.array(mech.gravity_forces if Q_known is None else Q_known, dtype=float)
+        self.commands = np.zeros(len(mech.actuated)) if commands is None else np.array(commands, dtype=float)
+        self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
+        self.slots = ("q", "v", "a", "tau", "theta")
+        self.dim = mech.n
+        self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
+        self._minus_I = -np.eye(self.dim)
+        self._cols = parameters.coordinates
+        self.name = "identified_dynamics"
+        self.kernel_kind = "identified_dynamics"
+
+    def kernel_arguments(self):
+        P = self.parameters
+        ints = [int(self.actuated.size)] + [int(i) for i in self.actuated]
+        for code, c, i in zip(P.codes.tolist(), P.coordinates.tolist(), P.actuators.tolist()):
+            ints += [code, c, i]
+        doubles = []
+        for nominal, vs in zip(P.nominal.tolist(), P.velocity.tolist()):
+            doubles += [nominal, vs]
+        return ints, doubles
+
+    def forces(self, v, tau, theta, Q_known=None, commands=None):
+        """Q = Q_known + E τ + ΔQ(θ, q̇, u) (Q_known, u: those given at construction where None)."""
+        Q = (self.Q_known if Q_known is None else Q_known).copy()
+        Q[self.actuated] += tau
+        Q += self.parameters.forces(theta, v, self.commands if commands is None else commands, Q.size)
+        return Q
+
+    def evaluate(self, q, v, a, tau, theta, ctx=None, params=None):
+        Q_known, u = (self.Q_known, self.commands) if params is None else params
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(v, tau, theta, Q_known, u))
+        P, cols = self.parameters, self._cols
+        da_dv = d.da_dv.copy()
+        np.add.at(da_dv.T, cols, (d.da_dQ[:, cols] * P.rate_slopes(theta, v)).T)
+        return d.a - a, [d.da_dq, da_dv, self._minus_I, d.da_dQ[:, self.actuated],
+                         d.da_dQ[:, cols] * P.regressors(v, u)]
+
+    def error(self, q, v, a, tau, theta, ctx=None, params=None):
+        Q_known, u = (self.Q_known, self.commands) if params is None else params
+        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(v, tau, theta, Q_known, u)) - a
+
+
 class Jerk(Factor):
     """Jerk factor for the 4th-order integrator: e = j − j_pred with the total time derivative of q̈,
 

@@ -109,6 +109,29 @@ class IntegratedRandomWalk(Factor):
         return e, J
 
 
+class RandomWalk(Factor):
+    """Random walk of a slowly varying block x (slots x_prev, x: e.g. identified parameters): white noise on ẋ of
+    density S per component [units of x² / s], exact over a step h: x − x_prev ~ N(0, S h).  Static and linear;
+    the rows are whitened (unit sigmas)."""
+
+    linear = True
+    static = True
+
+    def __init__(self, x: str, d: int, dt: float, density):
+        self.dim = int(d)
+        self.dt = float(dt)
+        self.density = _densities(density, self.dim, "RandomWalk")
+        self.slots = (prev(x), x)
+        self.sigmas = np.ones(self.dim)
+        w = 1.0 / np.sqrt(self.density * self.dt)
+        self.jacobians = [np.diag(-w), np.diag(w)]
+        self.name = f"random_walk({x})"
+
+    def evaluate(self, x0, x1, ctx=None, params=None):
+        J = self.jacobians
+        return J[0].dot(x0) + J[1].dot(x1), J
+
+
 def white_acceleration_sigmas(density: float, dt: float, integrator: str) -> Tuple[float, float]:
     """(σ of the position rows, σ of the velocity rows) of the integrators between two steps dt apart when
     the accelerations carry white noise of spectral density `density` (the state's q̈ is the model's

@@ -197,9 +197,6 @@ class StepModel:
                 (kindless if u.kernel_kind is None else missing).append(u.name if u.kernel_kind is None
                                                                        else native.no_form_reason(u))
                 continue
-            if len(u.params) > 1:
-                missing.append(f"{u.name} has {len(u.params)} per-step parameters")
-                continue
             code, ints, floats = form
             forms.append((code, row, u.dim, param_index.get(id(u), -1), id(u) in check_ids,
                           [(which, cols.start, cols.stop - cols.start) for which, cols in slots],

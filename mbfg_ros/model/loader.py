@@ -22,8 +22,8 @@ import yaml
 
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
-from mbfg_ros.model.spec import (EFFORT_KINDS, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
-                   GyroscopeSpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
+from mbfg_ros.model.spec import (EFFORT_KINDS, IDENTIFIABLE, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
+                   GyroscopeSpec, IdentifySpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
                    RelativeAngleSpec)
 
 __all__ = ["load_spec", "load_spec_from_string", "coordinate_names", "MechanismError",
@@ -39,7 +39,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _POINT_COORDINATE = re.compile(r"[xy][0-9]+\Z")
 
 _TOP_KEYS = ("name", "parameters", "points", "planar_bodies", "relative_coordinates", "joint_angles", "gravity",
-             "sliders", "actuators", "sensors", "assembly_modes")
+             "sliders", "actuators", "sensors", "assembly_modes", "identify")
 _POINT_KEYS = ("x", "y", "fixed", "name")
 _BODY_KEYS = ("points", "length", "mass", "I0", "cog", "name")
 _RELCOORD_KEYS = ("type", "points", "name")
@@ -55,6 +55,7 @@ _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", 
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
 _ASSEMBLY_KEYS = ("name", "points")
+_IDENTIFY_KEYS = ("joint", "parameter", "sigma", "value", "density")
 
 # Geometric tolerances.
 _LENGTH_ABS_TOL = 1e-6
@@ -365,11 +366,12 @@ class _Builder:
         actuators = self.actuators(doc, coords, {r.name for r in relative}, {j.name: j for j in joints})
         encoders, gyros = self.sensors(doc, coords, len(bodies))
         modes = self.assembly_modes(doc)
+        identify = self.identify(doc, actuators)
         return MechanismSpec(
             name=name, points=tuple(self.points), bodies=tuple(bodies), gravity=gravity,
             relative_angles=tuple(relative), joint_angles=tuple(joints), fixed_sliders=tuple(fixed_sliders),
             mobile_sliders=tuple(mobile_sliders), actuators=tuple(actuators), encoders=tuple(encoders),
-            gyroscopes=tuple(gyros), assembly_modes=tuple(modes), source=self.source,
+            gyroscopes=tuple(gyros), assembly_modes=tuple(modes), identify=tuple(identify), source=self.source,
             parameters=tuple(parameters))
 
     def parameters(self, raw: Any) -> List[Tuple[str, float]]:
@@ -657,6 +659,27 @@ class _Builder:
             out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
                                     rotor_inertia=rotor, stator_angle=stator, effort=self.effort_kind(entry, path),
                                     **self.actuator_friction(entry, path)))
+        return out
+
+    def identify(self, doc: Dict[str, Any], actuators: List[ActuatorSpec]) -> List[IdentifySpec]:
+        """The parameters to identify online (`identify:`): an actuator's joint, one of IDENTIFIABLE, and optional
+        prior value, σ > 0 and random-walk density > 0."""
+        out: List[IdentifySpec] = []
+        seen: Dict[str, str] = {}
+        joints = [a.joint for a in actuators]
+        for k, path, entry in self.mappings(doc, "identify", "parameters to identify", _IDENTIFY_KEYS,
+                                            required=("joint", "parameter")):
+            joint, parameter = entry["joint"], entry["parameter"]
+            if not isinstance(joint, str) or joint not in joints:
+                self.fail(f"{path}.joint", f"expected the joint name of an actuator ({', '.join(joints) or 'none'}); "
+                                           f"got {_type_name(joint)} {_show(joint)}")
+            if parameter not in IDENTIFIABLE:
+                self.fail(f"{path}.parameter", f"expected one of {', '.join(IDENTIFIABLE)}; got "
+                                               f"{_type_name(parameter)} {_show(parameter)}")
+            self.check_unique(seen, f"{joint}.{parameter}", path, "identified parameter")
+            numbers = {key: self.positive(entry[key], f"{path}.{key}") for key in ("sigma", "density") if key in entry}
+            value = self.expr(entry["value"], f"{path}.value") if "value" in entry else None
+            out.append(IdentifySpec(joint=joint, parameter=parameter, value=value, **numbers))
         return out
 
     def effort_kind(self, entry: Dict[str, Any], path: str) -> Optional[str]:

@@ -18,6 +18,9 @@ DEFAULT_COULOMB_VELOCITY = 0.01
 #: (a known force), or zero (a passive joint of an underactuated machine: its motor is off, its friction still acts)
 EFFORT_KINDS = ("estimated", "commanded", "passive")
 
+#: the parameters of an actuator that the estimator can identify online (`IdentifySpec`, `model.identified`)
+IDENTIFIABLE = ("gain", "viscous_friction", "coulomb_friction")
+
 
 class MechanismError(ValueError):
     """Any problem with a mechanism description.  The message names the file, the key path and what is wrong."""
@@ -101,6 +104,19 @@ class ActuatorSpec:
 
 
 @dataclass(frozen=True)
+class IdentifySpec:
+    """A parameter of an actuator estimated online as a slowly varying state (the mechanism's `identify:`):
+    `parameter` one of IDENTIFIABLE of the actuator whose joint is `joint`; its prior (`value`, `sigma`; value None:
+    the actuator's declared value, 1 for a gain) and the density of its random walk [unit²/s] (None: the
+    default, `model.identified.default_density`)."""
+    joint: str
+    parameter: str
+    sigma: Optional[float] = None
+    value: Optional[float] = None
+    density: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class EncoderSpec:
     """Measures one coordinate (normally a relative angle)."""
     name: str                 # joint name on ROS topics (defaults to the coordinate name)
@@ -142,6 +158,7 @@ class MechanismSpec:
     encoders: Tuple[EncoderSpec, ...] = ()
     gyroscopes: Tuple[GyroscopeSpec, ...] = ()
     assembly_modes: Tuple[AssemblyModeSpec, ...] = ()
+    identify: Tuple[IdentifySpec, ...] = ()
     source: str = "<memory>"
     parameters: Tuple[Tuple[str, float], ...] = field(default=())
 

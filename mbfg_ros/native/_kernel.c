@@ -879,8 +879,7 @@ static PyTypeObject MechanismKernelType = {
 };
 
 /* ================================================================================================= StepKernel */
-#define MAX_SLOTS 4
-#define MAX_DOUBLES 4
+#define MAX_SLOTS 5
 
 typedef struct {
     int code, row, dim, param, check;      /* code: the unit's kind (its index in `unit_kinds`); check: its rows
@@ -892,7 +891,8 @@ typedef struct {
     double *w;                             /* 1/σ per row */
     int *ints;
     int nints;
-    double doubles[MAX_DOUBLES];           /* constants of the kind (the gyroscope's fixed points) */
+    double *doubles;                       /* constants of the kind (the gyroscope's fixed points) */
+    int ndoubles;
 } Unit;
 
 typedef struct {
@@ -1039,6 +1039,97 @@ eval_dynamics(UNIT_EVAL_ARGS)
     return 0;
 }
 
+/* an identified parameter's force per unit of θ − θ₀ on its coordinate (y) and ∂(force)/∂q̇ of its coordinate per
+ * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kinds: 0 gain, 1 viscous friction, 2 Coulomb friction) */
+static inline void
+identified_regressor(int kind, double rate, double command, double vs, double *y, double *dy)
+{
+    if (kind == 0) {
+        *y = command, *dy = 0.0;
+    } else if (kind == 1) {
+        *y = -rate, *dy = -1.0;
+    } else {
+        double sv = rate / vs;
+        *y = -(2.0 / M_PI) * atan(sv), *dy = -(2.0 / M_PI) / (vs * (1.0 + sv * sv));
+    }
+}
+
+/* q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ    slots q, v, a, tau, theta;
+ * params Q_known (n), u (the commands, actuator order); ints: na, the actuated coordinates of τ (na), then per
+ * parameter its kind, coordinate and actuator; doubles: per parameter θ₀, v_s */
+static int
+eval_identified_dynamics(UNIT_EVAL_ARGS)
+{
+    MechanismKernel *k = s->mk;
+    int n = k->n;
+    const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
+    const double *tau = slot_block(u, 3, xp, xc), *th = slot_block(u, 4, xp, xc);
+    Buf bq = {0}, bu = {0};
+    double *Qp, dummy;
+    if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
+        release(&bq);
+        return -1;
+    }
+    memcpy(s->Q, Qp, n * sizeof(double));
+    release(&bq);
+    PyObject *t = PyList_GET_ITEM(params, u->param);
+    if (PyTuple_GET_SIZE(t) < 2) {
+        PyErr_SetString(PyExc_ValueError, "StepKernel: an identified_dynamics unit's commands are missing");
+        return -1;
+    }
+    const double *cmd = get_doubles(PyTuple_GET_ITEM(t, 1), &bu, -1, 0, "commands");
+    if (!cmd) {
+        release(&bu);
+        return -1;
+    }
+    Py_ssize_t ncmd = bu.view.len / 8;
+    int na = u->ints[0], np_ = u->width[4];
+    const int *act = u->ints + 1, *par = u->ints + 1 + na;
+    for (int t2 = 0; t2 < na; t2++)
+        s->Q[act[t2]] += tau[t2];
+    for (int j = 0; j < np_; j++) {
+        int kind = par[3 * j], c = par[3 * j + 1], a = par[3 * j + 2];
+        if (kind == 0 && a >= ncmd) {
+            release(&bu);
+            PyErr_SetString(PyExc_ValueError, "StepKernel: an identified gain's actuator has no command");
+            return -1;
+        }
+        double y, dy;
+        identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles[2 * j + 1], &y, &dy);
+        s->Q[c] += y * (th[j] - u->doubles[2 * j]);
+    }
+    int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
+                   : mk_acceleration(k, q, v, s->Q, s->a);
+    if (fail) {
+        release(&bu);
+        return 1;
+    }
+    *dyn = 1;
+    for (int i = 0; i < n; i++)
+        e[i] = s->a[i] - acc[i];
+    if (jac)
+        for (int i = 0; i < n; i++) {
+            const double *dQ = s->da_dQ + (size_t)i * n;
+            double *rq = JROW(0, i), *rv = JROW(1, i), *rt = JROW(3, i), *rth = JROW(4, i);
+            for (int j = 0; j < n; j++) {
+                rq[j] += s->da_dq[(size_t)i * n + j];
+                rv[j] += s->da_dv[(size_t)i * n + j];
+            }
+            JROW(2, i)[i] += -1.0;
+            for (int t2 = 0; t2 < na; t2++)
+                rt[t2] += dQ[act[t2]];
+            for (int j = 0; j < np_; j++) {
+                int kind = par[3 * j], c = par[3 * j + 1], a = par[3 * j + 2];
+                double y, dy;
+                identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles[2 * j + 1], &y, &dy);
+                rv[c] += dQ[c] * dy * (th[j] - u->doubles[2 * j]);
+                rth[j] += dQ[c] * y;
+            }
+        }
+    release(&bu);
+    return 0;
+}
+
 /* x[c] − value, wrapped to [−π, π) with `wrap`   slot x; param value; ints: c */
 static int
 coordinate_reading(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
@@ -1129,7 +1220,11 @@ eval_prior(UNIT_EVAL_ARGS)
 enum { ROWS_CONSTRAINTS, ROWS_COORDINATES, ROWS_ONE, ROWS_PER_INDEX };     /* dim = m, n, 1, nints */
 #define INDICES_PER_ROW (-1)      /* as many integers as rows */
 #define INDICES_ANY (-2)
-enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT };      /* [0, n), [−1, n), [0, slot 0's width) */
+#define INDICES_IDENTIFIED (-3)   /* 1 + na + 3 per parameter (identified_dynamics: na the tau slot's width, the
+                                     parameters the theta slot's) */
+#define DOUBLES_PER_PARAMETER (-1)   /* 2 per parameter (the theta slot's width) */
+enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT, INDEX_IDENTIFIED };
+/* [0, n), [−1, n), [0, slot 0's width), identified_dynamics' own layout (checked in identified_check) */
 enum { WIDTH_COORDINATES, WIDTH_LAST_PER_INDEX, WIDTH_ANY };  /* every slot n wide; the last nints wide; any */
 
 typedef struct {
@@ -1147,8 +1242,39 @@ static const UnitKind unit_kinds[] = {
     {"wrapped_coordinate", ROWS_ONE, 1, 1, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_wrapped_coordinate},
     {"gyroscope", ROWS_ONE, 2, 4, INDEX_COORDINATE_OR_FIXED, WIDTH_COORDINATES, 4, eval_gyroscope},
     {"prior", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_prior},
+    {"identified_dynamics", ROWS_COORDINATES, 5, INDICES_IDENTIFIED, INDEX_IDENTIFIED, WIDTH_ANY,
+     DOUBLES_PER_PARAMETER, eval_identified_dynamics},
 };
 #define N_UNIT_KINDS ((int)(sizeof(unit_kinds) / sizeof(unit_kinds[0])))
+
+/* identified_dynamics' integers: na = the tau slot's width, na coordinates, per parameter a kind (0–2), a coordinate
+ * and an actuator (≥ 0); slots q, v, a n wide */
+static int
+identified_check(const Unit *u, int n)
+{
+    const char *bad = NULL;
+    int na = u->ints[0];
+    for (int j = 0; j < 3; j++)
+        if (u->width[j] != n)
+            bad = "slots q, v, a must be n wide";
+    if (na != u->width[3])
+        bad = "its first integer must be the tau slot's width";
+    for (int t = 0; t < na && !bad; t++)
+        if (u->ints[1 + t] < 0 || u->ints[1 + t] >= n)
+            bad = "an actuated coordinate is out of range";
+    for (int j = 0; j < u->width[4] && !bad; j++) {
+        const int *p = u->ints + 1 + na + 3 * j;
+        if (p[0] < 0 || p[0] > 2 || p[1] < 0 || p[1] >= n || p[2] < 0)
+            bad = "a parameter's kind, coordinate or actuator is out of range";
+        else if (p[0] == 2 && !(u->doubles[2 * j + 1] > 0.0))
+            bad = "a Coulomb friction's rate v_s must be > 0";
+    }
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "StepKernel: an identified_dynamics unit: %s", bad);
+        return -1;
+    }
+    return 0;
+}
 
 /* Is unit u (its code in range) a well-formed unit of its kind?  Else a ValueError naming what is wrong. */
 static int
@@ -1166,14 +1292,17 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
                      kind->slots);
         return -1;
     }
-    int nints = kind->indices == INDICES_PER_ROW ? u->dim : kind->indices;
+    int nints = kind->indices == INDICES_PER_ROW ? u->dim
+              : kind->indices == INDICES_IDENTIFIED ? (u->nslots == 5 ? 1 + u->width[3] + 3 * u->width[4] : -1)
+              : kind->indices;
     if (kind->indices != INDICES_ANY && u->nints != nints) {
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d integers, not %d", kind->name, u->nints, nints);
         return -1;
     }
-    if (ndoubles != kind->doubles) {
+    int want_doubles = kind->doubles == DOUBLES_PER_PARAMETER ? 2 * u->width[kind->slots - 1] : kind->doubles;
+    if (ndoubles != want_doubles) {
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d doubles, not %d", kind->name, ndoubles,
-                     kind->doubles);
+                     want_doubles);
         return -1;
     }
     for (int j = 0; j < u->nslots; j++) {
@@ -1184,6 +1313,8 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
             return -1;
         }
     }
+    if (kind->index_range == INDEX_IDENTIFIED)
+        return identified_check(u, n);
     int lo = kind->index_range == INDEX_COORDINATE_OR_FIXED ? -1 : 0;
     int hi = kind->index_range == INDEX_IN_SLOT ? u->width[0] : n;
     for (int j = 0; j < u->nints; j++)
@@ -1223,6 +1354,7 @@ sk_free(StepKernel *s)
         for (int i = 0; i < s->nunits; i++) {
             PyMem_Free(s->units[i].w);
             PyMem_Free(s->units[i].ints);
+            PyMem_Free(s->units[i].doubles);
         }
     PyMem_Free(s->units);
     s->units = NULL;
@@ -1335,7 +1467,14 @@ sk_init(StepKernel *s, PyObject *args, PyObject *kw)
         if (!df)
             goto fail;
         int ndoubles = (int)PySequence_Fast_GET_SIZE(df);
-        for (int j = 0; j < ndoubles && j < MAX_DOUBLES; j++)
+        u->ndoubles = ndoubles;
+        u->doubles = PyMem_Calloc(ndoubles + 1, sizeof(double));
+        if (!u->doubles) {
+            Py_DECREF(df);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (int j = 0; j < ndoubles; j++)
             u->doubles[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(df, j));
         Py_DECREF(df);
         if (PyErr_Occurred())

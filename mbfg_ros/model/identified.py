@@ -1,0 +1,177 @@
+"""Actuator parameters identified online: a gain, viscous and Coulomb friction, as generalized forces linear in them.
+
+A parameter θ of the actuator on coordinate c (command u, rate q̇_c) acts on the dynamics as the generalized force it
+adds beyond what the mechanism file declares (θ₀: the declared friction; a gain of 1):
+
+    gain               (θ − θ₀) · u                        applied effort = gain × command
+    viscous_friction  −(θ − θ₀) · q̇_c                      friction b q̇
+    coulomb_friction  −(θ − θ₀) · (2/π) atan(q̇_c / v_s)    friction c (2/π) atan(q̇/v_s), v_s the actuator's
+
+so every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to
+θ₀ changes nothing.  The force is linear in θ: ΔQ = Y(q̇, u) (θ − θ₀), Y one column per parameter (its regressor,
+`regressors`), nonzero only in its coordinate's row; ∂ΔQ/∂q̇ is diagonal (`rate_slopes`).
+
+The prior of a parameter not given in the mechanism's ``identify:`` (value, σ) follows the mechanism's scale
+(`default_prior`); its random walk lets it drift by its prior σ in `DRIFT_TIME` seconds (`default_density`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.plausibility import STANDARD_GRAVITY, mechanism_reach
+from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
+
+__all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_identify", "DRIFT_TIME"]
+
+_TWO_OVER_PI = 2.0 / math.pi
+KIND_CODES = {name: i for i, name in enumerate(IDENTIFIABLE)}     # the compiled kernel's codes
+DRIFT_TIME = 100.0       # [s] a parameter's random walk moves it by its prior σ in this time (default density)
+GAIN_SIGMA = 0.2         # a motor's torque constant and gear are known to some 20 %
+
+
+def _readonly(a, dtype=float) -> np.ndarray:
+    a = np.array(a, dtype=dtype)
+    a.setflags(write=False)
+    return a
+
+
+def default_prior(mech: Mechanism, actuator: int, parameter: str) -> Tuple[float, float]:
+    """(value, σ) of a parameter without a stated prior: the declared value (a gain: 1), and σ from the
+    mechanism's scale — a gain 0.2; Coulomb friction 0.1·M·g·R (a tenth of the whole mass's gravity torque at
+    full reach, M·g for a force on a point coordinate); viscous friction that divided by the pendulum rate
+    √(g/R) (torque) or √(g·R) (force)."""
+    spec = mech.spec
+    a = spec.actuators[actuator]
+    if parameter == "gain":
+        return 1.0, GAIN_SIGMA
+    reach = mechanism_reach(spec)
+    angle = a.coordinate in spec.angle_names
+    effort = 0.1 * mech.total_mass * STANDARD_GRAVITY * (reach if angle else 1.0)
+    if parameter == "coulomb_friction":
+        return float(a.coulomb_friction), effort
+    rate = math.sqrt(STANDARD_GRAVITY / reach) if angle else math.sqrt(STANDARD_GRAVITY * reach)
+    return float(a.viscous_friction), effort / rate
+
+
+def default_density(sigma: float) -> float:
+    """The random-walk density [unit²/s] of a parameter with prior σ: σ²/DRIFT_TIME."""
+    return sigma * sigma / DRIFT_TIME
+
+
+def parse_identify(entries: Sequence[str], mech: Mechanism) -> Tuple[IdentifySpec, ...]:
+    """The estimator's ``identify`` (node parameter, ``mbfg estimate --identify``): ``JOINT.PARAMETER`` entries,
+    optionally ``=SIGMA``, as specs: the mechanism's own entry for that parameter where it has one (σ replaced
+    where given), else the default prior.  ValueError naming the entry, the actuators and the parameters."""
+    declared = {(s.joint, s.parameter): s for s in mech.spec.identify}
+    out = []
+    seen = set()
+    for entry in entries:
+        text = str(entry).strip()
+        name, sep, sigma_text = text.partition("=")
+        joint, dot, parameter = name.strip().rpartition(".")
+        if not dot or not joint or parameter not in IDENTIFIABLE:
+            raise ValueError(f"identify: '{text[:80]}' is not JOINT.PARAMETER[=SIGMA] with PARAMETER one of "
+                             f"{', '.join(IDENTIFIABLE)}")
+        if joint not in mech.actuator_names:
+            raise ValueError(f"identify: '{text[:80]}': no actuator with joint '{joint[:80]}' in mechanism "
+                             f"'{mech.name}' (actuators: {', '.join(mech.actuator_names) or 'none'})")
+        if (joint, parameter) in seen:
+            raise ValueError(f"identify: '{joint}.{parameter}' is given twice")
+        seen.add((joint, parameter))
+        spec = declared.get((joint, parameter), IdentifySpec(joint=joint, parameter=parameter))
+        if sep:
+            try:
+                sigma = float(sigma_text)
+            except ValueError:
+                sigma = float("nan")
+            if not (sigma > 0 and math.isfinite(sigma)):
+                raise ValueError(f"identify: '{text[:80]}': SIGMA must be a positive number")
+            spec = IdentifySpec(joint=joint, parameter=parameter, sigma=sigma, value=spec.value, density=spec.density)
+        out.append(spec)
+    return tuple(out)
+
+
+class IdentifiedParameters:
+    """The identified parameters of a mechanism (immutable), in the order given: per parameter its name
+    (``joint.parameter``), kind, actuator index, coordinate, declared value θ₀, Coulomb rate v_s, prior (value, σ)
+    and random-walk density."""
+
+    def __init__(self, mech: Mechanism, specs: Sequence[IdentifySpec]):
+        self.mech = mech
+        names, kinds, actuators, coords, nominal, velocity, mean, sigma, density = ([] for _ in range(9))
+        for s in specs:
+            i = mech.actuator_names.index(s.joint)
+            a = mech.spec.actuators[i]
+            value, std = default_prior(mech, i, s.parameter)
+            if s.value is not None:
+                value = float(s.value)
+            if s.sigma is not None:
+                std = float(s.sigma)
+            names.append(f"{s.joint}.{s.parameter}")
+            kinds.append(s.parameter)
+            actuators.append(i)
+            coords.append(int(mech.actuated[i]))
+            nominal.append(1.0 if s.parameter == "gain" else float(getattr(a, s.parameter)))
+            velocity.append(float(a.coulomb_velocity))
+            mean.append(value)
+            sigma.append(std)
+            density.append(default_density(std) if s.density is None else float(s.density))
+        self.names = tuple(names)
+        self.kinds = tuple(kinds)
+        self.size = len(names)
+        self.actuators = _readonly(actuators, np.intp)
+        self.coordinates = _readonly(coords, np.intp)
+        self.nominal = _readonly(nominal)
+        self.velocity = _readonly(velocity)
+        self.prior_mean = _readonly(mean)
+        self.prior_sigma = _readonly(sigma)
+        self.density = _readonly(density)
+        self.codes = _readonly([KIND_CODES[k] for k in kinds], np.intp)
+        self._gain = _readonly([k == "gain" for k in kinds], bool)
+        self._viscous = _readonly([k == "viscous_friction" for k in kinds], bool)
+        self._coulomb = _readonly([k == "coulomb_friction" for k in kinds], bool)
+        self.uses_commands = bool(self._gain.any())
+
+    def __len__(self):
+        return self.size
+
+    def describe(self) -> Dict[str, dict]:
+        return {n: {"prior": float(m), "sigma": float(s), "density": float(d)}
+                for n, m, s, d in zip(self.names, self.prior_mean, self.prior_sigma, self.density)}
+
+    def regressors(self, v, commands) -> np.ndarray:
+        """Y (p,): each parameter's force per unit of θ − θ₀ on its coordinate, at rates v (n) and commands
+        (actuator order, unknown entries 0)."""
+        w = np.asarray(v, float)[self.coordinates]
+        y = np.where(self._viscous, -w, -_TWO_OVER_PI * np.arctan(w / self.velocity))
+        if self.uses_commands:
+            y = np.where(self._gain, np.asarray(commands, float)[self.actuators] if len(commands) else 0.0, y)
+        return y
+
+    def rate_slopes(self, theta, v) -> np.ndarray:
+        """∂ΔQ_c/∂q̇_c per parameter (p,): −(θ − θ₀) for viscous, −(θ − θ₀)(2/π)/(v_s (1 + (q̇/v_s)²)) for
+        Coulomb, 0 for a gain."""
+        s = np.asarray(v, float)[self.coordinates] / self.velocity
+        d = np.asarray(theta, float) - self.nominal
+        out = np.where(self._viscous, -d, -d * _TWO_OVER_PI / (self.velocity * (1.0 + s * s)))
+        return np.where(self._gain, 0.0, out)
+
+    def forces(self, theta, v, commands, n: Optional[int] = None) -> np.ndarray:
+        """ΔQ (n): the parameters' generalized forces beyond the declared model."""
+        out = np.zeros(self.mech.n if n is None else n)
+        np.add.at(out, self.coordinates, self.regressors(v, commands) * (np.asarray(theta, float) - self.nominal))
+        return out
+
+    def force_jacobians(self, theta, v, commands) -> Tuple[np.ndarray, np.ndarray]:
+        """(∂ΔQ/∂q̇ (n, n), ∂ΔQ/∂θ (n, p))."""
+        n, p = self.mech.n, self.size
+        dv = np.zeros((n, n))
+        np.add.at(dv, (self.coordinates, self.coordinates), self.rate_slopes(theta, v))
+        dt = np.zeros((n, p))
+        dt[self.coordinates, np.arange(p)] = self.regressors(v, commands)
+        return dv, dt
