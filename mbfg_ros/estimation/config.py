@@ -30,6 +30,9 @@ class EstimatorConfig:
     # per actuator (joint name) its effort kind, estimated | commanded | passive, over the mechanism's `effort`
     # keys (those not given: the mechanism's, else as the mode says): estimation/efforts.py
     actuator_efforts: Dict[str, str] = field(default_factory=dict)
+    # actuator parameters identified online, JOINT.PARAMETER[=SIGMA] entries (PARAMETER: gain, viscous_friction,
+    # coulomb_friction); None: the mechanism's `identify:` section; (): none (estimation/identification.py)
+    identify: Optional[Tuple[str, ...]] = None
     adapt_densities: bool = True           # estimation and fused modes: fit the process densities online
                                            # (effort_density or disturbance_density, and acceleration_density,
                                            # starting from sigmas' values) by the innovation likelihood of the
@@ -125,3 +128,5 @@ class Estimate:
     # or stayed far from the estimate, or it failed numerically while far from them; re-initialized from the
     # readings), "" (a numerical failure, or not recovered)
     recovery: str = ""
+    # the identified actuator parameters (`FixedLagEstimator.parameter_names`), the newest state's estimate
+    parameters: Optional[np.ndarray] = None

@@ -133,6 +133,10 @@ class EffortModel:
     def _in_state(kind: str) -> bool:
         return False
 
+    def takes_command(self, actuator: int) -> bool:
+        """Does the command of `actuator` (actuator order) enter the dynamics as a known force?"""
+        return bool(self._command_mask[actuator])
+
     @staticmethod
     def _takes_command(kind: str) -> bool:
         return kind != "passive"

@@ -25,11 +25,14 @@ class StepFailure(RuntimeError):
 
 
 def copy_estimate(e: Estimate) -> Estimate:
-    return Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
-                    np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
-                    None if e.covariance is None else e.covariance.copy(), e.step,
-                    *(None if x is None else x.copy()
-                      for x in (e.disturbance, e.std, e.efforts_std, e.disturbance_std)))
+    out = Estimate(e.t, e.q.copy(), e.v.copy(), e.a.copy(), e.Q.copy(), e.efforts.copy(),
+                   np.array(e.assembly_mode), e.constraint_residual, 0.0, e.status, e.message,
+                   None if e.covariance is None else e.covariance.copy(), e.step,
+                   *(None if x is None else x.copy()
+                     for x in (e.disturbance, e.std, e.efforts_std, e.disturbance_std)))
+    if e.parameters is not None:
+        out.parameters = e.parameters.copy()
+    return out
 
 
 class Estimates:
@@ -43,6 +46,7 @@ class Estimates:
         self.requested = (None if config.assembly_mode is None
                           else np.array(self.check_mode(config.assembly_mode), dtype=int))
         self._tau = factors.layout.slices.get("tau")
+        self._theta = factors.layout.slices.get("theta")
         self._n = mech.n
         self._covariance = config.compute_covariance
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
@@ -105,8 +109,11 @@ class Estimates:
                 messages.append(f"covariance unavailable ({exc})")
         if k % COORDINATE_CHECK_INTERVAL == 0:
             self._check_coordinates(q, messages)
-        return Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
-                        efforts_model.disturbance(x_tau), std, efforts_std, disturbance_std)
+        est = Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
+                       efforts_model.disturbance(x_tau), std, efforts_std, disturbance_std)
+        if self._theta is not None:
+            est.parameters = x[self._theta].copy()
+        return est
 
     def waiting(self, t: float, q: np.ndarray, message: str) -> Estimate:
         """The answer before any estimate: the guess q at rest."""
@@ -129,7 +136,8 @@ class Estimates:
     def check(self, est: Estimate):
         """Raise StepFailure for a non-finite estimate, |Φ| over ``max_constraint_residual`` or |q̇| over
         ``max_speed``."""
-        if not self._x_norm2 < math.inf or not all(map(math.isfinite, est.efforts.tolist())):
+        if (not self._x_norm2 < math.inf or not all(map(math.isfinite, est.efforts.tolist()))
+                or (est.parameters is not None and not np.isfinite(est.parameters).all())):
             raise StepFailure("non-finite estimate")
         if est.constraint_residual > self.config.max_constraint_residual:
             raise StepFailure(f"constraint residual max |Φ| = {est.constraint_residual:.3g} exceeds "

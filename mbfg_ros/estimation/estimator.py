@@ -46,6 +46,7 @@ from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
+from mbfg_ros.estimation.identification import identification
 from mbfg_ros.estimation.joint_covariance import joint_covariance
 from mbfg_ros.estimation.seeding import Seed, Seeder, effort_marginal, extrapolated, marginal_prior
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor, observations_in
@@ -123,7 +124,8 @@ class FixedLagEstimator:
                                     overrides=c.actuator_efforts)
         self.sensors = Sensors(mech, c, self.sigmas)
         self.gate = InnovationGate(c)
-        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx)
+        self.identification = identification(mech, c.identify, c.mode, c.formulation, c.integrator, self.efforts)
+        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx, self.identification)
         self.layout = self.factors.layout
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx,
@@ -181,6 +183,7 @@ class FixedLagEstimator:
         self.gate.reset()
         self.seeder.pending_q = None
         self._reseed = None        # requested re-seed at the last estimate: (solved q, readings, efforts, same branch)
+        self._parameters_reset = False   # `reset_parameters` asked for a re-seed that forgets what θ learnt
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._retry = None
         self._failures = 0
@@ -234,6 +237,10 @@ class FixedLagEstimator:
                 tau = est.efforts if est.disturbance is None else est.disturbance
                 if self.efforts.partial_state:      # (the known efforts are in q̈: the fit's drift input)
                     tau = tau[self.efforts.state_actuators]
+                if est.parameters is not None:
+                    # the identified parameters' forces are part of the model's efforts, not innovations
+                    tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts))[
+                        self.efforts.state_coordinates]
                 if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                     self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
                                                         "acceleration_density": adaptation.acceleration_density})
@@ -256,6 +263,57 @@ class FixedLagEstimator:
             return None
         return {name: float(self.factors.sigmas[name])
                 for name in (self.efforts.density_name, "acceleration_density")}
+
+    @property
+    def parameter_names(self) -> Tuple[str, ...]:
+        """The identified actuator parameters (``joint.parameter``), in the order of `Estimate.parameters`."""
+        return () if self.identification is None else self.identification.names
+
+    def parameters(self) -> Optional[Dict[str, object]]:
+        """The identified parameters now: {'names', 'values' (the newest estimate), 'std' (their marginal 1σ; NaN
+        where the window cannot give it), 'prior_std', 'excitation' (1 − σ/σ_prior, clipped to [0, 1]: how much
+        the motion so far has told about each), 'frozen'}; None without identified parameters."""
+        ident = self.identification
+        if ident is None:
+            return None
+        P = ident.parameters
+        values, std = ident.mean.copy(), ident.sigma.copy()
+        window, last = self.window, self.last
+        if last is not None and last.parameters is not None:
+            values = last.parameters.copy()
+        if window is not None and not ident.frozen:
+            try:
+                sd = np.sqrt(np.clip(np.diagonal(window.marginal_covariance(self.stepper.k))[
+                    self.layout.slices["theta"]], 0.0, None))
+                std = sd
+            except Exception:
+                std = np.full(ident.size, np.nan)
+        return {"names": ident.names, "values": values, "std": std, "prior_std": P.prior_sigma.copy(),
+                "excitation": np.clip(1.0 - std / P.prior_sigma, 0.0, 1.0), "frozen": ident.frozen}
+
+    def freeze_parameters(self, frozen: bool) -> bool:
+        """Hold the identified parameters at their newest estimates (`frozen`) or let them learn again; False
+        without identified parameters."""
+        ident = self.identification
+        if ident is None:
+            return False
+        if frozen and not ident.frozen:
+            if self.window is not None:
+                ident.carry(self.window, self.stepper.k, self.layout)
+            ident.freeze(ident.mean if self.last is None or self.last.parameters is None else self.last.parameters)
+        elif not frozen:
+            ident.thaw()
+        return True
+
+    def reset_parameters(self) -> bool:
+        """The identified parameters back to their priors (thawed): the next step re-seeds the window at the last
+        estimate without what it learnt of them.  False without identified parameters."""
+        ident = self.identification
+        if ident is None:
+            return False
+        ident.reset()
+        self._parameters_reset = self.window is not None and self.last is not None
+        return True
 
     def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
         """The σ in use of each encoder when they are fitted online (the steps added from now on use them), or
@@ -386,6 +444,8 @@ class FixedLagEstimator:
             est = copy_estimate(self.last)
             est.status, est.message = "ok", "time did not advance: previous estimate"
             return est
+        if self._parameters_reset:
+            return self._reseed_and_advance(t, efforts, obs, "ok", "identified parameters reset to their priors")
         if self.estimates.switch_pending:
             old = self.independent_coordinates
             est = self._reseed_and_advance(t, efforts, obs, "ok", "")
@@ -431,6 +491,10 @@ class FixedLagEstimator:
     def _initialize(self, t, efforts, obs, seed: Seed, status: str, message: str) -> Estimate:
         """A new window at t from `seed`, with this time's efforts and readings."""
         modes = self.estimates
+        if self.identification is not None and not self._parameters_reset:
+            # what the old window learnt of the identified parameters goes into the new one
+            self.identification.carry(self.stepper.window, self.stepper.k, self.layout)
+        self._parameters_reset = False
         window, x = self.seeder.seed(seed, efforts, obs, modes.mode)
         self.stepper.start(window, x, t)
         modes.switch_pending = False

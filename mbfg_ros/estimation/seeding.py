@@ -219,13 +219,18 @@ class Seeder:
                 vals.append(val)
         v0 = solve_velocities(mech, q0, fixed_v, vals, v_guess=v_guess)
         effort_prior = seed.efforts_prior if self.efforts.has_state else None
+        ident = factors.identification
+        theta0 = None if ident is None else ident.mean
         if effort_prior is None:
             tau0, Q0 = self.efforts.seed(efforts, seed.tau)
-            x0 = factors.seed_state(q0, v0, Q0, tau0)
+            tau_rate0 = None
         else:
             na = self.efforts.n_state
             tau0, Q0 = self.efforts.seed_at(efforts, effort_prior[0][:na])
-            x0 = factors.seed_state(q0, v0, Q0, tau0, effort_prior[0][na:])
+            tau_rate0 = effort_prior[0][na:]
+        if ident is not None:
+            Q0 = Q0 + ident.forces(theta0, v0, self.efforts.known(efforts))
+        x0 = factors.seed_state(q0, v0, Q0, tau0, tau_rate0, theta0)
         # With sensors an unknown initial velocity gets a weak prior: the mechanism may be moving when the
         # observer starts (a tight "at rest" prior would take ~100 steps and huge effort errors to unlearn).
         # (Only when readings arrive: without them every v0 fits and a weak prior leaves the trajectory free
@@ -248,6 +253,8 @@ class Seeder:
             na = self.efforts.n_state
             priors.append(F.CorrelatedPrior.from_covariance(("tau", "tau_rate"), (na, na), effort_prior[0],
                                                             effort_prior[1], floor=EFFORT_PRIOR_FLOOR))
+        if ident is not None:
+            priors += ident.seed_units()
         values, effort_prior = factors.step_values(efforts, None, None)
         model = factors.seed_model(priors, effort_prior, self.sensors.step_units(obs, values))
         window = FixedLagWindow(factors.layout, c.window, self.ctx, self.threshold, c.max_relinearizations,

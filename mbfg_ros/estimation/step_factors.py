@@ -25,6 +25,7 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.dynamics.coordinates import choose_independent
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import EffortModel
+from mbfg_ros.estimation.identification import Identification
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel, StepValues
 from mbfg_ros.graph.window import FixedLagWindow
@@ -50,8 +51,9 @@ class StepFactors:
     soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
-                 ctx: EvalContext):
+                 ctx: EvalContext, identification: Optional[Identification] = None):
         self.mech = mech
+        self.identification = identification
         self.dof = mech.degrees_of_freedom()
         # the independent coordinates given in the configuration (else chosen per window; also the
         # velocities held in a seed's velocity problem)
@@ -71,7 +73,10 @@ class StepFactors:
         blocks = [("q", n), ("v", n), ("a", n)] + self._extra_blocks()
         if efforts.has_state:
             blocks += [("tau", efforts.n_state), ("tau_rate", efforts.n_state)]
+        if identification is not None:
+            blocks.append(("theta", identification.size))
         self.layout = StateLayout(blocks)
+        self._theta = self.layout.slices.get("theta")
         self.a_slice = self.layout.slices["a"]
         self._tau = self.layout.slices.get("tau")
         self._tau_start = -1 if self._tau is None else self._tau.start
@@ -93,6 +98,8 @@ class StepFactors:
         self._int_cache: Dict[float, list] = {}
         self.jerk: Optional[F.Factor] = None
         self._known_newest = self._known_before = None
+        self._commands_newest = self._commands_before = None
+        self._identification_generation = -1 if identification is None else identification.generation
 
     def _extra_blocks(self) -> list:
         return []
@@ -108,6 +115,7 @@ class StepFactors:
         self._int_cache.clear()
         self.efforts.restart()
         self._known_newest = self._known_before = None   # Q_known of the newest step and of the one before
+        self._commands_newest = self._commands_before = None   # (the same for the known commands: identification)
 
     def _build(self):
         raise NotImplementedError
@@ -125,8 +133,9 @@ class StepFactors:
         steps in the window keep theirs)."""
         self._step_models.clear()
 
-    def seed_state(self, q0, v0, Q0, tau0, tau_rate0=None) -> np.ndarray:
-        """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0."""
+    def seed_state(self, q0, v0, Q0, tau0, tau_rate0=None, theta0=None) -> np.ndarray:
+        """The stacked seed state at (q0, q̇0) with q̈0 (and the jerk) from the dynamics under Q0 (the identified
+        parameters' forces at theta0 included)."""
         self.ctx.clear()
         d = self.ctx.dynamics(q0, v0, Q0)
         blocks = dict(q=q0, v=v0, a=d.a.copy())
@@ -135,6 +144,8 @@ class StepFactors:
             blocks["tau"] = tau0
             if tau_rate0 is not None:
                 blocks["tau_rate"] = tau_rate0
+        if theta0 is not None:
+            blocks["theta"] = theta0
         return self.layout.pack(**blocks)
 
     def _seed_blocks(self, blocks: dict, d):
@@ -160,6 +171,8 @@ class StepFactors:
             if self.soft_equality is not None:
                 units.append(self.soft_equality)
             units += self.efforts.transition_units(h)
+            if self.identification is not None:
+                units.append(self.identification.transition_unit(h))
             if len(self._int_cache) > MAX_CACHED_STEP_SIZES:
                 self._int_cache.clear()
             self._int_cache[h] = units
@@ -197,6 +210,10 @@ class StepFactors:
         Q, Qdot, prior = self.efforts.forces(efforts, self.default_h if h is None else h)
         self._known_before, self._known_newest = self._known_newest, Q
         values: StepValues = {self.dynamics: {self._forces_name: Q}}
+        if self.identification is not None:
+            u = self.efforts.known(efforts)
+            self._commands_before, self._commands_newest = self._commands_newest, u
+            values[self.dynamics]["commands"] = u
         jerk = self.jerk
         if jerk is not None:
             values[jerk] = {"Q": Q}
@@ -221,15 +238,21 @@ class StepFactors:
         if not self.efforts.uses_commands or self.efforts.rates or self.jerk is not None:
             return None
         Q, _, _ = self.efforts.forces(efforts, self.default_h)      # (pure without rates)
+        if self.identification is not None:
+            return {self.dynamics: {self._forces_name: Q, "commands": self.efforts.known(efforts)}}
         return {self.dynamics: {self._forces_name: Q}}
 
     def newest_commands_replaced(self, values: StepValues):
         """The newest step's commands were replaced (`command_values`): the next step's prediction, which uses
         the known forces of the step it predicts from (`predict`), takes the new ones."""
         self._known_newest = values[self.dynamics][self._forces_name]
+        if self.identification is not None:
+            self._commands_newest = values[self.dynamics]["commands"]
 
     def _dynamic_units(self, prior) -> list:
         units = [self.dynamics]
+        if self.identification is not None:
+            units += self.identification.step_units()
         if self.jerk is not None:
             units.append(self.jerk)
         if prior is not None:
@@ -239,6 +262,11 @@ class StepFactors:
     def model(self, h: float, prior, readings: list) -> StepModel:
         """The step model of a step h after the previous one with these (effort-prior and reading) units;
         cached by unit identity."""
+        ident = self.identification
+        if ident is not None and ident.generation != self._identification_generation:
+            # frozen or thawed: the steps from now on have other units
+            self._identification_generation = ident.generation
+            self._step_models.clear()
         key = (h, prior, *readings)
         model = self._step_models.get(key)
         if model is None:
@@ -283,6 +311,8 @@ class StepFactors:
         Q = self._prediction_forces(values)
         if self._tau is not None:
             Q = self.efforts.add_state(Q, xp[self._tau])
+        if self._theta is not None:
+            Q = Q + self._identified_forces(x, values)
         if self._predict_linearizes:
             # the step's dynamics factor linearizes under these same forces: the whole linearization now
             d = self.ctx.dynamics(qp, vp, Q)
@@ -302,6 +332,14 @@ class StepFactors:
             return values[self.dynamics]["Q"]
         known = self._known_before if values is not None else self._known_newest
         return self.dynamics.Q_known if known is None else known
+
+    def _identified_forces(self, x: np.ndarray, values: Optional[StepValues]) -> np.ndarray:
+        """The identified parameters' forces of the prediction: at x's θ and rates (the prediction is only the
+        linearization point) with the commands of the step predicted from (as `_prediction_forces`)."""
+        u = self._commands_before if values is not None else self._commands_newest
+        if u is None:
+            u = np.zeros(self.efforts.na)
+        return self.identification.forces(x[self._theta], x[self.layout.slices["v"]], u)
 
     def _jerk_before(self, x, a, h, a_prev, h_prev, values) -> Optional[list]:
         """The jerk at x (q̈ = `a` as plain floats, see `predict`): the backward difference of q̈, or None
@@ -342,6 +380,8 @@ class DependentFactors(StepFactors):
             if self.efforts.partial_state:
                 # the kernel adds a τ block over every actuator: this one covers some, added here (τ is not predicted)
                 Q, tau_start = self.efforts.add_state(Q, x[self._tau]), -1
+            if self._theta is not None:
+                Q = Q + self._identified_forces(x, values)
             if native.predict(x, h, a_prev, h_prev, Q, tau_start, xp):
                 return xp, None
         return super().predict(x, h, a_prev, h_prev, values)
@@ -351,9 +391,13 @@ class DependentFactors(StepFactors):
         self._integrated = ("q", "v", "a", mech.n)
         self.kinematics = [F.PositionConstraints(mech, s["position_constraints"]),
                            F.VelocityConstraints(mech, s["velocity_constraints"])]
-        self.dynamics = (F.InverseDynamics(mech, sigma=s["dynamics"], actuated=self.efforts.state_coordinates)
-                         if self.efforts.has_state
-                         else F.ForwardDynamics(mech, sigma=s["dynamics"]))
+        if self.identification is not None:
+            self.dynamics = F.IdentifiedDynamics(mech, self.identification.parameters, sigma=s["dynamics"],
+                                                 actuated=self.efforts.state_coordinates)
+        elif self.efforts.has_state:
+            self.dynamics = F.InverseDynamics(mech, sigma=s["dynamics"], actuated=self.efforts.state_coordinates)
+        else:
+            self.dynamics = F.ForwardDynamics(mech, sigma=s["dynamics"])
         self.jerk = None
 
 
@@ -493,11 +537,11 @@ class IndependentHermiteFactors(IndependentFactors):
 
 
 def step_factors(mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
-                 ctx: EvalContext) -> StepFactors:
+                 ctx: EvalContext, identification: Optional[Identification] = None) -> StepFactors:
     """The step factors of ``config.formulation`` × ``config.integrator``."""
     hermite = config.integrator == "hermite"
     if config.formulation == "independent":
         cls = IndependentHermiteFactors if hermite else IndependentFactors
     else:
         cls = DependentHermiteFactors if hermite else DependentFactors
-    return cls(mech, config, sigmas, efforts, ctx)
+    return cls(mech, config, sigmas, efforts, ctx, identification)

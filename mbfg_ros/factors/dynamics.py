@@ -165,8 +165,8 @@ class IdentifiedDynamics(Factor):
         for code, c, i in zip(P.codes.tolist(), P.coordinates.tolist(), P.actuators.tolist()):
             ints += [code, c, i]
         doubles = []
-        for nominal, vs in zip(P.nominal.tolist(), P.velocity.tolist()):
-            doubles += [nominal, vs]
+        for nominal, vs, vd in zip(P.nominal.tolist(), P.velocity.tolist(), P.gate_velocity.tolist()):
+            doubles += [nominal, vs, vd]
         return ints, doubles
 
     def forces(self, v, tau, theta, Q_known=None, commands=None):

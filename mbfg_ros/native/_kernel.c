@@ -1040,23 +1040,28 @@ eval_dynamics(UNIT_EVAL_ARGS)
 }
 
 /* an identified parameter's force per unit of θ − θ₀ on its coordinate (y) and ∂(force)/∂q̇ of its coordinate per
- * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kinds: 0 gain, 1 viscous friction, 2 Coulomb friction) */
+ * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kinds: 0 gain, 1 viscous friction, 2 Coulomb friction; c: its
+ * doubles θ₀, v_s, v_d) */
 static inline void
-identified_regressor(int kind, double rate, double command, double vs, double *y, double *dy)
+identified_regressor(int kind, double rate, double command, const double *c, double *y, double *dy)
 {
     if (kind == 0) {
         *y = command, *dy = 0.0;
     } else if (kind == 1) {
         *y = -rate, *dy = -1.0;
     } else {
-        double sv = rate / vs;
-        *y = -(2.0 / M_PI) * atan(sv), *dy = -(2.0 / M_PI) / (vs * (1.0 + sv * sv));
+        /* (sliding only: × q̇⁴/(q̇⁴ + v_d⁴)) */
+        double vs = c[1], sv = rate / vs, r2 = rate * rate, vd4 = c[2] * c[2] * c[2] * c[2];
+        double den = r2 * r2 + vd4, gate = r2 * r2 / den, dgate = 4.0 * r2 * rate * vd4 / (den * den);
+        double at = atan(sv);
+        *y = -(2.0 / M_PI) * at * gate;
+        *dy = -(2.0 / M_PI) * (gate / (vs * (1.0 + sv * sv)) + at * dgate);
     }
 }
 
 /* q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ    slots q, v, a, tau, theta;
  * params Q_known (n), u (the commands, actuator order); ints: na, the actuated coordinates of τ (na), then per
- * parameter its kind, coordinate and actuator; doubles: per parameter θ₀, v_s */
+ * parameter its kind, coordinate and actuator; doubles: per parameter θ₀, v_s, v_d (the Coulomb gate's rate) */
 static int
 eval_identified_dynamics(UNIT_EVAL_ARGS)
 {
@@ -1095,8 +1100,8 @@ eval_identified_dynamics(UNIT_EVAL_ARGS)
             return -1;
         }
         double y, dy;
-        identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles[2 * j + 1], &y, &dy);
-        s->Q[c] += y * (th[j] - u->doubles[2 * j]);
+        identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles + 3 * j, &y, &dy);
+        s->Q[c] += y * (th[j] - u->doubles[3 * j]);
     }
     int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
                    : mk_acceleration(k, q, v, s->Q, s->a);
@@ -1121,8 +1126,8 @@ eval_identified_dynamics(UNIT_EVAL_ARGS)
             for (int j = 0; j < np_; j++) {
                 int kind = par[3 * j], c = par[3 * j + 1], a = par[3 * j + 2];
                 double y, dy;
-                identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles[2 * j + 1], &y, &dy);
-                rv[c] += dQ[c] * dy * (th[j] - u->doubles[2 * j]);
+                identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles + 3 * j, &y, &dy);
+                rv[c] += dQ[c] * dy * (th[j] - u->doubles[3 * j]);
                 rth[j] += dQ[c] * y;
             }
         }
@@ -1222,7 +1227,7 @@ enum { ROWS_CONSTRAINTS, ROWS_COORDINATES, ROWS_ONE, ROWS_PER_INDEX };     /* di
 #define INDICES_ANY (-2)
 #define INDICES_IDENTIFIED (-3)   /* 1 + na + 3 per parameter (identified_dynamics: na the tau slot's width, the
                                      parameters the theta slot's) */
-#define DOUBLES_PER_PARAMETER (-1)   /* 2 per parameter (the theta slot's width) */
+#define DOUBLES_PER_PARAMETER (-1)   /* 3 per parameter (the theta slot's width) */
 enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT, INDEX_IDENTIFIED };
 /* [0, n), [−1, n), [0, slot 0's width), identified_dynamics' own layout (checked in identified_check) */
 enum { WIDTH_COORDINATES, WIDTH_LAST_PER_INDEX, WIDTH_ANY };  /* every slot n wide; the last nints wide; any */
@@ -1266,8 +1271,8 @@ identified_check(const Unit *u, int n)
         const int *p = u->ints + 1 + na + 3 * j;
         if (p[0] < 0 || p[0] > 2 || p[1] < 0 || p[1] >= n || p[2] < 0)
             bad = "a parameter's kind, coordinate or actuator is out of range";
-        else if (p[0] == 2 && !(u->doubles[2 * j + 1] > 0.0))
-            bad = "a Coulomb friction's rate v_s must be > 0";
+        else if (p[0] == 2 && !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
+            bad = "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
     }
     if (bad) {
         PyErr_Format(PyExc_ValueError, "StepKernel: an identified_dynamics unit: %s", bad);
@@ -1299,7 +1304,7 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d integers, not %d", kind->name, u->nints, nints);
         return -1;
     }
-    int want_doubles = kind->doubles == DOUBLES_PER_PARAMETER ? 2 * u->width[kind->slots - 1] : kind->doubles;
+    int want_doubles = kind->doubles == DOUBLES_PER_PARAMETER ? 3 * u->width[kind->slots - 1] : kind->doubles;
     if (ndoubles != want_doubles) {
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d doubles, not %d", kind->name, ndoubles,
                      want_doubles);

@@ -1,0 +1,129 @@
+"""Actuator parameters identified online (`model.identified`): a block θ of the stacked state, a random walk between
+steps, a prior at each new window, the dynamics factor with their forces (`factors.IdentifiedDynamics`).
+
+What the estimator knows of θ outlives a window: when a window ends (a re-seed, a re-initialization, a recovery) the
+next one starts from the old one's estimate of θ and its marginal σ (`carry`), so nothing learnt is lost on any path
+but `reset` (back to the priors, on request: `FixedLagEstimator.reset_parameters`).  Frozen (`freeze`), θ is held at
+its value by a tight prior on every step and learns nothing; thawed, it goes on from that value with the σ it had.
+
+Restrictions (a clear error at construction, `check`): θ needs a state of the efforts (estimation or fused mode),
+the dependent formulation and a trapezoidal or Euler integrator (the hermite integrators and the independent forms
+compute the dynamics without θ); a gain needs an actuator whose command is a known force.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+import mbfg_ros.factors as F
+from mbfg_ros.model.identified import IdentifiedParameters, parse_identify
+from mbfg_ros.model.mechanism import Mechanism
+
+__all__ = ["Identification", "identification"]
+
+FROZEN_SIGMA_RATIO = 1e-9      # a frozen parameter's per-step prior σ, relative to its prior σ
+SIGMA_FLOOR_RATIO = 1e-6       # the smallest σ carried into a new window, relative to the prior σ
+
+
+class Identification:
+    """The identified parameters of one estimator (see the module docstring): `parameters` (immutable),
+    the belief carried into the next window (`mean`, `sigma`), and whether they are frozen."""
+
+    def __init__(self, parameters: IdentifiedParameters):
+        self.parameters = P = parameters
+        self.size = P.size
+        self.names = P.names
+        self.mean = P.prior_mean.copy()
+        self.sigma = P.prior_sigma.copy()
+        self.frozen = False
+        self._pin: Optional[F.Factor] = None
+        self._walks: Dict[float, F.Factor] = {}
+        self.generation = 0          # bumped whenever the per-step units change (the step models' caches)
+
+    # -- the units -------------------------------------------------------------------------------
+    def transition_unit(self, h: float) -> F.Factor:
+        walk = self._walks.get(h)
+        if walk is None:
+            if len(self._walks) > 16:
+                self._walks.clear()
+            walk = self._walks[h] = F.RandomWalk("theta", self.size, h, self.parameters.density)
+        return walk
+
+    def step_units(self) -> list:
+        """The units of every step: a frozen θ's tight prior, else none."""
+        return [] if self._pin is None else [self._pin]
+
+    def seed_units(self) -> list:
+        """The prior of a new window's θ: the belief carried over (a frozen θ's tight prior comes with every step's
+        units, the seed's included: `step_units`)."""
+        return [F.Prior("theta", self.mean, np.maximum(self.sigma, SIGMA_FLOOR_RATIO * self.parameters.prior_sigma))]
+
+    def forces(self, theta, v, commands) -> np.ndarray:
+        """ΔQ: the parameters' generalized forces at θ, rates v and commands (actuator order, unknown 0)."""
+        return self.parameters.forces(theta, v, commands)
+
+    # -- the belief ------------------------------------------------------------------------------
+    def carry(self, window, k: int, layout) -> None:
+        """Keep the estimate of θ at step k of `window` and its marginal σ for the next window (not while frozen:
+        the frozen value and the σ before are kept).  A window that cannot give its marginal (it failed) leaves the
+        σ as it was; a non-finite estimate leaves everything as it was."""
+        if window is None or self.frozen:
+            return
+        sl = layout.slices["theta"]
+        try:
+            theta = np.array(window.estimate(k)[sl], dtype=float)
+        except Exception:       # (the window may be what failed)
+            return
+        if not np.isfinite(theta).all():
+            return
+        self.mean = theta
+        try:
+            P = window.marginal_covariance(k)
+            sd = np.sqrt(np.clip(np.diagonal(P)[sl], 0.0, None))
+            if np.isfinite(sd).all():
+                self.sigma = np.minimum(sd, self.parameters.prior_sigma * 10.0)
+        except Exception:
+            pass
+
+    def reset(self):
+        """Back to the priors (and thawed)."""
+        self.mean = self.parameters.prior_mean.copy()
+        self.sigma = self.parameters.prior_sigma.copy()
+        self.thaw()
+
+    def freeze(self, values: np.ndarray):
+        """Hold θ at `values` from now on (the belief's σ is kept for `thaw`)."""
+        self.mean = np.array(values, dtype=float)
+        self.frozen = True
+        self._pin = F.Prior("theta", self.mean, FROZEN_SIGMA_RATIO * self.parameters.prior_sigma)
+        self.generation += 1
+
+    def thaw(self):
+        if self.frozen:
+            self.frozen = False
+            self._pin = None
+            self.generation += 1
+
+
+def identification(mech: Mechanism, entries: Optional[Sequence[str]], mode: str, formulation: str, integrator: str,
+                   efforts) -> Optional[Identification]:
+    """The identification of `entries` (``JOINT.PARAMETER[=SIGMA]``; None: the mechanism's ``identify:``), or None
+    when there is nothing to identify.  ValueError where it cannot run (see the module docstring)."""
+    specs = mech.spec.identify if entries is None else parse_identify(entries, mech)
+    if not specs:
+        return None
+    names = ", ".join(f"{s.joint}.{s.parameter}" for s in specs)
+    if not efforts.has_state:
+        raise ValueError(f"identifying {names} needs the estimation or fused mode (mode is {mode}, with no actuator "
+                         f"effort to estimate)")
+    if formulation != "dependent" or integrator == "hermite":
+        raise ValueError(f"identifying {names} needs the dependent formulation with the trapezoidal or euler "
+                         f"integrator (got {formulation}, {integrator})")
+    P = IdentifiedParameters(mech, specs)
+    for name, kind, i in zip(P.names, P.kinds, P.actuators.tolist()):
+        if kind == "gain" and not efforts.takes_command(i):
+            raise ValueError(f"identifying {name}: the command of actuator '{mech.actuator_names[i]}' does not "
+                             f"enter the estimate (its effort is {efforts.kinds[i]} in {mode} mode), so it has no gain")
+    return Identification(P)
