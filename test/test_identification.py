@@ -198,3 +198,27 @@ def test_freeze_holds_reset_forgets_and_a_reinitialization_keeps_what_was_learnt
     p = est.parameters()
     assert abs(p["values"][0] - 1.0) < 0.25 * p["prior_std"][0] and p["std"][0] > 0.8 * p["prior_std"][0], p
     assert "identified parameters reset" in est.last.message
+
+
+def test_mbfg_estimate_identifies_and_writes_the_parameters(crank, crank_run, tmp_path, capsys):
+    from mbfg_ros.cli.commands import main
+    t, n = crank_run.t[:1501], 1501
+    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
+    np.savetxt(obs, np.column_stack([t, crank_run.readings["crank"][:n]]), delimiter=",", header="t,crank",
+               comments="")
+    np.savetxt(cmd, np.column_stack([t, crank_run.efforts[:n, 0]]), delimiter=",", header="t,crank", comments="")
+    out = tmp_path / "est.csv"
+    assert main(["estimate", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd), "--mode", "fused",
+                 "--identify", "crank.gain=0.3", "--std", "-o", str(out)]) == 0
+    assert re.search(r"identified: crank.gain = 0\.(89|90)\d* ± 0\.0\d+ \(prior σ 0.3\)", capsys.readouterr().err)
+    header = out.read_text().splitlines()[0].split(",")
+    table = np.loadtxt(out, delimiter=",", skiprows=1)
+    gain, gain_std = table[:, header.index("crank.gain")], table[:, header.index("crank.gain_std")]
+    assert abs(gain[-1] - TRUE_GAIN) < 0.02 and gain_std[0] == pytest.approx(0.3, rel=0.05) and gain_std[-1] < 0.05
+    # what is wrong, in one line
+    for option, message in [("crank.mass", "--identify: identify: 'crank.mass' is not JOINT.PARAMETER"),
+                            ("crank.gain", "needs the estimation or fused mode")]:
+        extra = [] if option == "crank.mass" else ["--mode", "estimation", "--actuator-effort", "crank=passive"]
+        assert main(["estimate", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd), "--mode", "fused",
+                     "--identify", option, "-o", str(out)] + extra) == 2
+        assert message in capsys.readouterr().err

@@ -277,6 +277,8 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     tau = np.empty((N, len(mech.actuated)))
     disturbance = np.full_like(tau, np.nan) if config.mode == "fused" and tau.shape[1] else None
     std = np.full((N, 3 * mech.n + 2 * tau.shape[1]), np.nan) if config.compute_covariance else None
+    parameters = np.full((N, len(est.parameter_names)), np.nan)
+    parameters_std = np.full_like(parameters, np.nan) if config.compute_covariance else None
     bar = Progress(N, label)
     cpu_start = time.process_time()
     for k in range(N):
@@ -288,6 +290,10 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
         if disturbance is not None and e.disturbance is not None:
             disturbance[k] = e.disturbance
+        if e.parameters is not None:
+            parameters[k] = e.parameters
+            if parameters_std is not None:
+                parameters_std[k] = est.parameters()["std"]
         if std is not None and e.std is not None:
             std[k, :3 * mech.n + tau.shape[1]] = np.concatenate((e.std, e.efforts_std))
             if e.disturbance_std is not None:
@@ -307,6 +313,14 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
         if disturbance is not None:
             cols += [f"disturbance_{j}_std" for j in mech.actuator_names]
         extra.update({c: std[:, i] for i, c in enumerate(cols)})
+    for j, name in enumerate(est.parameter_names):
+        extra[name] = parameters[:, j]
+        if parameters_std is not None:
+            extra[f"{name}_std"] = parameters_std[:, j]
+    if est.parameter_names:
+        p = est.parameters()
+        print("identified: " + ", ".join(f"{n} = {v:.6g} ± {s:.3g} (prior σ {s0:.3g})" for n, v, s, s0 in
+                                         zip(p["names"], p["values"], p["std"], p["prior_std"])), file=sys.stderr)
     _write_state_csv(args.output, mech, t, q, v, a, tau, extra)
     if args.plot:
         _plot(args.plot, mech, t, q, v, tau, title)
@@ -440,10 +454,25 @@ def cmd_estimate(args) -> int:
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
                         "needs --torques (the commanded efforts)")
+    identify = None
+    if args.identify is not None:
+        identify = tuple(e for item in args.identify for e in item.split(",") if e.strip())
+        if identify == ("none",):
+            identify = ()
+        from mbfg_ros.model.identified import parse_identify
+        try:
+            parse_identify(identify, mech)
+        except ValueError as exc:
+            raise UserError(f"--identify: {exc}") from None
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
-                             actuator_efforts=kinds)
+                             actuator_efforts=kinds, identify=identify)
+    try:
+        from mbfg_ros.estimation.estimator import FixedLagEstimator
+        FixedLagEstimator(mech, config)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
     def readings(k):
         return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
@@ -677,6 +706,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "zero, an underactuated joint; commanded: its --torques column is a known force); "
                         "repeatable; wins over the mechanism file's 'effort' keys (default: the file's, else as "
                         "the mode says)")
+    s.add_argument("--identify", action="append", default=None, metavar="JOINT.PARAMETER[=SIGMA]",
+                   help="identify an actuator parameter online (PARAMETER: gain, viscous_friction, "
+                        "coulomb_friction; SIGMA: its prior 1σ); repeatable or comma-separated; 'none' identifies "
+                        "nothing (default: the mechanism file's identify: section).  Adds a column per parameter "
+                        "(JOINT.PARAMETER, with --std JOINT.PARAMETER_std) and prints the final values")
     defaults = default_sigmas()
     for name, text in zip(DENSITY_OPTIONS, (
             "spectral density of the unmodelled accelerations [m²/s³ on point coordinates, rad²/s³ on angles]",
