@@ -95,8 +95,9 @@ def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf
     return step_cpu, update_cpu, estimate_cpu
 
 
-def setup(steps: int, mode: str = "fused", window: int = 10):
-    """(estimator, samples, dt): the node's four-bar set-up and `steps` samples of the simulated plant."""
+def setup(steps: int, mode: str = "fused", window: int = 10, identify: tuple = ()):
+    """(estimator, samples, dt): the node's four-bar set-up and `steps` samples of the simulated plant (`identify`:
+    actuator parameters identified online, `EstimatorConfig.identify`)."""
     from mbfg_ros.ros.demo import estimator_parameters
     from mbfg_ros.estimation.config import EstimatorConfig
     from mbfg_ros.blas import limit_blas_threads
@@ -109,16 +110,16 @@ def setup(steps: int, mode: str = "fused", window: int = 10):
     dt = float(p["dt"])
     cfg = EstimatorConfig(dt=dt, window=window, mode=mode, formulation=p["formulation"],
                           integrator=p["integrator"], sensor_sigmas=dict(p["sensor_sigmas"]), max_substeps=1,
-                          assembly_mode=tuple(p["assembly_mode"])).validated()
+                          assembly_mode=tuple(p["assembly_mode"]), identify=tuple(identify)).validated()
     plant = SimulatedPlant(mech, dt=dt, seed=1, actuator=Actuator.ideal(mech))   # the measured inputs of before
     return FixedLagEstimator(mech, cfg), [plant.step() for _ in range(steps)], dt
 
 
-def run(steps: int, mode: str = "fused", window: int = 10):
+def run(steps: int, mode: str = "fused", window: int = 10, identify: tuple = ()):
     """(mean, median) step + prepare, (mean, median) update and median estimate reads in µs over the steps after
     the first 200."""
     import numpy as np
-    est, samples, dt = setup(steps, mode, window)
+    est, samples, dt = setup(steps, mode, window, identify)
     step_cpu, update_cpu, estimate_cpu = step_costs(est, samples, dt)
     a, b, c = (1e6 * np.array(x[200:]) for x in (step_cpu, update_cpu, estimate_cpu))
     a, b, c = a[a == a], b[b == b], c[c == c]      # (each on its own steps: see `step_costs`)
@@ -207,22 +208,28 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", nargs="+", default=["compiled"], choices=["compiled", "numpy"],
                     help="the compiled kernel (mbfg_ros.native) and/or its numpy forms (MBFG_ROS_NATIVE=0), "
                          "interleaved (default: compiled, where built)")
+    ap.add_argument("--identify", nargs="+", default=None, metavar="JOINT.PARAMETER",
+                    help="also each case with these actuator parameters identified online (e.g. crank.gain "
+                         "crank.viscous_friction), interleaved with the case without")
     a = ap.parse_args(argv)
+    cases = [()] + ([tuple(a.identify)] if a.identify else [])
     from mbfg_ros import native
     if "compiled" in a.kernel and not native.AVAILABLE:
         print(f"note: {native.UNAVAILABLE_REASON}: 'compiled' runs the numpy forms", file=sys.stderr)
     if a.steps <= 200:
         ap.error("--steps must be over 200 (the first 200 steps are not counted)")
-    print("| run | mode | kernel | step + prepare, mean / median | iSAM2 update, mean / median | update share | ratio "
-          "| estimate reads, median |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | mode | kernel | identified | step + prepare, mean / median | iSAM2 update, mean / median | "
+          "update share | ratio | estimate reads, median |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i in range(a.repeat):
         for mode in a.mode:
             for kernel in a.kernel:
-                with kernel_choice(kernel):
-                    sm, smed, um, umed, emed = run(a.steps, mode, a.window)
-                print(f"| {i + 1} | {mode} | {kernel} | {sm:.0f} / {smed:.0f} µs | {um:.0f} / {umed:.0f} µs | "
-                      f"{100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |", flush=True)
+                for identify in cases:
+                    with kernel_choice(kernel):
+                        sm, smed, um, umed, emed = run(a.steps, mode, a.window, identify)
+                    print(f"| {i + 1} | {mode} | {kernel} | {', '.join(identify) or 'none'} | {sm:.0f} / {smed:.0f} µs "
+                          f"| {um:.0f} / {umed:.0f} µs | {100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |",
+                          flush=True)
     print(f"\nfour-bar with crank, dt 1 ms, window {a.window}, encoder + gyroscope; thread CPU per step; "
           f"ratio = median step + prepare / median update; estimate reads = the step's calculateEstimateVector "
           f"calls (the first after an update does iSAM2's deferred back-substitution)")

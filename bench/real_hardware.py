@@ -61,7 +61,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -328,17 +328,45 @@ class Output:
     tau_std: np.ndarray
     reinitializations: int = 0
     note: str = ""
+    parameters: Optional[np.ndarray] = None     # (N, p) identified parameters (`identify`), NaN where none
+    parameter_names: tuple = ()
+    parameters_std: Optional[np.ndarray] = None  # (p,) their final 1σ
+
+
+# identified online in the `--identify` rows: each joint's viscous and Coulomb friction, from a prior of 0
+IDENTIFY = ("q1.viscous_friction", "q1.coulomb_friction", "q2.viscous_friction", "q2.coulomb_friction")
+WITHIN = 0.2                 # "come within ±20 % of the final value"
+
+
+def frictionless(mech: Mechanism) -> Mechanism:
+    """The mechanism with its actuators' friction removed (its Coulomb rate v_s kept: the identified friction's)."""
+    spec = mech.spec
+    return Mechanism(replace(spec, name=spec.name + "_frictionless", actuators=tuple(
+        replace(a, viscous_friction=0.0, coulomb_friction=0.0) for a in spec.actuators)))
+
+
+def dfki_friction(params: Dict[str, float]) -> Dict[str, float]:
+    """DFKI's identified friction as the identified parameters' values: b, and c = cf·π/2 (their cf·atan(100 q̇))."""
+    return {"q1.viscous_friction": params["b1"], "q1.coulomb_friction": params["cf1"] * math.pi / 2,
+            "q2.viscous_friction": params["b2"], "q2.coulomb_friction": params["cf2"] * math.pi / 2}
+
+
+def settling_time(t, x, within: float = WITHIN) -> float:
+    """Seconds from the start after which x stays within ±`within` of its final value."""
+    final = x[-1]
+    outside = np.nonzero(~(np.abs(x - final) <= within * abs(final)))[0]
+    return 0.0 if not outside.size else float(t[min(outside[-1] + 1, len(t) - 1)] - t[0])
 
 
 def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None,
-             actuator_efforts: Optional[Dict[str, str]] = None) -> Output:
+             actuator_efforts: Optional[Dict[str, str]] = None, identify: Optional[tuple] = None) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
     sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
     effort kind (`mbfg estimate --actuator-effort`)."""
     dt = float(np.median(np.diff(rec.t)))
     kinds = dict(actuator_efforts or {})
-    config = EstimatorConfig(dt=dt, mode=mode, actuator_efforts=kinds)
+    config = EstimatorConfig(dt=dt, mode=mode, actuator_efforts=kinds, identify=identify)
     commands = mode == "fused" or "commanded" in kinds.values()
     if settings:
         config = EstimatorConfig(dt=dt, mode=mode, window=settings.get("window", config.window),
@@ -353,6 +381,9 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
     cols = [mech.coordinate_index(j) for j in JOINTS]
     N = len(rec.t)
     out = Output(*(np.full((N, 2), np.nan) for _ in range(4)))
+    if est.parameter_names:
+        out.parameter_names = est.parameter_names
+        out.parameters = np.full((N, len(est.parameter_names)), np.nan)
     for k in range(N):
         e = est.step(float(rec.t[k]), efforts=rec.tau_con[k] if commands else None,
                      observations={"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
@@ -361,6 +392,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
         if e.status == "waiting":
             continue
         out.q[k], out.qd[k], out.tau[k] = e.q[cols], e.v[cols], e.efforts
+        if e.parameters is not None:
+            out.parameters[k] = e.parameters
         P = est.joint_covariance(cols)                      # [q1, q2, q̇1, q̇2, τ1, τ2]
         if P is not None:
             out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P)[4:6], 0.0, None))
@@ -371,6 +404,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
     if est.fitted_sensor_sigmas():
         notes.append("encoder σ fitted online at the end: "
                      + ", ".join(f"{name} {1e3 * s:.3g} mrad" for name, s in est.fitted_sensor_sigmas().items()))
+    if est.parameter_names:
+        out.parameters_std = est.parameters()["std"]
     out.note = "; ".join(notes)
     return out
 
@@ -532,8 +567,20 @@ def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_
     return row
 
 
+def identified_row(rec: Recording, truth: Truth, out: Output, params: Dict[str, float]) -> dict:
+    """`score`, and per identified parameter its final value and 1σ, DFKI's offline value and the time after which
+    it stays within ±20 % of its final value."""
+    row = score(rec, truth, out)
+    dfki = dfki_friction(params)
+    ok = np.isfinite(out.parameters).all(axis=1)
+    row["identified"] = {name: {"value": float(out.parameters[ok][-1, j]), "std": float(out.parameters_std[j]),
+                                "dfki": dfki.get(name), "settled": settling_time(rec.t[ok], out.parameters[ok][:, j])}
+                         for j, name in enumerate(out.parameter_names)}
+    return row
+
+
 def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: Optional[Path] = None,
-                    passive: bool = False) -> dict:
+                    passive: bool = False, identify: bool = False) -> dict:
     """Every estimator on one recording, scored (`tuning`: the recording the EKF is tuned on; `params_file`: a
     parameter file for two more rows, the estimator with its settings in both modes; `passive`: on a run with a
     passive joint (`PASSIVE_JOINT`), three more rows with its actuator declared passive or commanded)."""
@@ -559,6 +606,13 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         for mode, kind in (("estimation", "passive"), ("fused", "passive"), ("estimation", "commanded")):
             timed(f"mbfg_ros {mode}, {joint} {kind}",
                   lambda: score(rec, truth, run_mbfg(mech, rec, mode, actuator_efforts={joint: kind})))
+    if identify:
+        # the friction learnt online from a prior of 0, against none at all and DFKI's offline values (the shipped
+        # rows): the estimate is then the motor's torque, scored against the measured one
+        bare = frictionless(mech)
+        timed("mbfg_ros fused, no friction", lambda: score(rec, truth_of(rec, params), run_mbfg(bare, rec, "fused")))
+        timed("mbfg_ros fused, friction identified", lambda: identified_row(
+            rec, truth_of(rec, params, (True, True)), run_mbfg(bare, rec, "fused", identify=IDENTIFY), params))
     if params_file is not None:
         from mbfg_ros.tuning.params_file import read_params
         settings = read_params(params_file, mech)
@@ -616,6 +670,20 @@ def recordings_table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def identified_table(results: List[dict]) -> str:
+    lines = ["| run | " + " | ".join(IDENTIFY) + " |", "|---|" + "---|" * len(IDENTIFY)]
+    for r in results:
+        row = r["rows"].get("mbfg_ros fused, friction identified")
+        if row is None:
+            continue
+        cells = []
+        for name in IDENTIFY:
+            p = row["identified"][name]
+            cells.append(f"{p['value']:.3g} ± {p['std']:.2g} (DFKI {p['dfki']:.3g}; {p['settled']:.1f} s)")
+        lines.append(f"| {r['short']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recording", action="append", choices=list(RECORDINGS), help="only these (default: all)")
@@ -628,6 +696,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--passive", action="store_true",
                     help="on the pendubot and acrobot runs, also the estimator with the passive joint's actuator "
                          "declared passive (estimation, fused) and commanded (estimation)")
+    ap.add_argument("--identify", action="store_true",
+                    help="also fused mode on the mechanism without friction, with and without each joint's viscous "
+                         "and Coulomb friction identified online (IDENTIFY), and a table of the identified values "
+                         "against DFKI's")
     ap.add_argument("--make-excerpt", type=Path, metavar="SOURCE_DIR",
                     help="rebuild the shipped excerpt from the source recordings (their CSVs, params/, LICENSE)")
     args = ap.parse_args(argv)
@@ -642,7 +714,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rec = load_recording(name, args.data).cut(args.seconds)
         tuning = load_recording(TUNING_RUN[name], args.data).cut(args.seconds)
         results.append(bench_recording(rec, tuning, log=lambda s: print(s, file=sys.stderr, flush=True),
-                                       params_file=args.params, passive=args.passive))
+                                       params_file=args.params, passive=args.passive, identify=args.identify))
     print(f"Recordings ({os.uname().machine}, load {os.getloadavg()[0]:.1f}):\n")
     print(recordings_table(results))
     print("\nEstimates, scored from 0.5 s:\n")
@@ -650,6 +722,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     notes = [f"{r['short']}, {label}: {row['note']}" for r in results for label, row in r["rows"].items()
              if row["note"]]
     print("\n" + "\n".join(notes))
+    if args.identify:
+        print("\nIdentified online (fused, from a prior of 0), final value ± 1σ, DFKI's offline value, time to stay "
+              "within ±20 % of the final value:\n")
+        print(identified_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -222,3 +222,35 @@ def test_mbfg_estimate_identifies_and_writes_the_parameters(crank, crank_run, tm
         assert main(["estimate", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd), "--mode", "fused",
                      "--identify", option, "-o", str(out)] + extra) == 2
         assert message in capsys.readouterr().err
+
+
+def test_mbfg_identify_writes_a_mechanism_whose_priors_are_the_identified_values(crank, crank_run, tmp_path, capsys):
+    from mbfg_ros.cli.commands import main
+    n = 3001
+    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
+    names = [s.name for s in crank.sensors]         # the crank's encoder and the coupler's gyroscope
+    np.savetxt(obs, np.column_stack([crank_run.t[:n]] + [crank_run.readings[name][:n] for name in names]),
+               delimiter=",", header=",".join(["t"] + names), comments="")
+    np.savetxt(cmd, np.column_stack([crank_run.t[:n], crank_run.efforts[:n, 0]]), delimiter=",", header="t,crank",
+               comments="")
+    out = tmp_path / "identified.yaml"
+    assert main(["identify", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd),
+                 "--identify", "crank.gain,crank.viscous_friction", "--identify", "crank.coulomb_friction",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"crank.gain = 0\.(89|90)", printed) and "crank.coulomb_friction = " in printed
+    mech = load_mechanism(str(out))
+    identified = mech.spec.identify
+    assert [(p.joint, p.parameter) for p in identified] == [("crank", "gain"), ("crank", "viscous_friction"),
+                                                             ("crank", "coulomb_friction")]
+    for p, truth in zip(identified, (TRUE_GAIN, TRUE_VISCOUS, TRUE_COULOMB)):
+        assert abs(p.value - truth) < 3 * p.sigma, p
+    assert identified[0].sigma < 0.02
+    # the node and mbfg estimate start from these priors
+    est = FixedLagEstimator(mech, EstimatorConfig(dt=DT, mode="fused"))
+    np.testing.assert_allclose(est.identification.mean, [p.value for p in identified])
+    np.testing.assert_allclose(est.identification.sigma, [p.sigma for p in identified])
+    # nothing to identify: said so
+    assert main(["identify", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd), "-o",
+                 str(out)]) == 2
+    assert "nothing to identify: mechanism 'four_bar_crank' has no identify: section" in capsys.readouterr().err

@@ -483,6 +483,70 @@ def cmd_estimate(args) -> int:
     return 0
 
 
+def cmd_identify(args) -> int:
+    """Offline identification: the estimator over the whole recording with the parameters held constant, its final
+    estimate and 1σ written into the mechanism's `identify:` section (the priors the node starts from)."""
+    from pathlib import Path
+
+    import yaml
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    from mbfg_ros.model.identified import parse_identify
+    from mbfg_ros.model.mechanism import resolve_mechanism_path
+    mech = _load(args.mechanism)
+    entries = None
+    if args.identify:
+        entries = tuple(e for item in args.identify for e in item.split(",") if e.strip())
+        try:
+            parse_identify(entries, mech)
+        except ValueError as exc:
+            raise UserError(f"--identify: {exc}") from None
+    elif not mech.spec.identify:
+        raise UserError(f"nothing to identify: mechanism '{mech.name}' has no identify: section; give --identify "
+                        "JOINT.PARAMETER (PARAMETER: gain, viscous_friction, coulomb_friction)")
+    table = csvio.read_table(args.observations)
+    cols = csvio.sensor_columns(table, InputLimits(mech))
+    if not cols:
+        raise CsvError(f"{args.observations}: no sensor columns (sensors: "
+                       f"{', '.join(s.name for s in mech.sensors) or 'none'})")
+    t = table.t
+    if len(t) < 2:
+        raise CsvError(f"{args.observations}: need at least 2 rows")
+    efforts = _efforts_from_csv(mech, args.torques, t) if args.torques else None
+    if args.mode == "fused" and efforts is None and len(mech.actuated):
+        raise UserError("--mode fused needs --torques (the commanded efforts)")
+    sensor_sigmas = _sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor")
+    config = EstimatorConfig(dt=csvio.median_step(table), window=args.window, mode=args.mode,
+                             sensor_sigmas=sensor_sigmas, identify=entries)
+    try:
+        est = FixedLagEstimator(mech, config.validated())
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    est.identification.hold_constant()
+    bar = Progress(len(t), "identify")
+    for k in range(len(t)):
+        est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
+                 observations={name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])})
+        bar.update(k + 1)
+    bar.close()
+    p = est.parameters()
+    for name, value, std, prior in zip(p["names"], p["values"], p["std"], p["prior_std"]):
+        print(f"{name} = {value:.6g} ± {std:.3g} (prior σ {prior:.3g})")
+    source = resolve_mechanism_path(args.mechanism)
+    doc = yaml.safe_load(Path(source).read_text())
+    densities = dict(zip(est.parameter_names, est.identification.parameters.density.tolist()))
+    doc["identify"] = [{"joint": name.rpartition(".")[0], "parameter": name.rpartition(".")[2], "value": float(v),
+                        "sigma": float(s), "density": densities[name]}
+                       for name, v, s in zip(p["names"], p["values"], p["std"])]
+    header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
+              f"# {source} with its identify: section set to the parameters identified offline from "
+              f"{args.observations} (value, 1σ): the priors the estimator starts from.  (YAML comments of the source "
+              "are not kept.)\n")
+    Path(args.output).write_text(header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def _tuning_recording(args, mech):
     """The recording of `mbfg tune` from CSV files or a bag."""
     from mbfg_ros.tuning.bag import recording_from_bag
@@ -613,6 +677,12 @@ _COMMAND_TEXTS = {
         "estimator at its own time; an interval longer than 1.5 dt is bridged by sub-steps of about dt.  At the "
         "end a summary goes to stderr: steps, times the estimate lost track (re-initialized from the readings), "
         "other recoveries, steps waiting, re-initializations, CPU per step, the encoders' fitted σ."),
+    "identify": dict(
+        help="identify actuator parameters (gain, joint friction) offline from a recording",
+        description="The estimator over a whole recording with the actuator parameters to identify held constant "
+        "(a recursive maximum a posteriori estimate with the same factors as online): their final values and 1σ.  "
+        "Writes the mechanism file with its identify: section set to them, the priors the node (and mbfg "
+        "estimate) start from."),
     "tune": dict(
         help="fit the noise densities (and encoder sigmas) to a recording: writes a parameter file",
         description="Maximum-likelihood fit of the estimator's process densities -- the effort density "
@@ -733,6 +803,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
     add_gravity_and_outputs(s, cmd_estimate)
+
+    s = command("identify")
+    s.add_argument("--observations", required=True, metavar="OBS.csv", help="the recording's readings (as for estimate)")
+    s.add_argument("--torques", metavar="CMD.csv", help="the commanded efforts (needed in fused mode)")
+    s.add_argument("--mode", choices=("estimation", "fused"), default="fused",
+                   help="fused (default): applied effort = command (× gain) + disturbance; estimation: efforts "
+                        "unknown (only a passive joint's friction is then determined)")
+    s.add_argument("--identify", action="append", default=None, metavar="JOINT.PARAMETER[=SIGMA]",
+                   help="the parameters (as estimate --identify; default: the mechanism file's identify: section)")
+    s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
+                   help="a sensor's σ in its units (repeatable; default: the mechanism file's)")
+    s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N", help="(default 10)")
+    s.add_argument("--output", "-o", required=True, metavar="MECH_OUT.yaml",
+                   help="the mechanism file with its identify: section set to the identified values and 1σ")
+    s.set_defaults(func=cmd_identify)
 
     s = command("tune")
     src = s.add_mutually_exclusive_group(required=True)

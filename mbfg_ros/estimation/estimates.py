@@ -43,6 +43,11 @@ class Estimates:
     def __init__(self, mech: Mechanism, config: EstimatorConfig, efforts: EffortModel, factors: StepFactors,
                  ctx: EvalContext):
         self.mech, self.config, self.efforts, self.factors, self.ctx = mech, config, efforts, factors, ctx
+        # identified gains: (θ index, actuator) — the applied effort is gain × command, reported so
+        ident = factors.identification
+        self._gains = [] if ident is None else [
+            (j, int(i)) for j, (kind, i) in enumerate(zip(ident.parameters.kinds, ident.parameters.actuators))
+            if kind == "gain"]
         self.requested = (None if config.assembly_mode is None
                           else np.array(self.check_mode(config.assembly_mode), dtype=int))
         self._tau = factors.layout.slices.get("tau")
@@ -78,6 +83,11 @@ class Estimates:
         x_tau = None if self._tau is None else x[self._tau]
         efforts_model = self.efforts
         tau = efforts_model.reported(x_tau, efforts)
+        if self._gains:
+            known, theta = efforts_model.known(efforts), x[self._theta]
+            tau = tau.copy()
+            for j, i in self._gains:
+                tau[i] += (theta[j] - 1.0) * known[i]
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
         # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
         residual, self._x_norm2, self._speed, indicators = self.ctx.state_summary(x)

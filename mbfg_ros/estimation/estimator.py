@@ -183,7 +183,9 @@ class FixedLagEstimator:
         self.gate.reset()
         self.seeder.pending_q = None
         self._reseed = None        # requested re-seed at the last estimate: (solved q, readings, efforts, same branch)
-        self._parameters_reset = False   # `reset_parameters` asked for a re-seed that forgets what θ learnt
+        # `reset_parameters` / a thaw asked for a re-seed whose θ prior is the belief, not what the window holds
+        self._parameters_reset = False
+        self._parameters_message = ""
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._retry = None
         self._failures = 0
@@ -301,8 +303,12 @@ class FixedLagEstimator:
             if self.window is not None:
                 ident.carry(self.window, self.stepper.k, self.layout)
             ident.freeze(ident.mean if self.last is None or self.last.parameters is None else self.last.parameters)
-        elif not frozen:
+        elif not frozen and ident.frozen:
+            # the window's steps hold θ tight: the next step re-seeds it at the last estimate, θ under the σ it had
+            # when frozen (else the pinned steps, marginalized, would keep it frozen)
             ident.thaw()
+            self._parameters_reset = self.window is not None and self.last is not None
+            self._parameters_message = "identified parameters thawed"
         return True
 
     def reset_parameters(self) -> bool:
@@ -313,6 +319,7 @@ class FixedLagEstimator:
             return False
         ident.reset()
         self._parameters_reset = self.window is not None and self.last is not None
+        self._parameters_message = "identified parameters reset to their priors"
         return True
 
     def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
@@ -445,7 +452,7 @@ class FixedLagEstimator:
             est.status, est.message = "ok", "time did not advance: previous estimate"
             return est
         if self._parameters_reset:
-            return self._reseed_and_advance(t, efforts, obs, "ok", "identified parameters reset to their priors")
+            return self._reseed_and_advance(t, efforts, obs, "ok", self._parameters_message)
         if self.estimates.switch_pending:
             old = self.independent_coordinates
             est = self._reseed_and_advance(t, efforts, obs, "ok", "")

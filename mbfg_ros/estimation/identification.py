@@ -24,6 +24,7 @@ from mbfg_ros.model.mechanism import Mechanism
 __all__ = ["Identification", "identification"]
 
 FROZEN_SIGMA_RATIO = 1e-9      # a frozen parameter's per-step prior σ, relative to its prior σ
+CONSTANT_SIGMA_RATIO = 1e-5    # `hold_constant`: the random walk's σ over one second, relative to the prior σ
 SIGMA_FLOOR_RATIO = 1e-6       # the smallest σ carried into a new window, relative to the prior σ
 
 
@@ -40,6 +41,7 @@ class Identification:
         self.frozen = False
         self._pin: Optional[F.Factor] = None
         self._walks: Dict[float, F.Factor] = {}
+        self._density: Optional[np.ndarray] = None
         self.generation = 0          # bumped whenever the per-step units change (the step models' caches)
 
     # -- the units -------------------------------------------------------------------------------
@@ -48,8 +50,19 @@ class Identification:
         if walk is None:
             if len(self._walks) > 16:
                 self._walks.clear()
-            walk = self._walks[h] = F.RandomWalk("theta", self.size, h, self.parameters.density)
+            walk = self._walks[h] = F.RandomWalk("theta", self.size, h, self.density)
         return walk
+
+    @property
+    def density(self) -> np.ndarray:
+        return self.parameters.density if self._density is None else self._density
+
+    def hold_constant(self):
+        """Constant parameters from the next step on (a random walk of density (1e-9 σ_prior)²/s): what the
+        offline identification (`mbfg identify`) estimates.  Call before the first step (the transition units built
+        so far keep their density)."""
+        self._density = (CONSTANT_SIGMA_RATIO * self.parameters.prior_sigma) ** 2
+        self._walks.clear()
 
     def step_units(self) -> list:
         """The units of every step: a frozen θ's tight prior, else none."""
