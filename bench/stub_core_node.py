@@ -76,6 +76,17 @@ class StubCore:
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
 
+    parameter_names = ()                # nothing identified: no ~/parameters, its services answer so
+
+    def parameters(self):
+        return None
+
+    def freeze_parameters(self, frozen):
+        return False
+
+    def reset_parameters(self):
+        return False
+
     def step(self, t, efforts=None, observations=None) -> Estimate:
         t0 = time.perf_counter()
         _burn(self.step_cost)

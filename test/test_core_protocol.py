@@ -1,6 +1,6 @@
 """The estimation core the node is given satisfies `mbfg_ros.ros.core.EstimatorCore`: every call the node
 makes exists on `FixedLagEstimator` with the parameters the node passes (by name where it passes them
-by name), so a change of the core's API shows here rather than in a running node."""
+by name), and the attribute it reads too, so a change of the core's API shows here rather than in a running node."""
 
 import inspect
 
@@ -16,7 +16,15 @@ CALLS = [name for name, member in vars(EstimatorCore).items()
 def test_the_protocol_lists_the_node_calls():
     assert sorted(CALLS) == sorted(["step", "prepare_next_step", "reinitialize", "apply_reinitialization",
                                     "add_late_observations", "correct_commands", "reset",
-                                    "joint_covariance", "fitted_densities", "fitted_sensor_sigmas", "numerics"])
+                                    "joint_covariance", "fitted_densities", "fitted_sensor_sigmas", "numerics",
+                                    "parameters", "freeze_parameters", "reset_parameters"])
+
+
+def test_the_attributes_the_node_reads_are_properties_of_the_core():
+    attributes = [name for name, member in vars(EstimatorCore).items() if isinstance(member, property)]
+    assert attributes == ["parameter_names"]
+    for name in attributes:
+        assert isinstance(inspect.getattr_static(FixedLagEstimator, name), property), name
 
 
 @pytest.mark.parametrize("name", CALLS)
