@@ -142,6 +142,13 @@ def test_bad_identify_values_are_refused_and_the_node_keeps_running(node, mech, 
             assert not result.successful and reason in result.reason, (name, value, result.reason)
             assert "\n" not in result.reason
         assert probe.get_params(["identify", "mode"]) == [NAMES, "fused"]
+        assert not probe.set_params({"parameters_period": 1.0})[0].successful          # read-only
+        from rcl_interfaces.srv import DescribeParameters
+        res, _ = probe.call(DescribeParameters, f"{probe.ns}/describe_parameters",
+                            DescribeParameters.Request(names=["identify", "parameters_period"]))
+        identify, period = res.descriptors
+        assert "JOINT.PARAMETER" in identify.additional_constraints and "crank" in identify.additional_constraints
+        assert identify.description and not identify.read_only and period.read_only
         t = time.time_ns()
         assert wait_until(lambda: "parameter.crank.gain" in (probe.latest_diag(t) or {}), 10, 0.05)
         assert probe.latest_diag(t)["state"] == "running"
