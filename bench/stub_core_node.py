@@ -73,6 +73,9 @@ class StubCore:
     def fitted_sensor_sigmas(self):
         return None
 
+    def numerics(self):
+        return {}                       # no model of its own: the diagnostics report the kernel's state
+
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
 

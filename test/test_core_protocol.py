@@ -2,7 +2,9 @@
 makes exists on `FixedLagEstimator` with the parameters the node passes (by name where it passes them
 by name), and the attribute it reads too, so a change of the core's API shows here rather than in a running node."""
 
+import importlib.util
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,17 @@ def test_fixed_lag_estimator_has_each_call(name):
     extra = list(got.parameters.values())[len(wanted.parameters):]
     assert all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                for p in extra), (name, got)
+
+
+def test_the_bench_stand_in_core_has_every_call_and_attribute():
+    """bench/stub_core_node.py's StubCore stands in for the core in a running node: a call it lacks would fail
+    there (in the diagnostics, a service), not here, without this check."""
+    pytest.importorskip("rclpy")
+    path = Path(__file__).resolve().parents[1] / "bench" / "stub_core_node.py"
+    spec = importlib.util.spec_from_file_location("stub_core_node", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    members = [name for name, member in vars(EstimatorCore).items()
+               if not name.startswith("_") and (callable(member) or isinstance(member, property))]
+    assert [name for name in members if not hasattr(module.StubCore, name)] == []
+    assert module.StubCore.parameter_names == ()
