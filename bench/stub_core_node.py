@@ -73,8 +73,22 @@ class StubCore:
     def fitted_sensor_sigmas(self):
         return None
 
+    def numerics(self):
+        return {}                       # no model of its own: the diagnostics report the kernel's state
+
     def joint_covariance(self, coordinates):
         return None                     # no covariance: ~/joint_states_covariance stays silent
+
+    parameter_names = ()                # nothing identified: no ~/parameters, its services answer so
+
+    def parameters(self):
+        return None
+
+    def freeze_parameters(self, frozen):
+        return False
+
+    def reset_parameters(self):
+        return False
 
     def step(self, t, efforts=None, observations=None) -> Estimate:
         t0 = time.perf_counter()

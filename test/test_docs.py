@@ -142,14 +142,16 @@ def test_every_plant_parameter_is_documented_with_its_run_time_column():
 @needs_rclpy
 def test_every_diagnostics_key_is_documented():
     """The key/values of the node's /diagnostics status after a first estimate (estimation mode, so the online
-    effort density is reported too) are all in the diagnostics table (input.* and rejected.* by their rows)."""
+    effort density is reported too, and an identified parameter) are all in the diagnostics table (input.*,
+    rejected.* and parameter.* by their rows)."""
     import rclpy
     from rclpy.context import Context
     from rclpy.serialization import serialize_message
     from mbfg_ros.ros import node as N
     ctx = Context()
     rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "publish_markers:=false",
-                     "-p", "mode:=estimation"], context=ctx, domain_id=fresh_domain_id())
+                     "-p", "mode:=estimation", "-p", "identify:=[crank.viscous_friction]"], context=ctx,
+               domain_id=fresh_domain_id())
     node = N.EstimatorNode(context=ctx)
     try:
         node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
@@ -164,7 +166,7 @@ def test_every_diagnostics_key_is_documented():
     stream_row = next(r for r in rows if any(s.startswith("input.") for s in code_spans(r["key"])))
     stream_suffixes = {s.lstrip(".").split(".")[-1] for s in code_spans(stream_row["key"])}
     kinds = {k for r in table_rows(section(INTERFACES, "Bad-input handling"), "kind") for k in code_spans(r["kind"])}
-    assert "kernel" in keys and "effort_density" in keys
+    assert "kernel" in keys and "effort_density" in keys and "parameter.crank.viscous_friction" in keys
     for key in keys:
         if key.startswith("input."):
             stream, suffix = key.split(".")[1], key.split(".")[-1]
@@ -173,6 +175,8 @@ def test_every_diagnostics_key_is_documented():
             assert key[len("rejected."):] in kinds, key
         elif key.startswith("sensor_sigma."):
             assert "sensor_sigma.<encoder>" in documented, key
+        elif key.startswith("parameter."):
+            assert "parameter.<name>" in documented, key
         else:
             assert key in documented, f"diagnostics key '{key}' is not in docs/ros2_interfaces.md"
 

@@ -3,8 +3,9 @@
 `mbfg_ros.estimation.estimator.FixedLagEstimator` is the core; a stand-in (bench/stub_core_node.py)
 satisfies the same protocol.  The node builds its core with a `CoreFactory` called as
 `factory(mech, config)`, at start-up and whenever it must rebuild it (changed noise sigmas or mode, a
-failed reset).  The node reads no attribute of the core: everything it publishes comes in the
-`Estimate` that `step` returns.
+failed reset).  The node reads one attribute of the core, `parameter_names`; what it publishes at every
+step comes in the `Estimate` that `step` returns, the rest (diagnostics, ~/parameters) from the calls below at
+their own, lower rates.
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ class EstimatorCore(Protocol):
     def joint_covariance(self, coordinates: Sequence[int]) -> Optional[np.ndarray]:
         """The newest estimate's covariance of [angles, rates, efforts] of the coordinate columns (3m × 3m), or
         None before the first estimate (used only with publish_covariance)."""
+
+    @property
+    def parameter_names(self) -> Tuple[str, ...]:
+        """The identified actuator parameters (``joint.parameter``); () when nothing is identified."""
+
+    def parameters(self) -> Optional[Dict[str, object]]:
+        """The identified parameters now: {'names', 'values', 'std' (1σ), 'prior_std', 'excitation'
+        (1 − σ/σ_prior in [0, 1]), 'frozen'}, or None when nothing is identified.  Computes a marginal of the
+        window: the node asks at ~/parameters' and the diagnostics' rates, never at every step."""
+
+    def freeze_parameters(self, frozen: bool) -> bool:
+        """Hold the identified parameters at their newest values (`frozen`) or let them learn again; False when
+        nothing is identified."""
+
+    def reset_parameters(self) -> bool:
+        """The identified parameters back to their priors (and learning); False when nothing is identified."""
 
 
 CoreFactory = Callable[[Mechanism, EstimatorConfig], EstimatorCore]

@@ -79,6 +79,18 @@ def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
     return ", ".join(f"{model}: {form}" for model, form in numerics.items())
 
 
+def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
+    """The diagnostics of the identified parameters (`EstimatorCore.parameters`): `parameter.<name>` =
+    "<value> ± <σ> (excitation <e>)" each, and `identification` = learning | frozen; {} when nothing is identified."""
+    if not parameters:
+        return {}
+    kv = {f"parameter.{name}": f"{value:.6g} ± {std:.3g} (excitation {excitation:.2f})"
+          for name, value, std, excitation in zip(parameters["names"], parameters["values"], parameters["std"],
+                                                  parameters["excitation"])}
+    kv["identification"] = "frozen" if parameters["frozen"] else "learning"
+    return kv
+
+
 def branch_text(mech: Mechanism, mode) -> str:
     names = mech.assembly_mode_names
     if not names:
@@ -132,9 +144,10 @@ class Diagnostics:
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
                  fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
                  fitted_sensor_sigmas: Optional[Dict[str, float]] = None,
-                 numerics: Optional[Dict[str, str]] = None):
+                 numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
-        node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`)."""
+        node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`);
+        `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`)."""
         ps = self.period_stats
         self.period_stats = new_period_stats()
         dt = config.dt
@@ -162,6 +175,7 @@ class Diagnostics:
             kv[name] = density                               # the online fit's value now
         for name, sigma in (fitted_sensor_sigmas or {}).items():
             kv[f"sensor_sigma.{name}"] = sigma               # the online fit's σ of each encoder now
+        kv.update(parameter_texts(parameters))
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt
         kv["budget_ms"] = dt * 1e3

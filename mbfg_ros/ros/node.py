@@ -155,12 +155,17 @@ class EstimatorNode(Node):
         ctl = MutuallyExclusiveCallbackGroup()
         srv_group = hot if self._fast else ctl
         services = [(Trigger, "~/reinitialize", self._srv_reinitialize), (Trigger, "~/reset", self._srv_reset),
-                    (SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode)]
+                    (SetBool, "~/set_assembly_mode", self._srv_set_assembly_mode),
+                    (SetBool, "~/freeze_parameters", self._srv_freeze_parameters),
+                    (Trigger, "~/reset_parameters", self._srv_reset_parameters)]
         services = [(self.create_service(t, name, self._locked(handler), qos_profile=SERVICE_QOS,
                                          callback_group=srv_group), handler)
                     for t, name, handler in services]
         self.diag_timer = self.create_timer(self.settings.diagnostics_period, self._on_diagnostics_timer,
                                             callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
+        # ~/parameters: on the executor, never in the fast loop (each asks the core for a marginal of the window)
+        self.parameters_timer = self.create_timer(self.settings.parameters_period, self._publish_parameters,
+                                                  callback_group=ctl, clock=Clock(clock_type=ClockType.STEADY_TIME))
         if self._fast:
             self._loop = fastloop.FastLoop(self, subs, [(self.step_timer, self.on_step_timer)],
                                            after_batch=self.after_batch, lock=self._lock,
@@ -560,6 +565,66 @@ class EstimatorNode(Node):
                 self._branch_applied = None
         return response
 
+    def _no_identification(self) -> str:
+        """Why a parameter service cannot act, and how to turn identification on."""
+        if not self.mech.actuator_names:
+            return f"nothing is identified: {self.mech.name} has no actuators, so no actuator parameter to identify"
+        example = f"{self.mech.actuator_names[0]}.viscous_friction"
+        return (f"nothing is identified: set the 'identify' parameter (e.g. ['{example}']; estimation or fused "
+                f"mode) or give the mechanism file an identify: section")
+
+    def _srv_freeze_parameters(self, request, response):
+        frozen = bool(request.data)
+        try:
+            done = self.core.freeze_parameters(frozen)
+        except Exception as e:
+            response.success = False
+            response.message = f"{'freezing' if frozen else 'thawing'} failed: {type(e).__name__}: {shown(e)}"
+            self.get_logger().warning(response.message)
+            return response
+        response.success = bool(done)
+        if not done:
+            response.message = self._no_identification()
+            return response
+        names = ", ".join(self.core.parameter_names)
+        response.message = (f"frozen at their newest values: {names}" if frozen
+                            else f"learning again from their newest values: {names}")
+        self.get_logger().info(response.message)
+        return response
+
+    def _srv_reset_parameters(self, request, response):
+        try:
+            done = self.core.reset_parameters()
+        except Exception as e:
+            response.success = False
+            response.message = f"resetting the parameters failed: {type(e).__name__}: {shown(e)}"
+            self.get_logger().warning(response.message)
+            return response
+        response.success = bool(done)
+        if not done:
+            response.message = self._no_identification()
+            return response
+        response.message = (f"back to their priors, learning: {', '.join(self.core.parameter_names)} (the window is "
+                            "re-seeded at the next step)")
+        self.get_logger().info(response.message)
+        return response
+
+    def _publish_parameters(self):
+        """~/parameters from the current core (a rebuild replaces it), stamped with the newest estimate's time;
+        nothing without identification, before the first estimate or while nobody subscribes (the marginal would
+        be computed for nobody)."""
+        with self._lock:
+            if not self.core.parameter_names or self.last_k is None or not self.outputs.parameters_listened():
+                return
+            t_k = self.sched.t_of(self.last_k)
+            try:
+                parameters = self.core.parameters()
+            except Exception as e:       # a failing marginal must not stop the executor (diagnostics, parameters)
+                self.diag.warn_kind("parameters_failed", f"~/parameters not published: {type(e).__name__}: {shown(e)}")
+                return
+        if parameters is not None:
+            self.outputs.publish_parameters(parameters, t_k)
+
     # ------------------------------------------------------------------------- dynamic params
     def _on_set_parameters(self, params) -> SetParametersResult:
         with self._lock:
@@ -602,6 +667,14 @@ class EstimatorNode(Node):
         now, status = self.diagnostic_status()
         self.outputs.publish_diagnostics(max(now, 0), [status])
 
+    def _parameters_for_diagnostics(self):
+        try:
+            return self.core.parameters()
+        except Exception as e:       # the rest of the report still goes out
+            self.diag.warn_kind("parameters_failed", f"identified parameters not reported: {type(e).__name__}: "
+                                                     f"{shown(e)}")
+            return None
+
     def diagnostic_status(self):
         """(node time, (level, name, message, hardware id, key/values)) of a report; starts a new period."""
         with self._lock:
@@ -610,7 +683,8 @@ class EstimatorNode(Node):
             snapshot = self.diag.snapshot(now, self.state, self.config, self.last_estimate, t_k,
                                           self.assembly_mode, self.sched, self.settings,
                                           self.core.fitted_densities(), self._on_sim_time(),
-                                          self.core.fitted_sensor_sigmas(), self.core.numerics())
+                                          self.core.fitted_sensor_sigmas(), self.core.numerics(),
+                                          self._parameters_for_diagnostics())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 

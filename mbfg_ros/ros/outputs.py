@@ -1,6 +1,6 @@
 """The estimator node's outputs: ~/joint_states, ~/state, ~/markers, ~/disturbance (fused mode) (each
 estimate, written into serialized templates), optionally ~/joint_states_stddev and ~/joint_states_covariance,
-and /diagnostics."""
+~/parameters (the identified actuator parameters, at their own period) and /diagnostics."""
 
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ class Outputs:
         # with publish_stddev: the 1σ of ~/joint_states' angle, rate and effort (same names and order)
         self.pub_stddev = (node.create_publisher(JointState, "~/joint_states_stddev", OUTPUT_QOS, **qos_overriding)
                            if settings.publish_stddev else None)
+        # the identified actuator parameters by name (joint.parameter): value, 1σ and excitation in position,
+        # velocity and effort, so that any JointState plotter shows them
+        self.pub_parameters = node.create_publisher(JointState, "~/parameters", OUTPUT_QOS, **qos_overriding)
         self.pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
         self.js_coords, self.js_names, self.js_effort_index = joint_state_layout(mech)
         # with publish_covariance: the full covariance of ~/joint_states' angle, rate and effort, asked of the
@@ -155,6 +158,14 @@ class Outputs:
         if np.any(has):
             eff[has] = np.asarray(efforts, dtype=float)[idx[has]]
         return eff
+
+    def parameters_listened(self) -> bool:
+        return self.pub_parameters.get_subscription_count() > 0
+
+    def publish_parameters(self, parameters: dict, t_k: int):
+        """The identified parameters (`EstimatorCore.parameters`) of the estimate at t_k (ns) on ~/parameters."""
+        self.pub_parameters.publish(rc.joint_state(rc.ns_to_stamp(t_k), parameters["names"], parameters["values"],
+                                                   parameters["std"], parameters["excitation"]))
 
     def publish_diagnostics(self, stamp_ns: int, statuses):
         self.pub_diag.publish(rc.encode_diagnostic_array(stamp_ns, statuses))

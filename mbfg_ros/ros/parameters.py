@@ -13,8 +13,10 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
-from mbfg_ros.estimation.efforts import parse_actuator_efforts
-from mbfg_ros.model.spec import EFFORT_KINDS
+from mbfg_ros.estimation.efforts import effort_model, parse_actuator_efforts
+from mbfg_ros.estimation.identification import identification
+from mbfg_ros.model.identified import parse_identify
+from mbfg_ros.model.spec import EFFORT_KINDS, IDENTIFIABLE
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
@@ -34,8 +36,10 @@ DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_
 MAX_NAME = 256
 MAX_PATH = 4096
 STRING_LIMITS = {"mechanism": MAX_PATH, "frame_id": MAX_NAME, "mode": MAX_NAME, "formulation": MAX_NAME,
-                 "integrator": MAX_NAME, "independent": MAX_NAME, "actuator_efforts": MAX_NAME}
+                 "integrator": MAX_NAME, "independent": MAX_NAME, "actuator_efforts": MAX_NAME,
+                 "identify": MAX_NAME}
 MIN_INPUT_AGE = 0.01     # [s] a loaded machine delivers inputs several ms after their stamps
+IDENTIFY_NONE = "none"   # the `identify` entry that turns off the mechanism file's identify: section
 
 
 class ConfigError(ValueError):
@@ -51,6 +55,42 @@ def string_problem(name: str, value) -> Optional[str]:
         if len(text) > limit:
             return (f"parameter '{name}' is {len(text)} characters long ('{shown(text, 40)}'); "
                     f"at most {limit}")
+    return None
+
+
+def parse_identify_parameter(value, mech: Mechanism):
+    """The core's `EstimatorConfig.identify` from the `identify` parameter: unset or empty → None (the mechanism
+    file's identify: section), ['none'] → () (nothing), else the entries.  ValueError naming what is wrong."""
+    entries = [str(e).strip() for e in (value or ())]
+    if not entries:
+        return None
+    if IDENTIFY_NONE in entries:
+        if len(entries) > 1:
+            raise ValueError(f"parameter 'identify': '{IDENTIFY_NONE}' must be its only entry (got {len(entries)} "
+                             "entries)")
+        return ()
+    try:
+        parse_identify(entries, mech)
+    except ValueError as e:
+        text = str(e)
+        text = text[len("identify: "):] if text.startswith("identify: ") else text
+        raise ValueError(shown(f"parameter 'identify': {text}", MAX_LINE)) from None
+    return tuple(entries)
+
+
+def identification_problem(mech: Mechanism, config: EstimatorConfig) -> Optional[str]:
+    """Why the core of `config` could not identify what it is asked to (None: it can, or nothing is asked): the
+    core would refuse to be built, so the node refuses the parameters instead and keeps running."""
+    try:
+        sigmas = {**default_sigmas(mech.spec), **dict(config.sigmas)}
+        efforts = effort_model(config.mode, mech, sigmas, rates=config.integrator == "hermite",
+                               overrides=config.actuator_efforts)
+        identification(mech, config.identify, config.mode, config.formulation, config.integrator, efforts)
+    except ValueError as e:
+        source = ("the mechanism file's identify: section (parameter 'identify' unset)" if config.identify is None
+                  else "parameter 'identify'")
+        return shown(f"{source}: {e}; set identify to ['{IDENTIFY_NONE}'] to estimate without identification",
+                     MAX_LINE)
     return None
 
 
@@ -91,6 +131,7 @@ class Settings:
     thread_priority: int = 0              # read-only: SCHED_FIFO priority of the fast loop's thread (0: normal)
     publish_stddev: bool = False          # read-only: ~/joint_states_stddev (the core computes the marginal)
     publish_covariance: bool = False      # read-only: ~/joint_states_covariance (the core's joint_covariance)
+    parameters_period: float = 0.1        # read-only: period of ~/parameters [s] (wall clock)
 
 
 @dataclass
@@ -144,6 +185,14 @@ def declare_parameters(node) -> StartupParameters:
                     "else as the mode says. Changing it restarts the estimator",
         additional_constraints=f"entries NAME=KIND, NAME an actuator joint ({', '.join(mech.actuator_names) or 'none'})"
                                f", KIND one of {', '.join(EFFORT_KINDS)}")).value or []
+    identify = d("identify", Parameter.Type.STRING_ARRAY, PD(
+        description="Actuator parameters identified online (estimation and fused modes), published on "
+                    "~/parameters: entries JOINT.PARAMETER[=SIGMA]; empty/unset = the mechanism file's identify: "
+                    f"section; ['{IDENTIFY_NONE}'] = none. Changing it restarts the estimator",
+        additional_constraints=f"entries JOINT.PARAMETER[=SIGMA], JOINT an actuator joint "
+                               f"({', '.join(mech.actuator_names) or 'none'}), PARAMETER one of "
+                               f"{', '.join(IDENTIFIABLE)}, SIGMA > 0 (the prior's 1σ); or the single entry "
+                               f"'{IDENTIFY_NONE}'; at most {MAX_NAME} characters each")).value or []
     formulation = d("formulation", "dependent", PD(
         description="dependent | independent coordinates", read_only=True,
         additional_constraints="one of: " + ", ".join(FORMULATIONS))).value
@@ -250,10 +299,13 @@ def declare_parameters(node) -> StartupParameters:
                     "angle, rate and effort of ~/joint_states' joints, row-major, labelled in its layout; costs "
                     "a marginal of the newest state a step, ~0.06 ms on the crank four-bar)",
         read_only=True)).value
+    parameters_period = d("parameters_period", 0.1, PD(
+        description="Period of ~/parameters [s] (wall clock; each costs the hot path a marginal of the window)",
+        read_only=True, floating_point_range=_float_range(1e-3, 3600.0))).value
 
     for name, value in (("frame_id", frame_id), ("mode", mode), ("formulation", formulation),
                         ("integrator", integrator), ("independent", independent),
-                        ("actuator_efforts", actuator_efforts)):
+                        ("actuator_efforts", actuator_efforts), ("identify", identify)):
         problem = string_problem(name, value)
         if problem:
             raise ConfigError(problem)
@@ -261,6 +313,10 @@ def declare_parameters(node) -> StartupParameters:
         efforts = parse_actuator_efforts(actuator_efforts, mech)
     except ValueError as e:
         raise ConfigError(shown(f"parameter 'actuator_efforts': {e}", MAX_LINE)) from None
+    try:
+        identify = parse_identify_parameter(identify, mech)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     for name, value in (("max_input_age", max_input_age), ("sensor_timeout", sensor_timeout)):
         problem = stopping_problem(name, value, dt, window)
         if problem:
@@ -275,10 +331,14 @@ def declare_parameters(node) -> StartupParameters:
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                compute_covariance=bool(publish_stddev),
-                               adapt_densities=bool(adapt_densities), actuator_efforts=efforts)
+                               adapt_densities=bool(adapt_densities), actuator_efforts=efforts,
+                               identify=identify)
         config = base.validated()
     except ValueError as e:
         raise ConfigError(shown(f"bad estimator parameters: {name_params(str(e))}", MAX_LINE)) from None
+    problem = identification_problem(mech, config)
+    if problem:
+        raise ConfigError(problem)
     problem = check_assembly_mode(mech, am)
     if problem:
         raise ConfigError(f"parameter 'assembly_mode': {problem}")
@@ -292,7 +352,8 @@ def declare_parameters(node) -> StartupParameters:
                         diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
                         max_backlog=max_backlog, fast_loop=fast_loop, thread_priority=int(thread_priority),
                         publish_stddev=bool(publish_stddev),
-                        publish_covariance=bool(publish_covariance))
+                        publish_covariance=bool(publish_covariance),
+                        parameters_period=float(parameters_period))
     return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
 
 
@@ -334,7 +395,8 @@ def no_single_indicator(mech: Mechanism) -> Optional[str]:
 class ParameterChange:
     """A validated set of parameter changes, not applied yet."""
     config: EstimatorConfig       # the estimator configuration with the new mode and sigmas
-    rebuild: Tuple[str, ...]      # the changed parameters that need a new core (mode, sigmas, actuator_efforts), sorted
+    rebuild: Tuple[str, ...]      # the changed parameters that need a new core (mode, sigmas, actuator_efforts,
+                                  # identify), sorted
 
 
 def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorConfig):
@@ -359,6 +421,11 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 rebuild[name] = parse_actuator_efforts(value, mech)
             except ValueError as e:
                 return shown(f"parameter 'actuator_efforts': {e}", MAX_LINE)
+        elif name == "identify":
+            try:
+                rebuild[name] = parse_identify_parameter(value, mech)
+            except ValueError as e:
+                return str(e)
         elif name.startswith("sigmas.") or name.startswith("sensor_sigmas."):
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
@@ -376,9 +443,15 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 ssig[name[len("sensor_sigmas."):]] = value
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
-                             actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts)).validated()
+                             actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
+                             identify=rebuild["identify"] if "identify" in rebuild else config.identify).validated()
         except ValueError as e:
             return name_params(str(e))
+        # a mode or effort kind under which the identified parameters cannot be estimated is refused here: the
+        # core would not be built
+        problem = identification_problem(mech, config)
+        if problem:
+            return problem
     return ParameterChange(config, tuple(sorted(rebuild)))
 
 
