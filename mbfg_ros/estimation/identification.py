@@ -24,7 +24,7 @@ from mbfg_ros.model.mechanism import Mechanism
 __all__ = ["Identification", "identification"]
 
 FROZEN_SIGMA_RATIO = 1e-9      # a frozen parameter's per-step prior σ, relative to its prior σ
-CONSTANT_SIGMA_RATIO = 1e-5    # `hold_constant`: the random walk's σ over one second, relative to the prior σ
+CONSTANT_SIGMA_RATIO = 1e-6    # `hold_constant`: the random walk's σ over one second, relative to the prior σ
 SIGMA_FLOOR_RATIO = 1e-6       # the smallest σ carried into a new window, relative to the prior σ
 
 
@@ -58,7 +58,7 @@ class Identification:
         return self.parameters.density if self._density is None else self._density
 
     def hold_constant(self):
-        """Constant parameters from the next step on (a random walk of density (1e-9 σ_prior)²/s): what the
+        """Constant parameters from the next step on (a random walk of density (CONSTANT_SIGMA_RATIO σ_prior)²/s): what the
         offline identification (`mbfg identify`) estimates.  Call before the first step (the transition units built
         so far keep their density)."""
         self._density = (CONSTANT_SIGMA_RATIO * self.parameters.prior_sigma) ** 2

@@ -992,53 +992,6 @@ eval_velocity(UNIT_EVAL_ARGS)
     return 0;
 }
 
-/* q̈(q, q̇; Q) − a                         slots q, v, a; param Q (n)
- * q̈(q, q̇; Q_known + E τ) − a             slots q, v, a, tau; param Q_known (n); ints: the actuated coordinates */
-static int
-eval_dynamics(UNIT_EVAL_ARGS)
-{
-    MechanismKernel *k = s->mk;
-    int n = k->n;
-    const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
-    Buf bq = {0};
-    double *Qp, dummy;
-    if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
-        release(&bq);
-        return -1;
-    }
-    memcpy(s->Q, Qp, n * sizeof(double));
-    release(&bq);
-    const int *act = u->ints;
-    int na = u->nints, efforts = u->nslots == 4;
-    if (efforts) {
-        const double *tau = slot_block(u, 3, xp, xc);
-        for (int t = 0; t < na; t++)
-            s->Q[act[t]] += tau[t];
-    }
-    int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
-                   : mk_acceleration(k, q, v, s->Q, s->a);
-    if (fail)
-        return 1;
-    *dyn = 1;
-    for (int i = 0; i < n; i++)
-        e[i] = s->a[i] - acc[i];
-    if (jac)
-        for (int i = 0; i < n; i++) {
-            double *rq = JROW(0, i), *rv = JROW(1, i), *ra = JROW(2, i);
-            for (int j = 0; j < n; j++) {
-                rq[j] += s->da_dq[(size_t)i * n + j];
-                rv[j] += s->da_dv[(size_t)i * n + j];
-            }
-            ra[i] += -1.0;
-            if (efforts) {
-                double *rt = JROW(3, i);
-                for (int t = 0; t < na; t++)
-                    rt[t] += s->da_dQ[(size_t)i * n + act[t]];
-            }
-        }
-    return 0;
-}
-
 /* an identified parameter's force per unit of θ − θ₀ on its coordinate (y) and ∂(force)/∂q̇ of its coordinate per
  * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kinds: 0 gain, 1 viscous friction, 2 Coulomb friction; c: its
  * doubles θ₀, v_s, v_d) */
@@ -1059,16 +1012,21 @@ identified_regressor(int kind, double rate, double command, const double *c, dou
     }
 }
 
-/* q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ    slots q, v, a, tau, theta;
- * params Q_known (n), u (the commands, actuator order); ints: na, the actuated coordinates of τ (na), then per
- * parameter its kind, coordinate and actuator; doubles: per parameter θ₀, v_s, v_d (the Coulomb gate's rate) */
+/* The dynamics units, by their slots:
+ * q̈(q, q̇; Q) − a                          slots q, v, a; param Q (n)                          (forward_dynamics)
+ * q̈(q, q̇; Q_known + E τ) − a              slots q, v, a, tau; param Q_known (n); ints: the actuated
+ *                                          coordinates of τ                                     (inverse_dynamics)
+ * q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ
+ *                                          slots q, v, a, tau, theta; params Q_known (n), u (the commands,
+ *                                          actuator order); ints: na, the actuated coordinates of τ (na), then per
+ *                                          parameter its kind, coordinate and actuator; doubles: per parameter θ₀,
+ *                                          v_s, v_d                                             (identified_dynamics) */
 static int
-eval_identified_dynamics(UNIT_EVAL_ARGS)
+eval_dynamics(UNIT_EVAL_ARGS)
 {
     MechanismKernel *k = s->mk;
     int n = k->n;
     const double *q = slot_block(u, 0, xp, xc), *v = slot_block(u, 1, xp, xc), *acc = slot_block(u, 2, xp, xc);
-    const double *tau = slot_block(u, 3, xp, xc), *th = slot_block(u, 4, xp, xc);
     Buf bq = {0}, bu = {0};
     double *Qp, dummy;
     if (unit_param(params, u, &dummy, &bq, &Qp, n) < 0) {
@@ -1077,30 +1035,36 @@ eval_identified_dynamics(UNIT_EVAL_ARGS)
     }
     memcpy(s->Q, Qp, n * sizeof(double));
     release(&bq);
-    PyObject *t = PyList_GET_ITEM(params, u->param);
-    if (PyTuple_GET_SIZE(t) < 2) {
-        PyErr_SetString(PyExc_ValueError, "StepKernel: an identified_dynamics unit's commands are missing");
-        return -1;
-    }
-    const double *cmd = get_doubles(PyTuple_GET_ITEM(t, 1), &bu, -1, 0, "commands");
-    if (!cmd) {
-        release(&bu);
-        return -1;
-    }
-    Py_ssize_t ncmd = bu.view.len / 8;
-    int na = u->ints[0], np_ = u->width[4];
-    const int *act = u->ints + 1, *par = u->ints + 1 + na;
-    for (int t2 = 0; t2 < na; t2++)
-        s->Q[act[t2]] += tau[t2];
-    for (int j = 0; j < np_; j++) {
-        int kind = par[3 * j], c = par[3 * j + 1], a = par[3 * j + 2];
-        if (kind == 0 && a >= ncmd) {
-            release(&bu);
-            PyErr_SetString(PyExc_ValueError, "StepKernel: an identified gain's actuator has no command");
+    int efforts = u->nslots >= 4, identified = u->nslots == 5;
+    int na = identified ? u->ints[0] : u->nints, np_ = identified ? u->width[4] : 0;
+    const int *act = u->ints + identified, *par = act + na;
+    const double *th = identified ? slot_block(u, 4, xp, xc) : NULL, *cmd = NULL;
+    if (identified) {
+        PyObject *t = PyList_GET_ITEM(params, u->param);
+        if (PyTuple_GET_SIZE(t) < 2) {
+            PyErr_SetString(PyExc_ValueError, "StepKernel: an identified_dynamics unit's commands are missing");
             return -1;
         }
+        if (!(cmd = get_doubles(PyTuple_GET_ITEM(t, 1), &bu, -1, 0, "commands"))) {
+            release(&bu);
+            return -1;
+        }
+        for (int j = 0; j < np_; j++)
+            if (par[3 * j] == 0 && par[3 * j + 2] >= bu.view.len / 8) {
+                release(&bu);
+                PyErr_SetString(PyExc_ValueError, "StepKernel: an identified gain's actuator has no command");
+                return -1;
+            }
+    }
+    if (efforts) {
+        const double *tau = slot_block(u, 3, xp, xc);
+        for (int t = 0; t < na; t++)
+            s->Q[act[t]] += tau[t];
+    }
+    for (int j = 0; j < np_; j++) {
+        int kind = par[3 * j], c = par[3 * j + 1];
         double y, dy;
-        identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles + 3 * j, &y, &dy);
+        identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j, &y, &dy);
         s->Q[c] += y * (th[j] - u->doubles[3 * j]);
     }
     int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
@@ -1115,20 +1079,27 @@ eval_identified_dynamics(UNIT_EVAL_ARGS)
     if (jac)
         for (int i = 0; i < n; i++) {
             const double *dQ = s->da_dQ + (size_t)i * n;
-            double *rq = JROW(0, i), *rv = JROW(1, i), *rt = JROW(3, i), *rth = JROW(4, i);
+            double *rq = JROW(0, i), *rv = JROW(1, i);
             for (int j = 0; j < n; j++) {
                 rq[j] += s->da_dq[(size_t)i * n + j];
                 rv[j] += s->da_dv[(size_t)i * n + j];
             }
             JROW(2, i)[i] += -1.0;
-            for (int t2 = 0; t2 < na; t2++)
-                rt[t2] += dQ[act[t2]];
-            for (int j = 0; j < np_; j++) {
-                int kind = par[3 * j], c = par[3 * j + 1], a = par[3 * j + 2];
-                double y, dy;
-                identified_regressor(kind, v[c], kind == 0 ? cmd[a] : 0.0, u->doubles + 3 * j, &y, &dy);
-                rv[c] += dQ[c] * dy * (th[j] - u->doubles[3 * j]);
-                rth[j] += dQ[c] * y;
+            if (efforts) {
+                double *rt = JROW(3, i);
+                for (int t = 0; t < na; t++)
+                    rt[t] += dQ[act[t]];
+            }
+            if (identified) {
+                double *rth = JROW(4, i);
+                for (int j = 0; j < np_; j++) {
+                    int kind = par[3 * j], c = par[3 * j + 1];
+                    double y, dy;
+                    identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j,
+                                         &y, &dy);
+                    rv[c] += dQ[c] * dy * (th[j] - u->doubles[3 * j]);
+                    rth[j] += dQ[c] * y;
+                }
             }
         }
     release(&bu);
@@ -1248,7 +1219,7 @@ static const UnitKind unit_kinds[] = {
     {"gyroscope", ROWS_ONE, 2, 4, INDEX_COORDINATE_OR_FIXED, WIDTH_COORDINATES, 4, eval_gyroscope},
     {"prior", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_prior},
     {"identified_dynamics", ROWS_COORDINATES, 5, INDICES_IDENTIFIED, INDEX_IDENTIFIED, WIDTH_ANY,
-     DOUBLES_PER_PARAMETER, eval_identified_dynamics},
+     DOUBLES_PER_PARAMETER, eval_dynamics},
 };
 #define N_UNIT_KINDS ((int)(sizeof(unit_kinds) / sizeof(unit_kinds[0])))
 

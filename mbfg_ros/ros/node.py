@@ -573,41 +573,36 @@ class EstimatorNode(Node):
         return (f"nothing is identified: set the 'identify' parameter (e.g. ['{example}']; estimation or fused "
                 f"mode) or give the mechanism file an identify: section")
 
-    def _srv_freeze_parameters(self, request, response):
-        frozen = bool(request.data)
+    def _parameters_call(self, response, call, failed: str, done_message):
+        """Answer a parameters service: `call()` on the core (False: nothing identified), else `done_message()`."""
         try:
-            done = self.core.freeze_parameters(frozen)
+            done = call()
         except Exception as e:
             response.success = False
-            response.message = f"{'freezing' if frozen else 'thawing'} failed: {type(e).__name__}: {shown(e)}"
+            response.message = f"{failed} failed: {type(e).__name__}: {shown(e)}"
             self.get_logger().warning(response.message)
             return response
         response.success = bool(done)
         if not done:
             response.message = self._no_identification()
             return response
-        names = ", ".join(self.core.parameter_names)
-        response.message = (f"frozen at their newest values: {names}" if frozen
-                            else f"learning again from their newest values: {names}")
+        response.message = done_message()
         self.get_logger().info(response.message)
         return response
 
+    def _srv_freeze_parameters(self, request, response):
+        frozen = bool(request.data)
+        names = lambda: ", ".join(self.core.parameter_names)  # noqa: E731
+        return self._parameters_call(
+            response, lambda: self.core.freeze_parameters(frozen), "freezing" if frozen else "thawing",
+            lambda: (f"frozen at their newest values: {names()}" if frozen
+                     else f"learning again from their newest values: {names()}"))
+
     def _srv_reset_parameters(self, request, response):
-        try:
-            done = self.core.reset_parameters()
-        except Exception as e:
-            response.success = False
-            response.message = f"resetting the parameters failed: {type(e).__name__}: {shown(e)}"
-            self.get_logger().warning(response.message)
-            return response
-        response.success = bool(done)
-        if not done:
-            response.message = self._no_identification()
-            return response
-        response.message = (f"back to their priors, learning: {', '.join(self.core.parameter_names)} (the window is "
-                            "re-seeded at the next step)")
-        self.get_logger().info(response.message)
-        return response
+        return self._parameters_call(
+            response, self.core.reset_parameters, "resetting the parameters",
+            lambda: (f"back to their priors, learning: {', '.join(self.core.parameter_names)} (the window is "
+                     "re-seeded at the next step)"))
 
     def _publish_parameters(self):
         """~/parameters from the current core (a rebuild replaces it), stamped with the newest estimate's time;
