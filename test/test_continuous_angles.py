@@ -315,3 +315,25 @@ def test_with_the_gate_off_a_glitch_is_not_taken_for_a_wrap(crank, plant):
     assert all(e.recovery in ("", "lost_track") for e in out.values())
     assert not any("turn(s) from the predicted" in e.message for e in out.values())
     assert max(abs(out[k].q[4] - readings[k]) for k in range(600) if k != 300) < 1.0
+
+
+def test_a_late_reading_a_whole_turn_off_moves_the_estimate_onto_its_turn(crank, plant):
+    """A starved feed: the estimate runs on the model and the gyroscope alone, on the wrong turn (started from a
+    guess a turn off), and the encoder's readings arrive only late.  Its wrapped residual would accept them on any
+    turn; instead the first one is refused and the next step re-seeds the estimate moved onto its turn
+    (recovery "turn"), and later late readings are fused there."""
+    c = crank.coordinate_index("crank")
+    q0 = plant.q[0].copy()
+    q0[c] += TWO_PI
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=1e-3, mode="estimation"), q0=q0)
+    seen = {}
+    for k in range(200):
+        seen[k] = est.step(float(plant.t[k]), observations={"coupler_gyro": float(plant.readings["coupler_gyro"][k])})
+    assert round((seen[199].q[c] - plant.q[199, c]) / TWO_PI) == 1           # a whole turn off, nothing noticed
+    fused, refused = est.add_late_observations(seen[198].step, {"crank": float(plant.readings["crank"][198])})
+    assert (fused, refused) == ([], ["crank"])
+    e = est.step(float(plant.t[200]), observations={"coupler_gyro": float(plant.readings["coupler_gyro"][200])})
+    assert e.recovery == "turn" and e.status == "recovered" and "1 turn(s) from the estimate" in e.message
+    assert abs(e.q[c] - plant.q[200, c]) < 0.05
+    fused, refused = est.add_late_observations(e.step, {"crank": float(plant.readings["crank"][200])})
+    assert fused == ["crank"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -186,6 +187,7 @@ class FixedLagEstimator:
         # `reset_parameters` / a thaw asked for a re-seed whose θ prior is the belief, not what the window holds
         self._parameters_reset = False
         self._parameters_message = ""
+        self._turn_shift = None    # a late reading whole turns from its step's estimate: `Stepper.late_turns`
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._retry = None
         self._failures = 0
@@ -402,7 +404,11 @@ class FixedLagEstimator:
         window is updated, so the next estimates use them.  Returns (fused, refused) reading names;
         refused: unknown, NaN, outside the innovation gate, or the step no longer (or never) in the
         window."""
-        return self.stepper.add_late(step, observations_in(observations))
+        fused, refused = self.stepper.add_late(step, observations_in(observations))
+        late, self.stepper.late_turns = self.stepper.late_turns, None
+        if late is not None and self.last is not None:
+            self._turn_shift = late         # the next step moves the estimate onto the reading's turn
+        return fused, refused
 
     def correct_commands(self, corrections: Sequence[Tuple[int, object]]) -> List[int]:
         """Commanded efforts that arrived after their step was estimated, while it is still in the window:
@@ -450,6 +456,14 @@ class FixedLagEstimator:
         if gap <= 1e-9 * dt:
             est = copy_estimate(self.last)
             est.status, est.message = "ok", "time did not advance: previous estimate"
+            return est
+        if self._turn_shift is not None:
+            name, value, turns, c = self._turn_shift
+            self._turn_shift = None
+            est = self._reseed_and_advance(t, efforts, obs, "recovered",
+                                           f"{name} read {value:.6g} rad (late), {turns:+d} turn(s) from the "
+                                           f"estimate of its step: moved onto the reading's turn", shift=(c, turns))
+            est.recovery = "turn"
             return est
         if self._parameters_reset:
             return self._reseed_and_advance(t, efforts, obs, "ok", self._parameters_message)
@@ -531,12 +545,18 @@ class FixedLagEstimator:
                          self.REINITIALIZED)
         self._reseeded = True
 
-    def _reseed_and_advance(self, t, efforts, obs, status, message) -> Estimate:
+    def _reseed_and_advance(self, t, efforts, obs, status, message, shift=None) -> Estimate:
         """Re-seed the window AT the last good estimate (same time, so no extrapolation error; priors on
-        its q, q̇ projected on the constraints) and integrate to t as usual."""
+        its q, q̇ projected on the constraints) and integrate to t as usual; `shift` (coordinate, turns): that
+        angle moved by whole turns (the same pose)."""
         last = self.last
         efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors)
-        self._initialize(last.t, self._last_efforts, {}, Seed.at_estimate(last, efforts_prior), status, "")
+        seed = Seed.at_estimate(last, efforts_prior)
+        if shift is not None:
+            q = last.q.copy()
+            q[shift[0]] += 2.0 * math.pi * shift[1]
+            seed = replace(seed, q=q)
+        self._initialize(last.t, self._last_efforts, {}, seed, status, "")
         if t - self.stepper.t > 1e-9 * self.config.dt:
             return self._advance_to(t, efforts, obs, status, [message])
         est = self.last

@@ -86,6 +86,8 @@ class Stepper:
         self.relinearizations = 0       # of the current window
         self._prediction = None         # (x, h, q̈ before, (prediction, offset)) made by `prepare_next`
         self.a_prev, self.h_prev = None, self.dt
+        # a late multi-turn encoder reading whole turns from its step's estimate: (name, reading, turns, coordinate)
+        self.late_turns: Optional[Tuple[str, float, int, int]] = None
 
     def start(self, window: FixedLagWindow, x: np.ndarray, t: float):
         """A new window (seeded at t, first estimate x)."""
@@ -228,16 +230,26 @@ class Stepper:
         if j not in window.records:
             return [], names
         fused, refused, units, readings = [], [], [], []
+        x_j = window.estimate(j)
         for name, val in obs.items():
             u = self.sensors.unit(name)
             if u is None:
                 refused.append(name)
                 continue
+            encoder = self._angle_encoders.get(u)
+            if encoder is not None:
+                # a multi-turn encoder's late reading whole turns from its step's estimate (which its wrapped
+                # residual would accept): not fused; the facade moves the estimate onto the reading's turn
+                d = float(val) - float(x_j[encoder[1]])
+                turns = round(d / TWO_PI)
+                if turns and abs(d - TWO_PI * turns) <= 0.25 * TWO_PI:
+                    refused.append(name)
+                    self.late_turns = (name, float(val), int(turns), encoder[1])
+                    continue
             units.append((name, u))
             readings.append((val,))
         if not units:
             return [], names
-        x_j = window.estimate(j)
         _, A, r = linearize_step([u for _, u in units], self.factors.layout, None, x_j, self.ctx, params=readings)
         rows, row = [], 0
         for (name, u), passed in zip(units, self.gate.screen_late([u for _, u in units], r, j)):
