@@ -454,6 +454,7 @@ def cmd_estimate(args) -> int:
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
                         "needs --torques (the commanded efforts)")
+    prescribed = _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas)
     identify = None
     if args.identify is not None:
         identify = tuple(e for item in args.identify for e in item.split(",") if e.strip())
@@ -475,7 +476,11 @@ def cmd_estimate(args) -> int:
         raise UserError(str(exc)) from None
 
     def readings(k):
-        return {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
+        out = {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
+        for name, col in prescribed.items():
+            if math.isfinite(col[k]):
+                out[name] = float(col[k])
+        return out
 
     tracking = TrackingSummary()
     _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}", tracking)
@@ -592,6 +597,38 @@ def _sensor_sigma_options(items, names: Sequence[str], what: str) -> dict:
         out[name] = sigma
     return out
 
+
+
+def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, np.ndarray]:
+    """The set-points of the `prescribed` actuators (--prescribed PRESC.csv: t and one column per such actuator's
+    joint, interpolated to the rows' times) as generic readings {'q:<coordinate>': values}; their σ
+    (--prescribed-sigma) into `sensor_sigmas`.  UserError/CsvError naming what is missing or extra."""
+    from mbfg_ros.estimation.efforts import effort_kinds
+    joints = [j for j, kind in zip(mech.actuator_names, effort_kinds(mode, mech, kinds)) if kind == "prescribed"]
+    if not joints:
+        if args.prescribed:
+            raise UserError("--prescribed: no actuator's effort is 'prescribed' (declare it in the mechanism's "
+                            "actuators, effort: prescribed, or give --actuator-effort NAME=prescribed)")
+        return {}
+    if not args.prescribed:
+        raise UserError(f"actuator(s) {', '.join(joints)} are 'prescribed': give their set-points with --prescribed "
+                        "PRESC.csv (t and a column per joint)")
+    table = csvio.read_table(args.prescribed)
+    extra = [c for c in table.columns if c not in joints]
+    if extra:
+        raise CsvError(f"{args.prescribed}: unknown column(s) {excerpts(extra)} (the prescribed actuators: "
+                       f"{', '.join(joints)})")
+    missing = [j for j in joints if not table.has(j)]
+    if missing:
+        raise CsvError(f"{args.prescribed}: no column for the prescribed actuator(s) {', '.join(missing)}")
+    values = csvio.interpolate(table, joints, t)
+    out = {}
+    for i, joint in enumerate(joints):
+        name = "q:" + mech.spec.actuators[mech.actuator_names.index(joint)].coordinate
+        out[name] = values[:, i]
+        if args.prescribed_sigma is not None:
+            sensor_sigmas[name] = args.prescribed_sigma
+    return out
 
 
 def _actuator_effort_options(items, mech) -> Dict[str, str]:
@@ -776,6 +813,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "zero, an underactuated joint; commanded: its --torques column is a known force); "
                         "repeatable; wins over the mechanism file's 'effort' keys (default: the file's, else as "
                         "the mode says)")
+    s.add_argument("--prescribed", metavar="PRESC.csv",
+                   help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "
+                        "and one column per such joint, in the coordinate's unit; their efforts are estimated")
+    s.add_argument("--prescribed-sigma", type=_positive("--prescribed-sigma"), default=None, metavar="SIGMA",
+                   help="how closely the prescribed joints follow their set-points, in the coordinate's unit "
+                        "(default: the generic observations' σ, 1e-3)")
     s.add_argument("--identify", action="append", default=None, metavar="JOINT.PARAMETER[=SIGMA]",
                    help="identify an actuator parameter online (PARAMETER: gain, viscous_friction, "
                         "coulomb_friction; SIGMA: its prior 1σ); repeatable or comma-separated; 'none' identifies "

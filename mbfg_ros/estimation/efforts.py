@@ -14,8 +14,10 @@ Per actuator a kind (`effort_kinds`: the mechanism's `effort` keys, overridden b
 ``actuator_efforts``; default: as the mode says) narrows what its effort is: ``estimated`` (a state: its
 command is ignored), ``commanded`` (its command is a known force), ``passive`` (known zero: an underactuated
 joint whose motor is off; its friction still acts).  The state's τ block covers only the actuators whose τ
-(estimation: ``estimated``) or disturbance (fused: every one but ``passive``) is estimated
-(``state_actuators``); the others enter the dynamics' known forces.  In fused mode an ``estimated``
+(estimation: ``estimated``, ``prescribed``) or disturbance (fused: every one but ``passive``) is estimated
+(``state_actuators``); the others enter the dynamics' known forces.  ``prescribed`` is ``estimated`` whose
+coordinate's motion comes as readings 'q:<coordinate>' (a position-controlled joint: the caller passes its set-points
+with the readings; `sensors.Sensors`).  In fused mode an ``estimated``
 actuator's command is ignored (the disturbance carries its whole effort, as for an unknown command); in
 forward-dynamics mode ``estimated`` counts as ``commanded``.  With no actuator left to estimate, the
 estimator runs as forward dynamics on the known efforts (`effort_model`).
@@ -323,7 +325,7 @@ class UnknownEfforts(EffortModel):
 
     @staticmethod
     def _in_state(kind):
-        return kind == "estimated"
+        return kind in ("estimated", "prescribed")
 
     @staticmethod
     def _takes_command(kind):
@@ -408,7 +410,7 @@ def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool,
     if mode not in DEFAULT_KINDS:
         raise ValueError(f"unknown mode {mode!r}")
     kinds = effort_kinds(mode, mech, overrides)
-    if mode == "estimation" and "estimated" in kinds:
+    if mode == "estimation" and ("estimated" in kinds or "prescribed" in kinds):
         return UnknownEfforts(mech, sigmas, rates, kinds)
     if mode == "fused" and any(kind != "passive" for kind in kinds):
         return FusedEfforts(mech, sigmas, rates, kinds)

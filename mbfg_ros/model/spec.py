@@ -15,8 +15,10 @@ from typing import Optional, Tuple
 DEFAULT_COULOMB_VELOCITY = 0.01
 
 #: what an actuator's effort is to the estimator (`ActuatorSpec.effort`): a state to estimate, the commanded effort
-#: (a known force), or zero (a passive joint of an underactuated machine: its motor is off, its friction still acts)
-EFFORT_KINDS = ("estimated", "commanded", "passive")
+#: (a known force), zero (a passive joint of an underactuated machine: its motor is off, its friction still acts), or
+#: a state to estimate whose coordinate's motion is prescribed (a position-controlled joint: its set-points come as
+#: readings 'q:<coordinate>' of the coordinate, a soft prior of σ `sensor_sigmas['q:<coordinate>']`)
+EFFORT_KINDS = ("estimated", "commanded", "passive", "prescribed")
 
 #: the parameters of an actuator that the estimator can identify online (`IdentifySpec`, `model.identified`)
 IDENTIFIABLE = ("gain", "viscous_friction", "coulomb_friction")
