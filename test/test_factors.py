@@ -46,7 +46,7 @@ def random_state(mech, rng):
     return dict(q=q, v=rng.standard_normal(mech.n), a=rng.standard_normal(mech.n), j=rng.standard_normal(mech.n),
                 tau=rng.standard_normal(len(mech.actuated)), z=rng.standard_normal(d), zd=rng.standard_normal(d),
                 zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d,
-                theta=rng.standard_normal(len(IDENTIFIABLE) * len(mech.actuated)))
+                theta=rng.standard_normal(len(IDENTIFIABLE) * len(mech.actuated) + 1))
 
 
 def fd_jacobian(unit, blocks, i, h=1e-6):
@@ -89,8 +89,11 @@ def all_units(mech, s, rng):
     na = len(mech.actuated)
     if na:
         # every identifiable parameter of every actuator (gain, viscous, Coulomb), some rates near v_s
+        # (and a payload on the last body, off its axis: its weight and inertia depend on q̈, slot a)
         P = IdentifiedParameters(mech, [IdentifySpec(joint=j, parameter=k) for j in mech.actuator_names
-                                        for k in IDENTIFIABLE])
+                                        for k in IDENTIFIABLE]
+                                 + [IdentifySpec(joint="tip", parameter="payload_mass",
+                                                 body=len(mech.spec.bodies) - 1, at=(0.3, 0.1))])
         units += [F.IdentifiedDynamics(mech, P, Q_known=Q, commands=rng.standard_normal(na)),
                   F.RandomWalk("tau", na, 2e-3, 0.3)]
     units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in mech.sensors if sensor.kind == "encoder"]

@@ -94,7 +94,7 @@ def test_kinematics_match_numpy(crank):
 
 def _layout(mech, na):
     n = mech.n
-    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE))])
+    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE) + 1)])
 
 
 # One case per unit kind of the kernel's table (`native.unit_kinds`): units of that kind on a mechanism, each with
@@ -116,7 +116,8 @@ KIND_CASES = {
     # every parameter kind on the crank's actuator: a gain, viscous and Coulomb friction (rates near v_s included)
     "identified_dynamics": lambda mech, rng: [
         (F.IdentifiedDynamics(mech, IdentifiedParameters(mech, [
-            IdentifySpec(joint=mech.actuator_names[0], parameter=k) for k in IDENTIFIABLE]), sigma=0.2),
+            IdentifySpec(joint=mech.actuator_names[0], parameter=k) for k in IDENTIFIABLE]
+            + [IdentifySpec(joint="coupler", parameter="payload_mass", body=1, at=(0.2, -0.05))]), sigma=0.2),
          {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n),
           "commands": rng.standard_normal(len(mech.actuated))})],
     "prior": lambda mech, rng: [(F.Prior("tau", np.zeros(len(mech.actuated)), 3.0,
@@ -176,7 +177,7 @@ def _compare_step(mech, units, values):
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
         x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na),
-                            theta=theta_rng.standard_normal(len(IDENTIFIABLE)))
+                            theta=theta_rng.standard_normal(len(IDENTIFIABLE) + 1))
         x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
         th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4
         compiled = model.native_linearize(x_prev, x_cur, ctx, (th_prev, th_cur), params)

@@ -539,10 +539,13 @@ def cmd_identify(args) -> int:
         print(f"{name} = {value:.6g} ± {std:.3g} (prior σ {prior:.3g})")
     source = resolve_mechanism_path(args.mechanism)
     doc = yaml.safe_load(Path(source).read_text())
-    densities = dict(zip(est.parameter_names, est.identification.parameters.density.tolist()))
-    doc["identify"] = [{"joint": name.rpartition(".")[0], "parameter": name.rpartition(".")[2], "value": float(v),
-                        "sigma": float(s), "density": densities[name]}
-                       for name, v, s in zip(p["names"], p["values"], p["std"])]
+    P = est.identification.parameters
+    doc["identify"] = []
+    for spec, v, s, density in zip(P.specs, p["values"], p["std"], P.density.tolist()):
+        where = ({"joint": spec.joint} if spec.body is None else
+                 {"body": mech.spec.bodies[spec.body].name or spec.body, "at": [float(x) for x in spec.at]})
+        doc["identify"].append({**where, "parameter": spec.parameter, "value": float(v), "sigma": float(s),
+                                "density": density})
     header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
               f"# {source} with its identify: section set to the parameters identified offline from "
               f"{args.observations} (value, 1σ): the priors the estimator starts from.  (YAML comments of the source "

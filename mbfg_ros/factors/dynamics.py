@@ -137,10 +137,10 @@ class InverseDynamics(Factor):
 
 
 class IdentifiedDynamics(Factor):
-    """f_idyn with identified actuator parameters θ (`model.identified`) as a real variable (slots q, v, a, tau,
-    theta): e = q̈(q, q̇; Q_known + E τ + ΔQ(θ, q̇, u)) − a, ΔQ = Y(q̇, u)(θ − θ₀) the parameters' forces beyond the
-    declared model (u: the step's known commands, actuator order);
-    ∂e/∂q̇ = ∂q̈/∂q̇ + ∂q̈/∂Q ∂ΔQ/∂q̇,  ∂e/∂τ = ∂q̈/∂Q E,  ∂e/∂θ = ∂q̈/∂Q Y (columns of the parameters' coordinates)."""
+    """f_idyn with identified parameters θ (`model.identified`) as a real variable (slots q, v, a, tau, theta):
+    e = q̈(q, q̇; Q_known + E τ + ΔQ(θ, q̇, u, a)) − a, ΔQ the parameters' forces beyond the declared model (u: the
+    step's known commands, actuator order; a payload's depends on the state's q̈ a: its inertia);
+    ∂e/∂q̇ = ∂q̈/∂q̇ + ∂q̈/∂Q ∂ΔQ/∂q̇,  ∂e/∂a = −I + ∂q̈/∂Q ∂ΔQ/∂a,  ∂e/∂τ = ∂q̈/∂Q E,  ∂e/∂θ = ∂q̈/∂Q ∂ΔQ/∂θ."""
 
     params = ('Q_known', 'commands')
 
@@ -167,27 +167,35 @@ class IdentifiedDynamics(Factor):
         doubles = []
         for nominal, vs, vd in zip(P.nominal.tolist(), P.velocity.tolist(), P.gate_velocity.tolist()):
             doubles += [nominal, vs, vd]
+        for _, C in P.payloads:          # then per payload (in θ order): gravity, C's two rows
+            doubles += P.gravity.tolist() + C.reshape(-1).tolist()
         return ints, doubles
 
-    def forces(self, v, tau, theta, Q_known=None, commands=None):
-        """Q = Q_known + E τ + ΔQ(θ, q̇, u) (Q_known, u: those given at construction where None)."""
+    def forces(self, v, tau, theta, Q_known=None, commands=None, a=None):
+        """Q = Q_known + E τ + ΔQ(θ, q̇, u, q̈) (Q_known, u: those given at construction where None)."""
         Q = (self.Q_known if Q_known is None else Q_known).copy()
         Q[self.actuated] += tau
-        Q += self.parameters.forces(theta, v, self.commands if commands is None else commands, Q.size)
+        Q += self.parameters.forces(theta, v, self.commands if commands is None else commands, Q.size, a)
         return Q
 
     def evaluate(self, q, v, a, tau, theta, ctx=None, params=None):
         Q_known, u = (self.Q_known, self.commands) if params is None else params
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(v, tau, theta, Q_known, u))
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(v, tau, theta, Q_known, u, a))
         P, cols = self.parameters, self._cols
         da_dv = d.da_dv.copy()
         np.add.at(da_dv.T, cols, (d.da_dQ[:, cols] * P.rate_slopes(theta, v)).T)
-        return d.a - a, [d.da_dq, da_dv, self._minus_I, d.da_dQ[:, self.actuated],
-                         d.da_dQ[:, cols] * P.regressors(v, u)]
+        J_theta = d.da_dQ[:, cols] * P.regressors(v, u)
+        J_a = self._minus_I
+        if P.payloads:
+            dQ_da, payload_cols = P.payload_jacobians(theta, a)
+            J_a = J_a + d.da_dQ @ dQ_da
+            for j, col in payload_cols:
+                J_theta[:, j] = d.da_dQ @ col
+        return d.a - a, [d.da_dq, da_dv, J_a, d.da_dQ[:, self.actuated], J_theta]
 
     def error(self, q, v, a, tau, theta, ctx=None, params=None):
         Q_known, u = (self.Q_known, self.commands) if params is None else params
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(v, tau, theta, Q_known, u)) - a
+        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(v, tau, theta, Q_known, u, a)) - a
 
 
 class Jerk(Factor):

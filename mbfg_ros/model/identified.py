@@ -13,7 +13,10 @@ more than v_s, and the smooth sign's steep slope there, a stiff damper, would be
 not move — the DFKI double pendulum hanging still drove c from 0.15 to 0.8–0.9 N·m in 2 s, σ 0.13; gated, it stays
 at its prior.  The quartic gate at 6 v_s keeps σ at 99 % of the prior there and costs the least bias in sliding
 among those tried: quadratic at 10 v_s biased the crank four-bar's Coulomb friction by 9 %, quartic at 6 v_s by 5.6 %
-at 1 kHz, 2.7 % at 2 kHz), so every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to
+at 1 kHz, 2.7 % at 2 kHz), and a body's payload mass m at a point r = C q + r₀ of it (`at` in the body frame; C constant in natural coordinates)
+adds m (Cᵀ g − CᵀC q̈) — its weight and its inertia, exactly: at a solution q̈ = the state's q̈, so the dynamics
+factor's (M + m CᵀC) q̈ + Φqᵀλ = Q + m Cᵀ g is the mechanism with the payload; the force then depends on the state's q̈
+(`payload_forces`).  Every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to
 θ₀ changes nothing.  The force is linear in θ: ΔQ = Y(q̇, u) (θ − θ₀), Y one column per parameter (its regressor,
 `regressors`), nonzero only in its coordinate's row; ∂ΔQ/∂q̇ is diagonal (`rate_slopes`).
 
@@ -24,18 +27,19 @@ The prior of a parameter not given in the mechanism's ``identify:`` (value, σ) 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY, mechanism_reach
-from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
+from mbfg_ros.model.spec import BODY_IDENTIFIABLE, IDENTIFIABLE, IdentifySpec
 
 __all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_identify", "DRIFT_TIME"]
 
 _TWO_OVER_PI = 2.0 / math.pi
-KIND_CODES = {name: i for i, name in enumerate(IDENTIFIABLE)}     # the compiled kernel's codes
+KIND_CODES = {name: i for i, name in enumerate(IDENTIFIABLE + BODY_IDENTIFIABLE)}     # the compiled kernel's codes
 SLIDING_RATIO = 6.0      # the identified Coulomb part is gated off below ~this many v_s (module docstring)
 DRIFT_TIME = 1e5         # [s] a parameter's random walk moves it by its prior σ in this time (default density): a day;
                          # a faster walk forgets what the motion told (crank four-bar, fused: viscous friction
@@ -50,11 +54,13 @@ def _readonly(a, dtype=float) -> np.ndarray:
 
 
 def default_prior(mech: Mechanism, actuator: int, parameter: str) -> Tuple[float, float]:
-    """(value, σ) of a parameter without a stated prior: the declared value (a gain: 1), and σ from the
-    mechanism's scale — a gain 0.2; Coulomb friction 0.1·M·g·R (a tenth of the whole mass's gravity torque at
+    """(value, σ) of a parameter without a stated prior: the declared value (a gain: 1, a payload: 0), and σ from the
+    mechanism's scale — a payload the mechanism's whole mass; a gain 0.2; Coulomb friction 0.1·M·g·R (a tenth of the whole mass's gravity torque at
     full reach, M·g for a force on a point coordinate); viscous friction that divided by the pendulum rate
     √(g/R) (torque) or √(g·R) (force)."""
     spec = mech.spec
+    if parameter == "payload_mass":
+        return 0.0, mech.total_mass
     a = spec.actuators[actuator]
     if parameter == "gain":
         return 1.0, GAIN_SIGMA
@@ -83,10 +89,14 @@ def parse_identify(entries: Sequence[str], mech: Mechanism) -> Tuple[IdentifySpe
         text = str(entry).strip()
         name, sep, sigma_text = text.partition("=")
         joint, dot, parameter = name.strip().rpartition(".")
-        if not dot or not joint or parameter not in IDENTIFIABLE:
+        if not dot or not joint or parameter not in IDENTIFIABLE + BODY_IDENTIFIABLE:
             raise ValueError(f"identify: '{text[:80]}' is not JOINT.PARAMETER[=SIGMA] with PARAMETER one of "
-                             f"{', '.join(IDENTIFIABLE)}")
-        if joint not in mech.actuator_names:
+                             f"{', '.join(IDENTIFIABLE)} (or BODY.{', '.join(BODY_IDENTIFIABLE)})")
+        if parameter in BODY_IDENTIFIABLE and (joint, parameter) not in declared:
+            raise ValueError(f"identify: '{text[:80]}': a {parameter} is identified where the mechanism's identify: "
+                             f"section declares it (its body and point); mechanism '{mech.name}' declares "
+                             f"{', '.join(f'{j}.{p}' for j, p in declared if p in BODY_IDENTIFIABLE) or 'none'}")
+        if parameter in IDENTIFIABLE and joint not in mech.actuator_names:
             raise ValueError(f"identify: '{text[:80]}': no actuator with joint '{joint[:80]}' in mechanism "
                              f"'{mech.name}' (actuators: {', '.join(mech.actuator_names) or 'none'})")
         if (joint, parameter) in seen:
@@ -100,9 +110,28 @@ def parse_identify(entries: Sequence[str], mech: Mechanism) -> Tuple[IdentifySpe
                 sigma = float("nan")
             if not (sigma > 0 and math.isfinite(sigma)):
                 raise ValueError(f"identify: '{text[:80]}': SIGMA must be a positive number")
-            spec = IdentifySpec(joint=joint, parameter=parameter, sigma=sigma, value=spec.value, density=spec.density)
+            spec = replace(spec, sigma=sigma)
         out.append(spec)
     return tuple(out)
+
+
+def _payload_selector(mech: Mechanism, body: int, at) -> np.ndarray:
+    """C (2, n): the point `at` (body frame: from the body's first point, +X toward its second, +Y to its left, [m])
+    of body `body` as r = C q + r₀ (its fixed points in r₀)."""
+    b = mech.spec.bodies[body]
+    i, j = b.points[0], b.points[1]
+    alpha, beta = float(at[0]) / b.length, float(at[1]) / b.length
+    P = mech.extended_point_index
+    C = np.zeros((2, mech.n))
+    # r = (1 − α) p_i + α p_j + β perp(p_j − p_i), perp(x, y) = (−y, x)
+    for (cx, cy), w_own, w_perp in ((P[i], 1.0 - alpha, beta), (P[j], alpha, -beta)):
+        if cx < mech.n:
+            C[0, cx] += w_own
+            C[1, cx] -= w_perp
+        if cy < mech.n:
+            C[1, cy] += w_own
+            C[0, cy] += w_perp
+    return C
 
 
 class IdentifiedParameters:
@@ -112,8 +141,25 @@ class IdentifiedParameters:
 
     def __init__(self, mech: Mechanism, specs: Sequence[IdentifySpec]):
         self.mech = mech
+        self.specs = tuple(specs)
         names, kinds, actuators, coords, nominal, velocity, mean, sigma, density = ([] for _ in range(9))
-        for s in specs:
+        payloads = []
+        for j, s in enumerate(specs):
+            if s.parameter in BODY_IDENTIFIABLE:
+                value, std = default_prior(mech, -1, s.parameter)
+                value = value if s.value is None else float(s.value)
+                std = std if s.sigma is None else float(s.sigma)
+                names.append(f"{s.joint}.{s.parameter}")
+                kinds.append(s.parameter)
+                actuators.append(0)
+                coords.append(0)
+                nominal.append(0.0)
+                velocity.append(1.0)
+                mean.append(value)
+                sigma.append(std)
+                density.append(default_density(std) if s.density is None else float(s.density))
+                payloads.append((j, _payload_selector(mech, s.body, s.at)))
+                continue
             i = mech.actuator_names.index(s.joint)
             a = mech.spec.actuators[i]
             value, std = default_prior(mech, i, s.parameter)
@@ -145,7 +191,14 @@ class IdentifiedParameters:
         self._gain = _readonly([k == "gain" for k in kinds], bool)
         self._viscous = _readonly([k == "viscous_friction" for k in kinds], bool)
         self._coulomb = _readonly([k == "coulomb_friction" for k in kinds], bool)
+        self._payload = _readonly([k in BODY_IDENTIFIABLE for k in kinds], bool)
         self.uses_commands = bool(self._gain.any())
+        #: per payload parameter (its index in θ, C (2, n)): r = C q + r₀ its point
+        self.payloads = tuple((j, _readonly(C)) for j, C in payloads)
+        g = np.array(mech.spec.gravity, dtype=float)
+        self.gravity = _readonly(g)
+        #: CᵀC and Cᵀg of each payload (the inertia and the weight of a unit mass there)
+        self._payload_terms = tuple((j, C.T @ C, C.T @ g) for j, C in payloads)
 
     def __len__(self):
         return self.size
@@ -161,6 +214,8 @@ class IdentifiedParameters:
         w4 = w ** 4
         gate = w4 / (w4 + self.gate_velocity ** 4)
         y = np.where(self._viscous, -w, -_TWO_OVER_PI * np.arctan(w / self.velocity) * gate)
+        if self.payloads:
+            y = np.where(self._payload, 0.0, y)      # (a payload's force is not on one coordinate: payload_forces)
         if self.uses_commands:
             y = np.where(self._gain, np.asarray(commands, float)[self.actuators] if len(commands) else 0.0, y)
         return y
@@ -176,13 +231,35 @@ class IdentifiedParameters:
         gate, dgate = w ** 4 / den, 4.0 * w ** 3 * vd4 / (den * den)
         d = np.asarray(theta, float) - self.nominal
         out = np.where(self._viscous, -d, -d * _TWO_OVER_PI * (gate / (vs * (1.0 + s * s)) + np.arctan(s) * dgate))
-        return np.where(self._gain, 0.0, out)
+        return np.where(self._gain | self._payload, 0.0, out)
 
-    def forces(self, theta, v, commands, n: Optional[int] = None) -> np.ndarray:
-        """ΔQ (n): the parameters' generalized forces beyond the declared model."""
+    def forces(self, theta, v, commands, n: Optional[int] = None, a=None) -> np.ndarray:
+        """ΔQ (n): the parameters' generalized forces beyond the declared model (a payload's at accelerations a;
+        None: 0)."""
         out = np.zeros(self.mech.n if n is None else n)
         np.add.at(out, self.coordinates, self.regressors(v, commands) * (np.asarray(theta, float) - self.nominal))
+        if self.payloads:
+            out += self.payload_forces(theta, np.zeros(out.size) if a is None else a)
         return out
+
+    def payload_forces(self, theta, a) -> np.ndarray:
+        """Σ m (Cᵀ g − CᵀC q̈) over the payloads (n): their weight and inertia at accelerations a."""
+        out = np.zeros(self.mech.n)
+        a = np.asarray(a, float)
+        for j, CtC, Ctg in self._payload_terms:
+            out += float(theta[j]) * (Ctg - CtC @ a)
+        return out
+
+    def payload_jacobians(self, theta, a) -> Tuple[np.ndarray, list]:
+        """(∂ΔQ/∂q̈ (n, n) = −Σ m CᵀC, [(j, ∂ΔQ/∂θⱼ (n,)) per payload])."""
+        n = self.mech.n
+        da = np.zeros((n, n))
+        cols = []
+        a = np.asarray(a, float)
+        for j, CtC, Ctg in self._payload_terms:
+            da -= float(theta[j]) * CtC
+            cols.append((j, Ctg - CtC @ a))
+        return da, cols
 
     def force_jacobians(self, theta, v, commands) -> Tuple[np.ndarray, np.ndarray]:
         """(∂ΔQ/∂q̇ (n, n), ∂ΔQ/∂θ (n, p))."""

@@ -22,7 +22,7 @@ import yaml
 
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
-from mbfg_ros.model.spec import (EFFORT_KINDS, IDENTIFIABLE, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
+from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
                    GyroscopeSpec, IdentifySpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
                    RelativeAngleSpec)
 
@@ -55,7 +55,7 @@ _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", 
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
 _ASSEMBLY_KEYS = ("name", "points")
-_IDENTIFY_KEYS = ("joint", "parameter", "sigma", "value", "density")
+_IDENTIFY_KEYS = ("joint", "body", "at", "parameter", "sigma", "value", "density")
 
 # Geometric tolerances.
 _LENGTH_ABS_TOL = 1e-6
@@ -366,7 +366,7 @@ class _Builder:
         actuators = self.actuators(doc, coords, {r.name for r in relative}, {j.name: j for j in joints})
         encoders, gyros = self.sensors(doc, coords, len(bodies))
         modes = self.assembly_modes(doc)
-        identify = self.identify(doc, actuators)
+        identify = self.identify(doc, actuators, bodies)
         return MechanismSpec(
             name=name, points=tuple(self.points), bodies=tuple(bodies), gravity=gravity,
             relative_angles=tuple(relative), joint_angles=tuple(joints), fixed_sliders=tuple(fixed_sliders),
@@ -661,25 +661,52 @@ class _Builder:
                                     **self.actuator_friction(entry, path)))
         return out
 
-    def identify(self, doc: Dict[str, Any], actuators: List[ActuatorSpec]) -> List[IdentifySpec]:
-        """The parameters to identify online (`identify:`): an actuator's joint, one of IDENTIFIABLE, and optional
-        prior value, σ > 0 and random-walk density > 0."""
+    def identify(self, doc: Dict[str, Any], actuators: List[ActuatorSpec], bodies: List[BodySpec]
+                 ) -> List[IdentifySpec]:
+        """The parameters to identify online (`identify:`): an actuator's joint and one of IDENTIFIABLE, or a body
+        (name or index), BODY_IDENTIFIABLE and the point `at` in its frame; optional prior value, σ > 0 and
+        random-walk density > 0."""
         out: List[IdentifySpec] = []
         seen: Dict[str, str] = {}
         joints = [a.joint for a in actuators]
+        body_names = [b.name or f"body{k}" for k, b in enumerate(bodies)]
         for k, path, entry in self.mappings(doc, "identify", "parameters to identify", _IDENTIFY_KEYS,
-                                            required=("joint", "parameter")):
-            joint, parameter = entry["joint"], entry["parameter"]
-            if not isinstance(joint, str) or joint not in joints:
-                self.fail(f"{path}.joint", f"expected the joint name of an actuator ({', '.join(joints) or 'none'}); "
-                                           f"got {_type_name(joint)} {_show(joint)}")
-            if parameter not in IDENTIFIABLE:
-                self.fail(f"{path}.parameter", f"expected one of {', '.join(IDENTIFIABLE)}; got "
+                                            required=("parameter",)):
+            parameter = entry["parameter"]
+            if parameter not in IDENTIFIABLE + BODY_IDENTIFIABLE:
+                self.fail(f"{path}.parameter", f"expected one of {', '.join(IDENTIFIABLE + BODY_IDENTIFIABLE)}; got "
                                                f"{_type_name(parameter)} {_show(parameter)}")
+            extra = {}
+            if parameter in BODY_IDENTIFIABLE:
+                for key in ("joint",):
+                    if key in entry:
+                        self.fail(f"{path}.{key}", f"a {parameter} belongs to a body: give 'body' (and 'at'), not "
+                                                   "'joint'")
+                if "body" not in entry:
+                    self.fail(path, f"a {parameter} needs 'body' (a body's name or index) and 'at' (the point in "
+                                    "its frame [m])")
+                raw = entry["body"]
+                if isinstance(raw, str) and raw in body_names:
+                    b = body_names.index(raw)
+                else:
+                    b = self.index(raw, f"{path}.body", len(bodies), "body")
+                at = self.list_(entry.get("at", [0, 0]), f"{path}.at", "numbers [x, y]", exact=2)
+                extra = {"body": b, "at": (self.expr(at[0], f"{path}.at[0]"), self.expr(at[1], f"{path}.at[1]"))}
+                joint = body_names[b]
+            else:
+                if "body" in entry or "at" in entry:
+                    self.fail(f"{path}.{'body' if 'body' in entry else 'at'}",
+                              f"a {parameter} belongs to an actuator: give 'joint', not 'body'/'at'")
+                if "joint" not in entry:
+                    self.fail(path, "missing required key 'joint'")
+                joint = entry["joint"]
+                if not isinstance(joint, str) or joint not in joints:
+                    self.fail(f"{path}.joint", f"expected the joint name of an actuator ({', '.join(joints) or 'none'}); "
+                                               f"got {_type_name(joint)} {_show(joint)}")
             self.check_unique(seen, f"{joint}.{parameter}", path, "identified parameter")
             numbers = {key: self.positive(entry[key], f"{path}.{key}") for key in ("sigma", "density") if key in entry}
             value = self.expr(entry["value"], f"{path}.value") if "value" in entry else None
-            out.append(IdentifySpec(joint=joint, parameter=parameter, value=value, **numbers))
+            out.append(IdentifySpec(joint=joint, parameter=parameter, value=value, **numbers, **extra))
         return out
 
     def effort_kind(self, entry: Dict[str, Any], path: str) -> Optional[str]:

@@ -22,6 +22,8 @@ EFFORT_KINDS = ("estimated", "commanded", "passive", "prescribed")
 
 #: the parameters of an actuator that the estimator can identify online (`IdentifySpec`, `model.identified`)
 IDENTIFIABLE = ("gain", "viscous_friction", "coulomb_friction")
+#: the parameters of a body that the estimator can identify online: an added point mass at a stated point
+BODY_IDENTIFIABLE = ("payload_mass",)
 
 
 class MechanismError(ValueError):
@@ -107,8 +109,9 @@ class ActuatorSpec:
 
 @dataclass(frozen=True)
 class IdentifySpec:
-    """A parameter of an actuator estimated online as a slowly varying state (the mechanism's `identify:`):
-    `parameter` one of IDENTIFIABLE of the actuator whose joint is `joint`; its prior (`value`, `sigma`; value None:
+    """A parameter of an actuator (or a body) estimated online as a slowly varying state (the mechanism's
+    `identify:`): `parameter` one of IDENTIFIABLE of the actuator whose joint is `joint` (or of BODY_IDENTIFIABLE of
+    body `body`, named `joint`); its prior (`value`, `sigma`; value None:
     the actuator's declared value, 1 for a gain) and the density of its random walk [unit²/s] (None: the
     default, `model.identified.default_density`)."""
     joint: str
@@ -116,6 +119,10 @@ class IdentifySpec:
     sigma: Optional[float] = None
     value: Optional[float] = None
     density: Optional[float] = None
+    # a body's parameter (BODY_IDENTIFIABLE; `joint` is then the body's name): its index, and where the payload sits
+    # in the body frame (as `cog`: from the body's first point, +X toward its second) [m]
+    body: Optional[int] = None
+    at: Tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)

@@ -1019,8 +1019,9 @@ identified_regressor(int kind, double rate, double command, const double *c, dou
  * q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ
  *                                          slots q, v, a, tau, theta; params Q_known (n), u (the commands,
  *                                          actuator order); ints: na, the actuated coordinates of τ (na), then per
- *                                          parameter its kind, coordinate and actuator; doubles: per parameter θ₀,
- *                                          v_s, v_d                                             (identified_dynamics) */
+ *                                          parameter its kind (0 gain, 1 viscous, 2 Coulomb friction, 3 payload),
+ *                                          coordinate and actuator; doubles: per parameter θ₀, v_s, v_d, then per
+ *                                          payload gravity (2) and C's rows (2 × n)            (identified_dynamics) */
 static int
 eval_dynamics(UNIT_EVAL_ARGS)
 {
@@ -1061,8 +1062,21 @@ eval_dynamics(UNIT_EVAL_ARGS)
         for (int t = 0; t < na; t++)
             s->Q[act[t]] += tau[t];
     }
-    for (int j = 0; j < np_; j++) {
+    /* a payload's block of doubles: gravity (2), then C's two rows (n each); its force m Cᵀ(g − C a) */
+    const double *payload = u->doubles + 3 * np_;
+    for (int j = 0, pb = 0; j < np_; j++) {
         int kind = par[3 * j], c = par[3 * j + 1];
+        if (kind == 3) {
+            const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
+            double rx = 0.0, ry = 0.0;
+            for (int i = 0; i < n; i++)
+                rx += Cx[i] * acc[i], ry += Cy[i] * acc[i];
+            double m = th[j] - u->doubles[3 * j], fx = g[0] - rx, fy = g[1] - ry;
+            for (int i = 0; i < n; i++)
+                s->Q[i] += m * (Cx[i] * fx + Cy[i] * fy);
+            pb++;
+            continue;
+        }
         double y, dy;
         identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j, &y, &dy);
         s->Q[c] += y * (th[j] - u->doubles[3 * j]);
@@ -1091,9 +1105,24 @@ eval_dynamics(UNIT_EVAL_ARGS)
                     rt[t] += dQ[act[t]];
             }
             if (identified) {
-                double *rth = JROW(4, i);
-                for (int j = 0; j < np_; j++) {
+                double *rth = JROW(4, i), *ra = JROW(2, i);
+                for (int j = 0, pb = 0; j < np_; j++) {
                     int kind = par[3 * j], c = par[3 * j + 1];
+                    if (kind == 3) {
+                        /* ∂/∂θ: ∂q̈/∂Q Cᵀ(g − C a); ∂/∂a: −m ∂q̈/∂Q CᵀC */
+                        const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
+                        double rx = 0.0, ry = 0.0, wx = 0.0, wy = 0.0;
+                        for (int l = 0; l < n; l++) {
+                            rx += Cx[l] * acc[l], ry += Cy[l] * acc[l];
+                            wx += Cx[l] * dQ[l], wy += Cy[l] * dQ[l];
+                        }
+                        double m = th[j] - u->doubles[3 * j];
+                        rth[j] += wx * (g[0] - rx) + wy * (g[1] - ry);
+                        for (int l = 0; l < n; l++)
+                            ra[l] -= m * (wx * Cx[l] + wy * Cy[l]);
+                        pb++;
+                        continue;
+                    }
                     double y, dy;
                     identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j,
                                          &y, &dy);
@@ -1238,13 +1267,18 @@ identified_check(const Unit *u, int n)
     for (int t = 0; t < na && !bad; t++)
         if (u->ints[1 + t] < 0 || u->ints[1 + t] >= n)
             bad = "an actuated coordinate is out of range";
+    int payloads = 0;
     for (int j = 0; j < u->width[4] && !bad; j++) {
         const int *p = u->ints + 1 + na + 3 * j;
-        if (p[0] < 0 || p[0] > 2 || p[1] < 0 || p[1] >= n || p[2] < 0)
+        if (p[0] < 0 || p[0] > 3 || p[1] < 0 || p[1] >= n || p[2] < 0)
             bad = "a parameter's kind, coordinate or actuator is out of range";
-        else if (p[0] == 2 && !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
-            bad = "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
+        payloads += p[0] == 3;
     }
+    if (!bad && u->ndoubles != 3 * u->width[4] + payloads * (2 + 2 * n))
+        bad = "it needs 3 doubles per parameter and 2 + 2n more per payload";
+    for (int j = 0; j < u->width[4] && !bad; j++)
+        if (u->ints[1 + na + 3 * j] == 2 && !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
+            bad = "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
     if (bad) {
         PyErr_Format(PyExc_ValueError, "StepKernel: an identified_dynamics unit: %s", bad);
         return -1;
@@ -1275,8 +1309,8 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d integers, not %d", kind->name, u->nints, nints);
         return -1;
     }
-    int want_doubles = kind->doubles == DOUBLES_PER_PARAMETER ? 3 * u->width[kind->slots - 1] : kind->doubles;
-    if (ndoubles != want_doubles) {
+    int want_doubles = kind->doubles;
+    if (kind->doubles != DOUBLES_PER_PARAMETER && ndoubles != want_doubles) {
         PyErr_Format(PyExc_ValueError, "StepKernel: a %s unit has %d doubles, not %d", kind->name, ndoubles,
                      want_doubles);
         return -1;
