@@ -243,8 +243,8 @@ class FixedLagEstimator:
                     tau = tau[self.efforts.state_actuators]
                 if est.parameters is not None:
                     # the identified parameters' forces are part of the model's efforts, not innovations
-                    tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts))[
-                        self.efforts.state_coordinates]
+                    tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts),
+                                                           est.a)[self.efforts.state_coordinates]
                 if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                     self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
                                                         "acceleration_density": adaptation.acceleration_density})

@@ -73,9 +73,10 @@ class Identification:
         units, the seed's included: `step_units`)."""
         return [F.Prior("theta", self.mean, np.maximum(self.sigma, SIGMA_FLOOR_RATIO * self.parameters.prior_sigma))]
 
-    def forces(self, theta, v, commands) -> np.ndarray:
-        """ΔQ: the parameters' generalized forces at θ, rates v and commands (actuator order, unknown 0)."""
-        return self.parameters.forces(theta, v, commands)
+    def forces(self, theta, v, commands, a=None) -> np.ndarray:
+        """ΔQ: the parameters' generalized forces at θ, rates v, commands (actuator order, unknown 0) and
+        accelerations a (a payload's inertia; None: 0)."""
+        return self.parameters.forces(theta, v, commands, a=a)
 
     # -- the belief ------------------------------------------------------------------------------
     def carry(self, window, k: int, layout) -> None:
