@@ -28,6 +28,8 @@ REJECT_KINDS = {
              "needs; Float64MultiArray without values",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
     "unknown_joint": "joint name matches no sensor / actuator of the mechanism",
+    "not_prescribed": "set-point on prescribed_motion for an actuator whose effort kind is not 'prescribed' "
+                      "(parameter actuator_efforts, or the mechanism file's effort key)",
     **KINDS,       # non_finite, implausible_position / _rate / _effort (the mechanism's plausibility limits)
     "bad_stamp": "zero or negative header stamp",
     "no_clock": "node clock not valid yet (use_sim_time without /clock)",
@@ -144,10 +146,12 @@ class Diagnostics:
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
                  fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
                  fitted_sensor_sigmas: Optional[Dict[str, float]] = None,
-                 numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None):
+                 numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None,
+                 setpoints: Optional[Dict[str, Optional[int]]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`);
-        `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`)."""
+        `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`); `setpoints`: per
+        prescribed actuator, when its newest set-point was received (node clock ns, None: never)."""
         ps = self.period_stats
         self.period_stats = new_period_stats()
         dt = config.dt
@@ -214,6 +218,18 @@ class Diagnostics:
                 level = max(level, DiagnosticStatus.WARN)
                 msgs.append(f"no {name} for {age:.3g} s (sensor_timeout {settings.sensor_timeout} s)"
                             if math.isfinite(age) else f"no {name} received yet")
+        if setpoints:
+            # a prescribed joint without set-points has its effort estimated from the other readings alone (the
+            # estimate goes on, worse): said like a silent input stream
+            ages = {n: (now - rx) / NS if rx is not None else math.inf for n, rx in setpoints.items()}
+            kv["prescribed"] = ", ".join(f"{n}: {age:.3g} s" if math.isfinite(age) else f"{n}: never"
+                                         for n, age in ages.items())
+            silent = [n for n, age in ages.items() if age > settings.sensor_timeout]
+            if silent and st == "running":
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.append(f"no set-points on prescribed_motion for prescribed actuator(s) {', '.join(silent)} "
+                            f"(sensor_timeout {settings.sensor_timeout} s): their efforts are estimated without "
+                            f"their motion")
         if behind:
             # inputs keep coming but not on time (older than sensor_timeout on arrival): as good as missing,
             # and beyond max_input_age refused as stale.  Said once per report, logged at most every WARN_EVERY_S
