@@ -270,9 +270,8 @@ def parse_prescribed_motion(msg, prescribed: Dict[str, Tuple[int, str]], actuato
         target = prescribed.get(name)
         if target is None:
             if name in actuators:
-                problems.append(("not_prescribed", f"set-point for actuator '{shown(name)}', whose effort is not "
-                                                   f"'prescribed' (prescribed: {', '.join(prescribed) or 'none'}; "
-                                                   f"parameter 'actuator_efforts')"))
+                problems.append(("not_prescribed", f"actuator '{shown(name)}' (prescribed: "
+                                                   f"{', '.join(prescribed) or 'none'})"))
             else:
                 problems.append(("unknown_joint", f"unknown actuator joint '{shown(name)}' (actuators: "
                                                   f"{', '.join(actuators) or 'none'})"))

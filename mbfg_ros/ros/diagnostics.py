@@ -49,7 +49,7 @@ EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "tur
           "solver_failures",
           "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
-          "late_steps", "inputs_behind")
+          "late_steps", "inputs_behind", "no_setpoints")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
 
 
@@ -183,6 +183,21 @@ class Diagnostics:
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt
         kv["budget_ms"] = dt * 1e3
+        if setpoints:
+            # a prescribed joint without set-points has its effort estimated from the other readings alone (the
+            # estimate goes on, worse): said like a silent input stream
+            ages = {n: (now - rx) / NS if rx is not None else math.inf for n, rx in setpoints.items()}
+            kv["prescribed"] = ", ".join(f"{n}: {age:.3g} s" if math.isfinite(age) else f"{n}: never"
+                                         for n, age in ages.items())
+            silent = [n for n, age in ages.items() if age > settings.sensor_timeout]
+            if silent and st == "running":
+                level = max(level, DiagnosticStatus.WARN)
+                text = (f"no set-points on prescribed_motion for prescribed actuator(s) {', '.join(silent)} "
+                        f"(sensor_timeout {settings.sensor_timeout} s): their efforts are estimated without their "
+                        f"motion")
+                msgs.append(text)
+                self.events["no_setpoints"] += 1
+                self.warn_kind("no_setpoints", text)
         for k, v in self.events.items():
             kv[k] = v
         for k, v in self.counters.items():
@@ -218,18 +233,6 @@ class Diagnostics:
                 level = max(level, DiagnosticStatus.WARN)
                 msgs.append(f"no {name} for {age:.3g} s (sensor_timeout {settings.sensor_timeout} s)"
                             if math.isfinite(age) else f"no {name} received yet")
-        if setpoints:
-            # a prescribed joint without set-points has its effort estimated from the other readings alone (the
-            # estimate goes on, worse): said like a silent input stream
-            ages = {n: (now - rx) / NS if rx is not None else math.inf for n, rx in setpoints.items()}
-            kv["prescribed"] = ", ".join(f"{n}: {age:.3g} s" if math.isfinite(age) else f"{n}: never"
-                                         for n, age in ages.items())
-            silent = [n for n, age in ages.items() if age > settings.sensor_timeout]
-            if silent and st == "running":
-                level = max(level, DiagnosticStatus.WARN)
-                msgs.append(f"no set-points on prescribed_motion for prescribed actuator(s) {', '.join(silent)} "
-                            f"(sensor_timeout {settings.sensor_timeout} s): their efforts are estimated without "
-                            f"their motion")
         if behind:
             # inputs keep coming but not on time (older than sensor_timeout on arrival): as good as missing,
             # and beyond max_input_age refused as stale.  Said once per report, logged at most every WARN_EVERY_S
