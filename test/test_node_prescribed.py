@@ -103,10 +103,10 @@ def test_the_prescribed_actuators_effort_follows_the_applied_one_and_bad_set_poi
     feeder = RobotFeeder(probe, traj, robot).start()
     try:
         # set-points the node must refuse while it estimates: a joint that is not prescribed, an unknown joint,
-        # NaN, and an angle no motor of this robot reaches (a million turns)
+        # NaN, and an angle no motor of this robot reaches (ten million turns)
         assert wait_until(lambda: len(probe.snapshot("js")) > 20, 30, 0.05), est.output()[-3000:]
         for names, values in ((["motor1"], [0.1]), (["elbow"], [0.1]), (["motor2"], [math.nan]),
-                              (["motor2"], [2 * math.pi * 1e6]), (["motor1", "motor2"], [0.1, math.nan])):
+                              (["motor2"], [2 * math.pi * 1e7]), (["motor1", "motor2"], [0.1, math.nan])):
             _publish_setpoint(probe, names, values)
         feeder.join(30)
     finally:
