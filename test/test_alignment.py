@@ -35,6 +35,11 @@ def test_a_reading_of_uniformly_accelerated_motion_is_moved_exactly_onto_its_ste
         out = ReadingAlignment(mech).to_step({name: angle(stamp)}, {name: round(stamp * NS)}, round(t_k * NS),
                                              v, a, round(t_e * NS))
         assert out[name] == pytest.approx(angle(t_k), abs=1e-12)
+        # a prescribed actuator's set-point on the same coordinate ('q:<coordinate>', prescribed_motion) alike
+        generic = f"q:{mech.coordinate_names[c]}"
+        out = ReadingAlignment(mech).to_step({generic: angle(stamp)}, {generic: round(stamp * NS)},
+                                             round(t_k * NS), v, a, round(t_e * NS))
+        assert out[generic] == pytest.approx(angle(t_k), abs=1e-12)
         # left on the step, the reading is off by about δ·q̇: hundreds of µrad here
         assert abs(angle(stamp) - angle(t_k)) > 1e-4
 

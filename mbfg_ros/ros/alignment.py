@@ -26,10 +26,13 @@ MAX_EXTRAPOLATION = 0.1   # [s] an estimate further than this from the step is t
 
 
 class ReadingAlignment:
-    """Per encoder name, its coordinate: `to_step` shifts readings stamped off their step onto it."""
+    """Per encoder name (and generic 'q:<coordinate>' name), its coordinate: `to_step` shifts readings stamped off
+    their step onto it."""
 
     def __init__(self, mech: Mechanism):
         self.columns: Dict[str, int] = {s.name: int(s.coordinate) for s in mech.sensors if s.kind == "encoder"}
+        # a prescribed actuator's set-point ('q:<coordinate>', prescribed_motion) is read like an encoder
+        self.columns.update({f"q:{name}": c for c, name in enumerate(mech.coordinate_names)})
 
     def to_step(self, values: Mapping[str, float], stamps_ns: Mapping[str, int], t_k_ns: int,
                 v, a, t_estimate_ns: Optional[int]) -> Dict[str, float]:

@@ -238,6 +238,54 @@ def parse_observations(msg, sensors: Dict[str, str], limits: InputLimits, q=None
     return out, problems
 
 
+def prescribed_readings(mech, kinds: Sequence[str]) -> Dict[str, Tuple[int, str]]:
+    """The `parse_prescribed_motion` map of the actuators whose effort kind (`kinds`, actuator order) is
+    `prescribed`: joint name -> (coordinate index, the reading name 'q:<coordinate>' the core takes)."""
+    out = {}
+    for name, kind, actuator in zip(mech.actuator_names, kinds, mech.spec.actuators):
+        if kind == "prescribed":
+            out[name] = (mech.coordinate_index(actuator.coordinate), f"q:{actuator.coordinate}")
+    return out
+
+
+def parse_prescribed_motion(msg, prescribed: Dict[str, Tuple[int, str]], actuators: Sequence[str],
+                            limits: InputLimits, q=None) -> Tuple[Dict[str, float], List[Problem]]:
+    """Set-points from a JointState's `position` (a message object or a `RawJointState`) as readings
+    {'q:<coordinate>': value} of the prescribed actuators (`prescribed_readings`).  A joint that is an actuator
+    but not prescribed (`actuators`: every actuator's name) is refused as `not_prescribed`: its coordinate would
+    be held to a trajectory its effort kind does not follow.  Each set-point must be plausible for its coordinate
+    (`limits`, the rule of an encoder on it; q: the current estimate's coordinates, None before there is one)."""
+    names = msg.name
+    if not names:
+        return {}, [("empty", "JointState without joint names")]
+    if len(set(names)) != len(names):
+        return {}, [("bad_size", "JointState repeats a joint name")]
+    if len(msg.position) != len(names):
+        if not msg.position:
+            return {}, [("empty", f"JointState names {shown(names)} but has no position values (the set-points)")]
+        return {}, [("bad_size", f"JointState has {len(names)} names but {len(msg.position)} position values")]
+    problems: List[Problem] = []
+    out: Dict[str, float] = {}
+    for name, val in zip(names, msg.position):
+        target = prescribed.get(name)
+        if target is None:
+            if name in actuators:
+                problems.append(("not_prescribed", f"actuator '{shown(name)}' (prescribed: "
+                                                   f"{', '.join(prescribed) or 'none'})"))
+            else:
+                problems.append(("unknown_joint", f"unknown actuator joint '{shown(name)}' (actuators: "
+                                                  f"{', '.join(actuators) or 'none'})"))
+            continue
+        coordinate, reading = target
+        val = float(val)
+        problem = limits.coordinate_problem(coordinate, val, q)
+        if problem is not None:
+            problems.append((problem[0], f"set-point of '{shown(name)}': {problem[1]}"))
+            continue
+        out[reading] = val
+    return out, problems
+
+
 def parse_effort_joint_state(msg, actuators: Dict[str, int], limits: InputLimits
                              ) -> Tuple[Optional[np.ndarray], List[Problem]]:
     """Efforts (actuator order, NaN where the message does not say) from a JointState's `effort`; each

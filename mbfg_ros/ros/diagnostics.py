@@ -28,6 +28,8 @@ REJECT_KINDS = {
              "needs; Float64MultiArray without values",
     "bad_size": "array sizes inconsistent (names vs values, or wrong number of efforts)",
     "unknown_joint": "joint name matches no sensor / actuator of the mechanism",
+    "not_prescribed": "set-point on prescribed_motion for an actuator whose effort kind is not 'prescribed' "
+                      "(parameter actuator_efforts, or the mechanism file's effort key)",
     **KINDS,       # non_finite, implausible_position / _rate / _effort (the mechanism's plausibility limits)
     "bad_stamp": "zero or negative header stamp",
     "no_clock": "node clock not valid yet (use_sim_time without /clock)",
@@ -47,7 +49,7 @@ EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "tur
           "solver_failures",
           "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
-          "late_steps", "inputs_behind")
+          "late_steps", "inputs_behind", "no_setpoints")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
 
 
@@ -144,10 +146,12 @@ class Diagnostics:
                  last_t_k: Optional[int], assembly_mode, sched: InputScheduler, settings: Settings,
                  fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
                  fitted_sensor_sigmas: Optional[Dict[str, float]] = None,
-                 numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None):
+                 numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None,
+                 setpoints: Optional[Dict[str, Optional[int]]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`);
-        `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`)."""
+        `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`); `setpoints`: per
+        prescribed actuator, when its newest set-point was received (node clock ns, None: never)."""
         ps = self.period_stats
         self.period_stats = new_period_stats()
         dt = config.dt
@@ -179,6 +183,21 @@ class Diagnostics:
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt
         kv["budget_ms"] = dt * 1e3
+        if setpoints:
+            # a prescribed joint without set-points has its effort estimated from the other readings alone (the
+            # estimate goes on, worse): said like a silent input stream
+            ages = {n: (now - rx) / NS if rx is not None else math.inf for n, rx in setpoints.items()}
+            kv["prescribed"] = ", ".join(f"{n}: {age:.3g} s" if math.isfinite(age) else f"{n}: never"
+                                         for n, age in ages.items())
+            silent = [n for n, age in ages.items() if age > settings.sensor_timeout]
+            if silent and st == "running":
+                level = max(level, DiagnosticStatus.WARN)
+                text = (f"no set-points on prescribed_motion for prescribed actuator(s) {', '.join(silent)} "
+                        f"(sensor_timeout {settings.sensor_timeout} s): their efforts are estimated without their "
+                        f"motion")
+                msgs.append(text)
+                self.events["no_setpoints"] += 1
+                self.warn_kind("no_setpoints", text)
         for k, v in self.events.items():
             kv[k] = v
         for k, v in self.counters.items():

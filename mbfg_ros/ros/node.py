@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover
     QoSOverridingOptions = None
 
 from mbfg_ros.estimation.config import Estimate
+from mbfg_ros.estimation.efforts import effort_kinds
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.ros import conversions as rc
@@ -97,6 +98,7 @@ class EstimatorNode(Node):
         self.settings = startup.settings
         self.assembly_mode = startup.assembly_mode
         self.core_factory = core_factory
+        self._setpoint_rx: Dict[str, Optional[int]] = {}
         self._set_config(startup.config)
         self.startup_times.mark("parameters")
         self.core = core_factory(self.mech, self.config)
@@ -129,6 +131,11 @@ class EstimatorNode(Node):
     def _set_config(self, config):
         self.config = config
         self._expected = EXPECTED_STREAMS[config.mode]
+        # which actuators take set-points follows the core's configuration (actuator_efforts, mode)
+        self.prescribed = rc.prescribed_readings(self.mech, effort_kinds(config.mode, self.mech,
+                                                                         config.actuator_efforts))
+        # a joint that stays prescribed keeps its set-points' age over a rebuild; a newly prescribed one has none
+        self._setpoint_rx = {n: self._setpoint_rx.get(n) for n in self.prescribed}
 
     # ---------------------------------------------------------------------------- interfaces
     def _setup_interfaces(self):
@@ -148,7 +155,9 @@ class EstimatorNode(Node):
                 (self.create_subscription(JointState, "commanded_effort", self.on_effort_joint_state, INPUT_QOS,
                                           callback_group=hot, raw=True, **qo), self.on_effort_joint_state),
                 (self.create_subscription(Float64MultiArray, "commanded_effort_array", self.on_effort_array,
-                                          INPUT_QOS, callback_group=hot, raw=True, **qo), self.on_effort_array)]
+                                          INPUT_QOS, callback_group=hot, raw=True, **qo), self.on_effort_array),
+                (self.create_subscription(JointState, "prescribed_motion", self.on_prescribed_motion, INPUT_QOS,
+                                          callback_group=hot, raw=True, **qo), self.on_prescribed_motion)]
         self.step_timer = self.create_timer(self.config.dt, self.on_step_timer, callback_group=hot)
         # Services: in the fast loop too (answered between two steps), else on the executor under the lock.
         # Parameters and diagnostics: the executor in the main thread.
@@ -229,13 +238,35 @@ class EstimatorNode(Node):
         if problems:
             self.diag.reject_all(problems)
         if values:
-            stamp = msg.stamp_ns
-            self.diag.period_stats["input_delay"].append(now - stamp)
-            bad = self.sched.add_observations(stamp, values, now)
-            if bad == "late":
-                bad = self._fuse_late(stamp, values)
-            if bad:
-                self.diag.reject(bad, self._stamp_problem(bad, "joint_observations", stamp, now))
+            self._add_readings(now, msg.stamp_ns, values, "joint_observations")
+        if not self._fast:
+            self._pump(now, max_steps=1000)
+
+    def _add_readings(self, now: int, stamp: int, values, topic: str):
+        self.diag.period_stats["input_delay"].append(now - stamp)
+        bad = self.sched.add_observations(stamp, values, now)
+        if bad == "late":
+            bad = self._fuse_late(stamp, values)
+        if bad:
+            self.diag.reject(bad, self._stamp_problem(bad, topic, stamp, now))
+
+    def on_prescribed_motion(self, raw: bytes):
+        """A serialized JointState on prescribed_motion: the set-points of the prescribed actuators, which the
+        core takes as readings of their coordinates (with the encoder readings, through the same steps)."""
+        now = self.now_ns()
+        self._check_time(now)
+        msg = self._decoded(raw, "prescribed_motion")
+        last = self.last_estimate
+        values, problems = (rc.parse_prescribed_motion(msg, self.prescribed, self.actuator_map, self.limits,
+                                                       last.q if last is not None else None)
+                            if msg is not None else ({}, ()))
+        if problems:
+            self.diag.reject_all(problems)
+        if values:
+            for name, (_, reading) in self.prescribed.items():
+                if reading in values:
+                    self._setpoint_rx[name] = now
+            self._add_readings(now, msg.stamp_ns, values, "prescribed_motion")
         if not self._fast:
             self._pump(now, max_steps=1000)
 
@@ -679,7 +710,7 @@ class EstimatorNode(Node):
                                           self.assembly_mode, self.sched, self.settings,
                                           self.core.fitted_densities(), self._on_sim_time(),
                                           self.core.fitted_sensor_sigmas(), self.core.numerics(),
-                                          self._parameters_for_diagnostics())
+                                          self._parameters_for_diagnostics(), self._setpoint_rx)
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 

@@ -181,7 +181,8 @@ def declare_parameters(node) -> StartupParameters:
         additional_constraints="one of: " + ", ".join(MODES))).value
     actuator_efforts = d("actuator_efforts", Parameter.Type.STRING_ARRAY, PD(
         description="Per actuator NAME=KIND, KIND estimated | commanded | passive (an underactuated joint: effort "
-                    "known zero), over the mechanism file's 'effort' keys; actuators not listed: the file's kind, "
+                    "known zero) | prescribed (a position-controlled joint: effort estimated, its set-points on "
+                    "prescribed_motion), over the mechanism file's 'effort' keys; actuators not listed: the file's kind, "
                     "else as the mode says. Changing it restarts the estimator",
         additional_constraints=f"entries NAME=KIND, NAME an actuator joint ({', '.join(mech.actuator_names) or 'none'})"
                                f", KIND one of {', '.join(EFFORT_KINDS)}")).value or []
@@ -213,6 +214,12 @@ def declare_parameters(node) -> StartupParameters:
         sensor_sigmas[s.name] = d(f"sensor_sigmas.{s.name}", float(s.sigma), PD(
             description=f"Noise sigma of {s.kind} '{s.name}' (default from the mechanism file)",
             floating_point_range=_float_range(1e-15, 1e15))).value
+    prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
+        description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
+                    "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
+                    "coordinate's unit (rad, m); > 0; changing it restarts the estimator",
+        floating_point_range=_float_range(1e-15, 1e15))).value
+    sensor_sigmas.update(prescribed_sigmas(mech, prescribed_sigma))
     defaults = EstimatorConfig()
     outlier_gate = d("outlier_gate", float(defaults.outlier_gate), PD(
         description="Reject a sensor reading whose residual at the prediction exceeds this many sigmas "
@@ -357,6 +364,12 @@ def declare_parameters(node) -> StartupParameters:
     return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
 
 
+def prescribed_sigmas(mech: Mechanism, sigma: float) -> Dict[str, float]:
+    """The core's sensor_sigmas of the set-points ('q:<coordinate>' readings) of every actuator's coordinate:
+    whichever actuators `actuator_efforts` makes prescribed later, theirs are set already."""
+    return {f"q:{a.coordinate}": float(sigma) for a in mech.spec.actuators}
+
+
 def name_params(msg: str) -> str:
     """Config errors say 'noise parameter 'x''; say which ROS parameter that is."""
     return (msg.replace("noise parameter '", "parameter sigmas.*/sensor_sigmas.* '")
@@ -426,7 +439,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 rebuild[name] = parse_identify_parameter(value, mech)
             except ValueError as e:
                 return str(e)
-        elif name.startswith("sigmas.") or name.startswith("sensor_sigmas."):
+        elif name.startswith("sigmas.") or name.startswith("sensor_sigmas.") or name == "prescribed_sigma":
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
             rebuild[name] = float(value)
@@ -441,6 +454,8 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 sig[name[len("sigmas."):]] = value
             elif name.startswith("sensor_sigmas."):
                 ssig[name[len("sensor_sigmas."):]] = value
+            elif name == "prescribed_sigma":
+                ssig.update(prescribed_sigmas(mech, value))
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
                              actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
