@@ -161,11 +161,11 @@ class PartTimers:
         setattr(obj, name, timed)
 
 
-def breakdown(steps: int, mode: str = "fused", window: int = 10) -> dict:
+def breakdown(steps: int, mode: str = "fused", window: int = 10, identify: tuple = ()) -> dict:
     """Mean thread CPU per step (µs) of step + prepare and of its parts (`PartTimers`, the update and the
     estimate reads of `TimedSmoother`) over the steps after the first 200; `rest` is what the facade, the
     stepper, the gate and the sensors take besides."""
-    est, samples, dt = setup(steps, mode, window)
+    est, samples, dt = setup(steps, mode, window, identify)
     step_costs(est, samples[:200], dt, alternate=False)
     parts = PartTimers(est)
     totals = [0.0, 0.0, 0.0]
@@ -236,13 +236,15 @@ def main(argv=None) -> int:
     if a.breakdown:
         cols = ("step + prepare", "prediction", "linearization", "update", "estimate reads",
                 "safeguard, rest of commit", "estimate", "rest")
-        print("\n| mode | kernel | " + " | ".join(cols) + " |")
-        print("|---|---|" + "---|" * len(cols))
+        print("\n| mode | kernel | identified | " + " | ".join(cols) + " |")
+        print("|---|---|---|" + "---|" * len(cols))
         for mode in a.mode:
             for kernel in a.kernel:
-                with kernel_choice(kernel):
-                    b = breakdown(a.steps, mode, a.window)
-                print(f"| {mode} | {kernel} | " + " | ".join(f"{b[c]:.1f}" for c in cols) + " |", flush=True)
+                for identify in cases:
+                    with kernel_choice(kernel):
+                        b = breakdown(a.steps, mode, a.window, identify)
+                    print(f"| {mode} | {kernel} | {', '.join(identify) or 'none'} | "
+                          + " | ".join(f"{b[c]:.1f}" for c in cols) + " |", flush=True)
         print("\nmeans in µs per step: prediction = StepFactors.predict (in prepare_next_step); linearization = "
               "FixedLagWindow.prepare (units, dynamics, whitening, gtsam factor); update and estimate reads inside "
               "FixedLagWindow.commit; estimate = Estimates.make + check; rest = facade, stepper, gate, sensors "

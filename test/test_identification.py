@@ -332,3 +332,19 @@ def test_fused_mode_learns_a_payload_within_5_percent_in_2_s(pendulum):
     p = est.parameters()
     assert p["names"] == ("link2.payload_mass",)
     assert abs(p["values"][0] - m) < min(0.05 * m, 3 * p["std"][0]), p
+
+
+def test_the_forces_are_the_regressors_times_the_parameters(crank, pendulum):
+    """`forces` (plain floats, for the prediction) against the regressors (numpy, the factor's), every kind."""
+    rng = np.random.default_rng(4)
+    for mech in (crank, pendulum):
+        specs = [IdentifySpec(joint=j, parameter=k) for j in mech.actuator_names
+                 for k in ("gain", "viscous_friction", "coulomb_friction")]
+        specs.append(IdentifySpec(joint="load", parameter="payload_mass", body=1, at=(0.1, 0.02)))
+        P = IdentifiedParameters(mech, specs)
+        for v in (rng.normal(size=mech.n), 0.01 * rng.normal(size=mech.n)):
+            theta, u, a = rng.normal(size=P.size), rng.normal(size=len(mech.actuated)), rng.normal(size=mech.n)
+            expected = np.zeros(mech.n)
+            np.add.at(expected, P.coordinates, P.regressors(v, u) * (theta - P.nominal))
+            expected += P.payload_forces(theta, a)
+            np.testing.assert_allclose(P.forces(theta, v, u, a=a), expected, rtol=1e-12, atol=1e-12)

@@ -83,9 +83,8 @@ class Estimates:
         x_tau = None if self._tau is None else x[self._tau]
         efforts_model = self.efforts
         tau = efforts_model.reported(x_tau, efforts)
-        if self._gains:
-            known, theta = efforts_model.known(efforts), x[self._theta]
-            tau = tau.copy()
+        if self._gains:           # (tau is the model's new array)
+            known, theta = efforts_model.known(efforts, copy=False).tolist(), x[self._theta].tolist()
             for j, i in self._gains:
                 tau[i] += (theta[j] - 1.0) * known[i]
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
@@ -147,7 +146,7 @@ class Estimates:
         """Raise StepFailure for a non-finite estimate, |Φ| over ``max_constraint_residual`` or |q̇| over
         ``max_speed``."""
         if (not self._x_norm2 < math.inf or not all(map(math.isfinite, est.efforts.tolist()))
-                or (est.parameters is not None and not np.isfinite(est.parameters).all())):
+                or (est.parameters is not None and not all(map(math.isfinite, est.parameters.tolist())))):
             raise StepFailure("non-finite estimate")
         if est.constraint_residual > self.config.max_constraint_residual:
             raise StepFailure(f"constraint residual max |Φ| = {est.constraint_residual:.3g} exceeds "

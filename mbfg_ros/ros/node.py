@@ -131,9 +131,11 @@ class EstimatorNode(Node):
     def _set_config(self, config):
         self.config = config
         self._expected = EXPECTED_STREAMS[config.mode]
-        # which actuators take set-points follows the core's configuration (actuator_efforts, mode)
-        self.prescribed = rc.prescribed_readings(self.mech, effort_kinds(config.mode, self.mech,
-                                                                         config.actuator_efforts))
+        # which actuators take set-points follows the core's configuration (actuator_efforts, mode); forward
+        # dynamics reads no readings, so none there
+        kinds = effort_kinds(config.mode, self.mech, config.actuator_efforts)
+        self.prescribed = rc.prescribed_readings(
+            self.mech, kinds if config.mode != "forward_dynamics" else ("commanded",) * len(kinds))
         # a joint that stays prescribed keeps its set-points' age over a rebuild; a newly prescribed one has none
         self._setpoint_rx = {n: self._setpoint_rx.get(n) for n in self.prescribed}
 
