@@ -389,3 +389,11 @@ def test_a_repeated_command_is_named_and_not_applied_again():
     assert s.add_efforts(T0 + MS, np.array([4.0, 3.0]), now_ns=T0 + 2 * MS) == "conflicting"
     assert s.add_observations(T0 + 2 * MS, {"crank": 0.0}, now_ns=T0 + 2 * MS) is None
     assert s.pop()[1].tolist() == [3.0, 3.0]
+
+
+def test_estimation_mode_waits_for_the_commands_of_a_commanded_actuator():
+    from mbfg_ros.ros.scheduler import expected_streams
+    assert expected_streams("estimation", ("estimated", "estimated")) == ("observations",)
+    assert expected_streams("estimation", ("commanded", "prescribed")) == ("efforts", "observations")
+    assert expected_streams("fused", ("commanded",)) == ("efforts", "observations")
+    assert expected_streams("forward_dynamics", ("commanded",)) == ("efforts",)

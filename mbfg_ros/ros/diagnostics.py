@@ -17,7 +17,7 @@ from mbfg_ros.estimation.efforts import effort_kinds
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import KINDS
 from mbfg_ros.ros.parameters import Settings
-from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
+from mbfg_ros.ros.scheduler import NS, InputScheduler, expected_streams
 from mbfg_ros.shown import MAX_LINE, shown
 
 # Kinds of rejected input and what they mean (keys of the `rejected.*` diagnostics).
@@ -204,7 +204,7 @@ class Diagnostics:
             kv[f"rejected.{k}"] = v
         if sched.anchored:
             kv["next_step_time"] = sched.t_of(sched.k_next) / NS
-        expected = EXPECTED_STREAMS[config.mode]
+        expected = expected_streams(config.mode, effort_kinds(config.mode, self.mech, config.actuator_efforts))
         waited = sched.waited_streams(now, expected)
         wait = sched.wait_ns(now, waited)
         kv["input_wait_ms"] = wait / 1e6     # how long a missing input is waited for now

@@ -59,7 +59,7 @@ from mbfg_ros.ros.alignment import ReadingAlignment
 from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text, clock_hint
 from mbfg_ros.ros.outputs import Outputs
-from mbfg_ros.ros.scheduler import EXPECTED_STREAMS, NS, InputScheduler
+from mbfg_ros.ros.scheduler import NS, InputScheduler, expected_streams
 from mbfg_ros.shown import shown
 
 NODE_NAME = "mbfg_estimator"
@@ -130,10 +130,10 @@ class EstimatorNode(Node):
 
     def _set_config(self, config):
         self.config = config
-        self._expected = EXPECTED_STREAMS[config.mode]
-        # which actuators take set-points follows the core's configuration (actuator_efforts, mode); forward
-        # dynamics reads no readings, so none there
+        # which actuators take set-points, and which inputs a step waits for, follow the core's configuration
+        # (actuator_efforts, mode); forward dynamics reads no readings, so no set-points there
         kinds = effort_kinds(config.mode, self.mech, config.actuator_efforts)
+        self._expected = expected_streams(config.mode, kinds)
         self.prescribed = rc.prescribed_readings(
             self.mech, kinds if config.mode != "forward_dynamics" else ("commanded",) * len(kinds))
         # a joint that stays prescribed keeps its set-points' age over a rebuild; a newly prescribed one has none

@@ -26,6 +26,15 @@ EXPECTED_STREAMS = {"forward_dynamics": ("efforts",), "estimation": ("observatio
                     "fused": ("efforts", "observations")}
 
 
+def expected_streams(mode: str, kinds) -> tuple:
+    """The input streams a step waits for in `mode` with these actuator effort kinds: estimation mode waits for the
+    commands too when an actuator's command is a known force (`commanded`), else a step would be estimated with the
+    previous command held."""
+    if mode == "estimation" and "commanded" in tuple(kinds):
+        return EXPECTED_STREAMS["fused"]
+    return EXPECTED_STREAMS[mode]
+
+
 class Stream:
     """Bookkeeping of one input kind ('observations' or 'efforts')."""
 
