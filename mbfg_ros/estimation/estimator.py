@@ -279,7 +279,7 @@ class FixedLagEstimator:
     def parameters(self) -> Optional[Dict[str, object]]:
         """The identified parameters now: {'names', 'values' (the newest estimate), 'std' (their marginal 1σ; NaN
         where the window cannot give it), 'prior_std', 'excitation' (1 − σ/σ_prior, clipped to [0, 1]: how much
-        the motion so far has told about each), 'frozen'}; None without identified parameters."""
+        the motion so far has told about each), 'frozen', 'settling' (held while a new window settles)}; None without identified parameters."""
         ident = self.identification
         if ident is None:
             return None
@@ -296,7 +296,8 @@ class FixedLagEstimator:
             except Exception:
                 std = np.full(ident.size, np.nan)
         return {"names": ident.names, "values": values, "std": std, "prior_std": P.prior_sigma.copy(),
-                "excitation": np.clip(1.0 - std / P.prior_sigma, 0.0, 1.0), "frozen": ident.frozen}
+                "excitation": np.clip(1.0 - std / P.prior_sigma, 0.0, 1.0), "frozen": ident.frozen,
+                "settling": ident.settling > 0}
 
     def freeze_parameters(self, frozen: bool) -> bool:
         """Hold the identified parameters at their newest estimates (`frozen`) or let them learn again; False

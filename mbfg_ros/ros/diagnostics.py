@@ -83,13 +83,14 @@ def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
 
 def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
     """The diagnostics of the identified parameters (`EstimatorCore.parameters`): `parameter.<name>` =
-    "<value> ± <σ> (excitation <e>)" each, and `identification` = learning | frozen; {} when nothing is identified."""
+    "<value> ± <σ> (excitation <e>)" each, and `identification` = learning | settling | frozen; {} when nothing is identified."""
     if not parameters:
         return {}
     kv = {f"parameter.{name}": f"{value:.6g} ± {std:.3g} (excitation {excitation:.2f})"
           for name, value, std, excitation in zip(parameters["names"], parameters["values"], parameters["std"],
                                                   parameters["excitation"])}
-    kv["identification"] = "frozen" if parameters["frozen"] else "learning"
+    kv["identification"] = ("frozen" if parameters["frozen"] else
+                            "settling" if parameters.get("settling") else "learning")
     return kv
 
 
