@@ -59,7 +59,7 @@ def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
     is held 1.5 × 8 = 12 ms instead of
     the 3 ms max_input_delay, so the readings still make it; without it the step is predicted at 3 ms and
     the readings are dropped as too old.  Once the delays are over, the wait decays back (~1 s memory), and it
-    never exceeds sensor_timeout."""
+    never exceeds max_input_age."""
     s = scheduler()
     s.adaptive_input_delay = adaptive
     assert s.wait_ns(T0, list(s.streams.values())) == 3 * MS
@@ -90,9 +90,12 @@ def test_inputs_that_arrive_later_are_waited_for_longer(adaptive):
     # the delays end: the wait decays back to max_input_delay within a few seconds
     t = t20 + 3_000 * MS
     assert s.wait_ns(t, list(s.streams.values())) == 3 * MS
-    # a huge delay is waited for at most sensor_timeout
+    # a delay beyond sensor_timeout (a feed that fell behind, still arriving) is waited for: 1.5 × 500 ms
     s.add_observations(t - 500 * MS, {"crank": 0.0}, now_ns=t)
-    assert s.wait_ns(t, list(s.streams.values())) == (100 * MS if adaptive else 3 * MS)
+    assert s.wait_ns(t, list(s.streams.values())) == (750 * MS if adaptive else 3 * MS)
+    # ... at most max_input_age (older inputs are refused as stale)
+    s.add_observations(t - 900 * MS, {"crank": 0.0}, now_ns=t)
+    assert s.wait_ns(t, list(s.streams.values())) == (s.max_input_age_ns if adaptive else 3 * MS)
 
 
 def test_commands_are_held_until_the_sensor_timeout_and_unknown_after():

@@ -362,7 +362,12 @@ class InputScheduler:
     def wait_ns(self, now_ns: int, waited: List[Stream]) -> int:
         """How long after a step's time its missing inputs are waited for: `input_delay_ns`; adaptive, once
         the largest recent delay of the waited inputs is more than the window can absorb: DELAY_FACTOR ×
-        that delay, at most sensor_timeout (a stream silent that long is not waited for at all).
+        that delay, at most max_input_age (older inputs are refused as stale anyway).  A stream that keeps
+        arriving, however late, is waited for: estimating ahead of it would predict every step open loop and
+        then drop its readings as too old, so a feed that fell behind by more than the window would never
+        be fused again and the estimate would drift freely (through whole turns of an encoded angle).  Its
+        cost is latency, which /diagnostics reports (input.<stream>.behind_s, inputs_behind).  A stream
+        silent for sensor_timeout is not waited for at all (`waited_streams`).
 
         Delays up to input_delay + (window − 2)·dt cost nothing to wait out in accuracy: the step is
         predicted, its readings are fused into the window when they come (and a late command replaces the
@@ -373,7 +378,7 @@ class InputScheduler:
         hi = self.recent_delay_ns(now_ns, waited)
         if hi <= base + max(0, self.window - 2) * self.dt_ns:
             return base
-        return int(min(max(base, DELAY_FACTOR * hi), max(base, self.sensor_timeout_ns)))
+        return int(min(max(base, DELAY_FACTOR * hi), max(base, self.max_input_age_ns)))
 
     def pop(self):
         """Inputs of step k_next: (k, efforts in actuator order or None, observations or None); advances.
