@@ -422,13 +422,16 @@ class PublisherThread:
 class Feeder(PublisherThread):
     """Publishes a plant trajectory as the node's inputs in real time from a thread: observations
     (`joint_observations`) and commanded efforts (`commanded_effort`), stamped t_start + k·dt on the
-    node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth."""
+    node clock (system time).  `stamps[k]` gives the stamp of sample k for comparisons with the truth.
+    `observations_until`: readings only for the samples before it (then commands alone)."""
 
     pause_gc = True
 
     def __init__(self, probe: "Probe", traj, dt: float, mech, observations: bool = True, efforts: bool = True,
-                 t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0):
+                 t_start_ns: Optional[int] = None, clock: bool = False, rate: float = 1.0,
+                 observations_until: Optional[int] = None):
         self.probe, self.traj, self.dt, self.mech = probe, traj, dt, mech
+        self.observations_until = observations_until
         self.observations, self.efforts, self.clock, self.rate = observations, efforts, clock, rate
         self.t_start_ns = t_start_ns
         self.stamps: List[int] = []
@@ -455,7 +458,7 @@ class Feeder(PublisherThread):
             self.lateness_ns.append(time.time_ns() - due)
             if self.clock:
                 self.probe.pub_clock.publish(Clock(clock=Time(sec=st // 1_000_000_000, nanosec=st % 1_000_000_000)))
-            if self.observations:
+            if self.observations and (self.observations_until is None or k < self.observations_until):
                 pos = [float("nan") if s in gyro else self.traj.readings[s][k] for s in sensors]
                 vel = [self.traj.readings[s][k] if s in gyro else float("nan") for s in sensors]
                 self.probe.pub_obs.publish(joint_state(st, sensors, pos, vel if gyro else []))

@@ -193,9 +193,13 @@ def test_estimates_track_the_simulated_truth(shared, mech, traj):
     assert all(d[k] == "0" for k in d if k.startswith("rejected."))
 
 
-def test_outputs_continue_without_inputs_and_warn(shared, mech, traj):
+def test_outputs_continue_without_inputs_then_stop_after_max_prediction(shared, mech, traj):
+    """When the inputs stop, outputs keep coming as predictions on the same grid (the silence is warned of),
+    for max_prediction (0.5 s) past the last readings; then estimation stops (counted, logged, WARN, state
+    waiting) and starts again from the next readings."""
     est, probe = shared
     _reset(probe)
+    before = probe.wait_diag(lambda d: "prediction_stops" in d, 3.0)
     f = Feeder(probe, traj.head(100), DT, mech).start()
     f.join()
     last_in = f.stamps[-1]
@@ -203,12 +207,24 @@ def test_outputs_continue_without_inputs_and_warn(shared, mech, traj):
     # forward prediction: outputs keep coming after the last input, on the same grid
     assert wait_until(lambda: len([1 for r, m in probe.snapshot("state")
                                    if stamp_ns(m.header.stamp) > last_in + int(0.3 * NS)]) > 0, 5.0)
+    d = probe.wait_diag(lambda d: int(d["prediction_stops"]) > int(before["prediction_stops"]), 5.0)
+    assert d is not None and d["_level"] == 1 and d["state"] == "waiting", d          # WARN
+    assert "no readings for" in d["_message"] and "max_prediction 0.5 s" in d["_message"], d["_message"]
+    assert int(d["predicted_steps"]) > 0
+    time.sleep(0.3)
     st, q, *_ = _state_arrays(probe, after_ns=t_end)
     assert np.all(np.isfinite(q))
     assert np.all((st - f.stamps[0]) % int(round(DT * NS)) == 0)
-    d = probe.wait_diag(lambda d: int(d.get("predicted_steps", 0)) > 0 and "sensor_timeout" in d["_message"], 3.0)
-    assert d is not None and d["_level"] == 1, d          # WARN
-    assert d["state"] == "running"
+    # nothing predicted further than max_prediction past the last readings
+    assert st.max() <= last_in + int(0.5 * NS) + int(round(DT * NS)), (st.max() - last_in) / NS
+    assert "prediction_stops (" in est.output()
+    # readings again: estimation starts from them
+    probe.clear()
+    f = Feeder(probe, traj.head(50), DT, mech).start()
+    f.join()
+    assert wait_until(lambda: len(probe.snapshot("state")) > 10, 5.0)
+    d = probe.wait_diag(lambda d: d["state"] == "running", 3.0)
+    assert d is not None and "no readings for" not in d["_message"], d
 
 
 def test_services(shared, mech, traj):
@@ -318,7 +334,10 @@ def test_late_readings_are_fused_inside_the_window_and_dropped_outside(shared, m
     older than the window, or one the innovation gate refuses, is counted and dropped."""
     est, probe = shared
     _reset(probe)
-    f = Feeder(probe, traj, DT, mech, observations=False).start()     # commands only: readings come late
+    # commands only after the first reading (the start needs readings): the readings come late, by hand (the
+    # node would stop predicting max_prediction past the first one before they all are counted on a busy machine)
+    assert probe.set_params({"max_prediction": 30.0})[0].successful
+    f = Feeder(probe, traj, DT, mech, observations_until=1).start()
     try:
         assert wait_until(lambda: len(probe.snapshot("state")) > 50, 5.0)
         dt_ns = int(round(DT * NS))
@@ -339,6 +358,7 @@ def test_late_readings_are_fused_inside_the_window_and_dropped_outside(shared, m
         assert wait_until(counted, 10.0, 0.15)
     finally:
         f.stop()
+        assert probe.set_params({"max_prediction": 0.5})[0].successful
 
 
 class OffGridFeeder(Feeder):
@@ -403,7 +423,7 @@ def test_readings_stamped_off_the_grid_are_placed_at_their_times(shared, mech):
 def test_inputs_that_arrive_late_are_waited_for(shared, mech, traj):
     """Every input arrives 80 ms after its stamp (a slow link, a loaded sender): longer than the window
     (10 steps of 4 ms) plus max_input_delay (30 ms).  With adaptive_input_delay (default) the node waits
-    min(1.5 × 80 ms, sensor_timeout = 100 ms) for them and estimates from them; without it, each step is
+    1.5 × their largest recent delay (≥ 120 ms; at most max_input_age) for them and estimates from them; without it, each step is
     predicted after 30 ms and its inputs are then dropped as too old."""
     est, probe = shared
     delay_ns = 80_000_000
@@ -431,7 +451,8 @@ def test_inputs_that_arrive_late_are_waited_for(shared, mech, traj):
         probe.set_params({"adaptive_input_delay": True})
     on, off = runs[True], runs[False]
     print(f"\n  adaptive: {on}\n  fixed:    {off}")
-    assert 90.0 < on["wait"] <= 100.0 and off["wait"] == pytest.approx(30.0)
+    # (a busy machine delays some inputs further: the wait follows the largest, up to max_input_age)
+    assert 119.0 < on["wait"] <= 1000.0 and off["wait"] == pytest.approx(30.0)
     assert on["dropped"] < 10 and on["crank"] < 5e-3 and on["warned"] and not off["warned"]
     assert off["predicted"] > 150 and off["dropped"] > 150 and off["crank"] > 0.05
     assert est.alive()

@@ -179,14 +179,61 @@ def test_start_up_waits_for_every_input_the_mode_uses():
     s.add_observations(T0, {"crank": 0.1}, now_ns=T0)
     s.add_efforts(T0, np.array([2.0]), now_ns=T0)
     assert s.start_step(T0, EXPECTED) == 0
-    # a sensor that never comes: estimation starts after startup_wait without it
+    # commands that never come: estimation starts after startup_wait without them
     s = scheduler()
     s.startup_wait_ns = 200 * MS
-    s.add_efforts(T0, np.array([1.0]), now_ns=T0)
+    s.add_observations(T0, {"crank": 0.1}, now_ns=T0)
     assert not s.ready(T0 + 199 * MS, EXPECTED) and s.ready(T0 + 200 * MS, EXPECTED)
     # after the first step, a missing input is waited for only max_input_delay
     s.pop()
     assert s.ready(T0 + 201 * MS, EXPECTED)
+    # readings that never come are waited for as long as it takes: started from commands alone, the estimate
+    # would publish the drawn pose as the encoded angles (whole turns from a multi-turn encoder's reading)
+    s = scheduler()
+    s.startup_wait_ns = 200 * MS
+    s.add_efforts(T0, np.array([1.0]), now_ns=T0)
+    assert not s.ready(T0 + 900 * MS, EXPECTED)
+    assert s.ready(T0 + 200 * MS, ("efforts",))           # forward dynamics reads no readings
+    s.add_observations(T0 + 850 * MS, {"crank": 0.1}, now_ns=T0 + 900 * MS)
+    assert s.ready(T0 + 900 * MS, EXPECTED)
+
+
+def test_steps_further_than_max_prediction_past_the_newest_readings_are_not_estimated():
+    """A mode that uses readings predicts at most max_prediction past the newest step with readings (taken on
+    time or late, into the window): the node stops there and starts again from the next readings."""
+    s = scheduler(window=5)
+    s.max_prediction_ns = 50 * MS
+    s.add_observations(T0, {"crank": 0.1}, now_ns=T0)
+    s.add_efforts(T0, np.array([1.0]), now_ns=T0)
+    s.pop()
+    assert s.reading_k == 0
+    for k in range(1, 51):                              # commands only: steps 1..50 predicted
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
+        assert not s.beyond_prediction(s.k_next, EXPECTED)
+        s.pop()
+    assert s.beyond_prediction(s.k_next, EXPECTED)      # step 51 is 51 ms past the readings of step 0
+    assert not s.beyond_prediction(s.k_next, ("efforts",))     # forward dynamics: no readings expected
+    s.max_prediction_ns = 0
+    assert not s.beyond_prediction(s.k_next, EXPECTED)  # 0: predict for ever
+    s.max_prediction_ns = 50 * MS
+    # a late reading of a step still in the window counts: the estimate has readings that recent
+    assert s.add_observations(T0 + 48 * MS, {"crank": 0.2}, now_ns=T0 + 52 * MS) == "late"
+    assert s.reading_k == 48 and not s.beyond_prediction(s.k_next, EXPECTED)
+    # one older than the window does not
+    assert s.add_observations(T0 + 40 * MS, {"crank": 0.2}, now_ns=T0 + 52 * MS) == "too_old"
+    assert s.reading_k == 48
+    s.clear()
+    assert s.reading_k is None
+    # never less than the window (readings fused late into it count): 100 steps of 1 ms here
+    s = scheduler(window=100)
+    s.max_prediction_ns = 50 * MS
+    s.add_observations(T0, {"crank": 0.1}, now_ns=T0)
+    s.add_efforts(T0, np.array([1.0]), now_ns=T0)
+    s.pop()
+    s.skip_to(100)
+    assert not s.beyond_prediction(s.k_next, EXPECTED)
+    s.skip_to(101)
+    assert s.beyond_prediction(s.k_next, EXPECTED)
 
 
 def test_overload_skips_to_the_newest_inputs_whose_wait_is_over():

@@ -49,7 +49,7 @@ EVENTS = ("resets", "time_jumps", "reinitializations", "solver_recoveries", "tur
           "solver_failures",
           "overruns",
           "skipped_steps", "predicted_steps", "steps", "late_readings_fused", "late_command_corrections",
-          "late_steps", "inputs_behind", "no_setpoints")
+          "late_steps", "inputs_behind", "no_setpoints", "prediction_stops")
 WARN_EVERY_S = 10.0     # a kind of problem is logged at its first occurrence, then at most this often
 
 
@@ -113,6 +113,8 @@ class Diagnostics:
         self.period_stats = new_period_stats()
         self.last_error = ""
         self.last_message = ""
+        # why estimation stopped (max_prediction passed without readings) until it runs again; "" otherwise
+        self.stopped = ""
         self._failures_reported = 0
         self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why (for the log)
         # what each angle encoder's readings say about turns (mechanism YAML `turns:`): fixed for the node's life
@@ -248,7 +250,13 @@ class Diagnostics:
             msgs.insert(0, text)
             self.warn_kind("inputs_behind", text)
         if state == "waiting" and now > 0:
-            msgs.append("waiting for the first input")
+            if self.stopped:
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.insert(0, self.stopped)
+            elif sched.anchored and "observations" in expected and sched.streams["observations"].last_rx_ns is None:
+                msgs.append("waiting for the first readings (joint_observations): the estimate starts from them")
+            else:
+                msgs.append("waiting for the first input")
         if self.events["solver_failures"] and self.last_error:
             kv["last_error"] = self.last_error
         if ps["steps"] == 0 and state == "running":

@@ -400,6 +400,9 @@ class EstimatorNode(Node):
         while sched.ready(now_ns, expected):
             if n == max_steps:
                 return True
+            if sched.beyond_prediction(sched.k_next, expected):
+                self._stop_without_readings()
+                return False
             k, efforts, obs = sched.pop()
             self._step(k, efforts, obs)
             n += 1
@@ -470,6 +473,7 @@ class EstimatorNode(Node):
         if observations is None and not self.sched.own_command:
             events["predicted_steps"] += 1      # no input of its own (a held command may be applied)
         self.state = "running"
+        diag.stopped = ""
         self.last_estimate = est
         self.last_k = k
         steps = self._estimate_steps
@@ -493,6 +497,19 @@ class EstimatorNode(Node):
             ps["late"] += 1
             events["late_steps"] += 1
 
+    def _stop_without_readings(self):
+        """The next step would be more than max_prediction past the newest readings: stop estimating there (no
+        open-loop prediction is published for longer) and start again from the next readings, on their turns."""
+        sched = self.sched
+        t_k = sched.t_of(sched.k_next)
+        silent = (sched.k_next - sched.reading_k) * sched.dt_ns / NS
+        self.diag.events["prediction_stops"] += 1
+        reason = (f"no readings for {silent:.3g} s (max_prediction {self.settings.max_prediction:g} s): estimation "
+                  f"stopped at t={t_k / NS:.6f} and starts again from the next readings")
+        self.diag.warn_kind("prediction_stops", reason)
+        self._restart(reason, reset_stamp_ns=t_k)
+        self.diag.stopped = reason
+
     def _recover(self, e: Exception, t_k: int):
         """The core's step raised: re-initialize it, else reset."""
         diag = self.diag
@@ -511,6 +528,13 @@ class EstimatorNode(Node):
     def reset_estimation(self, reason: str, reset_stamp_ns: int = 0):
         """Clear all state and wait for the first input stamped at or after reset_stamp_ns."""
         self.diag.events["resets"] += 1
+        self._restart(f"reset: {reason}", reset_stamp_ns)
+        self.get_logger().info(f"reset: {reason}")
+
+    def _restart(self, message: str, reset_stamp_ns: int):
+        """Clear the core's and the scheduler's state: the next inputs stamped at or after reset_stamp_ns
+        start estimation again."""
+        self.diag.stopped = ""
         try:
             self.core.reset()
         except Exception as e:   # a broken core: rebuild it
@@ -522,8 +546,7 @@ class EstimatorNode(Node):
         self.last_k = None
         self._estimate_steps.clear()
         self.outputs.forget_markers()
-        self.diag.last_message = f"reset: {reason}"
-        self.get_logger().info(f"reset: {reason}")
+        self.diag.last_message = message
 
     def _reinitialize(self, assembly_mode) -> str:
         """Re-solve the position problem from the latest estimate on `assembly_mode`; what was done.  The

@@ -27,7 +27,7 @@ from mbfg_ros.shown import MAX_LINE, shown
 DYNAMIC_SETTINGS = {"sensor_timeout": float, "max_input_delay": float, "startup_wait": float, "max_input_age": float,
                     "future_tolerance": float, "marker_period": float, "max_backlog": float,
                     "publish_markers": bool, "frame_id": str, "reset_on_time_jump": bool,
-                    "adaptive_input_delay": bool}
+                    "adaptive_input_delay": bool, "max_prediction": float}
 
 
 # Longest string parameter values (characters): anyone on the domain can set the dynamic ones, and every
@@ -127,6 +127,7 @@ class Settings:
     diagnostics_period: float
     reset_on_time_jump: bool
     max_backlog: float
+    max_prediction: float
     fast_loop: bool
     thread_priority: int = 0              # read-only: SCHED_FIFO priority of the fast loop's thread (0: normal)
     publish_stddev: bool = False          # read-only: ~/joint_states_stddev (the core computes the marginal)
@@ -250,10 +251,15 @@ def declare_parameters(node) -> StartupParameters:
         description="While inputs arrive later than the window can absorb (max_input_delay + (window - 2) "
                     "steps; a loaded machine, a slow link), wait "
                     f"{DELAY_FACTOR:g} x their largest recent delay (memory ~{DELAY_MEMORY_NS / NS:g} s, at most "
-                    "sensor_timeout) instead of predicting the steps and dropping the inputs as too old")).value
+                    "max_input_age) instead of predicting the steps and dropping the inputs as too old")).value
     startup_wait = seconds("startup_wait", 1.0, 3600.0,
-                           "After a (re)start, longest wait for every input the mode uses (its topic may still be "
-                           "being discovered) before estimating without the missing ones [s]")
+                           "After a (re)start, longest wait for the commands (their topic may still be being "
+                           "discovered) before estimating without them [s]; readings, in the modes that use them, "
+                           "are waited for as long as it takes")
+    max_prediction = seconds("max_prediction", 0.5, 3600.0,
+                             "Longest stretch of steps predicted past the newest readings (modes that use readings): "
+                             "beyond it estimation stops and starts again from the next readings [s] (0: never "
+                             "stop; never less than window x dt)")
     max_input_age = seconds("max_input_age", 1.0, 1e6,
                             "Inputs stamped more than this before the node clock are rejected [s] (at least "
                             f"max({MIN_INPUT_AGE:g} s, window x dt))")
@@ -357,7 +363,7 @@ def declare_parameters(node) -> StartupParameters:
                         max_input_age=max_input_age, future_tolerance=future_tolerance,
                         publish_markers=publish_markers, marker_period=marker_period, frame_id=frame_id,
                         diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
-                        max_backlog=max_backlog, fast_loop=fast_loop, thread_priority=int(thread_priority),
+                        max_backlog=max_backlog, max_prediction=max_prediction, fast_loop=fast_loop, thread_priority=int(thread_priority),
                         publish_stddev=bool(publish_stddev),
                         publish_covariance=bool(publish_covariance),
                         parameters_period=float(parameters_period))
@@ -487,3 +493,4 @@ def configure_scheduler(sched: InputScheduler, settings: Settings) -> None:
     sched.adaptive_input_delay = bool(settings.adaptive_input_delay)
     sched.startup_wait_ns = int(settings.startup_wait * NS)
     sched.max_backlog_ns = int(settings.max_backlog * NS)
+    sched.max_prediction_ns = int(settings.max_prediction * NS)

@@ -95,6 +95,7 @@ class InputScheduler:
         self.adaptive_input_delay = True
         self.startup_wait_ns = NS
         self.max_backlog_ns = NS // 10           # 0: never skip ahead
+        self.max_prediction_ns = NS // 2         # 0: predict without readings for ever
         self.reset_stamp_ns = 0
         self.clear()
 
@@ -121,6 +122,7 @@ class InputScheduler:
         self.command_corrections: Dict[int, np.ndarray] = {}
         self.deferred_corrections: Dict[int, np.ndarray] = {}   # steps covered, not yet due (`_late_efforts`)
         self.own_command = False                 # the step `pop` handed out last had a command of its own
+        self.reading_k: Optional[int] = None     # the newest step readings were taken for (on time or late)
         self.reset_stamp_ns = reset_stamp_ns
         for s in self.streams.values():
             s.clear()
@@ -211,6 +213,8 @@ class InputScheduler:
                         pending[name] = v
                 repeated = repeated or kind
                 del values[name]
+        if values and (self.reading_k is None or k > self.reading_k):
+            self.reading_k = k
         if k < self.k_next:
             return self._late_kind(k) if values else repeated
         if values:
@@ -350,9 +354,23 @@ class InputScheduler:
             return True
         if not self.started and any(s.last_rx_ns is None for s in waited):
             # an input the mode uses has not been heard from yet (e.g. its topic is still being
-            # discovered): initializing without it would start from a guess
+            # discovered): initializing without it would start from a guess.  Readings are waited for as
+            # long as it takes: an estimate started without them would publish the drawn pose as the
+            # angles of encoded joints (whole turns from their encoders' readings); commands are waited
+            # for at most startup_wait (then held as unknown)
+            if "observations" in expected and self.streams["observations"].last_rx_ns is None:
+                return False
             return now_ns >= self.first_rx_ns + self.startup_wait_ns
         return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
+
+    def beyond_prediction(self, k: int, expected) -> bool:
+        """Step k would be more than max_prediction past the newest step with readings, in a mode that uses
+        readings: a prediction that long without them no longer tells which turn an encoded angle is on (nor
+        much else), so the node stops estimating there and starts again from the next readings."""
+        if not self.max_prediction_ns or "observations" not in expected or self.reading_k is None:
+            return False
+        # (never less than the window: readings that come within it are fused into steps already predicted)
+        return (k - self.reading_k) * self.dt_ns > max(self.max_prediction_ns, self.window * self.dt_ns)
 
     @staticmethod
     def recent_delay_ns(now_ns: int, waited: List[Stream]) -> float:
