@@ -36,6 +36,8 @@ from typing import Callable, List, Optional, Tuple
 
 from rclpy.callback_groups import CallbackGroup
 
+from mbfg_ros.ros.handoff_lock import HandOffLock
+
 try:
     from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 except ImportError:  # pragma: no cover
@@ -158,7 +160,8 @@ class FastLoop:
         self.timers = list(timers)
         self.services = list(services or ())
         self.after_batch = after_batch
-        self.lock = lock or threading.RLock()
+        # (a HandOffLock: the loop hands it to a waiting callback of another thread before each batch)
+        self.lock = lock or HandOffLock()
         user_on_error = on_error or (lambda e: node.get_logger().error(f"fast loop handler: {e!r}"))
 
         def report(e):   # errors while the context shuts down (SIGINT) are expected: stay quiet
@@ -248,6 +251,8 @@ class FastLoop:
                 poll_window = None if self.realtime else self.poll_window   # a real-time thread never spins
                 wake = self._wake.handle
                 stop = self._stop
+                yield_to_waiters = getattr(self.lock, "yield_to_waiters", None)
+                yielding = yield_to_waiters is not None
                 while not stop.is_set():
                     if more or (poll_until and time.monotonic_ns() < poll_until):
                         # polling: try every subscription and timer directly (no wait set to rebuild)
@@ -273,6 +278,9 @@ class FastLoop:
                         poll_until = 0
                     took = more
                     more = False
+                    if yielding:
+                        # a callback of the main executor waiting for the lock gets it before this batch
+                        yield_to_waiters()
                     with self.lock:
                         for sh, mtype, raw, handler, with_info in subs:
                             if ready_subs is not None and sh.pointer not in ready_subs:

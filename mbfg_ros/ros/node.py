@@ -23,7 +23,6 @@ if __name__ == "__main__":   # `python -m mbfg_ros.ros.node`: a stop signal duri
     stop_signals.install()
 
 import sys
-import threading
 import traceback
 from dataclasses import replace
 from typing import Dict, Optional
@@ -58,6 +57,7 @@ from mbfg_ros.ros import parameters as P
 from mbfg_ros.ros.alignment import ReadingAlignment
 from mbfg_ros.ros.core import CoreFactory
 from mbfg_ros.ros.diagnostics import Diagnostics, branch_text, clock_hint
+from mbfg_ros.ros.handoff_lock import HandOffLock
 from mbfg_ros.ros.outputs import Outputs
 from mbfg_ros.ros.scheduler import NS, InputScheduler, expected_streams
 from mbfg_ros.shown import shown
@@ -90,7 +90,7 @@ class EstimatorNode(Node):
         self.startup_times = (startup_times if startup_times is not None
                               else lifecycle.StartupTimes(time.monotonic()))
         self.startup_times.mark("node")
-        self._lock = threading.RLock()
+        self._lock = HandOffLock()     # (the fast loop hands it to a waiting parameter/service callback)
         self._loop: Optional[fastloop.FastLoop] = None
         self.now_ns = rc.clock_reader(self.get_clock())   # node clock (sim time when use_sim_time), ns
         startup = P.declare_parameters(self)
