@@ -167,10 +167,11 @@ def test_start_up_waits_for_every_input_the_mode_uses():
     assert s.start_step(T0 + 50 * MS, EXPECTED) is None             # not every input heard from yet
     s.add_observations(T0 + 50 * MS, {"crank": 0.1}, now_ns=T0 + 50 * MS)
     s.add_efforts(T0 + 50 * MS, np.array([2.0]), now_ns=T0 + 50 * MS)
-    assert s.ready(T0 + 50 * MS, EXPECTED)
+    assert not s.ready(T0 + 50 * MS, EXPECTED)       # step 0 holds a command only: never the first step
     # the node starts at the first step with every input (the 50 older ones hold commands only)
     assert s.start_step(T0 + 50 * MS, EXPECTED) == 50
     assert s.skip_to(50) == 50
+    assert s.ready(T0 + 50 * MS, EXPECTED)
     k, eff, obs = s.pop()
     assert k == 50 and obs == {"crank": 0.1} and eff.tolist() == [2.0]
     assert s.start_step(T0 + 51 * MS, EXPECTED) is None             # started: no more start-up skipping
@@ -195,7 +196,32 @@ def test_start_up_waits_for_every_input_the_mode_uses():
     assert not s.ready(T0 + 900 * MS, EXPECTED)
     assert s.ready(T0 + 200 * MS, ("efforts",))           # forward dynamics reads no readings
     s.add_observations(T0 + 850 * MS, {"crank": 0.1}, now_ns=T0 + 900 * MS)
+    assert s.start_step(T0 + 900 * MS, EXPECTED) == 850
+    s.skip_to(850)
     assert s.ready(T0 + 900 * MS, EXPECTED)
+
+
+def test_the_first_step_has_readings_also_after_a_skip_ahead_to_newer_commands():
+    """Overloaded at start-up, the node skips to the newest input, a command whose readings are still on their
+    way: the start waits for the first step with readings from there (a start from that command alone was a
+    guess, the crank four-bar's drawn pose published six turns from its encoder)."""
+    s = scheduler()
+    s.max_backlog_ns = 20 * MS
+    for k in range(30):
+        s.add_efforts(T0 + k * MS, np.array([1.0]), now_ns=T0 + k * MS)
+    for k in range(25):
+        s.add_observations(T0 + k * MS, {"crank": 0.1}, now_ns=T0 + k * MS)
+    now = T0 + 60 * MS
+    assert s.overloaded(now)
+    s.skip_ahead(now, EXPECTED)
+    assert s.k_next == 29                                 # the newest command
+    assert s.start_step(now, EXPECTED) == 29 and not s.ready(now, EXPECTED)
+    s.add_observations(T0 + 31 * MS, {"crank": 0.1}, now_ns=now)
+    assert s.start_step(now, EXPECTED) == 31
+    s.skip_to(31)
+    assert s.ready(now, EXPECTED)
+    k, _, obs = s.pop()
+    assert k == 31 and obs == {"crank": 0.1}
 
 
 def test_steps_further_than_max_prediction_past_the_newest_readings_are_not_estimated():

@@ -343,23 +343,30 @@ class InputScheduler:
         waited = self.waited_streams(now_ns, expected)
         if not waited or any(s.last_k is None for s in waited):
             return None
-        return min(s.last_k for s in waited)
+        k0 = min(s.last_k for s in waited)
+        if "observations" in expected:
+            # the first step with readings from there (or from the next step, after a skip ahead to a newer
+            # command): the start is never a guess (`ready`)
+            k0 = max(k0, self.k_next)
+            k0 = min((k for k in self.obs if k >= k0), default=k0)
+        return k0
 
     def ready(self, now_ns: int, expected) -> bool:
         if self.t0_ns is None:
             return False
         k = self.k_next
+        if not self.started and "observations" in expected and k not in self.obs:
+            # the first step of a mode that uses readings has readings, however long they take: started
+            # without them, the estimate would publish the drawn pose as the angles of encoded joints (whole
+            # turns from their encoders' readings) until the readings re-initialize it (`start_step`)
+            return False
         waited = self.waited_streams(now_ns, expected)
         if waited and all(s.last_k is not None and s.last_k >= k for s in waited):
             return True
         if not self.started and any(s.last_rx_ns is None for s in waited):
             # an input the mode uses has not been heard from yet (e.g. its topic is still being
-            # discovered): initializing without it would start from a guess.  Readings are waited for as
-            # long as it takes: an estimate started without them would publish the drawn pose as the
-            # angles of encoded joints (whole turns from their encoders' readings); commands are waited
-            # for at most startup_wait (then held as unknown)
-            if "observations" in expected and self.streams["observations"].last_rx_ns is None:
-                return False
+            # discovered): initializing without it would start from a guess.  (Commands are waited for at
+            # most startup_wait, then held as unknown; readings as long as it takes, above)
             return now_ns >= self.first_rx_ns + self.startup_wait_ns
         return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
 
