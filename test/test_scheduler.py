@@ -202,9 +202,10 @@ def test_start_up_waits_for_every_input_the_mode_uses():
 
 
 def test_the_first_step_has_readings_also_after_a_skip_ahead_to_newer_commands():
-    """Overloaded at start-up, the node skips to the newest input, a command whose readings are still on their
-    way: the start waits for the first step with readings from there (a start from that command alone was a
-    guess, the crank four-bar's drawn pose published six turns from its encoder)."""
+    """Overloaded, the node skips to the newest step with readings, not to a newer command whose readings are on
+    their way (a start or re-seed from that command alone was a guess: the crank four-bar's drawn pose published
+    six turns from its encoder, or 3 rad off after a skip at 10 kHz); where no readings are newer than the next
+    step, the start waits for the first step with readings from there."""
     s = scheduler()
     s.max_backlog_ns = 20 * MS
     for k in range(30):
@@ -214,8 +215,12 @@ def test_the_first_step_has_readings_also_after_a_skip_ahead_to_newer_commands()
     now = T0 + 60 * MS
     assert s.overloaded(now)
     s.skip_ahead(now, EXPECTED)
-    assert s.k_next == 29                                 # the newest command
-    assert s.start_step(now, EXPECTED) == 29 and not s.ready(now, EXPECTED)
+    assert s.k_next == 24                                 # the newest readings, not the newest command (29)
+    assert s.start_step(now, EXPECTED) == 24 and s.ready(now, EXPECTED)
+    assert s.skip_target(now, ("efforts",)) == 29         # forward dynamics: the newest command
+    # readings older than the next step: the start waits for the first step with readings from there
+    s.skip_to(27)
+    assert s.start_step(now, EXPECTED) == 27 and not s.ready(now, EXPECTED)
     s.add_observations(T0 + 31 * MS, {"crank": 0.1}, now_ns=now)
     assert s.start_step(now, EXPECTED) == 31
     s.skip_to(31)

@@ -483,6 +483,13 @@ class InputScheduler:
         """The step to skip ahead to when overloaded: the newest step with inputs, at most the newest step
         whose input wait is over."""
         k_clock = (now_ns - self.wait_ns(now_ns, self.waited_streams(now_ns, expected)) - self.t0_ns) // self.dt_ns
+        readings = self.streams["observations"].last_k
+        if "observations" in expected and readings is not None and readings >= self.k_next:
+            # the newest step with readings, not a newer command whose readings are on their way: the core
+            # re-seeds there from its last estimate, extrapolated over the skip, and its readings correct the
+            # guess at once (a skip to a command alone published the guess, up to 3 rad from the crank's
+            # encoder at 10 kHz, until the readings re-initialized it)
+            return int(min(readings, k_clock))
         newest = [s.last_k for s in self.streams.values() if s.last_k is not None and s.last_k >= self.k_next]
         return int(min(max(newest), k_clock) if newest else k_clock)
 
