@@ -138,15 +138,19 @@ class ReducedModelBank:
                                          np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
                                          self.gravity, self._z_index, a, ok)
         redo = self._numpy_rows(ok, q, R)
-        if redo.any():
+        if redo is not None:
             a[redo] = self._accelerations(q[redo], J[redo], R[redo], z_rates[redo], tau[redo])
         return a
 
     @staticmethod
     def _numpy_rows(ok, q, R):
         """The rows the kernel could not solve (a singular or ill-conditioned augmented system) at a finite pose:
-        numpy's null-space solver takes them, as it takes them in numpy's form (a failed filter's NaN rows stay)."""
-        return (ok == 0.0) & np.all(np.isfinite(q), axis=1) & np.all(np.isfinite(R), axis=(1, 2))
+        numpy's null-space solver takes them, as it takes them in numpy's form (a failed filter's NaN rows stay);
+        None when there are none."""
+        if ok.all():
+            return None
+        redo = (ok == 0.0) & np.all(np.isfinite(q), axis=1) & np.all(np.isfinite(R), axis=(1, 2))
+        return redo if redo.any() else None
 
     def _accelerations(self, q, J, R, z_rates, tau):
         v = np.einsum("knd,kd->kn", R, z_rates)
@@ -178,7 +182,7 @@ class ReducedModelBank:
                                       np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
                                       self.gravity, self._z_index, self._free_index, a, dz, dzdot, de, ok)
         redo = self._numpy_rows(ok, q, basis)
-        if redo.any():
+        if redo is not None:
             a[redo], dz[redo], dzdot[redo], de[redo] = self._linearize(q[redo], J[redo], basis[redo], z_rates[redo],
                                                                        tau[redo])
         return a, dz, dzdot, de
