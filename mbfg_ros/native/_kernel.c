@@ -912,6 +912,62 @@ mk_tangent(MechanismKernel *k, const int *zi, int d, const int *fr, int f, doubl
     return 0;
 }
 
+/* One row of reduced_positions: the pose q (n) with z (d) held, from the guess (n) moved along its tangent basis
+ * (n × d, NULL: not moved), and its tangent R (n × d, NaN where not solved); Φq at q left in k->J.  1 where
+ * solved.  G (f × f), piv (f), rhs (max(f, m)): work. */
+static int
+reduced_pose(MechanismKernel *k, const double *zr, const double *gr, const double *br, const int *zi, int d,
+             const int *fr, int f, double tol, long iterations, double *G, int *piv, double *rhs, double *qr,
+             double *Rr)
+{
+    int n = k->n, m = k->m;
+    memcpy(qr, gr, n * sizeof(double));
+    if (br)
+        for (int i = 0; i < n; i++) {
+            double s = 0.0;
+            for (int j = 0; j < d; j++)
+                s += br[i * d + j] * (zr[j] - gr[zi[j]]);
+            qr[i] += s;
+        }
+    for (int j = 0; j < d; j++)
+        qr[zi[j]] = zr[j];
+    int solved = 0;
+    for (long it = 0; it <= iterations; it++) {
+        mk_positions(k, qr);
+        if (max_abs(k->phi, m) <= tol) {
+            solved = 1;
+            break;
+        }
+        if (it == iterations)
+            break;
+        free_normal_matrix(k->J, m, n, fr, f, G);
+        for (int i = 0; i < f; i++) {
+            double s = 0.0;
+            for (int r = 0; r < m; r++)
+                s += k->J[(size_t)r * n + fr[i]] * k->phi[r];
+            rhs[i] = -s;
+        }
+        if (lu_factor(G, piv, f))
+            break;
+        lu_solve(G, piv, f, rhs);
+        int finite = 1;
+        for (int i = 0; i < f; i++)
+            finite &= isfinite(rhs[i]);
+        if (!finite)
+            break;
+        for (int i = 0; i < f; i++)
+            qr[fr[i]] += rhs[i];
+    }
+    for (int i = 0; i < n; i++)
+        solved &= isfinite(qr[i]);
+    if (solved)
+        solved = !mk_tangent(k, zi, d, fr, f, G, piv, rhs, Rr);
+    if (!solved)
+        for (int i = 0; i < n * d; i++)
+            Rr[i] = NAN;
+    return solved;
+}
+
 /* reduced_positions(z, guess, basis, z_index, free_index, tol, iterations, q, J, R, ok)
  * Each row's pose with its z (N × d) held: from its guess (N × n), first moved along the tangent basis (N × n × d;
  * None: not moved), Gauss–Newton on Φ = 0 over the free coordinates (the normal equations, as
@@ -954,57 +1010,14 @@ mk_py_reduced_positions(MechanismKernel *k, PyObject *const *args, Py_ssize_t na
         goto done;
     }
     for (Py_ssize_t row = 0; row < N; row++) {
-        const double *zr = z + row * d, *gr = guess + row * n;
-        double *qr = q + row * n, *Jr = J + row * m * n, *Rr = R + row * n * d;
-        memcpy(qr, gr, n * sizeof(double));
-        if (basis)
-            for (int i = 0; i < n; i++) {
-                double s = 0.0;
-                for (int j = 0; j < d; j++)
-                    s += basis[(row * n + i) * d + j] * (zr[j] - gr[zi[j]]);
-                qr[i] += s;
-            }
-        for (int j = 0; j < d; j++)
-            qr[zi[j]] = zr[j];
-        int solved = 0;
-        for (long it = 0; it <= iterations; it++) {
-            mk_positions(k, qr);
-            if (max_abs(k->phi, m) <= tol) {
-                solved = 1;
-                break;
-            }
-            if (it == iterations)
-                break;
-            free_normal_matrix(k->J, m, n, fr, (int)f, G);
-            for (int i = 0; i < f; i++) {
-                double s = 0.0;
-                for (int r = 0; r < m; r++)
-                    s += k->J[(size_t)r * n + fr[i]] * k->phi[r];
-                rhs[i] = -s;
-            }
-            if (lu_factor(G, piv, (int)f))
-                break;
-            lu_solve(G, piv, (int)f, rhs);
-            int finite = 1;
-            for (int i = 0; i < f; i++)
-                finite &= isfinite(rhs[i]);
-            if (!finite)
-                break;
-            for (int i = 0; i < f; i++)
-                qr[fr[i]] += rhs[i];
-        }
-        for (int i = 0; i < n; i++)
-            solved &= isfinite(qr[i]);
-        if (solved) {
+        double *Jr = J + row * m * n, *Rr = R + row * n * d;
+        int solved = reduced_pose(k, z + row * d, guess + row * n, basis ? basis + row * n * d : NULL, zi, (int)d,
+                                  fr, (int)f, tol, iterations, G, piv, rhs, q + row * n, Rr);
+        if (solved)
             memcpy(Jr, k->J, (size_t)m * n * sizeof(double));
-            solved = !mk_tangent(k, zi, (int)d, fr, (int)f, G, piv, rhs, Rr);
-        }
-        if (!solved) {
+        else
             for (Py_ssize_t i = 0; i < (Py_ssize_t)m * n; i++)
                 Jr[i] = NAN;
-            for (Py_ssize_t i = 0; i < n * d; i++)
-                Rr[i] = NAN;
-        }
         ok[row] = solved ? 1.0 : 0.0;
     }
     ret = Py_NewRef(Py_None);
@@ -1186,6 +1199,105 @@ done:
     return ret;
 }
 
+/* reduced_rk4(x, k1, h, command, damping, fused, pose, basis, Q_base, z_index, free_index, tol, iterations, x_out,
+ *             pose_ok, dynamics_ok)
+ * One classical Runge–Kutta step over h of K filters' means x (K × nx, nx = 2d + 2 n_actuated: z, ż, e, ė) as
+ * filter_bank.ReducedEKFBank.step takes it with numpy (the same operations in the same order): k1 (K × nx) the
+ * first stage, each further stage's z posed from the filter's pose (K × n) along its tangent basis (K × n × d)
+ * (reduced_pose), ż through the stage's tangent, the efforts e (fused: command + e, command K × n_actuated), z̈ by
+ * mk_acceleration, ė's rate −w² e − 2w ė (damping w, K).  Into x_out (K × nx); pose_ok (K) 0.0 where a stage's
+ * pose was lost, dynamics_ok (K) 0.0 where a stage's augmented system at a solved pose was singular (the caller
+ * then takes numpy's step, whose null-space solver handles it). */
+static PyObject *
+mk_py_reduced_rk4(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 16, "reduced_rk4") < 0)
+        return NULL;
+    int n = k->n, m = k->m, na = k->na;
+    Py_ssize_t d = 0, f = 0;
+    Buf bx = {0}, bk = {0}, bc = {0}, bw = {0}, bp = {0}, bb = {0}, bQ = {0}, bo = {0}, bpo = {0}, bdo = {0};
+    PyObject *ret = NULL;
+    double *work = NULL;
+    int *piv = NULL;
+    double h = PyFloat_AsDouble(args[2]);
+    long fused = PyLong_AsLong(args[5]);
+    double tol = PyFloat_AsDouble(args[11]);
+    long iterations = PyLong_AsLong(args[12]);
+    if (PyErr_Occurred())
+        return NULL;
+    int *zi = index_list(args[9], &d, n, "z_index");
+    int *fr = zi ? index_list(args[10], &f, n, "free_index") : NULL;
+    if (!fr)
+        goto done;
+    Py_ssize_t nx = 2 * d + 2 * na;
+    double *x = get_doubles(args[0], &bx, -1, 0, "x");
+    Py_ssize_t K = x ? bx.view.len / 8 / nx : 0;
+    double *k1 = x ? get_doubles(args[1], &bk, K * nx, 0, "k1") : NULL;
+    double *command = k1 ? get_doubles(args[3], &bc, K * na, 0, "command") : NULL;
+    double *damping = command ? get_doubles(args[4], &bw, K, 0, "damping") : NULL;
+    double *pose = damping ? get_doubles(args[6], &bp, K * n, 0, "pose") : NULL;
+    double *basis = pose ? get_doubles(args[7], &bb, K * n * d, 0, "basis") : NULL;
+    double *Qb = basis ? get_doubles(args[8], &bQ, n, 0, "Q_base") : NULL;
+    double *out = Qb ? get_doubles(args[13], &bo, K * nx, 1, "x_out") : NULL;
+    double *pose_ok = out ? get_doubles(args[14], &bpo, K, 1, "pose_ok") : NULL;
+    double *dyn_ok = pose_ok ? get_doubles(args[15], &bdo, K, 1, "dynamics_ok") : NULL;
+    if (!dyn_ok)
+        goto done;
+    size_t mx = (size_t)(f > m ? f : m);
+    work = PyMem_Calloc(5 * (size_t)nx + (size_t)f * f + mx + 4 * (size_t)n + (size_t)n * d + na + 1, sizeof(double));
+    piv = PyMem_Calloc((size_t)f + 1, sizeof(int));
+    if (!work || !piv) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *ks[4], *xs = work + 4 * nx;
+    ks[1] = work, ks[2] = work + nx, ks[3] = work + 2 * nx;
+    double *G = work + 5 * nx, *rhs = G + (size_t)f * f, *q = rhs + mx, *v = q + n, *Q = v + n, *acc = Q + n;
+    double *R = acc + n, *tau = R + (size_t)n * d;
+    double half = 0.5 * h, sixth = h / 6.0;
+    for (Py_ssize_t row = 0; row < K; row++) {
+        const double *xr = x + row * nx;
+        double w = damping[row];
+        int posed = 1, dynamic = 1;
+        ks[0] = k1 + row * nx;
+        for (int st = 1; st <= 3; st++) {
+            double c = st == 3 ? h : half;
+            const double *kp = ks[st - 1];
+            for (Py_ssize_t i = 0; i < nx; i++)
+                xs[i] = xr[i] + c * kp[i];
+            int solved = reduced_pose(k, xs, pose + row * n, basis + row * n * d, zi, (int)d, fr, (int)f, tol,
+                                      iterations, G, piv, rhs, q, R);
+            posed &= solved;
+            for (int t = 0; t < na; t++)
+                tau[t] = fused ? command[row * na + t] + xs[2 * d + t] : xs[2 * d + t];
+            reduced_velocity_and_forces(k, R, xs + d, (int)d, tau, Qb, v, Q);
+            int fail = mk_acceleration(k, q, v, Q, acc);
+            if (fail && solved)
+                dynamic = 0;
+            double *ko = ks[st];
+            for (Py_ssize_t i = 0; i < d; i++) {
+                ko[i] = xs[d + i];
+                ko[d + i] = fail ? NAN : acc[zi[i]];
+            }
+            for (int t = 0; t < na; t++) {
+                ko[2 * d + t] = xs[2 * d + na + t];
+                ko[2 * d + na + t] = -w * w * xs[2 * d + t] - 2.0 * w * xs[2 * d + na + t];
+            }
+        }
+        double *o = out + row * nx;
+        for (Py_ssize_t i = 0; i < nx; i++)
+            o[i] = xr[i] + sixth * (ks[0][i] + 2.0 * ks[1][i] + 2.0 * ks[2][i] + ks[3][i]);
+        pose_ok[row] = posed ? 1.0 : 0.0;
+        dyn_ok[row] = dynamic ? 1.0 : 0.0;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(work), PyMem_Free(piv);
+    release(&bx), release(&bk), release(&bc), release(&bw), release(&bp), release(&bb), release(&bQ), release(&bo),
+        release(&bpo), release(&bdo);
+    return ret;
+}
+
 static PyMethodDef mech_methods[] = {
     {"summary", (PyCFunction)(void (*)(void))mk_py_summary, METH_FASTCALL,
      "summary(x) -> (max |Φ(q)|, x·x, max |q̇|, assembly-mode indicators) of a state starting with q, q̇."},
@@ -1206,6 +1318,9 @@ static PyMethodDef mech_methods[] = {
      "reduced_acceleration(q, R, zdot, tau, Q_base, z_index, a, ok): z̈ of many rows."},
     {"reduced_linearize", (PyCFunction)(void (*)(void))mk_py_reduced_linearize, METH_FASTCALL,
      "reduced_linearize(q, R, zdot, tau, Q_base, z_index, free_index, a, dz, dzdot, de, ok): z̈ and its derivatives."},
+    {"reduced_rk4", (PyCFunction)(void (*)(void))mk_py_reduced_rk4, METH_FASTCALL,
+     "reduced_rk4(x, k1, h, command, damping, fused, pose, basis, Q_base, z_index, free_index, tol, iterations, "
+     "x_out, pose_ok, dynamics_ok): a Runge–Kutta step of the filters' means."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject MechanismKernelType = {

@@ -11,12 +11,13 @@ single filter takes central differences: ~10× the model evaluations), the exact
 calls per step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
 
 Where the compiled kernel is enabled (`mbfg_ros.native`), the per-filter numerics of a step run in C, a loop over
-the K filters per call: the poses and their tangents (`MechanismKernel.reduced_positions`), z̈ and its derivatives
-(`reduced_acceleration`, `reduced_linearize`, the kernel's constrained dynamics) and the covariance half of the step
-(`kalman_step`: the discretization, the prediction and the readings' update).  The numpy forms' per-step cost was
-mostly the calls themselves (~1.4 ms a step whatever K) and small stacked solves (~35 µs per filter and step on the
-double pendulum); the compiled step costs ~0.3 ms plus ~17 µs per filter.  numpy still takes the rows the kernel
-cannot solve (a singular augmented system: the null-space solver), and the whole step where the kernel is off.
+the K filters per call: the model's Jacobian (`MechanismKernel.reduced_linearize`), the Runge–Kutta step of the
+means with its stages' poses and z̈ (`reduced_rk4`, the kernel's constrained dynamics), the covariance half
+(`kalman_step`: the discretization, the prediction and the readings' update) and the new poses and their tangents
+(`reduced_positions`).  On the double pendulum the numpy forms' step cost ~1.4 ms whatever K (the calls
+themselves) plus ~35 µs per filter (small stacked solves); the compiled step ~0.1 ms plus ~17 µs per filter.
+numpy still takes the rows the kernel cannot solve (a singular augmented system: the null-space solver), and the
+whole step where the kernel is off.
 
 The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
 the double pendulum, in both modes, with missing readings, and the compiled form against numpy's); a filter that
@@ -69,8 +70,8 @@ class ReducedModelBank:
         self.actuated = np.asarray(mech.actuated, np.intp)
         # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve
         self.kernel = native.mechanism_kernel(mech)
-        self._z_index = tuple(int(i) for i in self.z)
-        self._free_index = tuple(int(i) for i in self.free)
+        self.z_index = tuple(int(i) for i in self.z)
+        self.free_index = tuple(int(i) for i in self.free)
 
     @staticmethod
     def supports(mech: Mechanism) -> bool:
@@ -87,7 +88,7 @@ class ReducedModelBank:
             ok = np.empty(N)
             self.kernel.reduced_positions(np.ascontiguousarray(z_values, float), np.ascontiguousarray(guess, float),
                                           None if basis is None else np.ascontiguousarray(basis, float),
-                                          self._z_index, self._free_index, POSE_TOLERANCE, POSE_ITERATIONS,
+                                          self.z_index, self.free_index, POSE_TOLERANCE, POSE_ITERATIONS,
                                           q, J, R, ok)
             return q, J, R, ok.astype(bool)
         q, J, solved = self._positions(z_values, guess, basis)
@@ -136,7 +137,7 @@ class ReducedModelBank:
         a, ok = np.empty(z_rates.shape), np.empty(q.shape[0])
         self.kernel.reduced_acceleration(np.ascontiguousarray(q, float), np.ascontiguousarray(R, float),
                                          np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
-                                         self.gravity, self._z_index, a, ok)
+                                         self.gravity, self.z_index, a, ok)
         redo = self._numpy_rows(ok, q, R)
         if redo is not None:
             a[redo] = self._accelerations(q[redo], J[redo], R[redo], z_rates[redo], tau[redo])
@@ -180,7 +181,7 @@ class ReducedModelBank:
         de, ok = np.empty((N, d, self.actuated.size)), np.empty(N)
         self.kernel.reduced_linearize(np.ascontiguousarray(q, float), np.ascontiguousarray(basis, float),
                                       np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
-                                      self.gravity, self._z_index, self._free_index, a, dz, dzdot, de, ok)
+                                      self.gravity, self.z_index, self.free_index, a, dz, dzdot, de, ok)
         redo = self._numpy_rows(ok, q, basis)
         if redo is not None:
             a[redo], dz[redo], dzdot[redo], de[redo] = self._linearize(q[redo], J[redo], basis[redo], z_rates[redo],
@@ -337,7 +338,7 @@ class ReducedEKFBank:
         if np.any(self.acceleration_density):
             self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
-        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt), k1=f)
+        self.x = self._rk4(f, float(dt))
         if self._kalman_step is not None:
             self._kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
                               np.ascontiguousarray(y), self.R, self.log_likelihood)
@@ -348,6 +349,23 @@ class ReducedEKFBank:
         keep = ~self.failed
         self.pose[keep], self.pose_jacobian[keep], self.basis[keep] = q[keep], J[keep], R[keep]
         self._quarantine()
+
+    def _rk4(self, k1, h):
+        """Every filter's mean after one Runge–Kutta step over h (`rk4_step`, the previous command held; k1: the
+        first stage), its stages' lost poses failing their filters: in one call of the kernel where it is
+        enabled (the same operations as numpy's), unless a stage's augmented system is singular somewhere (numpy's
+        null-space solver then, for the whole step)."""
+        kernel = self.model.kernel
+        if kernel is not None:
+            out, pose_ok, dynamics_ok = np.empty_like(self.x), np.empty(self.K), np.empty(self.K)
+            kernel.reduced_rk4(self.x, np.ascontiguousarray(k1), h, np.ascontiguousarray(self._command, float),
+                               self.damping, int(self.fused), self.pose, self.basis, self.model.gravity,
+                               self.model.z_index, self.model.free_index, POSE_TOLERANCE, POSE_ITERATIONS, out,
+                               pose_ok, dynamics_ok)
+            if dynamics_ok.all():
+                self.failed |= pose_ok == 0.0
+                return out
+        return rk4_step(lambda x: self._f_solving(x, self._command), self.x, h, k1=k1)
 
     def _predict_and_update(self, A, y, dt):
         """The covariance prediction and the readings' update of every filter (the kernel's kalman_step does the
