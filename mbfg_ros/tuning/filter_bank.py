@@ -68,8 +68,10 @@ class ReducedModelBank:
         self.dyn = BatchDynamics(mech, self.bc)
         self.gravity = np.asarray(mech.gravity_forces, float)
         self.actuated = np.asarray(mech.actuated, np.intp)
-        # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve
-        self.kernel = native.mechanism_kernel(mech)
+        # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve.  A kernel
+        # built from older sources lacks the bank's functions: numpy's forms then, as without a kernel.
+        kernel = native.mechanism_kernel(mech)
+        self.kernel = kernel if hasattr(kernel, "reduced_rk4") and hasattr(native.module(), "kalman_step") else None
         self.z_index = tuple(int(i) for i in self.z)
         self.free_index = tuple(int(i) for i in self.free)
 
