@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Wall time of `mbfg tune` fitting every density and the encoders' σ, and whether a fit on one recording helps
+"""CPU and wall time of `mbfg tune` fitting every density and the encoders' σ, and whether a fit on one recording helps
 on another.
 
     python bench/tune_speed.py [--case NAME ...] [--mode M ...] [--repo DIR] [--json OUT.json]
@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -118,9 +119,14 @@ def run_tune(repo: Path, mech: Path, obs: Path, cmd: Path, mode: str, params: Pa
     if mode == "fused":
         args[7:7] = ["--torques", str(cmd)]
     env = dict(os.environ, PYTHONPATH=str(repo))
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=str(repo))
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the child's CPU time: what the tuner costs, where wall time also counts the other load on the machine
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"tune_speed.py: mbfg tune failed ({' '.join(args)}):\n{proc.stderr}")
     fitted = {}
@@ -130,7 +136,7 @@ def run_tune(repo: Path, mech: Path, obs: Path, cmd: Path, mode: str, params: Pa
                   or m.group(1).endswith("time_constant")):
             fitted[m.group(1)] = {"value": float(m.group(2)), "describe": m.group(3)}
     ll = re.search(r"log-likelihood (\S+), (\d+) evaluations", proc.stdout)
-    return {"wall": wall, "log_likelihood": float(ll.group(1)), "evaluations": int(ll.group(2)),
+    return {"wall": wall, "cpu": cpu, "load": load, "log_likelihood": float(ll.group(1)), "evaluations": int(ll.group(2)),
             "fitted": fitted, "stdout": proc.stdout}
 
 
@@ -140,17 +146,19 @@ def speed(args) -> List[dict]:
         r = run_tune(args.repo, mech, obs, cmd, mode, obs.with_name("params.yaml"))
         r.update(case=name, mode=mode)
         rows.append(r)
-        print(f"{name}, {mode}: {r['wall']:.1f} s, {r['evaluations']} evaluations, "
+        print(f"{name}, {mode}: CPU {r['cpu']:.1f} s, wall {r['wall']:.1f} s at load {r['load']:.1f}, "
+              f"{r['evaluations']} evaluations, "
               f"log-likelihood {r['log_likelihood']:.6g}", file=sys.stderr, flush=True)
         for k, v in r["fitted"].items():
             print(f"    {k} = {v['value']:.4g} {v['describe']}", file=sys.stderr, flush=True)
     print(f"`mbfg tune --fit-sensor-sigmas --fit-acceleration-density`, {args.seconds:g}-s recordings, checkout "
           f"{args.repo} ({os.uname().machine}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}):\n")
-    print("| recording | mode | wall time [s] | evaluations | log-likelihood | fitted (1σ) |")
-    print("|---|---|---|---|---|---|")
+    print("| recording | mode | CPU [s] | wall [s] (load) | evaluations | log-likelihood | fitted (1σ) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         fitted = "; ".join(f"{k.replace('sensor_sigmas.', 'σ ')} {v['value']:.3g}" for k, v in r["fitted"].items())
-        print(f"| {r['case']} | {r['mode']} | {r['wall']:.1f} | {r['evaluations']} | {r['log_likelihood']:.6g} | "
+        print(f"| {r['case']} | {r['mode']} | {r['cpu']:.1f} | {r['wall']:.1f} ({r['load']:.1f}) | {r['evaluations']} | "
+              f"{r['log_likelihood']:.6g} | "
               f"{fitted} |")
     return rows
 

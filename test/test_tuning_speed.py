@@ -15,8 +15,9 @@ import pytest
 from scipy.linalg import expm
 from scipy.optimize import minimize
 
-from mbfg_ros.estimation.reduced_ekf import ReducedEKF, discretize
-from mbfg_ros.tuning.filter_bank import ReducedEKFBank
+from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedEKF, discretize
+from mbfg_ros import native
+from mbfg_ros.tuning.filter_bank import ReducedEKFBank, ReducedModelBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
                                         SENSOR_SIGMA_DECADES_BELOW, newton_search, settling_steps,
                                         single_log_likelihood, std_from_hessian)
@@ -100,8 +101,7 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     command = np.array([0.4, -0.1])
     ekf._command = command
     bank.x, bank._command = x[None].copy(), command[None]
-    bank.pose, bank.pose_jacobian, _ = bank.model.positions(x[None, :2], bank.pose, bank.basis)
-    bank.basis = bank.model.velocity_basis(bank.pose_jacobian)
+    bank.pose, bank.pose_jacobian, bank.basis, _ = bank.model.positions(x[None, :2], bank.pose, bank.basis)
     ekf.model.q_guess = bank.pose[0].copy()
     closed, rates = bank._jacobian(bank.x, bank._command)
     differences = ekf._jacobian(x, command)
@@ -109,6 +109,23 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     # the linearization's ẋ is the Runge–Kutta step's first stage: the model's ẋ at x, its pose solved anew
     assert rates[0] == pytest.approx(ekf._f(x, command, bank.pose[0]), rel=1e-12, abs=1e-12)
     assert rates == pytest.approx(bank._f_solving(bank.x, bank._command), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_the_compiled_bank_gives_the_numpy_banks_likelihoods(mode, monkeypatch):
+    """The kernel's reduced model (poses, tangents, z̈ and its derivatives per row) and discretization against
+    numpy's forms: the same likelihoods to rounding, missing readings included."""
+    mech, rec = dfki_recording(1.0)
+    rec.readings[5, 1] = np.nan
+    values = candidates(mech, mode)
+    assert ReducedModelBank(mech, rec.coordinates).kernel is not None
+    compiled = log_likelihoods(mech, rec, mode, values)
+    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    assert ReducedModelBank(mech, rec.coordinates).kernel is None
+    numpy_form = log_likelihoods(mech, rec, mode, values)
+    assert np.all(np.isfinite(numpy_form))
+    assert compiled == pytest.approx(numpy_form, rel=1e-10, abs=1e-8)
 
 
 def test_the_series_discretization_equals_the_van_loan_exponential():
@@ -128,6 +145,11 @@ def test_the_series_discretization_equals_the_van_loan_exponential():
         assert np.abs(Q - Q_ref).max() <= 1e-11 * np.abs(Q_ref).max()
         F1, Q1 = discretize(A[1], W[1], h)         # one matrix as the single filter calls it
         assert np.abs(F1 - F_ref[1]).max() <= 1e-11 * np.abs(F_ref[1]).max()
+        if native.AVAILABLE:                       # the kernel's, which the compiled bank's kalman_step uses
+            F, Q = np.empty_like(A), np.empty_like(A)
+            native.module().discretize(A, W, h, DISCRETIZATION_ORDER, F, Q)
+            assert np.abs(F - F_ref).max() <= 1e-11 * np.abs(F_ref).max()
+            assert np.abs(Q - Q_ref).max() <= 1e-11 * np.abs(Q_ref).max()
 
 
 def test_a_failing_candidate_fails_alone(crank):

@@ -1,6 +1,7 @@
 /* mbfg_ros.native._kernel: the per-step numerics of the fast path in C.
  *
- * Two types:
+ * Two types (and the tuner's filter bank: its reduced model, MechanismKernel.reduced_*, its discretization and
+ * covariance step, discretize and kalman_step):
  *   MechanismKernel  the constrained dynamics of one mechanism (natural coordinates: the quadratic constraints
  *                    folded into one tensor, the relative angles as (row, 5 extended indices, length)):
  *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (the formula of
@@ -851,6 +852,452 @@ mk_py_summary(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("dddN", residual, norm2, speed, modes);
 }
 
+/* --- the tuner's filter bank (mbfg_ros.tuning.filter_bank.ReducedModelBank): the reduced model of many rows
+ * per call.  z: the d coordinates held (the encoders'), free: the others; a row's pose is solved with its z
+ * held, its velocities are ż through the tangent R = ∂q/∂z.  The numpy forms of filter_bank.py are the
+ * reference (test_tuning_speed.py compares both). */
+
+/* the z and free index lists, checked against n */
+static int *
+index_list(PyObject *seq, Py_ssize_t *count, int n, const char *what)
+{
+    int *out = int_list(seq, count, what);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < *count; i++)
+        if (out[i] < 0 || out[i] >= n) {
+            PyErr_Format(PyExc_ValueError, "%s: index %d outside 0..%d", what, out[i], n - 1);
+            PyMem_Free(out);
+            return NULL;
+        }
+    return out;
+}
+
+/* G = Jfᵀ Jf (f × f) of the free columns of J (m × n) */
+static void
+free_normal_matrix(const double *J, int m, int n, const int *fr, int f, double *G)
+{
+    for (int i = 0; i < f; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = 0.0;
+            for (int r = 0; r < m; r++)
+                s += J[(size_t)r * n + fr[i]] * J[(size_t)r * n + fr[j]];
+            G[i * f + j] = G[j * f + i] = s;
+        }
+}
+
+/* R (n × d) = ∂q/∂z at the pose of the last mk_positions: Φq R = 0 with R[z] = I, the free rows by the normal
+ * equations (Jfᵀ Jf) R_f = −Jfᵀ Jz as velocity_basis solves them.  0 on success, 1 where Jfᵀ Jf is singular. */
+static int
+mk_tangent(MechanismKernel *k, const int *zi, int d, const int *fr, int f, double *G, int *piv, double *rhs,
+           double *R)
+{
+    int n = k->n, m = k->m;
+    free_normal_matrix(k->J, m, n, fr, f, G);
+    if (lu_factor(G, piv, f))
+        return 1;
+    for (int j = 0; j < d; j++) {
+        for (int i = 0; i < f; i++) {
+            double s = 0.0;
+            for (int r = 0; r < m; r++)
+                s += k->J[(size_t)r * n + fr[i]] * k->J[(size_t)r * n + zi[j]];
+            rhs[i] = -s;
+        }
+        lu_solve(G, piv, f, rhs);
+        for (int i = 0; i < f; i++)
+            R[(size_t)fr[i] * d + j] = rhs[i];
+        for (int i = 0; i < d; i++)
+            R[(size_t)zi[i] * d + j] = i == j ? 1.0 : 0.0;
+    }
+    return 0;
+}
+
+/* One row of reduced_positions: the pose q (n) with z (d) held, from the guess (n) moved along its tangent basis
+ * (n × d, NULL: not moved), and its tangent R (n × d, NaN where not solved); Φq at q left in k->J.  1 where
+ * solved.  G (f × f), piv (f), rhs (max(f, m)): work. */
+static int
+reduced_pose(MechanismKernel *k, const double *zr, const double *gr, const double *br, const int *zi, int d,
+             const int *fr, int f, double tol, long iterations, double *G, int *piv, double *rhs, double *qr,
+             double *Rr)
+{
+    int n = k->n, m = k->m;
+    memcpy(qr, gr, n * sizeof(double));
+    if (br)
+        for (int i = 0; i < n; i++) {
+            double s = 0.0;
+            for (int j = 0; j < d; j++)
+                s += br[i * d + j] * (zr[j] - gr[zi[j]]);
+            qr[i] += s;
+        }
+    for (int j = 0; j < d; j++)
+        qr[zi[j]] = zr[j];
+    int solved = 0;
+    for (long it = 0; it <= iterations; it++) {
+        mk_positions(k, qr);
+        if (max_abs(k->phi, m) <= tol) {
+            solved = 1;
+            break;
+        }
+        if (it == iterations)
+            break;
+        free_normal_matrix(k->J, m, n, fr, f, G);
+        for (int i = 0; i < f; i++) {
+            double s = 0.0;
+            for (int r = 0; r < m; r++)
+                s += k->J[(size_t)r * n + fr[i]] * k->phi[r];
+            rhs[i] = -s;
+        }
+        if (lu_factor(G, piv, f))
+            break;
+        lu_solve(G, piv, f, rhs);
+        int finite = 1;
+        for (int i = 0; i < f; i++)
+            finite &= isfinite(rhs[i]);
+        if (!finite)
+            break;
+        for (int i = 0; i < f; i++)
+            qr[fr[i]] += rhs[i];
+    }
+    for (int i = 0; i < n; i++)
+        solved &= isfinite(qr[i]);
+    if (solved)
+        solved = !mk_tangent(k, zi, d, fr, f, G, piv, rhs, Rr);
+    if (!solved)
+        for (int i = 0; i < n * d; i++)
+            Rr[i] = NAN;
+    return solved;
+}
+
+/* reduced_positions(z, guess, basis, z_index, free_index, tol, iterations, q, J, R, ok)
+ * Each row's pose with its z (N × d) held: from its guess (N × n), first moved along the tangent basis (N × n × d;
+ * None: not moved), Gauss–Newton on Φ = 0 over the free coordinates (the normal equations, as
+ * dynamics.batched.newton_positions) until max |Φ| ≤ tol, at most `iterations` steps.  Into q (N × n), Φq there
+ * J (N × m × n) and the tangent R (N × n × d); ok (N) 1.0 where the pose was solved (the others' J and R NaN). */
+static PyObject *
+mk_py_reduced_positions(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 11, "reduced_positions") < 0)
+        return NULL;
+    int n = k->n, m = k->m;
+    Py_ssize_t d = 0, f = 0;
+    Buf bz = {0}, bg = {0}, bb = {0}, bq = {0}, bJ = {0}, bR = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *G = NULL, *rhs = NULL;
+    int *piv = NULL;
+    int *zi = index_list(args[3], &d, n, "z_index");
+    int *fr = zi ? index_list(args[4], &f, n, "free_index") : NULL;
+    double tol = PyFloat_AsDouble(args[5]);
+    long iterations = PyLong_AsLong(args[6]);
+    if (!fr || PyErr_Occurred())
+        goto done;
+    double *z = get_doubles(args[0], &bz, -1, 0, "z");
+    Py_ssize_t N = (z && d) ? bz.view.len / 8 / d : 0;
+    double *guess = z ? get_doubles(args[1], &bg, N * n, 0, "guess") : NULL;
+    double *basis = NULL;
+    if (guess && args[2] != Py_None && !(basis = get_doubles(args[2], &bb, N * n * d, 0, "basis")))
+        goto done;
+    double *q = guess ? get_doubles(args[7], &bq, N * n, 1, "q") : NULL;
+    double *J = q ? get_doubles(args[8], &bJ, N * m * n, 1, "J") : NULL;
+    double *R = J ? get_doubles(args[9], &bR, N * n * d, 1, "R") : NULL;
+    double *ok = R ? get_doubles(args[10], &bo, N, 1, "ok") : NULL;
+    if (!ok)
+        goto done;
+    G = PyMem_Calloc((size_t)f * f + 1, sizeof(double));
+    rhs = PyMem_Calloc((size_t)(f > m ? f : m) + 1, sizeof(double));
+    piv = PyMem_Calloc((size_t)f + 1, sizeof(int));
+    if (!G || !rhs || !piv) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t row = 0; row < N; row++) {
+        double *Jr = J + row * m * n, *Rr = R + row * n * d;
+        int solved = reduced_pose(k, z + row * d, guess + row * n, basis ? basis + row * n * d : NULL, zi, (int)d,
+                                  fr, (int)f, tol, iterations, G, piv, rhs, q + row * n, Rr);
+        if (solved)
+            memcpy(Jr, k->J, (size_t)m * n * sizeof(double));
+        else
+            for (Py_ssize_t i = 0; i < (Py_ssize_t)m * n; i++)
+                Jr[i] = NAN;
+        ok[row] = solved ? 1.0 : 0.0;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(G), PyMem_Free(rhs), PyMem_Free(piv);
+    release(&bz), release(&bg), release(&bb), release(&bq), release(&bJ), release(&bR), release(&bo);
+    return ret;
+}
+
+/* v = R ż (n) and Q = Q_base + E τ (n) of one row */
+static void
+reduced_velocity_and_forces(MechanismKernel *k, const double *R, const double *zdot, int d, const double *tau,
+                            const double *Q_base, double *v, double *Q)
+{
+    int n = k->n;
+    for (int i = 0; i < n; i++) {
+        double s = 0.0;
+        for (int j = 0; j < d; j++)
+            s += R[(size_t)i * d + j] * zdot[j];
+        v[i] = s;
+    }
+    memcpy(Q, Q_base, n * sizeof(double));
+    for (int t = 0; t < k->na; t++)
+        Q[k->act[t]] += tau[t];
+}
+
+/* reduced_acceleration(q, R, zdot, tau, Q_base, z_index, a, ok)
+ * z̈ (N × d) at the poses q (N × n) with tangents R (N × n × d), rates ż (N × d) and actuator efforts τ
+ * (N × n_actuated), the other forces Q_base (n, without the friction): q̈[z] by one LU solve of the augmented
+ * system per row; ok (N) 0.0 where it is singular or q̈ not sane (the caller's null-space solver then). */
+static PyObject *
+mk_py_reduced_acceleration(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 8, "reduced_acceleration") < 0)
+        return NULL;
+    int n = k->n, na = k->na;
+    Py_ssize_t d = 0;
+    Buf bq = {0}, bR = {0}, bzd = {0}, bt = {0}, bQ = {0}, ba = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *work = NULL;
+    int *zi = index_list(args[5], &d, n, "z_index");
+    if (!zi)
+        goto done;
+    double *q = get_doubles(args[0], &bq, -1, 0, "q");
+    Py_ssize_t N = q ? bq.view.len / 8 / n : 0;
+    double *R = q ? get_doubles(args[1], &bR, N * n * d, 0, "R") : NULL;
+    double *zdot = R ? get_doubles(args[2], &bzd, N * d, 0, "zdot") : NULL;
+    double *tau = zdot ? get_doubles(args[3], &bt, N * na, 0, "tau") : NULL;
+    double *Qb = tau ? get_doubles(args[4], &bQ, n, 0, "Q_base") : NULL;
+    double *a = Qb ? get_doubles(args[6], &ba, N * d, 1, "a") : NULL;
+    double *ok = a ? get_doubles(args[7], &bo, N, 1, "ok") : NULL;
+    if (!ok)
+        goto done;
+    if (!(work = PyMem_Calloc(3 * (size_t)n, sizeof(double)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *v = work, *Q = work + n, *acc = work + 2 * n;
+    for (Py_ssize_t row = 0; row < N; row++) {
+        reduced_velocity_and_forces(k, R + row * n * d, zdot + row * d, (int)d, tau + row * na, Qb, v, Q);
+        int fail = mk_acceleration(k, q + row * n, v, Q, acc);
+        for (int j = 0; j < d; j++)
+            a[row * d + j] = fail ? NAN : acc[zi[j]];
+        ok[row] = fail ? 0.0 : 1.0;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(zi), PyMem_Free(work);
+    release(&bq), release(&bR), release(&bzd), release(&bt), release(&bQ), release(&ba), release(&bo);
+    return ret;
+}
+
+/* reduced_linearize(q, R, zdot, tau, Q_base, z_index, free_index, a, dz, dzdot, de, ok)
+ * z̈ (N × d) and its derivatives ∂z̈/∂z, ∂z̈/∂ż (N × d × d), ∂z̈/∂τ (N × d × n_actuated) at the rows of
+ * reduced_acceleration's arguments, by the chain rule through q = q(z), q̇ = R(z) ż (filter_bank.ReducedModelBank
+ * .linearize): ∂z̈/∂z = [∂q̈/∂q R + ∂q̈/∂q̇ ∂q̇/∂z]_z with Φq ∂q̇/∂z = −Φ̇q R (its free rows by the normal
+ * equations), ∂z̈/∂ż = [∂q̈/∂q̇ R]_z, ∂z̈/∂τ = [∂q̈/∂Q]_{z, actuated}; ok as in reduced_acceleration. */
+static PyObject *
+mk_py_reduced_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 12, "reduced_linearize") < 0)
+        return NULL;
+    int n = k->n, m = k->m, na = k->na;
+    Py_ssize_t d = 0, f = 0;
+    Buf bq = {0}, bR = {0}, bzd = {0}, bt = {0}, bQ = {0}, ba = {0}, bdz = {0}, bdzd = {0}, bde = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *work = NULL;
+    int *piv = NULL;
+    int *zi = index_list(args[5], &d, n, "z_index");
+    int *fr = zi ? index_list(args[6], &f, n, "free_index") : NULL;
+    if (!fr)
+        goto done;
+    double *q = get_doubles(args[0], &bq, -1, 0, "q");
+    Py_ssize_t N = q ? bq.view.len / 8 / n : 0;
+    double *R = q ? get_doubles(args[1], &bR, N * n * d, 0, "R") : NULL;
+    double *zdot = R ? get_doubles(args[2], &bzd, N * d, 0, "zdot") : NULL;
+    double *tau = zdot ? get_doubles(args[3], &bt, N * na, 0, "tau") : NULL;
+    double *Qb = tau ? get_doubles(args[4], &bQ, n, 0, "Q_base") : NULL;
+    double *a = Qb ? get_doubles(args[7], &ba, N * d, 1, "a") : NULL;
+    double *dz = a ? get_doubles(args[8], &bdz, N * d * d, 1, "dz") : NULL;
+    double *dzdot = dz ? get_doubles(args[9], &bdzd, N * d * d, 1, "dzdot") : NULL;
+    double *de = dzdot ? get_doubles(args[10], &bde, N * d * na, 1, "de") : NULL;
+    double *ok = de ? get_doubles(args[11], &bo, N, 1, "ok") : NULL;
+    if (!ok)
+        goto done;
+    size_t nn = (size_t)n * n;
+    work = PyMem_Calloc(4 * (size_t)n + 3 * nn + m + (size_t)f * f + (size_t)n * d * 2 + m * d + f + 1,
+                        sizeof(double));
+    piv = PyMem_Calloc((size_t)f + 1, sizeof(int));
+    if (!work || !piv) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *v = work, *Q = v + n, *acc = Q + n, *da_dq = acc + n, *da_dv = da_dq + nn, *da_dQ = da_dv + nn;
+    double *lam = da_dQ + nn, *G = lam + m, *dv = G + (size_t)f * f, *JdR = dv + (size_t)n * d;
+    double *rhs = JdR + (size_t)m * d;
+    for (Py_ssize_t row = 0; row < N; row++) {
+        const double *Rr = R + row * n * d;
+        double *ar = a + row * d, *dzr = dz + row * d * d, *dzdr = dzdot + row * d * d, *der = de + row * d * na;
+        reduced_velocity_and_forces(k, Rr, zdot + row * d, (int)d, tau + row * na, Qb, v, Q);
+        int fail = mk_linearize(k, q + row * n, v, Q, acc, da_dq, da_dv, da_dQ, lam);
+        if (!fail) {
+            /* k->J, k->Jd: Φq and Φ̇q at this row's (q, q̇) */
+            free_normal_matrix(k->J, m, n, fr, (int)f, G);
+            fail = lu_factor(G, piv, (int)f);
+        }
+        if (fail) {
+            for (Py_ssize_t i = 0; i < d; i++)
+                ar[i] = NAN;
+            for (Py_ssize_t i = 0; i < d * d; i++)
+                dzr[i] = dzdr[i] = NAN;
+            for (Py_ssize_t i = 0; i < d * na; i++)
+                der[i] = NAN;
+            ok[row] = 0.0;
+            continue;
+        }
+        for (int r = 0; r < m; r++)
+            for (int j = 0; j < d; j++) {
+                double s = 0.0;
+                for (int l = 0; l < n; l++)
+                    s += k->Jd[(size_t)r * n + l] * Rr[(size_t)l * d + j];
+                JdR[r * d + j] = s;
+            }
+        memset(dv, 0, (size_t)n * d * sizeof(double));
+        for (int j = 0; j < d; j++) {
+            for (int i = 0; i < f; i++) {
+                double s = 0.0;
+                for (int r = 0; r < m; r++)
+                    s += k->J[(size_t)r * n + fr[i]] * JdR[r * d + j];
+                rhs[i] = -s;
+            }
+            lu_solve(G, piv, (int)f, rhs);
+            for (int i = 0; i < f; i++)
+                dv[(size_t)fr[i] * d + j] = rhs[i];
+        }
+        for (int i = 0; i < d; i++) {
+            const double *aq = da_dq + (size_t)zi[i] * n, *av = da_dv + (size_t)zi[i] * n;
+            ar[i] = acc[zi[i]];
+            for (int j = 0; j < d; j++) {
+                double s = 0.0, sv = 0.0, sd = 0.0;
+                for (int l = 0; l < n; l++) {
+                    s += aq[l] * Rr[(size_t)l * d + j];
+                    sv += av[l] * dv[(size_t)l * d + j];
+                    sd += av[l] * Rr[(size_t)l * d + j];
+                }
+                dzr[i * d + j] = s + sv;
+                dzdr[i * d + j] = sd;
+            }
+            for (int t = 0; t < na; t++)
+                der[i * na + t] = da_dQ[(size_t)zi[i] * n + k->act[t]];
+        }
+        ok[row] = 1.0;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(work), PyMem_Free(piv);
+    release(&bq), release(&bR), release(&bzd), release(&bt), release(&bQ), release(&ba), release(&bdz),
+        release(&bdzd), release(&bde), release(&bo);
+    return ret;
+}
+
+/* reduced_rk4(x, k1, h, command, damping, fused, pose, basis, Q_base, z_index, free_index, tol, iterations, x_out,
+ *             pose_ok, dynamics_ok)
+ * One classical Runge–Kutta step over h of K filters' means x (K × nx, nx = 2d + 2 n_actuated: z, ż, e, ė) as
+ * filter_bank.ReducedEKFBank.step takes it with numpy (the same operations in the same order): k1 (K × nx) the
+ * first stage, each further stage's z posed from the filter's pose (K × n) along its tangent basis (K × n × d)
+ * (reduced_pose), ż through the stage's tangent, the efforts e (fused: command + e, command K × n_actuated), z̈ by
+ * mk_acceleration, ė's rate −w² e − 2w ė (damping w, K).  Into x_out (K × nx); pose_ok (K) 0.0 where a stage's
+ * pose was lost, dynamics_ok (K) 0.0 where a stage's augmented system at a solved pose was singular (the caller
+ * then takes numpy's step, whose null-space solver handles it). */
+static PyObject *
+mk_py_reduced_rk4(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 16, "reduced_rk4") < 0)
+        return NULL;
+    int n = k->n, m = k->m, na = k->na;
+    Py_ssize_t d = 0, f = 0;
+    Buf bx = {0}, bk = {0}, bc = {0}, bw = {0}, bp = {0}, bb = {0}, bQ = {0}, bo = {0}, bpo = {0}, bdo = {0};
+    PyObject *ret = NULL;
+    double *work = NULL;
+    int *piv = NULL;
+    double h = PyFloat_AsDouble(args[2]);
+    long fused = PyLong_AsLong(args[5]);
+    double tol = PyFloat_AsDouble(args[11]);
+    long iterations = PyLong_AsLong(args[12]);
+    if (PyErr_Occurred())
+        return NULL;
+    int *zi = index_list(args[9], &d, n, "z_index");
+    int *fr = zi ? index_list(args[10], &f, n, "free_index") : NULL;
+    if (!fr)
+        goto done;
+    Py_ssize_t nx = 2 * d + 2 * na;
+    double *x = get_doubles(args[0], &bx, -1, 0, "x");
+    Py_ssize_t K = x ? bx.view.len / 8 / nx : 0;
+    double *k1 = x ? get_doubles(args[1], &bk, K * nx, 0, "k1") : NULL;
+    double *command = k1 ? get_doubles(args[3], &bc, K * na, 0, "command") : NULL;
+    double *damping = command ? get_doubles(args[4], &bw, K, 0, "damping") : NULL;
+    double *pose = damping ? get_doubles(args[6], &bp, K * n, 0, "pose") : NULL;
+    double *basis = pose ? get_doubles(args[7], &bb, K * n * d, 0, "basis") : NULL;
+    double *Qb = basis ? get_doubles(args[8], &bQ, n, 0, "Q_base") : NULL;
+    double *out = Qb ? get_doubles(args[13], &bo, K * nx, 1, "x_out") : NULL;
+    double *pose_ok = out ? get_doubles(args[14], &bpo, K, 1, "pose_ok") : NULL;
+    double *dyn_ok = pose_ok ? get_doubles(args[15], &bdo, K, 1, "dynamics_ok") : NULL;
+    if (!dyn_ok)
+        goto done;
+    size_t mx = (size_t)(f > m ? f : m);
+    work = PyMem_Calloc(5 * (size_t)nx + (size_t)f * f + mx + 4 * (size_t)n + (size_t)n * d + na + 1, sizeof(double));
+    piv = PyMem_Calloc((size_t)f + 1, sizeof(int));
+    if (!work || !piv) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *ks[4], *xs = work + 4 * nx;
+    ks[1] = work, ks[2] = work + nx, ks[3] = work + 2 * nx;
+    double *G = work + 5 * nx, *rhs = G + (size_t)f * f, *q = rhs + mx, *v = q + n, *Q = v + n, *acc = Q + n;
+    double *R = acc + n, *tau = R + (size_t)n * d;
+    double half = 0.5 * h, sixth = h / 6.0;
+    for (Py_ssize_t row = 0; row < K; row++) {
+        const double *xr = x + row * nx;
+        double w = damping[row];
+        int posed = 1, dynamic = 1;
+        ks[0] = k1 + row * nx;
+        for (int st = 1; st <= 3; st++) {
+            double c = st == 3 ? h : half;
+            const double *kp = ks[st - 1];
+            for (Py_ssize_t i = 0; i < nx; i++)
+                xs[i] = xr[i] + c * kp[i];
+            int solved = reduced_pose(k, xs, pose + row * n, basis + row * n * d, zi, (int)d, fr, (int)f, tol,
+                                      iterations, G, piv, rhs, q, R);
+            posed &= solved;
+            for (int t = 0; t < na; t++)
+                tau[t] = fused ? command[row * na + t] + xs[2 * d + t] : xs[2 * d + t];
+            reduced_velocity_and_forces(k, R, xs + d, (int)d, tau, Qb, v, Q);
+            int fail = mk_acceleration(k, q, v, Q, acc);
+            if (fail && solved)
+                dynamic = 0;
+            double *ko = ks[st];
+            for (Py_ssize_t i = 0; i < d; i++) {
+                ko[i] = xs[d + i];
+                ko[d + i] = fail ? NAN : acc[zi[i]];
+            }
+            for (int t = 0; t < na; t++) {
+                ko[2 * d + t] = xs[2 * d + na + t];
+                ko[2 * d + na + t] = -w * w * xs[2 * d + t] - 2.0 * w * xs[2 * d + na + t];
+            }
+        }
+        double *o = out + row * nx;
+        for (Py_ssize_t i = 0; i < nx; i++)
+            o[i] = xr[i] + sixth * (ks[0][i] + 2.0 * ks[1][i] + 2.0 * ks[2][i] + ks[3][i]);
+        pose_ok[row] = posed ? 1.0 : 0.0;
+        dyn_ok[row] = dynamic ? 1.0 : 0.0;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(work), PyMem_Free(piv);
+    release(&bx), release(&bk), release(&bc), release(&bw), release(&bp), release(&bb), release(&bQ), release(&bo),
+        release(&bpo), release(&bdo);
+    return ret;
+}
+
 static PyMethodDef mech_methods[] = {
     {"summary", (PyCFunction)(void (*)(void))mk_py_summary, METH_FASTCALL,
      "summary(x) -> (max |Φ(q)|, x·x, max |q̇|, assembly-mode indicators) of a state starting with q, q̇."},
@@ -865,6 +1312,15 @@ static PyMethodDef mech_methods[] = {
      "acceleration(q, v, Q, a_out) -> ok: q̈ by one LU solve of the augmented system."},
     {"linearize", (PyCFunction)(void (*)(void))mk_py_linearize, METH_FASTCALL,
      "linearize(q, v, Q, a, da_dq, da_dv, da_dQ, lam, J, Jd) -> ok: the dynamics linearization into the arrays."},
+    {"reduced_positions", (PyCFunction)(void (*)(void))mk_py_reduced_positions, METH_FASTCALL,
+     "reduced_positions(z, guess, basis, z_index, free_index, tol, iterations, q, J, R, ok): poses with z held."},
+    {"reduced_acceleration", (PyCFunction)(void (*)(void))mk_py_reduced_acceleration, METH_FASTCALL,
+     "reduced_acceleration(q, R, zdot, tau, Q_base, z_index, a, ok): z̈ of many rows."},
+    {"reduced_linearize", (PyCFunction)(void (*)(void))mk_py_reduced_linearize, METH_FASTCALL,
+     "reduced_linearize(q, R, zdot, tau, Q_base, z_index, free_index, a, dz, dzdot, de, ok): z̈ and its derivatives."},
+    {"reduced_rk4", (PyCFunction)(void (*)(void))mk_py_reduced_rk4, METH_FASTCALL,
+     "reduced_rk4(x, k1, h, command, damping, fused, pose, basis, Q_base, z_index, free_index, tol, iterations, "
+     "x_out, pose_ok, dynamics_ok): a Runge–Kutta step of the filters' means."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject MechanismKernelType = {
@@ -1778,9 +2234,349 @@ py_scaled_distance2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return ret;
 }
 
+/* C = A B (p × p, row-major) */
+static void
+matmul_square(const double *A, const double *B, int p, double *C)
+{
+    for (int i = 0; i < p; i++) {
+        double *Ci = C + (size_t)i * p;
+        for (int j = 0; j < p; j++)
+            Ci[j] = 0.0;
+        for (int l = 0; l < p; l++) {
+            double a = A[(size_t)i * p + l];
+            if (a == 0.0)
+                continue;
+            const double *Bl = B + (size_t)l * p;
+            for (int j = 0; j < p; j++)
+                Ci[j] += a * Bl[j];
+        }
+    }
+}
+
+/* C = A B with A sparse (a filter's model Jacobian is mostly zeros and identities): A's non-zeros by row, as
+ * (start per row p + 1, column, value) */
+static void
+sparse_times(const int *start, const int *col, const double *val, const double *B, int p, double *C)
+{
+    for (int i = 0; i < p; i++) {
+        double *Ci = C + (size_t)i * p;
+        for (int j = 0; j < p; j++)
+            Ci[j] = 0.0;
+        for (int e = start[i]; e < start[i + 1]; e++) {
+            double a = val[e];
+            const double *Bl = B + (size_t)col[e] * p;
+            for (int j = 0; j < p; j++)
+                Ci[j] += a * Bl[j];
+        }
+    }
+}
+
+/* C = B A with A sparse as in sparse_times */
+static void
+times_sparse(const double *B, const int *start, const int *col, const double *val, int p, double *C)
+{
+    memset(C, 0, (size_t)p * p * sizeof(double));
+    for (int i = 0; i < p; i++) {
+        const double *Bi = B + (size_t)i * p;
+        double *Ci = C + (size_t)i * p;
+        for (int l = 0; l < p; l++) {
+            double b = Bi[l];
+            for (int e = start[l]; e < start[l + 1]; e++)
+                Ci[col[e]] += b * val[e];
+        }
+    }
+}
+
+/* The work of discretize_one for p × p matrices: 5 p² doubles, p² + p + 1 ints. */
+typedef struct {
+    double *At, *tF, *tQ, *tmp, *val;
+    int *start, *col;
+} DiscretizeWork;
+
+static int
+discretize_work(DiscretizeWork *w, int p)
+{
+    size_t pp = (size_t)p * p;
+    w->At = PyMem_Calloc(5 * pp + 1, sizeof(double));
+    w->start = PyMem_Calloc(pp + p + 2, sizeof(int));
+    if (!w->At || !w->start) {
+        PyMem_Free(w->At), PyMem_Free(w->start);
+        PyErr_NoMemory();
+        return -1;
+    }
+    w->tF = w->At + pp, w->tQ = w->tF + pp, w->tmp = w->tQ + pp, w->val = w->tmp + pp;
+    w->col = w->start + p + 1;
+    return 0;
+}
+
+static void
+discretize_free(DiscretizeWork *w)
+{
+    PyMem_Free(w->At), PyMem_Free(w->start);
+}
+
+/* F = e^{A h} and Q = ∫₀ʰ e^{As} W e^{Aᵀs} ds (p × p; W symmetric) by the series of
+ * mbfg_ros.estimation.reduced_ekf.discretize: `order` terms over h/2ˢ with ‖A‖∞ h/2ˢ ≤ 1/4, then s doublings.
+ * L(X) = AX + XAᵀ keeps a symmetric X symmetric: each Q term is one product and its transpose.  A non-finite A
+ * gives NaN. */
+static void
+discretize_one(const double *A, const double *W, double h, long order, int p, double *F, double *Q,
+               DiscretizeWork *w)
+{
+    size_t pp = (size_t)p * p;
+    double norm = 0.0;
+    for (int i = 0; i < p; i++) {
+        double r = 0.0;
+        for (int j = 0; j < p; j++)
+            r += fabs(A[(size_t)i * p + j]);
+        if (r > norm || r != r)
+            norm = r;
+    }
+    norm *= h;
+    if (!(norm < 1e300)) {
+        for (size_t i = 0; i < pp; i++)
+            F[i] = Q[i] = NAN;
+        return;
+    }
+    int squarings = norm > 0.25 ? (int)ceil(log2(norm / 0.25)) : 0;
+    double tau = h / ldexp(1.0, squarings);
+    int nnz = 0;
+    for (int i = 0; i < p; i++) {
+        w->start[i] = nnz;
+        for (int j = 0; j < p; j++) {
+            double a = A[(size_t)i * p + j] * tau;
+            w->At[(size_t)i * p + j] = a;
+            if (a != 0.0)
+                w->col[nnz] = j, w->val[nnz++] = a;
+        }
+    }
+    w->start[p] = nnz;
+    for (size_t i = 0; i < pp; i++) {
+        w->tQ[i] = Q[i] = W[i] * tau;
+        w->tF[i] = F[i] = 0.0;
+    }
+    for (int i = 0; i < p; i++)
+        w->tF[(size_t)i * p + i] = F[(size_t)i * p + i] = 1.0;
+    double *tmp = w->tmp;
+    for (long t = 1; t <= order; t++) {
+        times_sparse(w->tF, w->start, w->col, w->val, p, tmp);
+        for (size_t i = 0; i < pp; i++) {
+            w->tF[i] = tmp[i] / (double)t;
+            F[i] += w->tF[i];
+        }
+        sparse_times(w->start, w->col, w->val, w->tQ, p, tmp);
+        for (int i = 0; i < p; i++)
+            for (int j = 0; j < p; j++) {
+                double v = (tmp[(size_t)i * p + j] + tmp[(size_t)j * p + i]) / (double)(t + 1);
+                w->tQ[(size_t)i * p + j] = v;
+                Q[(size_t)i * p + j] += v;
+            }
+    }
+    for (int t = 0; t < squarings; t++) {
+        /* Q ← F Q Fᵀ + Q, F ← F F */
+        matmul_square(F, Q, p, tmp);
+        for (int i = 0; i < p; i++)
+            for (int j = 0; j < p; j++) {
+                double v = 0.0;
+                for (int l = 0; l < p; l++)
+                    v += tmp[(size_t)i * p + l] * F[(size_t)j * p + l];
+                w->tQ[(size_t)i * p + j] = v + Q[(size_t)i * p + j];
+            }
+        memcpy(Q, w->tQ, pp * sizeof(double));
+        matmul_square(F, F, p, tmp);
+        memcpy(F, tmp, pp * sizeof(double));
+    }
+}
+
+/* the p of a stack of square p × p matrices (the buffer's last axis), or −1 with an exception */
+static Py_ssize_t
+square_size(Buf *b, Py_ssize_t len, const char *what)
+{
+    Py_ssize_t p = (b->view.ndim >= 2 && b->view.shape) ? b->view.shape[b->view.ndim - 1] : 0;
+    if (p <= 0 || len % (p * p)) {
+        PyErr_Format(PyExc_ValueError, "%s: a stack of square matrices is expected", what);
+        return -1;
+    }
+    return p;
+}
+
+/* discretize(A, W, h, order, F, Q): discretize_one of each of N stacked p × p matrices A and symmetric W, each
+ * scaled by its own norm (the numpy form scales a stack by its largest: the same numbers to rounding). */
+static PyObject *
+py_discretize(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 6, "discretize") < 0)
+        return NULL;
+    double h = PyFloat_AsDouble(args[2]);
+    long order = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Buf bA = {0}, bW = {0}, bF = {0}, bQ = {0};
+    PyObject *ret = NULL;
+    DiscretizeWork w = {0};
+    double *A = get_doubles(args[0], &bA, -1, 0, "A");
+    Py_ssize_t len = A ? bA.view.len / 8 : 0;
+    double *W = A ? get_doubles(args[1], &bW, len, 0, "W") : NULL;
+    double *F = W ? get_doubles(args[4], &bF, len, 1, "F") : NULL;
+    double *Qd = F ? get_doubles(args[5], &bQ, len, 1, "Q") : NULL;
+    Py_ssize_t p = Qd ? square_size(&bA, len, "A") : -1;
+    if (p < 0 || discretize_work(&w, (int)p) < 0)
+        goto done;
+    for (Py_ssize_t s = 0, pp = p * p; s < len / pp; s++)
+        discretize_one(A + s * pp, W + s * pp, h, order, (int)p, F + s * pp, Qd + s * pp, &w);
+    ret = Py_NewRef(Py_None);
+done:
+    discretize_free(&w);
+    release(&bA), release(&bW), release(&bF), release(&bQ);
+    return ret;
+}
+
+/* kalman_step(A, W, h, order, P, x, y, R, log_likelihood)
+ * The covariance half of a step of K Kalman filters whose readings y (r) measure the first r states (NaN: no
+ * reading of that one), in place (filter_bank.ReducedEKFBank.step's numpy form): P ← F P Fᵀ + Qd with
+ * (F, Qd) = discretize_one(A, W, h) (A, W, P: K × p × p), then the update with the readings present at the
+ * predicted means x (K × p) and their covariances R (K × r × r): S = P_yy + R_yy, log_likelihood (K) −=
+ * ½ (νᵀS⁻¹ν + log det S + n_read log 2π), x += G ν, P ← (I − G H) P (I − G H)ᵀ + G R Gᵀ (Joseph form) with the
+ * gain G = P Hᵀ S⁻¹.  A filter whose S is singular gets NaN (the bank fails it). */
+static PyObject *
+py_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 9, "kalman_step") < 0)
+        return NULL;
+    double h = PyFloat_AsDouble(args[2]);
+    long order = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Buf bA = {0}, bW = {0}, bP = {0}, bx = {0}, by = {0}, bR = {0}, bl = {0};
+    PyObject *ret = NULL;
+    DiscretizeWork w = {0};
+    double *work = NULL;
+    int *idx = NULL;
+    double *A = get_doubles(args[0], &bA, -1, 0, "A");
+    Py_ssize_t len = A ? bA.view.len / 8 : 0;
+    Py_ssize_t p = A ? square_size(&bA, len, "A") : -1;
+    if (p < 0)
+        goto done;
+    Py_ssize_t pp = p * p, K = len / pp;
+    double *W = get_doubles(args[1], &bW, len, 0, "W");
+    double *P = W ? get_doubles(args[4], &bP, len, 1, "P") : NULL;
+    double *x = P ? get_doubles(args[5], &bx, K * p, 1, "x") : NULL;
+    double *y = x ? get_doubles(args[6], &by, -1, 0, "y") : NULL;
+    Py_ssize_t r = y ? by.view.len / 8 : 0;
+    double *R = y ? get_doubles(args[7], &bR, K * r * r, 0, "R") : NULL;
+    double *ll = R ? get_doubles(args[8], &bl, K, 1, "log_likelihood") : NULL;
+    if (!ll)
+        goto done;
+    if (r > p) {
+        PyErr_SetString(PyExc_ValueError, "kalman_step: more readings than states");
+        goto done;
+    }
+    if (discretize_work(&w, (int)p) < 0)
+        goto done;
+    /* F, Qd, the product, then per reading set: S and its LU, ν, S⁻¹ν, S⁻¹ P_yx, the gain G (p × n_read), I − GH */
+    work = PyMem_Calloc(4 * (size_t)pp + 2 * (size_t)r * r + 3 * (size_t)r + 2 * (size_t)r * p + 1, sizeof(double));
+    idx = PyMem_Calloc(2 * (size_t)r + 1, sizeof(int));
+    if (!work || !idx) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *F = work, *Qd = F + pp, *T = Qd + pp, *IKH = T + pp, *S = IKH + pp, *RG = S + r * r;
+    double *nu = RG + r * r, *wnu = nu + r, *X = wnu + r + r, *G = X + r * p;
+    int *read = idx, *piv = idx + r;
+    int nr = 0;
+    for (int i = 0; i < r; i++)
+        if (isfinite(y[i]))
+            read[nr++] = i;
+    double log2pi = log(2.0 * M_PI);
+    for (Py_ssize_t k = 0; k < K; k++) {
+        double *Pk = P + k * pp, *xk = x + k * p;
+        const double *Rk = R + k * r * r;
+        discretize_one(A + k * pp, W + k * pp, h, order, (int)p, F, Qd, &w);
+        matmul_square(F, Pk, (int)p, T);
+        for (Py_ssize_t i = 0; i < p; i++)
+            for (Py_ssize_t j = 0; j < p; j++) {
+                double v = 0.0;
+                for (Py_ssize_t l = 0; l < p; l++)
+                    v += T[i * p + l] * F[j * p + l];
+                Pk[i * p + j] = v + Qd[i * p + j];
+            }
+        if (!nr)
+            continue;
+        for (int a = 0; a < nr; a++) {
+            for (int b = 0; b < nr; b++)
+                S[a * nr + b] = Pk[(Py_ssize_t)read[a] * p + read[b]] + Rk[(Py_ssize_t)read[a] * r + read[b]];
+            nu[a] = y[read[a]] - xk[read[a]];
+        }
+        if (lu_factor(S, piv, nr)) {
+            ll[k] = NAN;
+            continue;
+        }
+        double logdet = 0.0;
+        for (int a = 0; a < nr; a++)
+            logdet += log(fabs(S[a * nr + a]));
+        memcpy(wnu, nu, nr * sizeof(double));
+        lu_solve(S, piv, nr, wnu);
+        double quad = 0.0;
+        for (int a = 0; a < nr; a++)
+            quad += nu[a] * wnu[a];
+        ll[k] -= 0.5 * (quad + logdet + nr * log2pi);
+        /* G = (S⁻¹ P_yx)ᵀ, column by column of P_yx */
+        for (Py_ssize_t j = 0; j < p; j++) {
+            double *c = X + j * nr;
+            for (int a = 0; a < nr; a++)
+                c[a] = Pk[(Py_ssize_t)read[a] * p + j];
+            lu_solve(S, piv, nr, c);
+            for (int a = 0; a < nr; a++)
+                G[j * nr + a] = c[a];
+        }
+        for (Py_ssize_t i = 0; i < p; i++) {
+            double s = 0.0;
+            for (int a = 0; a < nr; a++)
+                s += G[i * nr + a] * nu[a];
+            xk[i] += s;
+        }
+        for (Py_ssize_t i = 0; i < pp; i++)
+            IKH[i] = 0.0;
+        for (Py_ssize_t i = 0; i < p; i++) {
+            IKH[i * p + i] = 1.0;
+            for (int a = 0; a < nr; a++)
+                IKH[i * p + read[a]] -= G[i * nr + a];
+        }
+        /* RG = R_yy Gᵀ (n_read × p, in X), then P ← IKH P IKHᵀ + G RG */
+        for (int a = 0; a < nr; a++)
+            for (Py_ssize_t j = 0; j < p; j++) {
+                double s = 0.0;
+                for (int b = 0; b < nr; b++)
+                    s += Rk[(Py_ssize_t)read[a] * r + read[b]] * G[j * nr + b];
+                X[a * p + j] = s;
+            }
+        matmul_square(IKH, Pk, (int)p, T);
+        for (Py_ssize_t i = 0; i < p; i++)
+            for (Py_ssize_t j = 0; j < p; j++) {
+                double v = 0.0;
+                for (Py_ssize_t l = 0; l < p; l++)
+                    v += T[i * p + l] * IKH[j * p + l];
+                for (int a = 0; a < nr; a++)
+                    v += G[i * nr + a] * X[a * p + j];
+                F[i * p + j] = v;
+            }
+        memcpy(Pk, F, pp * sizeof(double));
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    discretize_free(&w);
+    PyMem_Free(work), PyMem_Free(idx);
+    release(&bA), release(&bW), release(&bP), release(&bx), release(&by), release(&bR), release(&bl);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
     {"scaled_distance2", (PyCFunction)(void (*)(void))py_scaled_distance2, METH_FASTCALL,
      "scaled_distance2(A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²."},
+    {"discretize", (PyCFunction)(void (*)(void))py_discretize, METH_FASTCALL,
+     "discretize(A, W, h, order, F, Q): e^{Ah} and the integrated noise of stacked square matrices."},
+    {"kalman_step", (PyCFunction)(void (*)(void))py_kalman_step, METH_FASTCALL,
+     "kalman_step(A, W, h, order, P, x, y, R, log_likelihood): a bank's covariance prediction and update."},
     {NULL, NULL, 0, NULL}};
 
 /* The SHA-256 of this file as setup.py read it when it compiled it ("unknown" in a build that did not say):

@@ -7,12 +7,22 @@ Gauss–Newton over all K at once (`dynamics.batched.newton_positions`, from eac
 single filter's tolerance), the velocities of ż by one batched solve, the constrained forward dynamics by
 `BatchDynamics` (the augmented system solved for all filters), the model's Jacobian in closed form (where the
 single filter takes central differences: ~10× the model evaluations), the exact discretization
-(`reduced_ekf.discretize`) of all K at once.  A pass costs about what one filter costs in Python (the numpy calls per
-step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
+(`reduced_ekf.discretize`) of all K at once.  In numpy a pass costs about what one filter costs in Python (the numpy
+calls per step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
+
+Where the compiled kernel is enabled (`mbfg_ros.native`), the per-filter numerics of a step run in C, a loop over
+the K filters per call: the model's Jacobian (`MechanismKernel.reduced_linearize`), the Runge–Kutta step of the
+means with its stages' poses and z̈ (`reduced_rk4`, the kernel's constrained dynamics), the covariance half
+(`kalman_step`: the discretization, the prediction and the readings' update) and the new poses and their tangents
+(`reduced_positions`).  On the double pendulum the numpy forms' step cost ~1.4 ms whatever K (the calls
+themselves) plus ~35 µs per filter (small stacked solves); the compiled step ~0.1 ms plus ~17 µs per filter.
+numpy still takes the rows the kernel cannot solve (a singular augmented system: the null-space solver), and the
+whole step where the kernel is off.
 
 The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
-the double pendulum, in both modes, with missing readings); a filter that fails (no assembly of its z, a
-non-finite number) gets −inf, as `likelihood.log_likelihood` gives for a single filter that raises.
+the double pendulum, in both modes, with missing readings, and the compiled form against numpy's); a filter that
+fails (no assembly of its z, a non-finite number) gets −inf, as `likelihood.log_likelihood` gives for a single
+filter that raises.
 """
 
 from __future__ import annotations
@@ -22,9 +32,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.dynamics import constrained
 from mbfg_ros.dynamics.batched import BatchConstraints, BatchDynamics, newton_positions
-from mbfg_ros.estimation.reduced_ekf import ReducedModel, discretize, rk4_step
+from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedModel, discretize, rk4_step
 from mbfg_ros.model.mechanism import Mechanism
 
 POSE_TOLERANCE = 1e-11      # max |Φ| of a solved pose (ReducedModel.positions)
@@ -57,15 +68,38 @@ class ReducedModelBank:
         self.dyn = BatchDynamics(mech, self.bc)
         self.gravity = np.asarray(mech.gravity_forces, float)
         self.actuated = np.asarray(mech.actuated, np.intp)
+        # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve.  A kernel
+        # built from older sources lacks the bank's functions: numpy's forms then, as without a kernel.
+        kernel = native.mechanism_kernel(mech)
+        self.kernel = kernel if hasattr(kernel, "reduced_rk4") and hasattr(native.module(), "kalman_step") else None
+        self.z_index = tuple(int(i) for i in self.z)
+        self.free_index = tuple(int(i) for i in self.free)
 
     @staticmethod
     def supports(mech: Mechanism) -> bool:
         return BatchConstraints(mech.constraints).supported
 
     def positions(self, z_values: np.ndarray, guess: np.ndarray, basis: Optional[np.ndarray] = None):
-        """(poses (N, n), their Φq (N, m, n), solved (N,)): each row's z held, the rest by Gauss–Newton from its
-        guess, first moved along the tangent `basis` (N, n, d) at the guess when given (Newton then starts a
-        second-order distance from the pose)."""
+        """(poses (N, n), their Φq (N, m, n), their tangents ∂q/∂z (N, n, d), solved (N,)): each row's z held,
+        the rest by Gauss–Newton from its guess, first moved along the tangent `basis` (N, n, d) at the guess
+        when given (Newton then starts a second-order distance from the pose); an unsolved row's Φq and tangent
+        are NaN."""
+        if self.kernel is not None:
+            N, n, d = z_values.shape[0], self.mech.n, self.z.size
+            q, J, R = np.empty((N, n)), np.empty((N, self.mech.m, n)), np.empty((N, n, d))
+            ok = np.empty(N)
+            self.kernel.reduced_positions(np.ascontiguousarray(z_values, float), np.ascontiguousarray(guess, float),
+                                          None if basis is None else np.ascontiguousarray(basis, float),
+                                          self.z_index, self.free_index, POSE_TOLERANCE, POSE_ITERATIONS,
+                                          q, J, R, ok)
+            return q, J, R, ok.astype(bool)
+        q, J, solved = self._positions(z_values, guess, basis)
+        R = np.full(q.shape + (self.z.size,), np.nan)
+        if solved.any():
+            R[solved] = self.velocity_basis(J[solved])
+        return q, J, R, solved
+
+    def _positions(self, z_values, guess, basis):
         q = np.array(guess, dtype=float)
         if basis is not None:
             q += np.einsum("knd,kd->kn", basis, z_values - q[:, self.z])
@@ -96,9 +130,33 @@ class ReducedModelBank:
         R[:, self.z, :] = np.eye(d)
         return R
 
-    def accelerations(self, q: np.ndarray, J: np.ndarray, z_rates: np.ndarray, tau: np.ndarray) -> np.ndarray:
-        """z̈ (N, d) at the poses q (N, n) with Φq J, rates ż (N, d) and actuator efforts τ (N, n_actuated)."""
-        v = np.einsum("knd,kd->kn", self.velocity_basis(J), z_rates)
+    def accelerations(self, q: np.ndarray, J: np.ndarray, R: np.ndarray, z_rates: np.ndarray,
+                      tau: np.ndarray) -> np.ndarray:
+        """z̈ (N, d) at the poses q (N, n) with Φq J and tangents R = ∂q/∂z (N, n, d), rates ż (N, d) and actuator
+        efforts τ (N, n_actuated)."""
+        if self.kernel is None:
+            return self._accelerations(q, J, R, z_rates, tau)
+        a, ok = np.empty(z_rates.shape), np.empty(q.shape[0])
+        self.kernel.reduced_acceleration(np.ascontiguousarray(q, float), np.ascontiguousarray(R, float),
+                                         np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
+                                         self.gravity, self.z_index, a, ok)
+        redo = self._numpy_rows(ok, q, R)
+        if redo is not None:
+            a[redo] = self._accelerations(q[redo], J[redo], R[redo], z_rates[redo], tau[redo])
+        return a
+
+    @staticmethod
+    def _numpy_rows(ok, q, R):
+        """The rows the kernel could not solve (a singular or ill-conditioned augmented system) at a finite pose:
+        numpy's null-space solver takes them, as it takes them in numpy's form (a failed filter's NaN rows stay);
+        None when there are none."""
+        if ok.all():
+            return None
+        redo = (ok == 0.0) & np.all(np.isfinite(q), axis=1) & np.all(np.isfinite(R), axis=(1, 2))
+        return redo if redo.any() else None
+
+    def _accelerations(self, q, J, R, z_rates, tau):
+        v = np.einsum("knd,kd->kn", R, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
         out = self.dyn.linearize(q, v, Q, J, self.bc.hessian_vector(q, v), need_jacobians=False)
@@ -118,6 +176,21 @@ class ReducedModelBank:
     def linearize(self, q: np.ndarray, J: np.ndarray, basis: np.ndarray, z_rates: np.ndarray, tau: np.ndarray):
         """(z̈ (N, d), ∂z̈/∂z, ∂z̈/∂ż (N, d, d), ∂z̈/∂τ (N, d, n_actuated)) at the poses q with Φq J and tangents
         `basis` (see `ReducedEKFBank._jacobian` for the chain rule)."""
+        if self.kernel is None:
+            return self._linearize(q, J, basis, z_rates, tau)
+        N, d = z_rates.shape
+        a, dz, dzdot = np.empty((N, d)), np.empty((N, d, d)), np.empty((N, d, d))
+        de, ok = np.empty((N, d, self.actuated.size)), np.empty(N)
+        self.kernel.reduced_linearize(np.ascontiguousarray(q, float), np.ascontiguousarray(basis, float),
+                                      np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
+                                      self.gravity, self.z_index, self.free_index, a, dz, dzdot, de, ok)
+        redo = self._numpy_rows(ok, q, basis)
+        if redo is not None:
+            a[redo], dz[redo], dzdot[redo], de[redo] = self._linearize(q[redo], J[redo], basis[redo], z_rates[redo],
+                                                                       tau[redo])
+        return a, dz, dzdot, de
+
+    def _linearize(self, q, J, basis, z_rates, tau):
         v = np.einsum("knd,kd->kn", basis, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
@@ -178,6 +251,8 @@ class ReducedEKFBank:
         self.basis: Optional[np.ndarray] = None       # ∂q/∂z there (the pose predictor's tangent)
         self.failed = np.zeros(K, bool)
         self.log_likelihood = np.zeros(K)
+        # the compiled covariance half of a step (None: numpy's `_predict_and_update`), with the compiled model
+        self._kalman_step = native.module().kalman_step if self.model.kernel is not None else None
         self._command = np.zeros((K, na))
 
     # -- the model ---------------------------------------------------------------------------------------
@@ -185,10 +260,11 @@ class ReducedEKFBank:
         e = x[:, 2 * self.d:2 * self.d + self.na]
         return command + e if self.fused else e
 
-    def _f(self, x, command, q, J, damping):
-        """ẋ of rows x (N, nx) at their poses q (N, n) (solved for x's z; Φq J), command (N, na), damping (N,)."""
+    def _f(self, x, command, q, J, R, damping):
+        """ẋ of rows x (N, nx) at their poses q (N, n) (solved for x's z; Φq J, tangents R), command (N, na),
+        damping (N,)."""
         d = self.d
-        return self._rates(x, self.model.accelerations(q, J, x[:, d:2 * d], self._efforts(x, command)), damping)
+        return self._rates(x, self.model.accelerations(q, J, R, x[:, d:2 * d], self._efforts(x, command)), damping)
 
     def _rates(self, x, acceleration, damping):
         """ẋ of rows x (N, nx) with z̈ = `acceleration` (N, d)."""
@@ -206,13 +282,13 @@ class ReducedEKFBank:
         guess, basis = self.pose, self.basis
         if repeat > 1:
             guess, basis = np.repeat(guess, repeat, axis=0), np.repeat(basis, repeat, axis=0)
-        q, J, ok = self.model.positions(z_values, guess, basis)
+        q, J, R, ok = self.model.positions(z_values, guess, basis)
         self.failed |= ~ok.reshape(self.K, repeat).all(axis=1)
-        return q, J
+        return q, J, R
 
     def _f_solving(self, x, command):
-        q, J = self._solve(x[:, :self.d])
-        return self._f(x, command, q, J, self.damping)
+        q, J, R = self._solve(x[:, :self.d])
+        return self._f(x, command, q, J, R, self.damping)
 
     def _jacobian(self, x, command):
         """(∂f/∂x (K, nx, nx), f (K, nx)) in closed form at each filter's x (its stored pose: x has not moved since
@@ -264,8 +340,40 @@ class ReducedEKFBank:
         if np.any(self.acceleration_density):
             self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
-        F, Qd = discretize(A, self.noise, float(dt))
-        self.x = rk4_step(lambda x: self._f_solving(x, self._command), self.x, float(dt), k1=f)
+        self.x = self._rk4(f, float(dt))
+        if self._kalman_step is not None:
+            self._kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
+                              np.ascontiguousarray(y), self.R, self.log_likelihood)
+        else:
+            self._predict_and_update(A, y, float(dt))
+        self._command = np.array(command)
+        q, J, R = self._solve(self.x[:, :d])
+        keep = ~self.failed
+        self.pose[keep], self.pose_jacobian[keep], self.basis[keep] = q[keep], J[keep], R[keep]
+        self._quarantine()
+
+    def _rk4(self, k1, h):
+        """Every filter's mean after one Runge–Kutta step over h (`rk4_step`, the previous command held; k1: the
+        first stage), its stages' lost poses failing their filters: in one call of the kernel where it is
+        enabled (the same operations as numpy's), unless a stage's augmented system is singular somewhere (numpy's
+        null-space solver then, for the whole step)."""
+        kernel = self.model.kernel
+        if kernel is not None:
+            out, pose_ok, dynamics_ok = np.empty_like(self.x), np.empty(self.K), np.empty(self.K)
+            kernel.reduced_rk4(self.x, np.ascontiguousarray(k1), h, np.ascontiguousarray(self._command, float),
+                               self.damping, int(self.fused), self.pose, self.basis, self.model.gravity,
+                               self.model.z_index, self.model.free_index, POSE_TOLERANCE, POSE_ITERATIONS, out,
+                               pose_ok, dynamics_ok)
+            if dynamics_ok.all():
+                self.failed |= pose_ok == 0.0
+                return out
+        return rk4_step(lambda x: self._f_solving(x, self._command), self.x, h, k1=k1)
+
+    def _predict_and_update(self, A, y, dt):
+        """The covariance prediction and the readings' update of every filter (the kernel's kalman_step does the
+        same per filter in C)."""
+        K = self.K
+        F, Qd = discretize(A, self.noise, dt)
         self.P = F @ self.P @ np.swapaxes(F, 1, 2) + Qd
         read = np.nonzero(np.isfinite(y))[0]
         if read.size:
@@ -282,12 +390,6 @@ class ReducedEKFBank:
             I_KH = np.broadcast_to(np.eye(self.nx), (K, self.nx, self.nx)).copy()
             I_KH[:, :, read] -= gain
             self.P = I_KH @ self.P @ np.swapaxes(I_KH, 1, 2) + gain @ R @ np.swapaxes(gain, 1, 2)
-        self._command = np.array(command)
-        q, J = self._solve(self.x[:, :d])
-        keep = ~self.failed
-        self.pose[keep], self.pose_jacobian[keep] = q[keep], J[keep]
-        self.basis[keep] = self.model.velocity_basis(J[keep])
-        self._quarantine()
 
     def _quarantine(self):
         """A failed filter keeps −inf and stops carrying numbers: its state becomes a copy of a working
