@@ -253,7 +253,7 @@ class Diagnostics:
             if self.stopped:
                 level = max(level, DiagnosticStatus.WARN)
                 msgs.insert(0, self.stopped)
-            elif sched.anchored and "observations" in expected and sched.streams["observations"].last_rx_ns is None:
+            elif sched.anchored and sched.awaits_first_readings(expected):
                 msgs.append("waiting for the first readings (joint_observations): the estimate starts from them")
             else:
                 msgs.append("waiting for the first input")

@@ -363,7 +363,8 @@ def declare_parameters(node) -> StartupParameters:
                         max_input_age=max_input_age, future_tolerance=future_tolerance,
                         publish_markers=publish_markers, marker_period=marker_period, frame_id=frame_id,
                         diagnostics_period=diagnostics_period, reset_on_time_jump=reset_on_time_jump,
-                        max_backlog=max_backlog, max_prediction=max_prediction, fast_loop=fast_loop, thread_priority=int(thread_priority),
+                        max_backlog=max_backlog, max_prediction=max_prediction, fast_loop=fast_loop,
+                        thread_priority=int(thread_priority),
                         publish_stddev=bool(publish_stddev),
                         publish_covariance=bool(publish_covariance),
                         parameters_period=float(parameters_period))

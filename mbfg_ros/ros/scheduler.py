@@ -355,10 +355,7 @@ class InputScheduler:
         if self.t0_ns is None:
             return False
         k = self.k_next
-        if not self.started and "observations" in expected and k not in self.obs:
-            # the first step of a mode that uses readings has readings, however long they take: started
-            # without them, the estimate would publish the drawn pose as the angles of encoded joints (whole
-            # turns from their encoders' readings) until the readings re-initialize it (`start_step`)
+        if self.awaits_first_readings(expected):
             return False
         waited = self.waited_streams(now_ns, expected)
         if waited and all(s.last_k is not None and s.last_k >= k for s in waited):
@@ -369,6 +366,13 @@ class InputScheduler:
             # most startup_wait, then held as unknown; readings as long as it takes, above)
             return now_ns >= self.first_rx_ns + self.startup_wait_ns
         return now_ns >= self.t_of(k) + self.wait_ns(now_ns, waited)
+
+    def awaits_first_readings(self, expected) -> bool:
+        """Not started in a mode that uses readings, and the next step has none: the first step has readings,
+        however long they take (started without them, the estimate would publish the drawn pose as the angles
+        of encoded joints, whole turns from their encoders' readings, until the readings re-initialize it;
+        `start_step` moves the start onto the first step with readings)."""
+        return not self.started and "observations" in expected and self.k_next not in self.obs
 
     def beyond_prediction(self, k: int, expected) -> bool:
         """Step k would be more than max_prediction past the newest step with readings, in a mode that uses
