@@ -202,6 +202,25 @@ def test_freeze_holds_reset_forgets_and_a_reinitialization_keeps_what_was_learnt
     assert "identified parameters reset" in est.last.message
 
 
+def test_a_reset_keeps_what_a_healthy_window_learnt_since_its_last_checkpoint(crank, crank_run):
+    # the node resets its core when the readings stop for longer than max_prediction: what the window learnt since
+    # its last checkpoint (every PARAMETER_CHECKPOINT_STEPS steps) is the machine's and must survive the reset
+    from mbfg_ros.estimation.estimator import PARAMETER_CHECKPOINT_STEPS
+    config = EstimatorConfig(dt=DT, mode="fused", identify=_entries(crank, "gain"))
+    steps = PARAMETER_CHECKPOINT_STEPS - 50          # learning since the hold ended, no checkpoint yet
+    est = _run(crank, crank_run, config, until=steps)
+    checkpoint = float(est.identification.mean[0])
+    before = est.parameters()
+    assert abs(before["values"][0] - TRUE_GAIN) < abs(checkpoint - TRUE_GAIN) - 0.005, (checkpoint, before)
+    est.reset()
+    names = [s.name for s in crank.sensors]
+    k = steps
+    est.step(crank_run.t[k], crank_run.efforts[k], {n: crank_run.readings[n][k] for n in names})
+    after = est.parameters()
+    assert abs(after["values"][0] - before["values"][0]) < 0.2 * before["std"][0], (before, after)
+    assert after["std"][0] < 1.1 * before["std"][0]
+
+
 def test_mbfg_estimate_identifies_and_writes_the_parameters(crank, crank_run, tmp_path, capsys):
     from mbfg_ros.cli.commands import main
     t, n = crank_run.t[:1501], 1501

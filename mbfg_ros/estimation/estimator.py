@@ -175,10 +175,17 @@ class FixedLagEstimator:
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
-        """Forget everything but the turns of the angles: the next `step` re-initializes (position problem,
-        priors) with its angles on the turns of the readings, else of the last estimate before the reset."""
+        """Forget everything but the turns of the angles and what was learnt of the identified parameters: the next
+        `step` re-initializes (position problem, priors) with its angles on the turns of the readings, else of the
+        last estimate before the reset."""
         if self.last is not None:
             self.seeder.published = self.last.q
+            ident = self.identification
+            if ident is not None and self.stepper.window is not None and self.last.status == "ok":
+                # a healthy window's newest belief, not its last checkpoint's (a reset after the readings stopped
+                # would otherwise lose up to PARAMETER_CHECKPOINT_STEPS steps of learning); a failing window's
+                # status is not "ok", and its learning stays dropped
+                ident.carry(self.stepper.window, self.stepper.k, self.layout)
         self.stepper.reset()
         self.last = None
         self._last_obs: Dict[str, float] = {}
