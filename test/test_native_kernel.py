@@ -107,10 +107,17 @@ KIND_CASES = {
         (F.ForwardDynamics(mech, sigma=0.3), {"Q": mech.gravity_forces + rng.standard_normal(mech.n)})],
     "inverse_dynamics": lambda mech, rng: [
         (F.InverseDynamics(mech, sigma=0.2), {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n)})],
-    "coordinate": lambda mech, rng: [(F.Encoder(mech, 0, sigma=2e-3), {"value": 0.1}),
-                                     (F.ObservedCoordinate(mech, 1, order=1, sigma=0.05), {"value": -0.2})],
     # (the last coordinate of the shipped crank is its angle)
-    "wrapped_coordinate": lambda mech, rng: [(F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0})],
+    "selection": lambda mech, rng: [(F.Encoder(mech, 0, sigma=2e-3), {"value": 0.1}),
+                                    (F.ObservedCoordinate(mech, 1, order=1, sigma=0.05), {"value": -0.2}),
+                                    (F.ObservedCoordinate(mech, mech.n - 1, order=0, sigma=0.05), {"value": 9.0}),
+                                    (F.Prior("tau", np.zeros(len(mech.actuated)), 3.0,
+                                             select=list(range(len(mech.actuated))), size=len(mech.actuated)),
+                                     {"mean": rng.standard_normal(len(mech.actuated))}),
+                                    (F.Prior("v", np.zeros(2), 0.5, select=[mech.n - 1, 0], size=mech.n),
+                                     {"mean": rng.standard_normal(2)})],
+    "wrapped_selection": lambda mech, rng: [(F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0}),
+                                            (F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0 + 4 * np.pi})],
     "gyroscope": lambda mech, rng: [(F.Gyroscope(mech, 0, sigma=0.01), {"value": 0.5}),
                                     (F.Gyroscope(mech, 1, sigma=0.02), {"value": -0.4})],
     # every parameter kind on the crank's actuator: a gain, viscous and Coulomb friction (rates near v_s included)
@@ -120,9 +127,6 @@ KIND_CASES = {
             + [IdentifySpec(joint="coupler", parameter="payload_mass", body=1, at=(0.2, -0.05))]), sigma=0.2),
          {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n),
           "commands": rng.standard_normal(len(mech.actuated))})],
-    "prior": lambda mech, rng: [(F.Prior("tau", np.zeros(len(mech.actuated)), 3.0,
-                                         select=list(range(len(mech.actuated))), size=len(mech.actuated)),
-                                 {"mean": rng.standard_normal(len(mech.actuated))})],
 }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
-from mbfg_ros.factors.sensors import wrapped_angle
+from mbfg_ros.factors.priors import wrapped_angle
 from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import mechanism_reach

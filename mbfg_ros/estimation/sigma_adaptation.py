@@ -34,7 +34,7 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 
 from mbfg_ros.estimation.density_adaptation import chi_square_quantile
-from mbfg_ros.factors.sensors import wrapped_angle
+from mbfg_ros.factors.priors import wrapped_angle
 
 __all__ = ["SensorSigmaAdaptation", "BLOCK", "DEGREE", "MIN_BLOCKS", "SIGNIFICANCE", "MEMORY_BLOCKS", "QUANTILE", "MAX_BLOCK_SPAN", "CHANGE"]
 

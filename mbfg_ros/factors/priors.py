@@ -13,32 +13,68 @@ from mbfg_ros.factors.base import Factor, sigma_array
 TWO_PI = 2.0 * math.pi
 
 
-class Prior(Factor):
-    """f_prior: e = x[select] − x0 (all of x when `select` is None).  Jacobian: rows of I."""
+def wrapped_angle(d: float) -> float:
+    """An angle difference d moved by whole turns into [−π, π): the same difference of two angles read in any 2π
+    range (plain floats: it runs per encoder reading)."""
+    return d - TWO_PI * math.floor((d + math.pi) / TWO_PI)
+
+
+class Selection(Factor):
+    """e = x[select] − values: chosen entries of one block minus given values (a prior's mean, a reading), the
+    one formula of the priors (`Prior`) and of the coordinate readings (`factors.sensors`); with ``wrap`` (one row
+    read as an angle) the difference is moved by whole turns into [−π, π).  Jacobian: rows of I.  Compiled kinds
+    ``selection`` and ``wrapped_selection`` (one function of `_kernel.c`).  A subclass sets its single per-step
+    parameter (``params``) and calls `_select`."""
 
     linear = True
-    kernel_kind = "prior"
+    kernel_kind = "selection"
+
+    def _select(self, block: str, size: int, select: Optional[Sequence[int]], dim: int, wrap: bool = False,
+                one: Optional[int] = None):
+        """`select` (None: all `size` entries) of block `block`; `one`: the single entry of a one-row selection
+        whose value is a float (evaluated on plain floats: it runs per reading)."""
+        self.slots = (block,)
+        self.dim = dim
+        self.size = int(size)
+        self.select = None if select is None else np.asarray(select, dtype=np.intp)
+        if self.select is not None and self.select.size != dim:
+            raise ValueError(f"{type(self).__name__}: len(select) must equal the number of rows ({dim})")
+        if wrap and one is None:
+            raise ValueError(f"{type(self).__name__}: only a one-row selection is wrapped")
+        self.wrap = bool(wrap)
+        self._one = one
+        self._J = np.eye(self.size)[self.select] if self.select is not None else np.eye(self.size)
+        self.kernel_kind = "wrapped_selection" if wrap else "selection"
+        if wrap:
+            self.linear = False         # the wrap makes it piecewise affine
+
+    def evaluate(self, x, ctx=None, params=None):
+        values = getattr(self, self.params[0]) if params is None else params[0]
+        one = self._one
+        if one is not None:
+            d = x.item(one) - values
+            if self.wrap:
+                d = wrapped_angle(d)
+            return np.array([d]), [self._J]
+        return (x if self.select is None else x[self.select]) - values, [self._J]
+
+    def kernel_arguments(self):
+        return [int(i) for i in (range(self.dim) if self.select is None else self.select)], []
+
+
+class Prior(Selection):
+    """f_prior: e = x[select] − x0 (all of x when `select` is None).  Jacobian: rows of I."""
 
     params = ('mean',)
 
     def __init__(self, block: str, mean, sigma, select: Optional[Sequence[int]] = None, size: Optional[int] = None):
         self.mean = np.array(mean, dtype=float).reshape(-1)
-        self.slots = (block,)
-        self.dim = self.mean.size
-        self.size = self.dim if size is None else int(size)
-        self.select = None if select is None else np.asarray(select, dtype=np.intp)
-        if self.select is not None and self.select.size != self.dim:
+        dim = self.mean.size
+        if select is not None and len(select) != dim:
             raise ValueError("Prior: len(select) must equal len(mean)")
+        self._select(block, dim if size is None else size, select, dim)
         self.sigmas = sigma_array(sigma, self.dim)
         self.name = f"prior({block})"
-        self._J = np.eye(self.size)[self.select] if self.select is not None else np.eye(self.size)
-
-    def evaluate(self, x, ctx=None, params=None):
-        e = (x if self.select is None else x[self.select]) - (self.mean if params is None else params[0])
-        return e, [self._J]
-
-    def kernel_arguments(self):
-        return [int(i) for i in (range(self.dim) if self.select is None else self.select)], []
 
 
 class CorrelatedPrior(Factor):

@@ -8,15 +8,10 @@ import numpy as np
 
 
 from mbfg_ros.factors.base import Factor, sigma_array
+from mbfg_ros.factors.priors import Selection
 from mbfg_ros.model.mechanism import Mechanism
 
 TWO_PI = 2.0 * math.pi
-
-
-def wrapped_angle(d: float) -> float:
-    """An angle difference d moved by whole turns into [−π, π): the same difference of two angles read in any 2π
-    range (plain floats: it runs per encoder reading)."""
-    return d - TWO_PI * math.floor((d + math.pi) / TWO_PI)
 
 
 def _coordinate(mech: Mechanism, coordinate) -> int:
@@ -29,48 +24,33 @@ def _coordinate(mech: Mechanism, coordinate) -> int:
     return c
 
 
-class _CoordinateReading(Factor):
-    """A reading of one coordinate of one block (q, q̇ or q̈): one row, Jacobian the unit row of it."""
+class _CoordinateReading(Selection):
+    """A reading of one coordinate of one block (q, q̇ or q̈): e = x[c] − reading (`Selection`), one row."""
 
     params = ('value',)
 
-    def __init__(self, mech: Mechanism, coordinate, block: str, value: float, sigma: float):
+    def __init__(self, mech: Mechanism, coordinate, block: str, value: float, sigma: float, wrap: bool = False):
         self.coordinate = _coordinate(mech, coordinate)
         self.value = float(value)
-        self.slots = (block,)
-        self.dim = 1
+        self._select(block, mech.n, [self.coordinate], 1, wrap=wrap, one=self.coordinate)
         self.sigmas = sigma_array(sigma, 1)
-        self._J = np.zeros((1, mech.n))
-        self._J[0, self.coordinate] = 1.0
-
-    def kernel_arguments(self):
-        return [self.coordinate], []
 
 
 class Encoder(_CoordinateReading):
     """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
-    (−π, π], so a reading in any 2π range matches a continuous angle."""
+    [−π, π), so a reading in any 2π range matches a continuous angle."""
 
     def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
-        super().__init__(mech, coordinate, "q", value, sigma)
-        self.angle = self.coordinate >= mech.n_point_coordinates
-        self.linear = not self.angle         # the wrap makes an angle encoder piecewise affine
-        self.kernel_kind = "wrapped_coordinate" if self.angle else "coordinate"
+        c = _coordinate(mech, coordinate)
+        self.angle = c >= mech.n_point_coordinates
+        super().__init__(mech, c, "q", value, sigma, wrap=self.angle)
         self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
-
-    def evaluate(self, q, ctx=None, params=None):
-        d = q.item(self.coordinate) - (self.value if params is None else params[0])   # (a plain float: cheaper)
-        if self.angle:
-            d = wrapped_angle(d)
-        return np.array([d]), [self._J]
 
 
 class ObservedCoordinate(_CoordinateReading):
     """Generic observation of one named coordinate's position (order 0), velocity (1) or acceleration (2):
     e = x[c] − reading with x = q, q̇ or q̈.  `coordinate` is an index or a name."""
 
-    linear = True
-    kernel_kind = "coordinate"
     BLOCKS = ("q", "v", "a")
 
     def __init__(self, mech: Mechanism, coordinate, order=0, value: float = 0.0, sigma: float = 1e-3):
@@ -79,9 +59,6 @@ class ObservedCoordinate(_CoordinateReading):
             raise ValueError(f"order must be 0/'position', 1/'velocity' or 2/'acceleration' (got {order!r})")
         super().__init__(mech, coordinate, self.BLOCKS[self.order], value, sigma)
         self.name = f"observed_{self.slots[0]}({mech.coordinate_names[self.coordinate]})"
-
-    def evaluate(self, x, ctx=None, params=None):
-        return np.array([x[self.coordinate] - (self.value if params is None else params[0])]), [self._J]
 
 
 class Gyroscope(Factor):

@@ -1591,34 +1591,44 @@ eval_dynamics(UNIT_EVAL_ARGS)
     return 0;
 }
 
-/* x[c] − value, wrapped to [−π, π) with `wrap`   slot x; param value; ints: c */
+/* x[select] − values, each row wrapped to [−π, π) with `wrap` (an angle read in any 2π range)
+ *                                        slot x; param values: a float (one row) or dim floats; ints: select (dim) */
 static int
-coordinate_reading(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
-                   int jac, double *const A[2], int wrap)
+selection(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e, int jac,
+          double *const A[2], int wrap)
 {
-    double value;
-    if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+    Buf bm = {0};
+    double scalar = 0.0, *values = &scalar;
+    PyObject *t = (u->param >= 0 && u->param < PyList_GET_SIZE(params)) ? PyList_GET_ITEM(params, u->param) : NULL;
+    int one_float = u->dim == 1 && t && PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 1
+                    && PyFloat_Check(PyTuple_GET_ITEM(t, 0));
+    if (unit_param(params, u, &scalar, &bm, one_float ? NULL : &values, u->dim) < 0) {
+        release(&bm);
         return -1;
-    int c = u->ints[0];
-    double d = slot_block(u, 0, xp, xc)[c] - value;
-    if (wrap)
-        d -= TWO_PI * floor((d + M_PI) / TWO_PI);
-    e[0] = d;
-    if (jac)
-        JROW(0, 0)[c] += 1.0;
+    }
+    const double *x = slot_block(u, 0, xp, xc);
+    for (int i = 0; i < u->dim; i++) {
+        double d = x[u->ints[i]] - values[i];
+        if (wrap)
+            d -= TWO_PI * floor((d + M_PI) / TWO_PI);
+        e[i] = d;
+        if (jac)
+            JROW(0, i)[u->ints[i]] += 1.0;
+    }
+    release(&bm);
     return 0;
 }
 
 static int
-eval_coordinate(UNIT_EVAL_ARGS)
+eval_selection(UNIT_EVAL_ARGS)
 {
-    return coordinate_reading(s, u, xp, xc, params, e, jac, A, 0);
+    return selection(s, u, xp, xc, params, e, jac, A, 0);
 }
 
 static int
-eval_wrapped_coordinate(UNIT_EVAL_ARGS)
+eval_wrapped_selection(UNIT_EVAL_ARGS)
 {
-    return coordinate_reading(s, u, xp, xc, params, e, jac, A, 1);
+    return selection(s, u, xp, xc, params, e, jac, A, 1);
 }
 
 /* ω(q, q̇) − value                        slots q, v; param value; ints: cxi, cyi, cxj, cyj (−1: a fixed point,
@@ -1656,25 +1666,6 @@ eval_gyroscope(UNIT_EVAL_ARGS)
     return 0;
 }
 
-/* x[select] − mean                       slot x; param mean (dim); ints: select (dim) */
-static int
-eval_prior(UNIT_EVAL_ARGS)
-{
-    Buf bm = {0};
-    double *mean, dummy;
-    if (unit_param(params, u, &dummy, &bm, &mean, u->dim) < 0) {
-        release(&bm);
-        return -1;
-    }
-    const double *x = slot_block(u, 0, xp, xc);
-    for (int i = 0; i < u->dim; i++) {
-        e[i] = x[u->ints[i]] - mean[i];
-        if (jac)
-            JROW(0, i)[u->ints[i]] += 1.0;
-    }
-    release(&bm);
-    return 0;
-}
 #undef JROW
 
 /* how a kind's rows, integers and slot widths are checked when a step program is built */
@@ -1699,10 +1690,9 @@ static const UnitKind unit_kinds[] = {
     {"velocity", ROWS_CONSTRAINTS, 2, 0, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_velocity},
     {"forward_dynamics", ROWS_COORDINATES, 3, 0, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_dynamics},
     {"inverse_dynamics", ROWS_COORDINATES, 4, INDICES_ANY, INDEX_COORDINATE, WIDTH_LAST_PER_INDEX, 0, eval_dynamics},
-    {"coordinate", ROWS_ONE, 1, 1, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_coordinate},
-    {"wrapped_coordinate", ROWS_ONE, 1, 1, INDEX_COORDINATE, WIDTH_COORDINATES, 0, eval_wrapped_coordinate},
     {"gyroscope", ROWS_ONE, 2, 4, INDEX_COORDINATE_OR_FIXED, WIDTH_COORDINATES, 4, eval_gyroscope},
-    {"prior", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_prior},
+    {"selection", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_selection},
+    {"wrapped_selection", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_wrapped_selection},
     {"identified_dynamics", ROWS_COORDINATES, 5, INDICES_IDENTIFIED, INDEX_IDENTIFIED, WIDTH_ANY,
      DOUBLES_PER_PARAMETER, eval_dynamics},
 };
