@@ -180,6 +180,7 @@ class FixedLagEstimator:
         if self.last is not None:
             self.seeder.published = self.last.q
         self.stepper.reset()
+        self.sensors.timing.reset()
         self.last = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.efforts.na, np.nan)
@@ -229,6 +230,7 @@ class FixedLagEstimator:
         t = float(t)
         efforts = self.efforts.efforts_in(efforts)
         obs = observations_in(observations)
+        self.sensors.timing.observe(t, obs)
         try:
             est = self._step(t, efforts, obs)
         except Exception as exc:          # numerical failure: never escapes
