@@ -213,15 +213,16 @@ def test_the_usual_interval_is_each_sensors_own_and_only_an_overrun_has_an_exces
 
 
 def test_a_late_stamp_explains_a_reading_that_lags_along_the_motion_only():
-    """Moving at +10 rad/s over an interval of 3 ms, 2 ms beyond the usual: a reading up to 30 mrad behind the
-    prediction (and 3 σ more) is late, weighed with the overrun's reach 20 mrad; one ahead of it, or farther
-    behind, is not (the estimate is off: the reading keeps its σ); the same backwards."""
+    """Moving at +10 rad/s over an interval of 3 ms, 2 ms beyond the usual: a reading more than 3 σ and up to
+    30 mrad (and 3 σ) behind the prediction is late, weighed with the overrun's reach 20 mrad; one within 3 σ is
+    on time as far as it can tell, one ahead of it or farther behind is not late (the estimate is off: the reading
+    keeps its σ); the same backwards."""
     sigma = 1e-4
     for direction in (1.0, -1.0):
         def spread(lag):
             return RT.late_spread(direction * lag, direction * 10.0, 2e-3, 3e-3, sigma)
         assert spread(0.01) == pytest.approx(0.02) and spread(0.03 + 2.9 * sigma) == pytest.approx(0.02)
-        assert spread(-0.001) == 0.0 and spread(0.031 + 3 * sigma) == 0.0
+        assert spread(-0.001) == 0.0 and spread(0.031 + 3 * sigma) == 0.0 and spread(2.9 * sigma) == 0.0
     assert RT.late_spread(0.0, 0.0, 2e-3, 3e-3, sigma) == 0.0      # at rest a timing error moves nothing
 
 
@@ -230,9 +231,9 @@ def test_a_reading_stamped_late_after_an_overrun_does_not_drag_the_estimate_off_
     """The swinging crank (up to 7.7 rad/s) read every step, every 20th interval an overrun of 3 steps whose
     reading was taken on schedule, one step after the previous, and stamped late (as on the DFKI acrobot run,
     bench/real_hardware.py): 2 ms stale, up to 15 mrad behind the motion at its stamp.  The estimate stays
-    within 1 mrad of the motion at every step after 0.5 s (measured 0.53 / 0.23 mrad, estimation / fused;
-    believing the stale readings at their σ: 2.2 / 1.7 mrad, up to 1.9 mrad on the next steps), and such a
-    reading's unit in its step is weighed with the larger σ."""
+    within 1 mrad of the motion at every step after 0.5 s (measured 0.77 / 0.58 mrad, estimation / fused;
+    believing the stale readings at their σ: 2.0 / 1.7 mrad, up to 1.9 mrad on the next steps), and most such
+    readings' units in their steps are weighed with a larger σ (not those within 3 σ of the prediction)."""
     idx, taken = [], []
     i = 0
     while i < driven.t.size:
@@ -259,4 +260,4 @@ def test_a_reading_stamped_late_after_an_overrun_does_not_drag_the_estimate_off_
     scored = driven.t[idx] > 0.5
     err = np.abs(np.array(q) - driven.theta[idx])[scored]
     assert err.max() < 1e-3, err.max()
-    assert len(timed) >= 90 and np.mean(timed) > 0.9
+    assert len(timed) >= 90 and np.mean(timed) > 0.5

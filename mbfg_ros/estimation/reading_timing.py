@@ -8,11 +8,12 @@ on time or late by about the interval's excess over the usual one (3–4 ms): at
 behind the motion at its stamp.  Believed at its σ, such a reading drags the estimate back and its velocity
 down, and the estimate is off the next, on-time, readings for several steps (most of the run's lost-track
 steps).  A reading taken δ before its stamp lags the motion by |q̇|·δ, so after an overrun (an interval over
-`OVERRUN` usual ones) a reading that lags the prediction along the motion, by no more than the whole interval
-explains, is weighed with σ² + (|q̇|·e)², e the interval's excess over the usual one as 1σ of δ, q̇ the
-prediction's (`late_spread`): at speed the estimate then follows the model over the late reading, at rest the
-reading keeps its σ.  A reading ahead of the prediction, or farther behind it, is not explained by a late stamp
-(the estimate is off: after an outage, a drift) and keeps its σ to pull the estimate back.  (Rather than
+`OVERRUN` usual ones) a reading that lags the prediction along the motion significantly, by no more than the
+whole interval explains, is weighed with σ² + (|q̇|·e)², e the interval's excess over the usual one as 1σ of δ,
+q̇ the prediction's (`late_spread`): at speed the estimate then follows the model over the late reading, at rest
+the reading keeps its σ.  A reading near the prediction keeps its σ (where stamps are true nothing is lost:
+bench/jittered_stamps.py unchanged); one ahead of the prediction, or farther behind it, is not explained by a
+late stamp (the estimate is off: after an outage, a drift) and keeps its σ to pull the estimate back.  (Rather than
 estimating each reading's time, which would put the estimate at a stamp wherever the reading says: the
 estimate is of the stamp's time.)
 
@@ -37,7 +38,8 @@ INTERVALS = 64         # the usual interval of a sensor: the median of its newes
 MIN_INTERVALS = 8      # ... once it has this many
 OVERRUN = 1.5          # an interval longer than this many usual ones is an overrun (a gap the stepper bridges by
                        # sub-steps: `Stepper.substeps`); a shorter one is the loop's ordinary jitter
-LATE_SIGMAS = 3.0      # a reading lagging the prediction by up to the overrun's reach and this many of its σ is late
+LATE_SIGMAS = 3.0      # a reading lagging the prediction by more than this many of its σ, and by no more than the
+                       # interval's reach and as many σ, is late
 
 
 class _Sensor:
@@ -100,10 +102,11 @@ def late_spread(lag: float, speed: float, excess: float, interval: float, sigma:
     """The 1σ a late stamp adds to a reading of a coordinate moving at `speed` (the prediction's) whose `interval`
     since its sensor's previous reading exceeds the usual one by `excess` seconds, or 0 where a late stamp does not
     explain the reading: a reading taken δ before its stamp, and after the previous reading (δ < interval), lags
-    the prediction along the motion by `lag` = −sign(q̇)·(reading − prediction) = |q̇|·δ.  One ahead of the
-    prediction, or lagging more than |q̇|·interval (to within `LATE_SIGMAS` of the reading's σ), is not late: the
-    estimate is off (after an outage, a drift) and the reading keeps its σ to pull it back."""
+    the prediction along the motion by `lag` = −sign(q̇)·(reading − prediction) = |q̇|·δ.  Within `LATE_SIGMAS`
+    of the reading's σ of the prediction it is on time as far as it can tell (where stamps are true, an overrun's
+    reading keeps its weight); ahead of the prediction, or lagging more than |q̇|·interval (to within as much),
+    it is not late: the estimate is off (after an outage, a drift) and the reading keeps its σ to pull it back."""
     if speed < 0.0:
         lag = -lag
     speed = math.fabs(speed)
-    return speed * excess if 0.0 < lag <= speed * interval + LATE_SIGMAS * sigma else 0.0
+    return speed * excess if LATE_SIGMAS * sigma < lag <= speed * interval + LATE_SIGMAS * sigma else 0.0
