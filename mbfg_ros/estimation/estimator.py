@@ -187,6 +187,7 @@ class FixedLagEstimator:
                 # status is not "ok", and its learning stays dropped
                 ident.carry(self.stepper.window, self.stepper.k, self.layout)
         self.stepper.reset()
+        self.sensors.timing.reset()
         self.last = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.efforts.na, np.nan)
@@ -236,6 +237,7 @@ class FixedLagEstimator:
         t = float(t)
         efforts = self.efforts.efforts_in(efforts)
         obs = observations_in(observations)
+        self.sensors.timing.observe(t, obs)
         try:
             est = self._step(t, efforts, obs)
         except Exception as exc:          # numerical failure: never escapes

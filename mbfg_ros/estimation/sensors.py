@@ -14,6 +14,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.reading_timing import ReadingTiming
 from mbfg_ros.factors.priors import wrapped_angle
 from mbfg_ros.graph.step_model import StepValues
 from mbfg_ros.model.mechanism import Mechanism
@@ -70,6 +71,9 @@ class Sensors:
             else:
                 self.units[s.name] = F.Gyroscope(mech, s.body, 0.0, sigma)
         self._order = list(self.units)
+        # how well each encoder reading's time is known (`timed_unit`)
+        self.timing = ReadingTiming([name for name, u in self.units.items() if isinstance(u, F.Encoder)])
+        self._timed: Dict[tuple, F.Encoder] = {}
         self._generic: Dict[str, F.ObservedCoordinate] = {}
         # coordinates read by single-turn encoders (mechanism YAML `turns: single`): their readings' turns say
         # nothing, a seed puts them on the guess's turn
@@ -80,6 +84,7 @@ class Sensors:
         """A new σ of the named sensor for the readings from now on: a new unit (the step models, Python and
         compiled, hold their units' σ; the steps in the window keep the units they were made with)."""
         old = self.units[name]
+        self._timed = {key: u for key, u in self._timed.items() if key[0] != name}
         if isinstance(old, F.Encoder):
             self.units[name] = F.Encoder(self.mech, old.coordinate, 0.0, float(sigma))
         else:
@@ -106,16 +111,30 @@ class Sensors:
                 self.mech, self.mech.coordinate_index(coord.strip()), order, 0.0, sigma)
         return u
 
-    def step_units(self, obs: Dict[str, float], values: StepValues) -> list:
+    def timed_unit(self, name: str, spread: float) -> F.Factor:
+        """The named encoder's unit for a reading whose time is uncertain by `spread` of its coordinate
+        (`reading_timing`): σ² + spread², rounded up to a quarter octave of σ (a step model per unit: a few)."""
+        u = self.units[name]
+        sigma = float(u.sigmas[0])
+        level = math.ceil(2.0 * math.log2(1.0 + (spread / sigma) ** 2)) if spread > 0.0 else 0
+        if level <= 0:
+            return u
+        timed = self._timed.get((name, level))
+        if timed is None:
+            timed = self._timed[(name, level)] = F.Encoder(self.mech, u.coordinate, 0.0, sigma * 2.0 ** (level / 4))
+        return timed
+
+    def step_units(self, obs: Dict[str, float], values: StepValues, spreads: Optional[Dict[str, float]] = None) -> list:
         """The units of this step's readings (named sensors in the mechanism's order, then generic names
-        sorted); their readings go to `values`, the step's per-step values."""
+        sorted); their readings go to `values`, the step's per-step values.  `spreads`: encoders whose reading's
+        time is uncertain, name → the 1σ that adds to the reading (`timed_unit`)."""
         if not self.active or not obs:
             return []
         units = []
         for name in self._order:
             val = obs.get(name)
             if val is not None:
-                u = self.units[name]
+                u = self.units[name] if not spreads or name not in spreads else self.timed_unit(name, spreads[name])
                 values[u] = {"value": val}
                 units.append(u)
         if len(units) == len(obs):          # only named sensors

@@ -29,8 +29,10 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import EARLY_RATE_STEPS, EffortModel
 from mbfg_ros.estimation.estimates import StepFailure
+from mbfg_ros.estimation.reading_timing import late_spread
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor
 from mbfg_ros.estimation.step_factors import StepFactors
+from mbfg_ros.factors.priors import wrapped_angle
 from mbfg_ros.graph.step_model import linearize_step
 from mbfg_ros.graph.window import FixedLagWindow
 
@@ -65,6 +67,7 @@ class Stepper:
         self.monitor = monitor if monitor is not None and monitor.enabled else None
         self.sensors_changed()
         self._sensor_names = sensors.units.keys()
+        self._v_start = factors.layout.slices["v"].start
         self.first_id = self.next_id = 0
         self.reset()
 
@@ -141,7 +144,7 @@ class Stepper:
             xp, offset = factors.predict(x_prev, h, self.a_prev, self.h_prev, values)
         if offset is not None:
             factors.prediction_values(offset, values)
-        readings = self.sensors.step_units(obs, values) if obs else []
+        readings = self.sensors.step_units(obs, values, self._timing_spreads(obs, xp)) if obs else []
         thr = self.threshold_readings
         rec = window.prepare(k, factors.model(h, prior, readings), xp, x_prev, thr if readings else None, values)
         if readings and self.gate.enabled:
@@ -167,6 +170,27 @@ class Stepper:
         if obs and self.monitor is not None:
             self.monitor.check(obs, x)
         self.k, self.x = k, x
+
+    def _timing_spreads(self, obs: Dict[str, float], xp: np.ndarray) -> Optional[Dict[str, float]]:
+        """The encoders of this step's readings stamped late (`reading_timing`): name → the 1σ that adds at the
+        predicted speed of the encoder's coordinate."""
+        excess = self.sensors.timing.excess
+        if not excess:
+            return None
+        v0, units, spreads = self._v_start, self.sensors.units, {}
+        for name, (e, h) in excess.items():
+            y = obs.get(name)
+            if y is None:
+                continue
+            u = units[name]
+            c = u.coordinate
+            d = y - xp.item(c)
+            if u.angle:
+                d = wrapped_angle(d)
+            s = late_spread(-d, xp.item(v0 + c), e, h, float(u.sigmas[0]))
+            if s > 0.0:
+                spreads[name] = s
+        return spreads
 
     def _check_turns(self, units: list, obs: Dict[str, float], x: np.ndarray):
         """Raise ReadingsDisagree if a multi-turn angle encoder's reading among a step's `units` is whole turns
