@@ -5,7 +5,7 @@ The filter of `estimation.reduced_ekf.ReducedEKF` (its docstring has the model),
 arithmetic, with every per-filter quantity carrying a leading axis of K filters: the pose of each filter's z by
 Gauss–Newton over all K at once (`dynamics.batched.newton_positions`, from each filter's previous pose, to the
 single filter's tolerance), the velocities of ż by one batched solve, the constrained forward dynamics by
-`BatchDynamics` (the augmented system solved for all filters), the model's Jacobian in closed form (where the
+`dynamics_many` (the per-step forms, filter by filter), the model's Jacobian in closed form (where the
 single filter takes central differences: ~10× the model evaluations), the exact discretization
 (`reduced_ekf.discretize`) of all K at once.  In numpy a pass costs about what one filter costs in Python (the numpy
 calls per step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
@@ -33,8 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mbfg_ros import native
-from mbfg_ros.dynamics import constrained
-from mbfg_ros.dynamics.batched import BatchConstraints, BatchDynamics, newton_positions
+from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many, newton_positions
 from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedModel, discretize, rk4_step
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -65,12 +64,11 @@ class ReducedModelBank:
         self.z = np.asarray([int(i) for i in z], np.intp)
         self.free = np.array([i for i in range(mech.n) if i not in set(self.z.tolist())], np.intp)
         self.bc = BatchConstraints(mech.constraints)
-        self.dyn = BatchDynamics(mech, self.bc)
         self.gravity = np.asarray(mech.gravity_forces, float)
         self.actuated = np.asarray(mech.actuated, np.intp)
         # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve.  A kernel
         # built from older sources lacks the bank's functions: numpy's forms then, as without a kernel.
-        kernel = native.mechanism_kernel(mech)
+        kernel = self._dynamics_kernel = native.mechanism_kernel(mech)
         self.kernel = kernel if hasattr(kernel, "reduced_rk4") and hasattr(native.module(), "kalman_step") else None
         self.z_index = tuple(int(i) for i in self.z)
         self.free_index = tuple(int(i) for i in self.free)
@@ -159,17 +157,7 @@ class ReducedModelBank:
         v = np.einsum("knd,kd->kn", R, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
-        out = self.dyn.linearize(q, v, Q, J, self.bc.hessian_vector(q, v), need_jacobians=False)
-        if out is None:
-            a, bad = np.empty_like(q), np.ones(q.shape[0], bool)
-        else:
-            a, bad = out
-            a = a.copy()
-        for k in np.nonzero(bad)[0]:          # a singular augmented system: the null-space solver, as one filter
-            try:
-                a[k] = constrained.forward_dynamics(self.mech, q[k], v[k], Q[k])
-            except (np.linalg.LinAlgError, ValueError):
-                a[k] = np.nan
+        a = dynamics_many(self.mech, q, v, Q, kernel=self._dynamics_kernel, need_jacobians=False)
         return a[:, self.z]
 
 
@@ -195,19 +183,7 @@ class ReducedModelBank:
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
         Jv = self.bc.hessian_vector(q, v)                       # ∂(Φq q̇)/∂q, also Φ̇q of the dynamics
-        out = self.dyn.linearize(q, v, Q, J, Jv, force_columns=self.actuated)
-        if out is None:
-            bad = np.ones(q.shape[0], bool)
-            a, da_dq = np.empty_like(q), np.empty(q.shape + (q.shape[1],))
-            da_dv, da_dQ = np.empty_like(da_dq), np.empty(q.shape + (self.actuated.size,))
-        else:
-            a, da_dq, da_dv, da_dQ, bad = out
-        for k in np.nonzero(bad)[0]:
-            try:
-                lin = constrained.forward_dynamics_jacobians(self.mech, q[k], v[k], Q[k])
-                a[k], da_dq[k], da_dv[k], da_dQ[k] = lin.a, lin.da_dq, lin.da_dv, lin.da_dQ[:, self.actuated]
-            except (np.linalg.LinAlgError, ValueError):
-                a[k], da_dq[k], da_dv[k], da_dQ[k] = np.nan, np.nan, np.nan, np.nan
+        a, da_dq, da_dv, da_dQ = dynamics_many(self.mech, q, v, Q, self.actuated, kernel=self._dynamics_kernel)
         Jf = J[:, :, self.free]
         JfT = np.swapaxes(Jf, 1, 2)
         dv_dz = np.zeros_like(basis)
