@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Could the compiled kernel be the batch's only implementation too?  The measurement behind the plan of keeping
-each formula once (docs/decisions.md, "Where each formula lives"): the batch solvers evaluate Φ, Φq and the
-dynamics linearization over all steps of a trajectory with numpy's batched forms (`dynamics.batched`, a third
-hand-kept copy beside the per-step numpy and C forms); here the same numbers from the compiled kernel, one C call
-per step in a Python loop, against the batched numpy forms, on every shipped mechanism the kernel knows.
+"""The batch's dynamics without a copy of its own: what one kernel call per step costs and what a machine without
+the compiled kernel gets.  The batch solvers evaluate q̈ and its derivatives over all steps of a trajectory; they
+did so with a batched numpy copy of the formulas (`BatchDynamics`, removed: one kernel call per step took
+0.47–0.82× its time on the shipped mechanisms, the same numbers to 6e-14, measured with this script at commit
+c8b23e9) and now step by step through the per-step forms (`dynamics.batched.dynamics_many`): the compiled
+kernel, else numpy's.  Here both routes and their difference, with Φ and Φq (`BatchConstraints`, still batched).
 
     PYTHONPATH=. python bench/single_source.py [--steps 2000] [--repeat 5]
 
-Per mechanism: the median wall time of each form over `--repeat` runs, their ratio, and the largest difference of
+Per mechanism: the median wall time of each route over `--repeat` runs, their ratio, and the largest difference of
 their numbers relative to the largest entry (the two forms round differently).
 """
 
@@ -30,27 +31,10 @@ def states(mech, N, seed=0):
     return q, v, Q
 
 
-def batched(mech, q, v, Q):
-    from mbfg_ros.dynamics.batched import BatchContext
-    ctx = BatchContext(mech)
-    cols = np.arange(mech.n)
-    phi, J = ctx.phi_and_jacobian("q", q)
-    a, dq, dv, dQ = ctx.dynamics("q", "v", q, v, Q, cols)
-    return phi, J, a, dq, dv, dQ
-
-
-def compiled_loop(mech, q, v, Q):
-    from mbfg_ros import native
-    k = native.mechanism_kernel(mech)
-    N, n, m = q.shape[0], mech.n, mech.m
-    phi, J = np.empty((N, m)), np.empty((N, m, n))
-    a, dq, dv, dQ = np.empty((N, n)), np.empty((N, n, n)), np.empty((N, n, n)), np.empty((N, n, n))
-    lam, Jl, Jd = np.empty(m), np.empty((m, n)), np.empty((m, n))
-    for i in range(N):
-        k.phi_and_jacobian(q[i], phi[i], J[i])
-        if not k.linearize(q[i], v[i], Q[i], a[i], dq[i], dv[i], dQ[i], lam, Jl, Jd):
-            raise RuntimeError(f"singular dynamics at step {i}")
-    return phi, J, a, dq, dv, dQ
+def through(mech, q, v, Q, kernel):
+    from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many
+    phi, J = BatchConstraints(mech.constraints).phi_and_jacobian(q)
+    return (phi, J) + dynamics_many(mech, q, v, Q, kernel=kernel)
 
 
 def median_time(fn, repeat):
@@ -74,13 +58,13 @@ def main(argv=None) -> int:
         print(native.UNAVAILABLE_REASON, file=sys.stderr)
         return 1
     limit_blas_threads(1)
-    print(f"| mechanism | n | m | batched numpy [ms] | compiled, a call per step [ms] | ratio | max relative difference |")
+    print(f"| mechanism | n | m | numpy per step [ms] | compiled, a call per step [ms] | ratio | max relative difference |")
     print("|---|---|---|---|---|---|---|")
     for name in ("four_bar", "four_bar_crank", "slider_crank", "pick_and_place_robot", "double_pendulum_a0"):
         mech = load_mechanism(name)
         q, v, Q = states(mech, a.steps)
-        tb, ob = median_time(lambda: batched(mech, q, v, Q), a.repeat)
-        tc, oc = median_time(lambda: compiled_loop(mech, q, v, Q), a.repeat)
+        tb, ob = median_time(lambda: through(mech, q, v, Q, None), a.repeat)
+        tc, oc = median_time(lambda: through(mech, q, v, Q, native.mechanism_kernel(mech)), a.repeat)
         diff = max(float(np.abs(x - y).max()) / max(1.0, float(np.abs(y).max())) for x, y in zip(oc, ob))
         print(f"| {name} | {mech.n} | {mech.m} | {1e3 * tb:.1f} | {1e3 * tc:.1f} | {tc / tb:.2f} | {diff:.1e} |")
     print(f"\n{a.steps} states per mechanism: Φ, Φq and q̈ with ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at each")
