@@ -2,7 +2,7 @@
 (numpy arrays with the step as leading axis), for the batch solvers that evaluate the same factor at
 every step of a trajectory.
 
-* `BatchConstraints` – Φ, Φq, Φ̇q = ∂(Φq w)/∂q, ∂(Φ̇q q̇)/∂q and Σ λᵢ ∂²Φᵢ/∂q² of a `ConstraintSet` for N
+* `BatchConstraints` – Φ, Φq, Φ̇q = ∂(Φq w)/∂q and ∂(Φ̇q q̇)/∂q of a `ConstraintSet` for N
   configurations: the quadratic constraints (distances, sliders) through the set's dense quadratic
   form (one matrix product for all steps), the relative angles per instance over all steps.
 * `dynamics_many` – q̈(q, q̇; Q) and its exact first derivatives for N steps through the per-step forms (the
@@ -123,20 +123,6 @@ class BatchConstraints:
                 blk[..., 4] = np.where(xf, -L * s, L * c) * ve[:, index[:, 4]] ** 2
                 out[:, rows[:, None], index] = blk
         return out[:, :, :self.n]
-
-    def weighted_hessian(self, q, lam):
-        """Σᵢ λᵢ ∂²Φᵢ/∂q² (N, n, n) for multipliers lam (N, m)."""
-        N, ne = q.shape[0], self.ne
-        out = (lam @ self.H_flat).reshape(N, ne, ne)
-        if self.angles:
-            qe = self.extended(q)
-            for rows, index, L in self.angles:
-                xf, s, c = self._forms(qe, index, L)
-                h44 = np.where(xf, L * c, L * s) * lam[:, rows]          # (N, K)
-                for k in range(len(rows)):
-                    j = index[k, 4]
-                    out[:, j, j] += h44[:, k]
-        return out[:, :self.n, :self.n]
 
 
 def dynamics_many(mech: Mechanism, q, v, Q, force_columns=None, kernel=None, need_jacobians: bool = True):
