@@ -29,14 +29,11 @@ The rules (docs/mechanism_format.md; docs/decisions.md has the reasons):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mbfg_ros.model.spec import MechanismSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["InputLimits", "Problem", "default_effort_limit", "mechanism_reach", "mechanism_scale", "STANDARD_GRAVITY", "START_SPAN_TURNS",
            "ESTIMATE_SPAN_TURNS", "POSITION_SPAN_REACHES", "DEFAULT_MAX_RATE", "EFFORT_LIMIT_GRAVITY_FACTOR",
@@ -169,7 +166,8 @@ class InputLimits:
     value, else a `(kind, detail)` problem; `efforts_problem(tau)` checks a whole vector in actuator order.
     `effort_limits[k]` is actuator k's limit, `max_rates[name]` a gyroscope's."""
 
-    def __init__(self, mech: "Mechanism"):
+    def __init__(self, mech):
+        # (mech: a `model.mechanism.Mechanism`, which imports this module: no import of it here)
         spec = mech.spec
         self.mech = mech
         self.reach = mechanism_reach(spec)
