@@ -231,6 +231,36 @@ def test_vectorized_units_match_the_per_step_units(name):
                 np.testing.assert_allclose(Jb[k], Jr, rtol=0, atol=1e-12 * max(1.0, np.abs(Jr).max()))
 
 
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot", "double_pendulum_a0"])
+def test_dynamics_many_gives_the_per_step_forms_numbers_by_either_route(name):
+    """The batch's dynamics are the per-step forms' (no copy of its own): through the compiled kernel and through
+    numpy's per-step linearization the same q̈ and derivatives (1e-10 of the largest entry), the force columns
+    selected, and a state no form can solve NaN rather than an exception."""
+    from mbfg_ros import native
+    from mbfg_ros.dynamics.kinematics import solve_positions
+    mech = load_mechanism(name)
+    rng = np.random.default_rng(4)
+    N = 6
+    q = np.array([solve_positions(mech, np.array(mech.q0) + 0.01 * rng.standard_normal(mech.n)).q for _ in range(N)])
+    v, Q = rng.standard_normal((N, mech.n)), mech.gravity_forces + rng.standard_normal((N, mech.n))
+    cols = np.array(mech.actuated)
+    ref = batched.dynamics_many(mech, q, v, Q, cols, kernel=None)
+    for k in range(N):
+        d = dynamics.forward_dynamics_jacobians(mech, q[k], v[k], Q[k])
+        for got, want in zip((r[k] for r in ref), (d.a, d.da_dq, d.da_dv, d.da_dQ[:, cols])):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * max(1.0, np.abs(want).max()))
+    kernel = native.mechanism_kernel(mech)
+    if kernel is not None:
+        for got, want in zip(batched.dynamics_many(mech, q, v, Q, cols, kernel=kernel), ref):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * max(1.0, np.abs(want).max()))
+        np.testing.assert_allclose(batched.dynamics_many(mech, q, v, Q, kernel=kernel, need_jacobians=False), ref[0],
+                                   rtol=0, atol=1e-10 * max(1.0, np.abs(ref[0]).max()))
+    bad = q.copy()
+    bad[0] = np.nan
+    a = batched.dynamics_many(mech, bad, v, Q, cols, kernel=kernel)[0]
+    assert np.isnan(a[0]).all() and np.isfinite(a[1:]).all()
+
+
 def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar):
     """The sparse engine's residuals and Jacobians are the same with and without vectorization."""
     t, th, _, _ = crank_trajectory(25)
