@@ -31,6 +31,8 @@ Scored per joint (shoulder q1, elbow q2), from 0.5 s to the end less the referen
   `coulomb_friction`: `friction_modelled`), against the measured torque itself: the estimate is then the motor's
   torque; also both low-passed at 5 Hz (zero-phase 4th-order Butterworth on a uniform grid): the motor encoders
   sit behind the gear, above ~5 Hz the measured torque does not follow the positions;
+* lag: the delay (0–300 ms) by which the low-passed effort estimate best correlates with the low-passed measured
+  torque (`effort_lag`): how late a causal estimate's torque is;
 * 2σ coverage: share of steps whose effort error is within twice the estimator's own 1σ (90–98 % is
   consistent);  lost track: share of steps where an estimated joint angle is > 0.01 rad from its reading.  The
   recordings table gives the share of steps whose reading is itself > 0.01 rad from the reference (a reading
@@ -86,6 +88,7 @@ REFERENCE_HALF_WIDTH = 0.025 # [s] the centred local cubic's half-width
 SG_SPAN = 0.1                # [s] the causal Savitzky–Golay window (as bench/estimation_quality.py)
 BAND = 5.0                   # [Hz] the low-pass band of the effort score
 LOST = 0.01                  # [rad] an estimated angle this far from its reading has lost track
+LAG_LONGEST = 0.3            # [s] the longest delay of an effort estimate looked for (`effort_lag`)
 POSITION_STEP = 12.5 / 65535 # [rad] the recorded positions' quantum
 TORQUE_STEP = 12.0 / 4095    # [N·m] the recorded measured torques' quantum
 COLUMNS = ("t", "pos_meas1", "pos_meas2", "tau_con1", "tau_con2", "tau_meas1", "tau_meas2")
@@ -553,6 +556,22 @@ def rms(x, axis=0):
     return np.sqrt(np.nanmean(np.square(x), axis=axis))
 
 
+def effort_lag(t, estimate, reference, longest: float = LAG_LONGEST) -> list:
+    """Per joint, the delay [s] by which the low-passed `estimate` best follows the low-passed `reference` (the
+    largest correlation over delays 0 … `longest` on the median step): how late a causal estimate's torque is."""
+    h = float(np.median(np.diff(t)))
+    lags = range(0, int(round(longest / h)) + 1)
+    out = []
+    for j in range(reference.shape[1]):
+        x, y = estimate[:, j], reference[:, j]
+        if not (np.std(x) > 0 and np.std(y) > 0):
+            out.append(float("nan"))
+            continue
+        best = max(lags, key=lambda L: np.corrcoef(x[L:], y[:len(y) - L])[0, 1])
+        out.append(best * h)
+    return out
+
+
 def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_angle: bool = True) -> dict:
     m = truth.scored
     err = out.tau - truth.tau
@@ -561,6 +580,7 @@ def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_
            "effort": rms(err[m]).tolist(),
            "effort_band": rms(band[m]).tolist(),
            "coverage": None, "lost": None, "reinitializations": out.reinitializations, "note": out.note}
+    row["effort_lag"] = effort_lag(rec.t[m], low_pass(rec.t, np.nan_to_num(out.tau))[m], truth.tau_band[m])
     if np.isfinite(out.tau_std[m]).any():
         row["coverage"] = np.mean(np.abs(err[m]) <= 2 * out.tau_std[m], axis=0).tolist()
     if has_angle:
@@ -643,19 +663,21 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
 def _pair(v, fmt="{:.3g}", scale=1.0, unit=""):
     if v is None:
         return "–"
-    return " / ".join(fmt.format(x * scale) for x in v) + unit
+    return " / ".join("–" if x != x else fmt.format(x * scale) for x in v) + unit
 
 
 def results_table(results: List[dict]) -> str:
     lines = ["| run | estimator | rate RMSE q̇1 / q̇2 [rad/s] | effort RMSE τ1 / τ2 [N·m] | ≤ 5 Hz [N·m] | "
-             "2σ coverage τ1 / τ2 | lost track | re-init. |", "|---|---|---|---|---|---|---|---|"]
+             "≤ 5 Hz lag τ1 / τ2 [ms] | 2σ coverage τ1 / τ2 | lost track | re-init. |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for label, row in r["rows"].items():
             lost = "–" if row["lost"] is None else f"{100 * row['lost']:.1f} %"
             reinit = str(row["reinitializations"]) if label.startswith("mbfg") else "–"
             label = label.replace(", defaults", ", **defaults**")
             lines.append(f"| {r['short']} | {label} | {_pair(row['rate'])} | {_pair(row['effort'])} | "
-                         f"{_pair(row['effort_band'])} | {_pair(row['coverage'], '{:.0f}', 100, ' %')} | {lost} | "
+                         f"{_pair(row['effort_band'])} | {_pair(row['effort_lag'], '{:.0f}', 1e3)} | "
+                         f"{_pair(row['coverage'], '{:.0f}', 100, ' %')} | {lost} | "
                          f"{reinit} |")
     return "\n".join(lines)
 
