@@ -364,11 +364,13 @@ def settling_time(t, x, within: float = WITHIN) -> float:
 
 
 def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None,
-             actuator_efforts: Optional[Dict[str, str]] = None, identify: Optional[tuple] = None) -> Output:
+             actuator_efforts: Optional[Dict[str, str]] = None, identify: Optional[tuple] = None,
+             fitted: Optional[dict] = None) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
     sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
-    effort kind (`mbfg estimate --actuator-effort`)."""
+    effort kind (`mbfg estimate --actuator-effort`); `fitted`: a dict that gets the densities fitted online at the
+    end."""
     dt = float(np.median(np.diff(rec.t)))
     kinds = dict(actuator_efforts or {})
     config = EstimatorConfig(dt=dt, mode=mode, actuator_efforts=kinds, identify=identify)
@@ -404,6 +406,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
             out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P)[4:6], 0.0, None))
     notes = []
     if est.fitted_densities() is not None:
+        if fitted is not None:
+            fitted.update(est.fitted_densities())
         notes.append("fitted online: " + ", ".join(f"{name} {value:.3g}"
                                                    for name, value in est.fitted_densities().items()))
     if est.fitted_sensor_sigmas():
@@ -726,6 +730,27 @@ def starts_table(recordings: List[Recording], starts: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def density_table(recordings: List[Recording], scales: Sequence[str]) -> str:
+    """Estimation mode with the process densities the online fit ends at on each recording, held fixed (no
+    adaptation) and scaled: is the fitted pair where the effort error is smallest?"""
+    lines = ["| run | effort density × | acceleration density × | effort RMSE τ1 / τ2 [N·m] | ≤ 5 Hz [N·m] | "
+             "≤ 5 Hz lag τ1 / τ2 [ms] | rate RMSE q̇1 / q̇2 [rad/s] |", "|---|---|---|---|---|---|---|"]
+    for rec in recordings:
+        params, mech = dfki_parameters(rec.design), design_mechanism(rec.design)
+        truth = truth_of(rec, params, friction_modelled(mech))
+        fitted = {}
+        run_mbfg(mech, rec, "estimation", fitted=fitted)
+        for pair in scales:
+            e, a = (float(x) for x in pair.split(":"))
+            sigmas = {"effort_density": e * fitted["effort_density"],
+                      "acceleration_density": a * fitted["acceleration_density"]}
+            row = score(rec, truth, run_mbfg(mech, rec, "estimation", {"sigmas": sigmas, "adapt_densities": False}))
+            lines.append(f"| {RECORDINGS[rec.name][1]} | {e:g} | {a:g} | {_pair(row['effort'])} | "
+                         f"{_pair(row['effort_band'])} | {_pair(row['effort_lag'], '{:.0f}', 1e3)} | "
+                         f"{_pair(row['rate'])} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recording", action="append", choices=list(RECORDINGS), help="only these (default: all)")
@@ -745,6 +770,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--starts", type=int, nargs="+", metavar="ROWS",
                     help="instead: only the shipped defaults in both modes, each recording started this many rows in "
                          "(how much a score depends on where a run starts)")
+    ap.add_argument("--density-scales", nargs="+", metavar="E:A",
+                    help="instead: estimation mode with the densities the defaults fit on each recording, held fixed "
+                         "and scaled (E the effort density's factor, A the acceleration density's)")
     ap.add_argument("--make-excerpt", type=Path, metavar="SOURCE_DIR",
                     help="rebuild the shipped excerpt from the source recordings (their CSVs, params/, LICENSE)")
     args = ap.parse_args(argv)
@@ -754,6 +782,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for design in DESIGNS:
         print(f"design {design}: max |q̈ mechanism − q̈ DFKI (the file's friction)| = "
               f"{equations_mismatch(design, data=args.data):.2g} rad/s²", file=sys.stderr)
+    if args.density_scales:
+        print(density_table([load_recording(name, args.data).cut(args.seconds)
+                             for name in args.recording or list(RECORDINGS)], args.density_scales))
+        return 0
     if args.starts:
         print(starts_table([load_recording(name, args.data).cut(args.seconds)
                             for name in args.recording or list(RECORDINGS)], args.starts))
