@@ -69,9 +69,7 @@ class Prior(Selection):
 
     def __init__(self, block: str, mean, sigma, select: Optional[Sequence[int]] = None, size: Optional[int] = None):
         self.mean = np.array(mean, dtype=float).reshape(-1)
-        dim = self.mean.size
-        if select is not None and len(select) != dim:
-            raise ValueError("Prior: len(select) must equal len(mean)")
+        dim = self.mean.size                # (`_select` checks that `select` has as many entries)
         self._select(block, dim if size is None else size, select, dim)
         self.sigmas = sigma_array(sigma, self.dim)
         self.name = f"prior({block})"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -11,7 +9,6 @@ from mbfg_ros.factors.base import Factor, sigma_array
 from mbfg_ros.factors.priors import Selection
 from mbfg_ros.model.mechanism import Mechanism
 
-TWO_PI = 2.0 * math.pi
 
 
 def _coordinate(mech: Mechanism, coordinate) -> int:

@@ -1365,7 +1365,8 @@ typedef struct {
     double *a, *da_dq, *da_dv, *da_dQ, *lam, *Q, *e, *dx;
 } StepKernel;
 
-/* the per-step parameter of unit u: a float, or a buffer of `len` values (params[u->param][0]) */
+/* the per-step parameter of unit u: a float, or a buffer of `len` values (params[u->param][0]; with len 1 a float
+ * too) */
 static int
 unit_param(PyObject *params, const Unit *u, double *scalar, Buf *buf, double **vec, Py_ssize_t len)
 {
@@ -1379,6 +1380,11 @@ unit_param(PyObject *params, const Unit *u, double *scalar, Buf *buf, double **v
         return -1;
     }
     PyObject *p = PyTuple_GET_ITEM(t, 0);
+    if (vec && len == 1 && PyFloat_Check(p)) {       /* a one-value parameter given as a float (a reading) */
+        *scalar = PyFloat_AS_DOUBLE(p);
+        *vec = scalar;
+        return 0;
+    }
     if (vec) {
         *vec = get_doubles(p, buf, len, 0, "unit parameter");
         return *vec ? 0 : -1;
@@ -1598,11 +1604,8 @@ selection(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyOb
           double *const A[2], int wrap)
 {
     Buf bm = {0};
-    double scalar = 0.0, *values = &scalar;
-    PyObject *t = (u->param >= 0 && u->param < PyList_GET_SIZE(params)) ? PyList_GET_ITEM(params, u->param) : NULL;
-    int one_float = u->dim == 1 && t && PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 1
-                    && PyFloat_Check(PyTuple_GET_ITEM(t, 0));
-    if (unit_param(params, u, &scalar, &bm, one_float ? NULL : &values, u->dim) < 0) {
+    double scalar = 0.0, *values = NULL;
+    if (unit_param(params, u, &scalar, &bm, &values, u->dim) < 0) {
         release(&bm);
         return -1;
     }
