@@ -145,11 +145,12 @@ class Recording:
     tau_con: np.ndarray      # (N, 2) commanded joint torques [N·m]
     tau_meas: np.ndarray     # (N, 2) measured joint torques (motor current) [N·m]
 
-    def cut(self, seconds: Optional[float]) -> "Recording":
-        if seconds is None:
-            return self
-        keep = self.t <= self.t[0] + seconds
+    def rows(self, keep) -> "Recording":
+        """The rows `keep` (a mask or a slice) of the recording."""
         return Recording(self.name, self.design, self.t[keep], self.q[keep], self.tau_con[keep], self.tau_meas[keep])
+
+    def cut(self, seconds: Optional[float]) -> "Recording":
+        return self if seconds is None else self.rows(self.t <= self.t[0] + seconds)
 
 
 def load_recording(name: str, data: Path = DATA) -> Recording:
@@ -579,12 +580,13 @@ def effort_lag(t, estimate, reference, longest: float = LAG_LONGEST) -> list:
 def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_angle: bool = True) -> dict:
     m = truth.scored
     err = out.tau - truth.tau
-    band = low_pass(rec.t, np.nan_to_num(out.tau)) - truth.tau_band
+    estimate_band = low_pass(rec.t, np.nan_to_num(out.tau))
+    band = estimate_band - truth.tau_band
     row = {"rate": rms((out.qd - truth.rate)[m]).tolist() if has_rate else None,
            "effort": rms(err[m]).tolist(),
            "effort_band": rms(band[m]).tolist(),
            "coverage": None, "lost": None, "reinitializations": out.reinitializations, "note": out.note}
-    row["effort_lag"] = effort_lag(rec.t[m], low_pass(rec.t, np.nan_to_num(out.tau))[m], truth.tau_band[m])
+    row["effort_lag"] = effort_lag(rec.t[m], estimate_band[m], truth.tau_band[m])
     if np.isfinite(out.tau_std[m]).any():
         row["coverage"] = np.mean(np.abs(err[m]) <= 2 * out.tau_std[m], axis=0).tolist()
     if has_angle:
@@ -720,8 +722,7 @@ def starts_table(recordings: List[Recording], starts: Sequence[int]) -> str:
     for full in recordings:
         params, mech = dfki_parameters(full.design), design_mechanism(full.design)
         for start in starts:
-            rec = Recording(full.name, full.design, full.t[start:], full.q[start:], full.tau_con[start:],
-                            full.tau_meas[start:])
+            rec = full.rows(slice(start, None))
             truth = truth_of(rec, params, friction_modelled(mech))
             for mode in ("estimation", "fused"):
                 row = score(rec, truth, run_mbfg(mech, rec, mode))
@@ -782,13 +783,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for design in DESIGNS:
         print(f"design {design}: max |q̈ mechanism − q̈ DFKI (the file's friction)| = "
               f"{equations_mismatch(design, data=args.data):.2g} rad/s²", file=sys.stderr)
-    if args.density_scales:
-        print(density_table([load_recording(name, args.data).cut(args.seconds)
-                             for name in args.recording or list(RECORDINGS)], args.density_scales))
-        return 0
-    if args.starts:
-        print(starts_table([load_recording(name, args.data).cut(args.seconds)
-                            for name in args.recording or list(RECORDINGS)], args.starts))
+    if args.density_scales or args.starts:
+        recordings = [load_recording(name, args.data).cut(args.seconds) for name in args.recording or list(RECORDINGS)]
+        print(density_table(recordings, args.density_scales) if args.density_scales
+              else starts_table(recordings, args.starts))
         return 0
     results = []
     for name in args.recording or list(RECORDINGS):

@@ -32,7 +32,6 @@ from mbfg_ros.estimation.estimates import StepFailure
 from mbfg_ros.estimation.reading_timing import late_spread
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor
 from mbfg_ros.estimation.step_factors import StepFactors
-from mbfg_ros.factors.priors import wrapped_angle
 from mbfg_ros.graph.step_model import linearize_step
 from mbfg_ros.graph.window import FixedLagWindow
 
@@ -68,6 +67,7 @@ class Stepper:
         self.sensors_changed()
         self._sensor_names = sensors.units.keys()
         self._v_start = factors.layout.slices["v"].start
+        self._q_slice = factors.layout.slices["q"]
         self.first_id = self.next_id = 0
         self.reset()
 
@@ -178,16 +178,14 @@ class Stepper:
         if not excess:
             return None
         v0, units, spreads = self._v_start, self.sensors.units, {}
+        q = xp[self._q_slice]
         for name, (e, h) in excess.items():
             y = obs.get(name)
             if y is None:
                 continue
             u = units[name]
-            c = u.coordinate
-            d = y - xp.item(c)
-            if u.angle:
-                d = wrapped_angle(d)
-            s = late_spread(-d, xp.item(v0 + c), e, h, float(u.sigmas[0]))
+            # the reading's lag behind the prediction: the encoder's own residual, prediction − reading
+            s = late_spread(u.error(q, params=(y,)).item(), xp.item(v0 + u.coordinate), e, h, float(u.sigmas[0]))
             if s > 0.0:
                 spreads[name] = s
         return spreads

@@ -133,14 +133,14 @@ class ReducedModelBank:
         """z̈ (N, d) at the poses q (N, n) with Φq J and tangents R = ∂q/∂z (N, n, d), rates ż (N, d) and actuator
         efforts τ (N, n_actuated)."""
         if self.kernel is None:
-            return self._accelerations(q, J, R, z_rates, tau)
+            return self._accelerations(q, R, z_rates, tau)
         a, ok = np.empty(z_rates.shape), np.empty(q.shape[0])
         self.kernel.reduced_acceleration(np.ascontiguousarray(q, float), np.ascontiguousarray(R, float),
                                          np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
                                          self.gravity, self.z_index, a, ok)
         redo = self._numpy_rows(ok, q, R)
         if redo is not None:
-            a[redo] = self._accelerations(q[redo], J[redo], R[redo], z_rates[redo], tau[redo])
+            a[redo] = self._accelerations(q[redo], R[redo], z_rates[redo], tau[redo])
         return a
 
     @staticmethod
@@ -153,7 +153,7 @@ class ReducedModelBank:
         redo = (ok == 0.0) & np.all(np.isfinite(q), axis=1) & np.all(np.isfinite(R), axis=(1, 2))
         return redo if redo.any() else None
 
-    def _accelerations(self, q, J, R, z_rates, tau):
+    def _accelerations(self, q, R, z_rates, tau):
         v = np.einsum("knd,kd->kn", R, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
