@@ -265,17 +265,34 @@ class Probe:
         self.pub_eff_arr = self.node.create_publisher(Float64MultiArray, "/commanded_effort_array", rel)
         self.pub_clock = self.node.create_publisher(Clock, "/clock", rel)
         self._stop = threading.Event()
+        # held by the spin thread around each wait: an entity destroyed while the executor waits on it raises
+        # InvalidHandle in that thread, which then dies, and every later service call times out
+        self._spinning = threading.Lock()
         self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
 
     def _spin(self):
         while not self._stop.is_set() and self.context.ok():
             try:
-                self.executor.spin_once(timeout_sec=0.05)
+                with self._spinning:
+                    self.executor.spin_once(timeout_sec=0.05)
             except Exception:
                 if self._stop.is_set():
                     break
                 raise
+
+    def destroy_clock_publisher(self):
+        """Stop publishing /clock (the publisher destroyed between two waits of the spin thread)."""
+        with self._spinning:
+            self.node.destroy_publisher(self.pub_clock)
+            self.pub_clock = None
+
+    def create_clock_publisher(self):
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from rosgraph_msgs.msg import Clock
+        with self._spinning:
+            self.pub_clock = self.node.create_publisher(
+                Clock, "/clock", QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
 
     def _rec(self, lst, msg):
         t = time.time_ns()

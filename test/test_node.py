@@ -767,6 +767,7 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
         kv = node.diagnostic_status()[1][4]                 # fused: the disturbance's density instead
         assert "effort_density" not in kv and float(kv["disturbance_density"]) > 0
+        assert float(kv["disturbance_time_constant"]) > 0        # (fused: its time constant is fitted too)
         assert [mode for mode, _ in built] == ["estimation", "fused"] and node.core is built[1][1]
         assert node.state == "waiting"                      # rebuilt: starts again from the next input
     finally:

@@ -341,9 +341,8 @@ def test_parameters_that_would_stop_estimation_are_refused(node):
 def test_sim_time_without_a_clock_source_is_refused(node):
     """`use_sim_time:=true` while nothing publishes /clock would freeze the node clock and reject every
     input (`no_clock`): refused with the reason; with a /clock publisher it is accepted (and undone)."""
-    from rosgraph_msgs.msg import Clock
     est, probe = node
-    probe.node.destroy_publisher(probe.pub_clock)
+    probe.destroy_clock_publisher()
     try:
         assert wait_until(lambda: probe.node.count_publishers("/clock") == 0, 10.0)
         time.sleep(0.5)        # (the node's view of the graph follows ours)
@@ -353,7 +352,7 @@ def test_sim_time_without_a_clock_source_is_refused(node):
         assert not r.successful and "/clock" in r.reason, r.reason
         assert probe.get_params(["use_sim_time"]) == [False]
     finally:
-        probe.pub_clock = probe.node.create_publisher(Clock, "/clock", 10)
+        probe.create_clock_publisher()
     assert wait_until(lambda: probe.set_params({"use_sim_time": True})[0].successful, 10.0, 0.2)
     assert probe.set_params({"use_sim_time": False})[0].successful
     assert est.alive()

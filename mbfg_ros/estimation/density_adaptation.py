@@ -1,6 +1,6 @@
 """Online maximum-likelihood fit of the process densities (`EstimatorConfig.adapt_densities`): the unknown
-efforts' density (estimation mode) or the disturbance's (fused mode), jointly with the unmodelled
-accelerations' density.
+efforts' density (estimation mode) or the disturbance's density and time constant (fused mode), jointly with the
+unmodelled accelerations' density.
 
 No single pair of densities fits every mechanism and motion: the four-bar needs an effort density ≤ 1e4, the
 slider-crank ~3e5, the robot ≥ 1e5 (N·m)²/s³ (docs/decisions.md); on a simulation the unmodelled accelerations
@@ -11,9 +11,12 @@ torque 5× the measured one at full band).  Matching the innovations' covariance
 too large, while the readings' likelihood peaks sharply.  So the estimator fits both, as `mbfg tune` does
 offline, by the innovation likelihood of its own readings, online:
 
-* a bank of K = Kₑ × Kₐ Kalman filters, one per pair of densities on a 2-D log grid (half decades, ±
+* a bank of K = Kₑ × Kₐ (× K_T) Kalman filters, one per pair of densities on a 2-D log grid (half decades, ±
   `GRID_DECADES` around the starting density of the efforts; whole decades, `ACCELERATION_DECADES` below and
-  above the starting acceleration density: the estimates stay within it), each on the linear model of the encoded
+  above the starting acceleration density: the estimates stay within it) and, in fused mode with a finite time
+  constant, per time constant of the disturbance (half decades, `TIME_CONSTANT_DECADES` below the start, none
+  under `MIN_TIME_CONSTANT_SAMPLES` of the bank's sample intervals; the density's axis then ±
+  `FUSED_GRID_DECADES`): a 3-D grid, each filter on the linear model of the encoded
   coordinates z (one encoder per degree of freedom) around the estimator's newest estimate:
       z̈ = u + B τ + ξ,   τ̈ = −(2/T) τ̇ − τ/T² + w,
   u = the model's acceleration without the state's efforts at the estimates (gravity, velocity terms and the
@@ -27,8 +30,9 @@ offline, by the innovation likelihood of its own readings, online:
 * every filter predicts and updates with the same encoder readings; the log-likelihood of each filter's
   innovation (log N(ν; 0, S)) is summed per filter, old evidence forgotten with time constant `MEMORY` s;
 * the densities are the maximum of the summed log-likelihood plus weak log-normal priors around the starting
-  densities (σ `PRIOR_DECADES` decades), located by a parabola along each axis through the best grid point
-  and its neighbours (fused mode: once the readings reject the starting densities, `RELEASE`).
+  values (σ `PRIOR_DECADES` decades), located by a parabola along each axis through the best grid point
+  and its neighbours (in log density; the time constant's in its bandwidth 1/T) (fused mode: once the readings
+  reject the starting values, `RELEASE_PROBABILITY`).
 
 Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
 densities are continuous-time quantities); a reading whose normalized innovation is improbable (χ² gate) under
@@ -59,6 +63,14 @@ ACCELERATION_DECADES = (2.0, 4.0)   # ... its acceleration densities: start × 1
                        # simulation's (a floor), real machines sit 1.5–4 decades above it (bench/real_hardware.py) ...
 ACCELERATION_STEP = 1.0   # ... every decade (7): the likelihood is flat over a decade about its peak, and the
                        # bank's cost is its filter count (17 × 13 at half decades: 2× the time, the same fits)
+TIME_CONSTANT_DECADES = (1.5, 0.0)  # fused mode: the disturbance's time constants, start × 10^(−1.5 … 0) ...
+TIME_CONSTANT_STEP = 0.5   # ... every half decade (4), none below `min_time_constant`.  Shorter only: the start
+                       # (its scaled default) is the slowest correction a trusted actuator's command needs; on real
+                       # motors the readings ask for 0.1 s or less (the DFKI double pendulum: with the start held
+                       # at 0.35–1 s the disturbance took the model's error in and the fused torque was 1.1–1.9×
+                       # the command's error, bench/real_hardware.py)
+FUSED_GRID_DECADES = 3.0   # fused mode: the disturbance densities, start × 10^(−3 … +3) (the time constant's axis
+                       # takes up what the effort axis's outer decades covered: fits within ±1 decade of the start)
 PRIOR_DECADES = 1.0    # σ of the weak log-normal priors around the starting densities [decades]
 MEMORY = 10.0          # [s] time constant over which old evidence is forgotten (follows a change of motion)
 BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step; 0.05 gave the same
@@ -75,9 +87,12 @@ GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improba
                        # took both fits to the grid's top for the memory's 10 s)
 MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
 CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
-RELEASE = 3.0          # [nats] with `hold_start` (fused mode), the starting densities are kept until the best
-                       # pair's log-likelihood exceeds theirs by this much (a likelihood-ratio test, 2 degrees of
-                       # freedom, 95 %): the disturbance's start is the belief of a small, slow correction, which
+MIN_TIME_CONSTANT_SAMPLES = 4.0   # no disturbance time constant shorter than this many of the bank's sample
+                       # intervals (max(dt, BANK_INTERVAL)): shorter, the disturbance is white between samples and
+                       # trades against the acceleration density (`mbfg tune` bounds its search by the same rule)
+RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
+                       # until the best grid point's log-likelihood exceeds theirs by ½ χ²ₖ(95 %) nats, k the axes
+                       # fitted (a likelihood-ratio test; 3.0 nats for 2 axes, 3.9 for 3): the disturbance's start is the belief of a small, slow correction, which
                        # a second's readings move by chance (the crank four-bar's to a tenth and back: +4–6 %
                        # angle and rate error over 3 s).  Estimation mode fits from the first evidence: its
                        # effort density's start is a compromise across mechanisms, a decade off on some (held,
@@ -168,7 +183,7 @@ class DensityAdaptation:
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
-                 actuated=None):
+                 actuated=None, fit_time_constant: Optional[bool] = None, min_time_constant: float = 0.0):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -186,13 +201,19 @@ class DensityAdaptation:
         self.na = na = len(self.actuated)
         self.nx = 2 * d + 2 * na
         self.R = np.diag(sig ** 2)
-        self.time_constant = float(time_constant)
+        self.time_constant = float(time_constant)     # the current estimate (fixed unless fitted)
         self.angles = np.isin(self.z, mech.relative_angle_columns)
         self.any_angles = bool(np.any(self.angles))
-        # the 2-D grid: effort densities along axis 0, acceleration densities along axis 1 (flattened: k = i Kₐ + j)
+        # the grid: effort densities along axis 0, acceleration densities along axis 1, the disturbance's time
+        # constants along axis 2 (flattened: k = (i Kₐ + j) K_T + l)
         self.log10_start = math.log10(initial_density)
         self.log10_acceleration_start = math.log10(acceleration_density)
-        n_side = int(round(GRID_DECADES / GRID_STEP))
+        if fit_time_constant is None:
+            fit_time_constant = math.isfinite(self.time_constant)
+        if fit_time_constant and not math.isfinite(self.time_constant):
+            raise ValueError("fitting the disturbance's time constant needs a finite starting value")
+        self.fit_time_constant = bool(fit_time_constant)
+        n_side = int(round((FUSED_GRID_DECADES if self.fit_time_constant else GRID_DECADES) / GRID_STEP))
         self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
         if fit_acceleration:
             below, above = (int(round(x / ACCELERATION_STEP)) for x in ACCELERATION_DECADES)
@@ -200,26 +221,47 @@ class DensityAdaptation:
                                             + ACCELERATION_STEP * np.arange(-below, above + 1))
         else:
             self.log10_acceleration_grid = np.array([self.log10_acceleration_start])
+        if self.fit_time_constant:
+            self.log10_time_constant_start = math.log10(self.time_constant)
+            below, above = (int(round(x / TIME_CONSTANT_STEP)) for x in TIME_CONSTANT_DECADES)
+            steps = np.arange(-below, above + 1)
+            # none shorter than the estimator allows (the start always stays, the grid's top)
+            floor = math.log10(min_time_constant) if min_time_constant > 0 else -math.inf
+            steps = steps[(self.log10_time_constant_start + TIME_CONSTANT_STEP * steps >= floor) | (steps == 0)]
+            self.log10_time_constant_grid = self.log10_time_constant_start + TIME_CONSTANT_STEP * steps
+            self.time_constant_grid = 10.0 ** self.log10_time_constant_grid
+        else:
+            self.log10_time_constant_start = math.log10(self.time_constant) if math.isfinite(self.time_constant) \
+                else math.inf
+            self.log10_time_constant_grid = np.array([self.log10_time_constant_start])
+            self.time_constant_grid = np.array([self.time_constant])
         self.grid = 10.0 ** self.log10_grid
         self.acceleration_grid = 10.0 ** self.log10_acceleration_grid
-        self.shape = (len(self.grid), len(self.acceleration_grid))
-        self.K = self.shape[0] * self.shape[1]
-        self._effort_of_filter = np.repeat(self.grid, self.shape[1])
-        self._acceleration_of_filter = np.tile(self.acceleration_grid, self.shape[0])
-        self.log_prior = -0.5 * ((((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2)[:, None]
+        self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid))
+        self.K = self.shape[0] * self.shape[1] * self.shape[2]
+        self._effort_of_filter = np.repeat(self.grid, self.shape[1] * self.shape[2])
+        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, self.shape[2]), self.shape[0])
+        self._time_index = np.tile(np.arange(self.shape[2]), self.shape[0] * self.shape[1])
+        prior_t = (((self.log10_time_constant_grid - self.log10_time_constant_start) / PRIOR_DECADES) ** 2
+                   if self.fit_time_constant else np.zeros(1))
+        self.log_prior = -0.5 * ((((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2)[:, None, None]
                                  + (((self.log10_acceleration_grid - self.log10_acceleration_start)
-                                     / PRIOR_DECADES) ** 2)[None, :]).reshape(-1)
+                                     / PRIOR_DECADES) ** 2)[None, :, None]
+                                 + prior_t[None, None, :]).reshape(-1)
+        axes = 1 + (len(self.acceleration_grid) > 1) + self.fit_time_constant
+        self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
         self.density = float(initial_density)
         self.acceleration_density = float(acceleration_density)
-        self.passed_log10 = (self.log10_start, self.log10_acceleration_start)   # the estimates last passed on
+        self.passed_log10 = (self.log10_start, self.log10_acceleration_start,   # the estimates last passed on
+                             self.log10_time_constant_start)
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
         self.start = int(np.argmax(self.log_prior))   # the filter of the starting densities
-        self.released = not hold_start            # the data have rejected the starting densities (`RELEASE`)
+        self.released = not hold_start            # the data have rejected the starting densities (`release`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
         self.Hm = np.eye(d, self.nx)                 # the encoders read z
@@ -273,21 +315,34 @@ class DensityAdaptation:
         H = round(H, 9)
         if self._H != H:
             d, na, nx = self.d, self.na, self.nx
-            A = np.zeros((nx, nx))
-            A[:d, d:2 * d] = np.eye(d)
-            A[d:2 * d, 2 * d:2 * d + na] = self.B
-            A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
-            if math.isfinite(self.time_constant):
-                w = 1.0 / self.time_constant
-                A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
-                A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
             W = np.zeros((2, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ
             W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
             W[1, d:2 * d, d:2 * d] = self.Sa
-            F, Qd = discretize(A, W, H)                # (one F, the two noises: W broadcasts over A)
-            self._F, self._Ft, self._H = F, np.ascontiguousarray(F.T), H
-            self._Q = (self._effort_of_filter[:, None, None] * Qd[0]
-                       + self._acceleration_of_filter[:, None, None] * Qd[1])
+            Fs, Qs = [], []
+            for T in self.time_constant_grid:
+                A = np.zeros((nx, nx))
+                A[:d, d:2 * d] = np.eye(d)
+                A[d:2 * d, 2 * d:2 * d + na] = self.B
+                A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
+                if math.isfinite(T):
+                    w = 1.0 / T
+                    A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
+                    A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
+                F, Qd = discretize(A, W, H)            # (one F, the two noises: W broadcasts over A)
+                Fs.append(F)
+                Qs.append(Qd)
+            if len(Fs) == 1:
+                F, Qd = Fs[0], Qs[0]
+                self._F, self._Ft = F, np.ascontiguousarray(F.T)
+                Qe, Qa = Qd[0], Qd[1]
+            else:
+                # one transition per filter (its time constant's); the product per filter in `_step`
+                F = np.stack(Fs)[self._time_index]
+                self._F, self._Ft = F, np.ascontiguousarray(F.transpose(0, 2, 1))
+                Qd = np.stack(Qs)
+                Qe, Qa = Qd[:, 0][self._time_index], Qd[:, 1][self._time_index]
+            self._H = H
+            self._Q = self._effort_of_filter[:, None, None] * Qe + self._acceleration_of_filter[:, None, None] * Qa
         return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
@@ -377,7 +432,7 @@ class DensityAdaptation:
         add each filter's innovation log-likelihood.  Written for few µs: d ≤ 2 in closed form."""
         d = self.d
         F, Ft, Q = self._matrices(H)
-        x = self.x @ Ft
+        x = self.x @ Ft if F.ndim == 2 else (F @ self.x[:, :, None])[:, :, 0]
         x += c
         P = F @ self.P @ Ft
         P += Q
@@ -430,18 +485,24 @@ class DensityAdaptation:
         score = self.log_likelihood + self.log_prior
         best = int(np.argmax(score))
         if not self.released:
-            if self.log_likelihood[best] - self.log_likelihood[self.start] < RELEASE:
+            if self.log_likelihood[best] - self.log_likelihood[self.start] < self.release:
                 return
             self.released = True
         score = score.reshape(self.shape)
-        i, j = divmod(best, self.shape[1])
-        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j], i)
-        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :], j)
+        i, j, l = np.unravel_index(best, self.shape)
+        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l], i)
+        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l], j)
         self.density = float(10.0 ** x)
         self.acceleration_density = float(10.0 ** y)
-        px, py = self.passed_log10
-        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE:
-            self.passed_log10 = (x, y)
+        z = self.log10_time_constant_start
+        if self.fit_time_constant:
+            # along the time constants' axis the likelihood is far closer to a parabola in the bandwidth 1/T than
+            # in log T (a disturbance of 0.2 s on the crank four-bar: 0.21–0.28 s against 0.39–0.48 s)
+            self.time_constant = 1.0 / _vertex(1.0 / self.time_constant_grid, score[i, j, :], l)
+            z = math.log10(self.time_constant)
+        px, py, pz = self.passed_log10
+        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE or (self.fit_time_constant and abs(z - pz) >= CHANGE):
+            self.passed_log10 = (x, y, z)
             self.changed = True
 
 
@@ -453,3 +514,18 @@ def _vertex_offset(scores: np.ndarray, i: int) -> float:
     s0, s1, s2 = scores[i - 1], scores[i], scores[i + 1]
     curv = s0 - 2.0 * s1 + s2
     return 0.5 * (s0 - s2) / curv if curv < 0 else 0.0
+
+
+def _vertex(x: np.ndarray, scores: np.ndarray, i: int) -> float:
+    """The abscissa of the parabola's vertex through (x, scores)[i − 1 … i + 1] (x not evenly spaced), within
+    the neighbours' span; x[i] at an edge of the grid or where the scores do not curve down."""
+    if not 0 < i < len(scores) - 1:
+        return float(x[i])
+    x0, x1, x2 = (float(v) for v in x[i - 1:i + 2])
+    s0, s1, s2 = (float(v) for v in scores[i - 1:i + 2])
+    d01, d12 = (s1 - s0) / (x1 - x0), (s2 - s1) / (x2 - x1)
+    curv = (d12 - d01) / (x2 - x0)              # the parabola's leading coefficient
+    if not curv < 0:
+        return x1
+    vertex = 0.5 * (x0 + x1) - d01 / (2.0 * curv)
+    return min(max(vertex, min(x0, x2)), max(x0, x2))

@@ -44,7 +44,8 @@ from mbfg_ros import native
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
-from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
+from mbfg_ros.estimation.density_adaptation import (BANK_INTERVAL, MIN_TIME_CONSTANT_SAMPLES, DensityAdaptation,
+                                                    encoded_coordinates)
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -152,7 +153,8 @@ class FixedLagEstimator:
         T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
-                                 hold_start=c.mode == "fused", actuated=self.efforts.state_coordinates)
+                                 hold_start=c.mode == "fused", actuated=self.efforts.state_coordinates,
+                                 min_time_constant=MIN_TIME_CONSTANT_SAMPLES * max(c.dt, BANK_INTERVAL))
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -258,8 +260,7 @@ class FixedLagEstimator:
                     tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts),
                                                            est.a)[self.efforts.state_coordinates]
                 if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
-                    self.factors.set_process_densities({self.efforts.density_name: adaptation.density,
-                                                        "acceleration_density": adaptation.acceleration_density})
+                    self.factors.set_process_densities(self._fitted_by(adaptation))
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
         est.solve_time = time.perf_counter() - t_start
@@ -272,13 +273,21 @@ class FixedLagEstimator:
 
     def fitted_densities(self) -> Optional[Dict[str, float]]:
         """The process densities the online fit has handed to the factors (the steps added from now on use them):
-        {effort_density (estimation) or disturbance_density (fused), acceleration_density}; None when they are
+        {effort_density (estimation) or disturbance_density (fused), acceleration_density, and in fused mode
+        disturbance_time_constant (unless configured infinite)}; None when they are
         not fitted online (forward_dynamics mode, `adapt_densities` false, not one encoder per degree of
         freedom)."""
         if self.density_adaptation is None:
             return None
-        return {name: float(self.factors.sigmas[name])
-                for name in (self.efforts.density_name, "acceleration_density")}
+        return {name: float(self.factors.sigmas[name]) for name in self._fitted_by(self.density_adaptation)}
+
+    def _fitted_by(self, adaptation: DensityAdaptation) -> Dict[str, float]:
+        """The noise parameters the online fit sets, by name, at its current estimates."""
+        fitted = {self.efforts.density_name: adaptation.density,
+                  "acceleration_density": adaptation.acceleration_density}
+        if adaptation.fit_time_constant:
+            fitted["disturbance_time_constant"] = adaptation.time_constant
+        return fitted
 
     @property
     def parameter_names(self) -> Tuple[str, ...]:

@@ -13,7 +13,9 @@
   is prismatic) and its motions with T = √(R/g) (M its total mass, R its reach, g standard gravity: a scale,
   also for a mechanism without gravity), so each density is its value on the crank four-bar times the ratio of
   its unit in those scales (efforts: τ_c²/T³, accelerations: 1/T³), and so are the start-up priors (efforts
-  τ_c, their rate τ_c/T, velocities 1/T); `model.plausibility.mechanism_scale` gives (τ_c, T).  On the crank four-bar the defaults are the measured numbers.
+  τ_c, their rate τ_c/T, velocities 1/T); `model.plausibility.mechanism_scale` gives (τ_c, T).  The
+  disturbance's time constant is not scaled: it is the longest the online fit tries (density_adaptation), the
+  readings choose a shorter one.  On the crank four-bar the defaults are the measured numbers.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ACCELERATION_DENSITY = 1e-3
 EFFORT_DENSITY = 5e4        # robust across the bench scenarios: ≤ 1.3× the truth-tuned EKF (docs/decisions.md)
 DISTURBANCE_DENSITY = 3e3
-DISTURBANCE_TIME_CONSTANT = 1.0   # [s]
+DISTURBANCE_TIME_CONSTANT = 1.0   # [s] (the start of the online fit, which only shortens it: density_adaptation)
 
 
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY  # noqa: E402  (the scale's g)
