@@ -26,16 +26,6 @@ from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank",
               "double_pendulum_a0"]
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
-
-
-def test_the_kernel_is_built_where_required():
-    # `make test` sets MBFG_ROS_REQUIRE_NATIVE=1: CI fails when setup.py did not build the extension
-    if os.environ.get("MBFG_ROS_REQUIRE_NATIVE") == "1":
-        assert native.AVAILABLE, native.UNAVAILABLE_REASON
-        assert native.enabled()
-
-
 def test_the_kernel_is_compiled_from_this_source():
     # setup.py compiles the SHA-256 of _kernel.c into the kernel: a kernel built from other sources (a stale
     # build, an install of another checkout, a colcon workspace that tests what it did not install) fails here
@@ -269,8 +259,7 @@ def test_wrong_inputs_raise_clear_errors(crank):
     ({"formulation": "independent", "integrator": "euler"}, "numpy (no compiled form of equality(q), "
      "position_constraints_indep, velocity_constraints_indep, acceleration_constraints_indep, forward_dynamics_indep)"),
 ])
-def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatch):
-    monkeypatch.setenv(native.ENVIRONMENT, "1")
+def test_each_model_says_which_form_runs_it(crank, config, step_form):
     est = FixedLagEstimator(crank, EstimatorConfig(**config))
     for k in range(3):
         est.step(k * 1e-3, observations={"crank": 0.1})
@@ -280,19 +269,12 @@ def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatc
                                 step_form.replace("equality(q), ", ""))
     model = est.window.records[est.stepper.k].model
     assert model.compiled == (step_form == "compiled")
-    # switched off: every model says so
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
-    est = FixedLagEstimator(crank, EstimatorConfig(**config))
-    est.step(0.0, observations={"crank": 0.1})
-    est.step(1e-3, observations={"crank": 0.1})
-    assert set(est.numerics().values()) == {native.describe()} and native.describe().startswith("numpy (switched off")
 
 
-def _run(mech, mode, steps, enabled, monkeypatch):
-    monkeypatch.setenv(native.ENVIRONMENT, "1" if enabled else "0")
+def _run(mech, mode, steps):
     cfg = EstimatorConfig(dt=1e-3, window=10, mode=mode, sensor_sigmas={"crank_encoder": 1e-3}).validated()
     est = FixedLagEstimator(mech, cfg)
-    assert (est.ctx.native is not None) == enabled
+    assert est.ctx.native is not None
     plant = SimulatedPlant(mech, dt=1e-3, seed=3, actuator=Actuator.ideal(mech))
     out = []
     for k in range(steps):
@@ -303,31 +285,24 @@ def _run(mech, mode, steps, enabled, monkeypatch):
     return np.array(out), est
 
 
-@pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
-def test_estimates_with_and_without_the_kernel_agree(crank, mode, monkeypatch):
-    compiled, est = _run(crank, mode, 300, True, monkeypatch)
-    reference, _ = _run(crank, mode, 300, False, monkeypatch)
-    assert est.window.last.model.compiled          # the compiled path did the work
-    d = np.abs(compiled - reference) / (1.0 + np.abs(reference))
-    assert float(d.max()) < 1e-9
+def _scaled_distance2(A, x, lin):
+    # the reference: Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²
+    return float(np.sum((np.linalg.norm(A, axis=0) * (x - lin)) ** 2))
 
 
-def test_scaled_distance_matches_numpy(monkeypatch):
+def test_scaled_distance_matches_numpy():
     rng = np.random.default_rng(2)
     A, x, lin = rng.standard_normal((7, 9)), rng.standard_normal(9), rng.standard_normal(9)
-    compiled = native.scaled_distance2()
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
-    reference = native.scaled_distance2()
-    assert compiled is not reference
-    assert compiled(A, x, lin) == pytest.approx(reference(A, x, lin), rel=1e-14)
+    compiled = native.scaled_distance2
+    assert compiled(A, x, lin) == pytest.approx(_scaled_distance2(A, x, lin), rel=1e-13)
     assert compiled(np.zeros((0, 9)), x, lin) == 0.0
     with pytest.raises(ValueError, match="lin: 9 values expected, got 8"):
         compiled(A, x, lin[:8])
 
 
 @pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
-def test_the_compiled_prediction_is_the_numpy_one(crank, mode, monkeypatch):
-    _, est = _run(crank, mode, 50, True, monkeypatch)
+def test_the_compiled_prediction_is_the_numpy_one(crank, mode):
+    _, est = _run(crank, mode, 50)
     factors = est.factors
     x, a_prev = est.stepper.x, est.stepper.a_prev
     values = None if mode != "forward_dynamics" else factors.step_values(np.zeros(len(crank.actuated)), 1e-3,
@@ -357,32 +332,20 @@ def test_state_summary_matches_numpy(name):
     assert all(np.isnan(compiled.state_summary(bad)[:3]))
 
 
-def test_a_package_without_the_kernel_runs_on_numpy(tmp_path):
-    # the package as a build without a C compiler installs it: no compiled module beside the sources
+def test_a_package_without_the_kernel_fails_with_how_to_build_it(tmp_path):
+    # the package as a build without a C compiler would leave it: no compiled module beside the sources
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
     import mbfg_ros
     src = Path(mbfg_ros.__file__).parent
     shutil.copytree(src, tmp_path / "mbfg_ros", ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    from mbfg_ros.share import share_folders
-    shipped = next(f for f in share_folders("mechanisms") if (f / "four_bar_crank.yaml").is_file())
-    shutil.copytree(shipped, tmp_path / "mechanisms")
-    code = ("import numpy as np\n"
-            "from mbfg_ros import native\n"
-            "from mbfg_ros.estimation.config import EstimatorConfig\n"
-            "from mbfg_ros.estimation.estimator import FixedLagEstimator\n"
-            "from mbfg_ros.model.mechanism import load_mechanism\n"
-            "est = FixedLagEstimator(load_mechanism('four_bar_crank'), EstimatorConfig(mode='estimation'))\n"
-            "for k in range(20):\n"
-            "    e = est.step(k * 1e-3, observations={'crank': 0.0})\n"
-            "assert est.ctx.native is None and e.status == 'ok', (e.status, e.message)\n"
-            "print(native.AVAILABLE, native.describe())\n")
-    env = {k: v for k, v in os.environ.items() if k != native.ENVIRONMENT}
-    env["PYTHONPATH"] = str(tmp_path)
+    code = "from mbfg_ros.estimation.estimator import FixedLagEstimator\n"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"False numpy (the C kernel mbfg_ros.native._kernel is not built in "
-                                 f"{tmp_path / 'mbfg_ros' / 'native'} "), out.stdout
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("mbfg_ros.native.KernelMissing: mbfg_ros needs its compiled kernel "
+                           f"mbfg_ros.native._kernel, which is not built in {tmp_path / 'mbfg_ros' / 'native'}: "), last
+    assert "build-essential python3-dev" in last and "colcon build" in last and "make venv" in last
