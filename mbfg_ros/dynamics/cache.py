@@ -47,6 +47,9 @@ class EvalContext:
         self._b = np.zeros(n + rows.size)
         self._third = has_third_derivatives(mech)
         self.native = mechanism_kernel(mech)
+        if self.native is None:
+            raise ValueError(f"the compiled kernel does not know a constraint type of mechanism {mech.name} "
+                             f"(mbfg_ros/native/_kernel.c)")
         self.clear()
 
     def clear(self):
@@ -64,19 +67,11 @@ class EvalContext:
     def state_summary(self, x: np.ndarray):
         """(max |Φ(q)|, x·x, max |q̇|, assembly mode as a tuple of ±1) of a state x whose layout starts with q, q̇:
         what an estimate reports and is checked on (NaN propagates into the first three)."""
-        if self.native is not None:
-            return self.native.summary(x)
-        n = self._n
-        q, v = x[:n], x[n:2 * n]
-        speed = max(map(abs, v.tolist())) if n else 0.0
-        return self.constraint_residual(q), float(x.dot(x)), speed, tuple(self.mech.assembly_mode(q).tolist())
+        return self.native.summary(x)
 
     def constraint_residual(self, q) -> float:
         """max |Φ(q)| (0 without constraints; NaN propagates)."""
-        if self.native is not None:
-            return self.native.max_abs_phi(q)
-        phi = self.phi(q)
-        return max(map(abs, phi.tolist())) if phi.size else 0.0
+        return self.native.max_abs_phi(q)
 
     def phi(self, q):
         """Φ(q) (from the linearization at the same q when there is one)."""
