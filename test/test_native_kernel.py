@@ -13,6 +13,7 @@ import pytest
 import mbfg_ros.factors as F
 from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.dynamics.constrained import forward_dynamics, forward_dynamics_jacobians
 from mbfg_ros.dynamics.kinematics import solve_positions
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -35,10 +36,20 @@ def test_the_kernel_is_compiled_from_this_source():
         f"(rebuild: make venv, pip install -e ., or colcon build)")
 
 
-def _python_context(mech):
-    ctx = EvalContext(mech)
-    ctx.native = None
-    return ctx
+class ReferenceContext(EvalContext):
+    """The evaluation context with the dynamics of `dynamics.constrained` (the dense null-space solver) instead of
+    the kernel's: the reference the kernel's LU route is compared with."""
+
+    __slots__ = ()
+
+    def linearize(self, q, v, Q):
+        return forward_dynamics_jacobians(self.mech, q, v, Q)
+
+    def acceleration(self, q, v, Q):
+        return forward_dynamics(self.mech, q, v, Q)
+
+    def predicted_acceleration(self, q, v, Q):
+        return forward_dynamics(self.mech, q, v, Q)
 
 
 def _configurations(mech, count, seed):
@@ -58,7 +69,7 @@ def _close(a, b, tol=1e-10):
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_dynamics_linearization_matches_numpy(name):
     mech = load_mechanism(name)
-    compiled, reference = EvalContext(mech), _python_context(mech)
+    compiled, reference = EvalContext(mech), ReferenceContext(mech)
     assert compiled.native is not None
     for q, v, Q in _configurations(mech, 8, 3):
         d1, d2 = compiled.linearize(q, v, Q), reference.linearize(q, v, Q)
@@ -166,7 +177,7 @@ def _compare_step(mech, units, values):
     n, na = mech.n, len(mech.actuated)
     layout = _layout(mech, na)
     model = StepModel(layout, units)
-    ctx, ref_ctx = EvalContext(mech), _python_context(mech)
+    ctx, ref_ctx = EvalContext(mech), ReferenceContext(mech)
     params = model.params_of(values)
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
