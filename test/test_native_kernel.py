@@ -167,6 +167,27 @@ def test_each_unit_kind_matches_numpy(crank, kind):
     _compare_step(crank, units, values)
 
 
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+def test_the_gyroscope_kind_is_the_bodys_angular_rate(name):
+    # the gyroscope's only implementation is its kind in the kernel: its rate and Jacobians against
+    # Mechanism.body_angular_rate and central differences of it (a fixed point of a body included)
+    mech = load_mechanism(name)
+    ctx = EvalContext(mech)
+    for q, v, _ in _configurations(mech, 3, 6):
+        for b in range(len(mech.spec.bodies)):
+            unit = F.Gyroscope(mech, b, 0.0)
+            e, (Jq, Jv) = unit.evaluate(q, v, ctx=ctx, params=(0.25,))
+            assert e[0] == pytest.approx(mech.body_angular_rate(b, q, v) - 0.25, rel=1e-12, abs=1e-12)
+            for J, which in ((Jq, 0), (Jv, 1)):
+                fd = np.empty(mech.n)
+                for c in range(mech.n):
+                    d = np.zeros(mech.n)
+                    d[c] = 1e-6
+                    args = [(q + d, v), (q - d, v)] if which == 0 else [(q, v + d), (q, v - d)]
+                    fd[c] = (mech.body_angular_rate(b, *args[0]) - mech.body_angular_rate(b, *args[1])) / 2e-6
+                _close(J[0], fd, 1e-6)
+
+
 def test_a_whole_step_matches_numpy(crank):
     _compare_step(crank, *_units_of(crank, 1e-3, sorted(native.unit_kinds())))
 

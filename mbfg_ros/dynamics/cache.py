@@ -8,7 +8,7 @@ import numpy as np
 
 from mbfg_ros.dynamics.constrained import DynamicsLinearization, forward_dynamics, forward_dynamics_jacobians
 from mbfg_ros.model.mechanism import Mechanism
-from mbfg_ros.native import mechanism_kernel
+from mbfg_ros.native import UnitProgram, mechanism_kernel
 
 
 class EvalContext:
@@ -24,7 +24,7 @@ class EvalContext:
     """
 
     __slots__ = ("mech", "_pj_key", "_pj", "_dyn_key", "_dyn", "_acc_key", "_acc", "_jd_key", "_jd",
-                 "_n", "_older", "native")
+                 "_n", "_older", "_units", "native")
 
     def __init__(self, mech: Mechanism):
         self.mech = mech
@@ -33,12 +33,22 @@ class EvalContext:
         if self.native is None:
             raise ValueError(f"the compiled kernel does not know a constraint type of mechanism {mech.name} "
                              f"(mbfg_ros/native/_kernel.c)")
+        self._units = {}                 # id(unit) -> (unit, block widths, its UnitProgram)
         self.clear()
 
     def clear(self):
         self._pj_key = self._dyn_key = self._acc_key = self._jd_key = None
         self._pj = self._dyn = self._acc = self._jd = None
         self._older = {}                 # key -> linearization: the ones before the newest (at most 2)
+
+    def unit_program(self, unit, widths) -> UnitProgram:
+        """`unit` alone as a program of this mechanism's kernel, for blocks of `widths` (kept per unit)."""
+        held = self._units.get(id(unit))
+        if held is None or held[0] is not unit or held[1] != widths:
+            if len(self._units) > 64:
+                self._units.clear()
+            held = self._units[id(unit)] = (unit, widths, UnitProgram(self.native, unit, widths))
+        return held[2]
 
     def phi_and_jacobian(self, q):
         key = q.tobytes()

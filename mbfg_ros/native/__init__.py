@@ -28,7 +28,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 __all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "unit_kinds", "unit_form",
-           "no_form_reason", "step_kernel", "scaled_distance2", "KernelMissing"]
+           "no_form_reason", "UnitProgram", "step_kernel", "scaled_distance2", "KernelMissing"]
 
 
 class KernelMissing(ImportError):
@@ -116,6 +116,36 @@ def no_form_reason(unit) -> str:
 #: (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²: the distance of x from lin, each variable scaled by the column norm
 #: of A (the sensitivity of A's rows to it)
 scaled_distance2 = _kernel.scaled_distance2
+
+class UnitProgram:
+    """One factor unit alone as a step program of the kernel, for its evaluation outside a compiled step (a step
+    with a unit of no compiled kind, the batch, the gtsam adapters): its error and one Jacobian per slot from the
+    function of its kind, the unit's only form.  The blocks are laid side by side in slot order, unwhitened."""
+
+    __slots__ = ("_kernel", "_A", "_r", "_cuts", "_params")
+
+    def __init__(self, mech_kernel, unit, widths):
+        code, ints, floats = unit_form(unit)
+        D = int(sum(widths))
+        starts = np.cumsum([0] + list(widths))
+        dim = unit.dim
+        self._A, self._r = np.zeros((dim, D)), np.zeros(dim)
+        self._cuts = [(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+        self._params = bool(unit.params)
+        self._kernel = _kernel.StepKernel(mech_kernel, D, np.zeros((0, D)), False,
+                                          [(code, 0, dim, 0 if self._params else -1, False,
+                                            [(1, a, b - a) for a, b in self._cuts], np.ones(dim), ints, floats)],
+                                          self._A, None, self._r, np.zeros(dim))
+
+    def evaluate(self, blocks, params: tuple):
+        """(error, [Jacobian per slot]) at `blocks` with the unit's per-step `params` (new arrays), or None where
+        the dynamics are singular."""
+        x = np.concatenate(blocks)
+        if not self._kernel.linearize(None, x, None, x, [params] if self._params else []):
+            return None
+        A = self._A
+        return self._r.copy(), [A[:, a:b].copy() for a, b in self._cuts]
+
 
 def step_kernel(mech_kernel, D: int, S: np.ndarray, static_prev: bool, units: list, A_cur, A_prev, r, b):
     """A `_kernel.StepKernel` (see `graph.step_model.StepModel`)."""
