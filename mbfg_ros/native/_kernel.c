@@ -820,8 +820,7 @@ done:
  * The continuity predictor of the state h after x (the layout starts with q, q̇, q̈; out gets a copy of x with
  * those replaced): q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j with the jerk j = (q̈ − a_prev)/h_prev (no
  * jerk terms where a_prev is None), then q̈ at the predicted (q, q̇) under Q = Q_base + E τ, τ = out[tau_start:]
- * (tau_start −1: Q_base).  The operations of the numpy form (StepFactors.predict) in its order: the same numbers.
- * False where the dynamics are singular there (out's q̈ is then not set). */
+ * (tau_start −1: Q_base): `taylor`, then one LU solve.  False where the dynamics are singular there (out's q̈ is then not set). */
 static PyObject *
 mk_py_predict(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
