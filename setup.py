@@ -21,9 +21,9 @@ setup(
         ('share/' + package_name + '/config', glob('config/*.yaml') + glob('config/*.xml')),
         ('share/' + package_name + '/mechanisms', glob('mechanisms/*.yaml')),
     ],
-    # the fast path's per-step numerics in C (mbfg_ros.native); optional: without a compiler the package
-    # installs and runs on its numpy forms (slower, same numbers)
-    ext_modules=[Extension('mbfg_ros.native._kernel', [KERNEL_SOURCE], optional=True,
+    # the per-step numerics in C (mbfg_ros.native): required, their only implementation in the package (a build
+    # without a C compiler and Python's headers fails here rather than installing a package that cannot run)
+    ext_modules=[Extension('mbfg_ros.native._kernel', [KERNEL_SOURCE],
                            define_macros=[('MBFG_KERNEL_SOURCE_SHA256', f'"{kernel_sha256}"')])],
     install_requires=['setuptools'],
     zip_safe=False,

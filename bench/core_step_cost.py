@@ -2,7 +2,6 @@
 """CPU per step of the estimator's core as the node runs it, and the iSAM2 update's share of it.
 
     python bench/core_step_cost.py [--steps 4000] [--repeat 3] [--mode fused estimation] [--window 10] [--breakdown]
-                                   [--kernel compiled numpy]
 
 The four-bar with crank, dt = 1 ms, window 10 (`--window`), encoder + gyroscope, as `config/four_bar.yaml`
 sets the node up (fused mode there; `--mode` runs the given modes interleaved, repetition by repetition, so
@@ -15,8 +14,7 @@ step + prepare over the median update of the same run (issue 14's target: ≤ 2)
 median thread CPU of the step's `calculateEstimateVector` calls, inside step + prepare: iSAM2 defers an
 update's back-substitution to the first estimate read after it, so this is solver work the Python around
 the solver does not control.  `--breakdown` then prints the mean cost of each part of a step (`PartTimers`,
-`breakdown`).  `--kernel compiled numpy` runs each case with the compiled kernel (`mbfg_ros.native`) and with
-its numpy forms (`MBFG_ROS_NATIVE=0`), interleaved.  `bench/node_latency.py --core-cost` says what a core of a given cost means for the node's
+`breakdown`).  `bench/node_latency.py --core-cost` says what a core of a given cost means for the node's
 latency.
 """
 
@@ -25,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -181,19 +178,9 @@ def breakdown(steps: int, mode: str = "fused", window: int = 10, identify: tuple
     return out
 
 
-@contextlib.contextmanager
 def kernel_choice(kernel: str):
-    """Estimators built inside use the compiled kernel ('compiled', where built) or the numpy forms ('numpy')."""
-    from mbfg_ros import native
-    before = os.environ.get(native.ENVIRONMENT)
-    os.environ[native.ENVIRONMENT] = "1" if kernel == "compiled" else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.ENVIRONMENT]
-        else:
-            os.environ[native.ENVIRONMENT] = before
+    """(The compiled kernel is the package's only form of the per-step numbers: one choice.)"""
+    return contextlib.nullcontext()
 
 
 def main(argv=None) -> int:
@@ -205,17 +192,13 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--breakdown", action="store_true",
                     help="then the mean cost of each part of a step, per mode (one more run each)")
-    ap.add_argument("--kernel", nargs="+", default=["compiled"], choices=["compiled", "numpy"],
-                    help="the compiled kernel (mbfg_ros.native) and/or its numpy forms (MBFG_ROS_NATIVE=0), "
-                         "interleaved (default: compiled, where built)")
+    ap.add_argument("--kernel", nargs="+", default=["compiled"], choices=["compiled"],
+                    help="(the compiled kernel, mbfg_ros.native: the only form since it is required)")
     ap.add_argument("--identify", nargs="+", default=None, metavar="JOINT.PARAMETER",
                     help="also each case with these actuator parameters identified online (e.g. crank.gain "
                          "crank.viscous_friction), interleaved with the case without")
     a = ap.parse_args(argv)
     cases = [()] + ([tuple(a.identify)] if a.identify else [])
-    from mbfg_ros import native
-    if "compiled" in a.kernel and not native.AVAILABLE:
-        print(f"note: {native.UNAVAILABLE_REASON}: 'compiled' runs the numpy forms", file=sys.stderr)
     if a.steps <= 200:
         ap.error("--steps must be over 200 (the first 200 steps are not counted)")
     print("| run | mode | kernel | identified | step + prepare, mean / median | iSAM2 update, mean / median | "

@@ -48,7 +48,7 @@ def pytest_report_header(config):
     import mbfg_ros
     from mbfg_ros import native
     where = "installed copy" if INSTALLED_PACKAGE_FOLDER is not None else "source tree"
-    kernel = f"compiled from _kernel.c {native.SOURCE_SHA256}" if native.AVAILABLE else native.UNAVAILABLE_REASON
+    kernel = f"compiled from _kernel.c {native.SOURCE_SHA256}"
     return [f"mbfg_ros under test: {Path(mbfg_ros.__file__).parent} ({where}); kernel: {kernel}"]
 
 

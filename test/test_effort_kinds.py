@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import mbfg_ros.factors as F
-from mbfg_ros import native
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import CommandedEfforts, FusedEfforts, UnknownEfforts, effort_kinds, effort_model
 from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -175,27 +174,19 @@ def test_a_passive_joint_in_fused_mode_has_no_disturbance(pendulum, pendubot):
     assert _effort_rmse(pendubot, out)[0] < 0.05
 
 
-# -- the compiled path is the numpy one ---------------------------------------------------------------------------
+# -- the compiled prediction is the numpy one ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, kinds", [("estimation", {"q2": "passive"}),
                                          ("estimation", {"q1": "commanded"}),
                                          ("fused", {"q1": "passive"})])
-def test_compiled_and_numpy_estimates_agree_with_some_actuators_known(pendulum, pendubot, mode, kinds, monkeypatch):
-    runs = {}
-    for enabled in (True, False):
-        monkeypatch.setenv(native.ENVIRONMENT, "1" if enabled else "0")
-        est, out = _run(pendulum, pendubot.head(300), mode=mode, actuator_efforts=kinds)
-        assert (est.ctx.native is not None) == enabled
-        runs[enabled] = np.array([np.concatenate([e.q, e.v, e.a, e.efforts]) for e in out])
-        if enabled:
-            assert est.window.last.model.compiled
-            x, factors = est.stepper.x, est.factors
-            for prev in (est.stepper.a_prev, None):
-                compiled, _ = factors.predict(x, DT, prev, DT)
-                reference, _ = super(type(factors), factors).predict(x, DT, prev, DT)
-                np.testing.assert_array_equal(compiled, reference)
-    d = np.abs(runs[True] - runs[False]) / (1.0 + np.abs(runs[False]))
-    assert float(d.max()) < 1e-9
+def test_the_compiled_prediction_with_some_actuators_known(pendulum, pendubot, mode, kinds):
+    est, out = _run(pendulum, pendubot.head(300), mode=mode, actuator_efforts=kinds)
+    assert est.window.last.model.compiled and all(e.status in ("ok", "initialized") for e in out)
+    x, factors = est.stepper.x, est.factors
+    for prev in (est.stepper.a_prev, None):
+        compiled, _ = factors.predict(x, DT, prev, DT)
+        reference, _ = super(type(factors), factors).predict(x, DT, prev, DT)
+        np.testing.assert_array_equal(compiled, reference)
 
 
 # -- the online density fit with some actuators known -------------------------------------------------------------

@@ -174,33 +174,19 @@ def test_factor_jacobians_match_finite_differences(mech):
                 _check_fd(Js[i], err, blocks[i])
 
 
-def test_evaluation_context_gives_the_reference_linearization(mech):
+def test_the_compiled_kernel_applies_the_same_friction(mech):
+    # the evaluation context (the kernel) against the dense null-space solver of dynamics.constrained
     ctx = EvalContext(mech)
-    ctx.native = None
     for q, v, Q in states(mech, 6, 3):
         ref = D.forward_dynamics_jacobians(mech, q, v, Q)
         d = ctx.linearize(q, v, Q)
-        for field in ("a", "da_dq", "da_dv", "da_dQ"):
+        for field in ("a", "da_dq", "da_dv", "da_dQ", "multipliers"):
             _close(getattr(d, field), getattr(ref, field))
         _close(ctx.acceleration(q, v, Q + 1.0), D.forward_dynamics(mech, q, v, Q + 1.0))
         _close(ctx.predicted_acceleration(q, v, Q - 1.0), D.forward_dynamics(mech, q, v, Q - 1.0))
         _close(ctx.dynamics(q, v, Q).da_dv, ref.da_dv)
 
 
-@pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
-def test_the_compiled_kernel_applies_the_same_friction(mech):
-    compiled, reference = EvalContext(mech), EvalContext(mech)
-    reference.native = None
-    assert compiled.native is not None
-    for q, v, Q in states(mech, 6, 4):
-        d1, d2 = compiled.linearize(q, v, Q), reference.linearize(q, v, Q)
-        for field in ("a", "da_dq", "da_dv", "da_dQ", "multipliers"):
-            _close(getattr(d1, field), getattr(d2, field))
-        _close(compiled.acceleration(q, v, Q + 1.0), reference.acceleration(q, v, Q + 1.0))
-        _close(compiled.predicted_acceleration(q, v, Q - 1.0), reference.predicted_acceleration(q, v, Q - 1.0))
-
-
-@pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
 def test_the_kernel_refuses_bad_friction():
     crank = load_mechanism("four_bar_crank")
     form = crank.constraints.native_form()
@@ -336,16 +322,3 @@ def test_the_estimated_effort_is_the_motor_effort(mode):
     assert rms(without - motor) > 0.75 * rms(friction)
     # on the same readings the two estimates differ by the friction (their noise is common)
     assert rms(with_model - without - friction) < 0.1 * rms(friction)
-
-
-@pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
-@pytest.mark.parametrize("mode", ["estimation", "fused", "forward_dynamics"])
-def test_estimates_with_friction_agree_with_and_without_the_kernel(mode, monkeypatch):
-    mech = with_friction("crank")
-    traj = SimulatedPlant(mech, dt=1e-3, seed=3, actuator=Actuator.ideal(mech)).simulate(0.3)
-    runs = []
-    for enabled in ("1", "0"):
-        monkeypatch.setenv(native.ENVIRONMENT, enabled)
-        runs.append(_estimate(mech, traj, mode))
-    d = np.abs(runs[0] - runs[1]) / (1.0 + np.abs(runs[1]))
-    assert float(d.max()) < 1e-9

@@ -13,6 +13,7 @@ import pytest
 import mbfg_ros.factors as F
 from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.dynamics.constrained import forward_dynamics, forward_dynamics_jacobians
 from mbfg_ros.dynamics.kinematics import solve_positions
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -26,16 +27,6 @@ from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank",
               "double_pendulum_a0"]
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
-
-
-def test_the_kernel_is_built_where_required():
-    # `make test` sets MBFG_ROS_REQUIRE_NATIVE=1: CI fails when setup.py did not build the extension
-    if os.environ.get("MBFG_ROS_REQUIRE_NATIVE") == "1":
-        assert native.AVAILABLE, native.UNAVAILABLE_REASON
-        assert native.enabled()
-
-
 def test_the_kernel_is_compiled_from_this_source():
     # setup.py compiles the SHA-256 of _kernel.c into the kernel: a kernel built from other sources (a stale
     # build, an install of another checkout, a colcon workspace that tests what it did not install) fails here
@@ -45,10 +36,20 @@ def test_the_kernel_is_compiled_from_this_source():
         f"(rebuild: make venv, pip install -e ., or colcon build)")
 
 
-def _python_context(mech):
-    ctx = EvalContext(mech)
-    ctx.native = None
-    return ctx
+class ReferenceContext(EvalContext):
+    """The evaluation context with the dynamics of `dynamics.constrained` (the dense null-space solver) instead of
+    the kernel's: the reference the kernel's LU route is compared with."""
+
+    __slots__ = ()
+
+    def linearize(self, q, v, Q):
+        return forward_dynamics_jacobians(self.mech, q, v, Q)
+
+    def acceleration(self, q, v, Q):
+        return forward_dynamics(self.mech, q, v, Q)
+
+    def predicted_acceleration(self, q, v, Q):
+        return forward_dynamics(self.mech, q, v, Q)
 
 
 def _configurations(mech, count, seed):
@@ -68,7 +69,7 @@ def _close(a, b, tol=1e-10):
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_dynamics_linearization_matches_numpy(name):
     mech = load_mechanism(name)
-    compiled, reference = EvalContext(mech), _python_context(mech)
+    compiled, reference = EvalContext(mech), ReferenceContext(mech)
     assert compiled.native is not None
     for q, v, Q in _configurations(mech, 8, 3):
         d1, d2 = compiled.linearize(q, v, Q), reference.linearize(q, v, Q)
@@ -77,7 +78,7 @@ def test_dynamics_linearization_matches_numpy(name):
         _close(compiled.acceleration(q, v, Q + 1.0), reference.acceleration(q, v, Q + 1.0))
         _close(compiled.predicted_acceleration(q, v, Q - 1.0), reference.predicted_acceleration(q, v, Q - 1.0))
         off = q + 0.01
-        assert compiled.constraint_residual(off) == pytest.approx(reference.constraint_residual(off), rel=1e-12)
+        assert compiled.constraint_residual(off) == pytest.approx(np.abs(mech.constraints.phi(off)).max(), rel=1e-12)
 
 
 def test_kinematics_match_numpy(crank):
@@ -166,6 +167,27 @@ def test_each_unit_kind_matches_numpy(crank, kind):
     _compare_step(crank, units, values)
 
 
+@pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
+def test_the_gyroscope_kind_is_the_bodys_angular_rate(name):
+    # the gyroscope's only implementation is its kind in the kernel: its rate and Jacobians against
+    # Mechanism.body_angular_rate and central differences of it (a fixed point of a body included)
+    mech = load_mechanism(name)
+    ctx = EvalContext(mech)
+    for q, v, _ in _configurations(mech, 3, 6):
+        for b in range(len(mech.spec.bodies)):
+            unit = F.Gyroscope(mech, b, 0.0)
+            e, (Jq, Jv) = unit.evaluate(q, v, ctx=ctx, params=(0.25,))
+            assert e[0] == pytest.approx(mech.body_angular_rate(b, q, v) - 0.25, rel=1e-12, abs=1e-12)
+            for J, which in ((Jq, 0), (Jv, 1)):
+                fd = np.empty(mech.n)
+                for c in range(mech.n):
+                    d = np.zeros(mech.n)
+                    d[c] = 1e-6
+                    args = [(q + d, v), (q - d, v)] if which == 0 else [(q, v + d), (q, v - d)]
+                    fd[c] = (mech.body_angular_rate(b, *args[0]) - mech.body_angular_rate(b, *args[1])) / 2e-6
+                _close(J[0], fd, 1e-6)
+
+
 def test_a_whole_step_matches_numpy(crank):
     _compare_step(crank, *_units_of(crank, 1e-3, sorted(native.unit_kinds())))
 
@@ -176,7 +198,7 @@ def _compare_step(mech, units, values):
     n, na = mech.n, len(mech.actuated)
     layout = _layout(mech, na)
     model = StepModel(layout, units)
-    ctx, ref_ctx = EvalContext(mech), _python_context(mech)
+    ctx, ref_ctx = EvalContext(mech), ReferenceContext(mech)
     params = model.params_of(values)
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
@@ -269,8 +291,7 @@ def test_wrong_inputs_raise_clear_errors(crank):
     ({"formulation": "independent", "integrator": "euler"}, "numpy (no compiled form of equality(q), "
      "position_constraints_indep, velocity_constraints_indep, acceleration_constraints_indep, forward_dynamics_indep)"),
 ])
-def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatch):
-    monkeypatch.setenv(native.ENVIRONMENT, "1")
+def test_each_model_says_which_form_runs_it(crank, config, step_form):
     est = FixedLagEstimator(crank, EstimatorConfig(**config))
     for k in range(3):
         est.step(k * 1e-3, observations={"crank": 0.1})
@@ -280,19 +301,12 @@ def test_each_model_says_which_form_runs_it(crank, config, step_form, monkeypatc
                                 step_form.replace("equality(q), ", ""))
     model = est.window.records[est.stepper.k].model
     assert model.compiled == (step_form == "compiled")
-    # switched off: every model says so
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
-    est = FixedLagEstimator(crank, EstimatorConfig(**config))
-    est.step(0.0, observations={"crank": 0.1})
-    est.step(1e-3, observations={"crank": 0.1})
-    assert set(est.numerics().values()) == {native.describe()} and native.describe().startswith("numpy (switched off")
 
 
-def _run(mech, mode, steps, enabled, monkeypatch):
-    monkeypatch.setenv(native.ENVIRONMENT, "1" if enabled else "0")
+def _run(mech, mode, steps):
     cfg = EstimatorConfig(dt=1e-3, window=10, mode=mode, sensor_sigmas={"crank_encoder": 1e-3}).validated()
     est = FixedLagEstimator(mech, cfg)
-    assert (est.ctx.native is not None) == enabled
+    assert est.ctx.native is not None
     plant = SimulatedPlant(mech, dt=1e-3, seed=3, actuator=Actuator.ideal(mech))
     out = []
     for k in range(steps):
@@ -303,52 +317,73 @@ def _run(mech, mode, steps, enabled, monkeypatch):
     return np.array(out), est
 
 
-@pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
-def test_estimates_with_and_without_the_kernel_agree(crank, mode, monkeypatch):
-    compiled, est = _run(crank, mode, 300, True, monkeypatch)
-    reference, _ = _run(crank, mode, 300, False, monkeypatch)
-    assert est.window.last.model.compiled          # the compiled path did the work
-    d = np.abs(compiled - reference) / (1.0 + np.abs(reference))
-    assert float(d.max()) < 1e-9
+def _scaled_distance2(A, x, lin):
+    # the reference: Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²
+    return float(np.sum((np.linalg.norm(A, axis=0) * (x - lin)) ** 2))
 
 
-def test_scaled_distance_matches_numpy(monkeypatch):
+def test_scaled_distance_matches_numpy():
     rng = np.random.default_rng(2)
     A, x, lin = rng.standard_normal((7, 9)), rng.standard_normal(9), rng.standard_normal(9)
-    compiled = native.scaled_distance2()
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
-    reference = native.scaled_distance2()
-    assert compiled is not reference
-    assert compiled(A, x, lin) == pytest.approx(reference(A, x, lin), rel=1e-14)
+    compiled = native.scaled_distance2
+    assert compiled(A, x, lin) == pytest.approx(_scaled_distance2(A, x, lin), rel=1e-13)
     assert compiled(np.zeros((0, 9)), x, lin) == 0.0
     with pytest.raises(ValueError, match="lin: 9 values expected, got 8"):
         compiled(A, x, lin[:8])
 
 
+def _reference_prediction(factors, x, h, a_prev, h_prev, values, jerk=None):
+    """The continuity predictor in numpy: q + h q̇ + h²/2 q̈ + h³/6 j, q̇ + h q̈ + h²/2 j (j the backward difference
+    of q̈, or the model's `jerk`, or none), then q̈ at the predicted (q, q̇) by the dense solve of
+    `dynamics.constrained.forward_dynamics` under the prediction's forces."""
+    from mbfg_ros.dynamics.constrained import forward_dynamics
+    n = factors.mech.n
+    q, v, a = x[:n], x[n:2 * n], x[2 * n:3 * n]
+    j = jerk if jerk is not None else (a - a_prev) / h_prev if a_prev is not None else np.zeros(n)
+    xp = x.copy()
+    xp[:n] = q + h * v + (h * h / 2 * a + h ** 3 / 6 * j)
+    xp[n:2 * n] = v + h * a + h * h / 2 * j
+    Q = factors._prediction_forces(values)
+    if factors._tau is not None:
+        Q = factors.efforts.add_state(Q, xp[factors._tau])
+    xp[2 * n:3 * n] = forward_dynamics(factors.mech, xp[:n], xp[n:2 * n], Q)
+    return xp
+
+
 @pytest.mark.parametrize("mode", ["fused", "estimation", "forward_dynamics"])
-def test_the_compiled_prediction_is_the_numpy_one(crank, mode, monkeypatch):
-    _, est = _run(crank, mode, 50, True, monkeypatch)
+def test_the_prediction_is_the_reference_one(crank, mode):
+    _, est = _run(crank, mode, 50)
     factors = est.factors
     x, a_prev = est.stepper.x, est.stepper.a_prev
     values = None if mode != "forward_dynamics" else factors.step_values(np.zeros(len(crank.actuated)), 1e-3,
                                                                          est.window)[0]
     for prev in (a_prev, None):
         compiled, _ = factors.predict(x, 1e-3, prev, 1e-3, values)
-        reference, _ = super(type(factors), factors).predict(x, 1e-3, prev, 1e-3, values)
-        np.testing.assert_array_equal(compiled, reference)
+        _close(compiled, _reference_prediction(factors, x, 1e-3, prev, 1e-3, values), 1e-12)
+        # the general route (the step factors without the one-call prediction: the Taylor step, then q̈)
+        general, _ = super(type(factors), factors).predict(x, 1e-3, prev, 1e-3, values)
+        _close(general, compiled, 1e-13)
+    # a model's jerk (the hermite velocity integrator's) replaces the backward difference
+    jerk, out = np.linspace(-1.0, 1.0, crank.n), np.empty(x.size)
+    est.ctx.native.taylor(x, 1e-3, a_prev, 1e-3, jerk, out)
+    want = _reference_prediction(factors, x, 1e-3, a_prev, 1e-3, values, jerk=jerk)
+    _close(out[:2 * crank.n], want[:2 * crank.n], 1e-14)
+    assert np.array_equal(out[3 * crank.n:], x[3 * crank.n:])
 
 
 @pytest.mark.parametrize("name", ["four_bar_crank", "pick_and_place_robot"])
 def test_state_summary_matches_numpy(name):
     mech = load_mechanism(name)
-    compiled, reference = EvalContext(mech), _python_context(mech)
+    compiled = EvalContext(mech)
     rng = np.random.default_rng(8)
     for q, v, _ in _configurations(mech, 4, 9):
         x = np.concatenate([q + 0.01 * rng.standard_normal(mech.n), v, rng.standard_normal(mech.n + 2)])
-        got, want = compiled.state_summary(x), reference.state_summary(x)
-        assert got[0] == pytest.approx(want[0], rel=1e-12)
-        assert got[1] == pytest.approx(want[1], rel=1e-12)
-        assert got[2] == want[2] and got[3] == want[3]
+        got = compiled.state_summary(x)
+        qx = x[:mech.n]
+        assert got[0] == pytest.approx(np.abs(mech.constraints.phi(qx)).max(initial=0.0), rel=1e-12)
+        assert got[1] == pytest.approx(float(x @ x), rel=1e-12)
+        assert got[2] == np.abs(x[mech.n:2 * mech.n]).max() and got[3] == tuple(mech.assembly_mode(qx).tolist())
+        assert compiled.constraint_residual(qx) == got[0]
     # the drawn pose's indicators, as Mechanism.assembly_mode gives them
     if mech.assembly_mode_points.size:
         q = np.array(mech.q0, dtype=float)
@@ -357,32 +392,20 @@ def test_state_summary_matches_numpy(name):
     assert all(np.isnan(compiled.state_summary(bad)[:3]))
 
 
-def test_a_package_without_the_kernel_runs_on_numpy(tmp_path):
-    # the package as a build without a C compiler installs it: no compiled module beside the sources
+def test_a_package_without_the_kernel_fails_with_how_to_build_it(tmp_path):
+    # the package as a build without a C compiler would leave it: no compiled module beside the sources
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
     import mbfg_ros
     src = Path(mbfg_ros.__file__).parent
     shutil.copytree(src, tmp_path / "mbfg_ros", ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    from mbfg_ros.share import share_folders
-    shipped = next(f for f in share_folders("mechanisms") if (f / "four_bar_crank.yaml").is_file())
-    shutil.copytree(shipped, tmp_path / "mechanisms")
-    code = ("import numpy as np\n"
-            "from mbfg_ros import native\n"
-            "from mbfg_ros.estimation.config import EstimatorConfig\n"
-            "from mbfg_ros.estimation.estimator import FixedLagEstimator\n"
-            "from mbfg_ros.model.mechanism import load_mechanism\n"
-            "est = FixedLagEstimator(load_mechanism('four_bar_crank'), EstimatorConfig(mode='estimation'))\n"
-            "for k in range(20):\n"
-            "    e = est.step(k * 1e-3, observations={'crank': 0.0})\n"
-            "assert est.ctx.native is None and e.status == 'ok', (e.status, e.message)\n"
-            "print(native.AVAILABLE, native.describe())\n")
-    env = {k: v for k, v in os.environ.items() if k != native.ENVIRONMENT}
-    env["PYTHONPATH"] = str(tmp_path)
+    code = "from mbfg_ros.estimation.estimator import FixedLagEstimator\n"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"False numpy (the C kernel mbfg_ros.native._kernel is not built in "
-                                 f"{tmp_path / 'mbfg_ros' / 'native'} "), out.stdout
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("mbfg_ros.native.KernelMissing: mbfg_ros needs its compiled kernel "
+                           f"mbfg_ros.native._kernel, which is not built in {tmp_path / 'mbfg_ros' / 'native'}: "), last
+    assert "build-essential python3-dev" in last and "colcon build" in last and "make venv" in last

@@ -801,12 +801,9 @@ def test_the_kernel_diagnostic_names_each_model_that_runs_in_numpy():
             node.on_observations(serialize_message(joint_state(node.now_ns(), ["crank"], [0.1])))
             node.after_batch()
         kv = node.diagnostic_status()[1][4]
-        if native.enabled():
-            assert kv["kernel"] == kernel_text(node.core.numerics()) != native.describe()
-            assert "step: numpy (no compiled form of hermite_velocity)" in kv["kernel"]
-            assert "dynamics: compiled" in kv["kernel"]
-        else:
-            assert kv["kernel"] == native.describe()
+        assert kv["kernel"] == kernel_text(node.core.numerics()) != native.describe()
+        assert "step: numpy (no compiled form of hermite_velocity)" in kv["kernel"]
+        assert "dynamics: compiled" in kv["kernel"]
     finally:
         node.destroy_node()
         rclpy.shutdown(context=ctx)

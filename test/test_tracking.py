@@ -109,11 +109,10 @@ def test_the_fitted_sigma_reaches_the_estimators_units_and_compiled_step_models(
         model = est.window.records[est.stepper.k].model
         encoders = [u for u in model.units if isinstance(u, F.Encoder)]
         assert len(encoders) == 1 and encoders[0].sigmas[0] == sigma and encoders[0] is est.sensors.units["crank"]
-        if native.enabled():
-            forms = model._native_forms
-            assert forms is not None
-            w = [f[6] for f in forms if f[0] == native.unit_kinds()[encoders[0].kernel_kind]["code"]]
-            assert len(w) == 1 and w[0][0] == pytest.approx(1.0 / sigma, rel=1e-15)
+        forms = model._native_forms
+        assert forms is not None
+        w = [f[6] for f in forms if f[0] == native.unit_kinds()[encoders[0].kernel_kind]["code"]]
+        assert len(w) == 1 and w[0][0] == pytest.approx(1.0 / sigma, rel=1e-15)
         assert [k for k, e in enumerate(out) if e.status == "recovered" and k > 100] == []
         err = np.abs(np.array([e.q[4] for e in out[500:]]) - driven.theta[500:])
         assert err.max() < 0.02

@@ -17,7 +17,7 @@ from scipy.optimize import minimize
 
 from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedEKF, discretize
 from mbfg_ros import native
-from mbfg_ros.tuning.filter_bank import ReducedEKFBank, ReducedModelBank
+from mbfg_ros.tuning.filter_bank import ReducedEKFBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
                                         SENSOR_SIGMA_DECADES_BELOW, newton_search, settling_steps,
                                         single_log_likelihood, std_from_hessian)
@@ -111,21 +111,46 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     assert rates == pytest.approx(bank._f_solving(bank.x, bank._command), rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.skipif(not native.AVAILABLE, reason=native.UNAVAILABLE_REASON or "native kernel off")
+def _reference_kalman_step(bank, A, y, dt, P, x, log_likelihood):
+    """The covariance prediction and the readings' update of every filter of `bank` in numpy (what the kernel's
+    kalman_step does per filter): (P, x, log-likelihood) after it."""
+    K, nx = bank.K, bank.nx
+    F, Qd = discretize(A, bank.noise, dt)
+    P = F @ P @ np.swapaxes(F, 1, 2) + Qd
+    read = np.nonzero(np.isfinite(y))[0]
+    P_rx = P[:, read, :]
+    R = bank.R[:, read[:, None], read]
+    S = P_rx[:, :, read] + R
+    innovation = y[read] - x[:, read]
+    _, logdet = np.linalg.slogdet(S)
+    white = np.linalg.solve(S, innovation[:, :, None])[:, :, 0]
+    log_likelihood = log_likelihood - 0.5 * (np.einsum("ki,ki->k", innovation, white) + logdet
+                                             + read.size * math.log(2.0 * math.pi))
+    gain = np.swapaxes(np.linalg.solve(S, P_rx), 1, 2)
+    x = x + np.einsum("kir,kr->ki", gain, innovation)
+    I_KH = np.broadcast_to(np.eye(nx), (K, nx, nx)).copy()
+    I_KH[:, :, read] -= gain
+    return I_KH @ P @ np.swapaxes(I_KH, 1, 2) + gain @ R @ np.swapaxes(gain, 1, 2), x, log_likelihood
+
+
 @pytest.mark.parametrize("mode", ["estimation", "fused"])
-def test_the_compiled_bank_gives_the_numpy_banks_likelihoods(mode, monkeypatch):
-    """The kernel's reduced model (poses, tangents, z̈ and its derivatives per row) and discretization against
-    numpy's forms: the same likelihoods to rounding, missing readings included."""
+def test_the_compiled_kalman_step_is_the_reference_update(mode):
+    """The kernel's covariance half of a bank step against the numpy form above, with a reading missing."""
     mech, rec = dfki_recording(1.0)
-    rec.readings[5, 1] = np.nan
     values = candidates(mech, mode)
-    assert ReducedModelBank(mech, rec.coordinates).kernel is not None
-    compiled = log_likelihoods(mech, rec, mode, values)
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
-    assert ReducedModelBank(mech, rec.coordinates).kernel is None
-    numpy_form = log_likelihoods(mech, rec, mode, values)
-    assert np.all(np.isfinite(numpy_form))
-    assert compiled == pytest.approx(numpy_form, rel=1e-10, abs=1e-8)
+    bank = ReducedEKFBank(mech, rec.coordinates, encoder_sigma=[[1e-3, 2e-3]] * len(values),
+                          effort_density=[1.0 + k for k in range(len(values))], fused=mode == "fused",
+                          acceleration_density=0.5)
+    for k in range(20):
+        bank.step(rec.readings[k], rec.commands[k] if rec.commands is not None else None, 1e-3)
+    A, _ = bank._jacobian(bank.x, bank._command)
+    for y in (rec.readings[20], np.array([rec.readings[20][0], np.nan])):
+        P, x, ll = bank.P.copy(), bank.x.copy(), bank.log_likelihood.copy()
+        want = _reference_kalman_step(bank, A, y, 1e-3, P, x, ll)
+        native.module().kalman_step(A, bank.noise, 1e-3, DISCRETIZATION_ORDER, P, x, np.ascontiguousarray(y),
+                                    bank.R, ll)
+        for got, ref in zip((P, x, ll), want):
+            assert got == pytest.approx(ref, rel=1e-9, abs=1e-12 * np.abs(ref).max())
 
 
 def test_the_series_discretization_equals_the_van_loan_exponential():
@@ -145,11 +170,8 @@ def test_the_series_discretization_equals_the_van_loan_exponential():
         assert np.abs(Q - Q_ref).max() <= 1e-11 * np.abs(Q_ref).max()
         F1, Q1 = discretize(A[1], W[1], h)         # one matrix as the single filter calls it
         assert np.abs(F1 - F_ref[1]).max() <= 1e-11 * np.abs(F_ref[1]).max()
-        if native.AVAILABLE:                       # the kernel's, which the compiled bank's kalman_step uses
-            F, Q = np.empty_like(A), np.empty_like(A)
-            native.module().discretize(A, W, h, DISCRETIZATION_ORDER, F, Q)
-            assert np.abs(F - F_ref).max() <= 1e-11 * np.abs(F_ref).max()
-            assert np.abs(Q - Q_ref).max() <= 1e-11 * np.abs(Q_ref).max()
+        F2, Q2 = discretize(A[1], W, h)            # one A over a stack of noises: one F
+        assert F2.shape == (n, n) and np.abs(Q2[1] - Q_ref[1]).max() <= 1e-11 * np.abs(Q_ref[1]).max()
 
 
 def test_a_failing_candidate_fails_alone(crank):

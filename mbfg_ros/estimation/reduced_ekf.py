@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.dynamics import kinematics
 from mbfg_ros.model.mechanism import Mechanism
@@ -41,31 +42,21 @@ DISCRETIZATION_ORDER = 12     # terms of the series below, after scaling ‖A h�
 
 
 def discretize(A: np.ndarray, W: np.ndarray, h: float):
-    """F = e^{A h} and Qd = ∫₀ʰ e^{As} W e^{Aᵀs} ds for one (n, n) or a stack (..., n, n) of A and W.
+    """F = e^{A h} and Qd = ∫₀ʰ e^{As} W e^{Aᵀs} ds for one (n, n) or a stack (..., n, n) of A and symmetric W (one A
+    over a stack of W: one F).
 
     The two series F = Σ (Ah)ᵏ/k!, Qd = Σ hᵏ⁺¹/(k+1)! Lᵏ(W) with L(X) = AX + XAᵀ (the derivatives of e^{As} W
-    e^{Aᵀs} at s = 0, integrated), over h/2ˢ with ‖A‖∞ h/2ˢ ≤ 1/4, then s doublings (F, Q) ← (F F, F Q Fᵀ + Q):
-    the Van Loan exponential's two blocks to rounding (test_tuning_speed.py checks against scipy's expm) at a
-    fraction of its cost — expm of the 2n × 2n Van Loan matrix, scaled by the noise block's norm, took most
-    of a likelihood evaluation."""
-    A = np.asarray(A, float)
-    norm = float(np.abs(A).sum(axis=-1).max(initial=0.0)) * h
-    squarings = max(0, math.ceil(math.log2(norm / 0.25))) if norm > 0.25 else 0
-    tau = h / 2.0 ** squarings
-    At = A * tau
-    AtT = np.swapaxes(At, -1, -2)
-    F = np.broadcast_to(np.eye(A.shape[-1]), A.shape).copy()
-    term_F = F.copy()
-    term_Q = np.array(W, float) * tau          # τᵏ⁺¹/(k+1)! Lᵏ(W) at k = 0
-    Q = term_Q.copy()
-    for k in range(1, DISCRETIZATION_ORDER + 1):
-        term_F = term_F @ At / k
-        F += term_F
-        term_Q = (At @ term_Q + term_Q @ AtT) / (k + 1)
-        Q += term_Q
-    for _ in range(squarings):
-        Q = F @ Q @ np.swapaxes(F, -1, -2) + Q
-        F = F @ F
+    e^{Aᵀs} at s = 0, integrated), over h/2ˢ with ‖A‖∞ h/2ˢ ≤ 1/4 (each matrix of a stack by its own norm), then
+    s doublings (F, Q) ← (F F, F Q Fᵀ + Q), in the compiled kernel: the Van Loan exponential's two blocks to
+    rounding (test_tuning_speed.py checks against scipy's expm) at a fraction of its cost — expm of the 2n × 2n
+    Van Loan matrix, scaled by the noise block's norm, took most of a likelihood evaluation."""
+    A, W = np.asarray(A, float), np.asarray(W, float)
+    shape = np.broadcast_shapes(A.shape, W.shape)
+    F, Q = np.empty(shape), np.empty(shape)
+    native.module().discretize(np.ascontiguousarray(np.broadcast_to(A, shape)),
+                               np.ascontiguousarray(np.broadcast_to(W, shape)), float(h), DISCRETIZATION_ORDER, F, Q)
+    if A.ndim < len(shape):
+        F = F[(0,) * (len(shape) - A.ndim)]
     return F, Q
 
 

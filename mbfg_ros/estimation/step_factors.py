@@ -292,21 +292,10 @@ class StepFactors:
         prediction is then input-free).  Returns (prediction, the soft equality's offset or None); changes nothing."""
         n = self.mech.n
         n2, n3 = 2 * n, 3 * n
-        xp = x.copy()                               # the layout starts with q, q̇, q̈
+        xp = np.empty(x.size)                       # the layout starts with q, q̇, q̈
         h2 = 0.5 * h * h
         h3 = h * h2 / 3.0
-        # q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j on plain floats: the same operations in the same order
-        # as elementwise numpy (the same numbers), without the eight numpy calls that cost more than the
-        # arithmetic on a mechanism's few coordinates (and little beside the rest of a step on many)
-        xl = x[:n3].tolist()
-        ql, vl, al = xl[:n], xl[n:n2], xl[n2:]
-        j = self._jerk_before(x, al, h, a_prev, h_prev, values)
-        if j is not None:
-            xp[:n2] = ([qi + h * vi + (h2 * ai + h3 * ji) for qi, vi, ai, ji in zip(ql, vl, al, j)]
-                       + [vi + h * ai + h2 * ji for vi, ai, ji in zip(vl, al, j)])
-        else:
-            xp[:n2] = ([qi + h * vi + h2 * ai for qi, vi, ai in zip(ql, vl, al)]
-                       + [vi + h * ai for vi, ai in zip(vl, al)])
+        self.ctx.native.taylor(x, h, a_prev, h_prev, self._model_jerk(x, h, values), xp)
         qp, vp = xp[:n], xp[n:n2]
         Q = self._prediction_forces(values)
         if self._tau is not None:
@@ -344,11 +333,9 @@ class StepFactors:
         # fast path linearizes each step once, here)
         return self.identification.forces(x[self._theta], x[self.layout.slices["v"]], u)
 
-    def _jerk_before(self, x, a, h, a_prev, h_prev, values) -> Optional[list]:
-        """The jerk at x (q̈ = `a` as plain floats, see `predict`): the backward difference of q̈, or None
-        before a previous q̈."""
-        if a_prev is not None:
-            return [(ai - pi) / h_prev for ai, pi in zip(a, a_prev.tolist())]
+    def _model_jerk(self, x, h, values) -> Optional[np.ndarray]:
+        """The jerk at x where the step factors' model has one, else None: the predictor's Taylor step takes the
+        backward difference of q̈ (none before a previous q̈)."""
         return None
 
     def _predicted(self, xp, x, qp, vp, ap, d, h, h2, h3, values) -> Optional[np.ndarray]:
@@ -374,10 +361,10 @@ class DependentFactors(StepFactors):
     compiled_step_models = True        # every unit has a compiled form (`mbfg_ros.native.unit_form`)
 
     def predict(self, x, h, a_prev, h_prev, values=None):
-        # compiled where the kernel is on: `MechanismKernel.predict` does the numpy form's operations in its order
-        # (the same numbers: test_native_kernel); the numpy form where it finds the dynamics singular
+        # the whole prediction in one compiled call (`MechanismKernel.predict`: the same Taylor step, q̈ by one LU
+        # solve); the general form where the kernel finds the dynamics singular (the null-space solver)
         native = self.ctx.native
-        if native is not None and self.compiled_step_models:
+        if self.compiled_step_models:
             xp = np.empty(x.size)
             Q, tau_start = self._prediction_forces(values), self._tau_start
             if self.efforts.partial_state:
@@ -432,13 +419,13 @@ class DependentHermiteFactors(DependentFactors):
                           "lin_prev": (x[:n], x[n:2 * n], x[self._tau] if self._tau is not None else None)}
         self._forces_last = (Q, Qdot)
 
-    def _jerk_before(self, x, a, h, a_prev, h_prev, values):
+    def _model_jerk(self, x, h, values):
         # the jerk at the previous estimate, on the linear model the step factors use for it
         n = self.mech.n
         hv = self.integrators(h)[1]
         own = values[hv]
         d = hv.dynamics_at(self.ctx, own["Q_prev"], own["lin_prev"], x[:n], x[n:2 * n])
-        return hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"]).tolist()
+        return np.ascontiguousarray(hv.jerk(d, x[n:2 * n], x[2 * n:3 * n], own["Qdot_prev"]), dtype=float)
 
     def correct_early_rates(self, window, k, h, rates):
         # step j's velocity integrator reads Q̇ at steps j − 1 and j

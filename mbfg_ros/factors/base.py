@@ -84,6 +84,14 @@ def context_or_new(ctx, mech):
     return EvalContext(mech) if ctx is None else ctx
 
 
+def compiled_evaluation(unit: "Factor", blocks, ctx, params):
+    """(error, [Jacobian per slot]) of `unit` by the function of its kind in the compiled kernel
+    (`native.UnitProgram`: the unit's only implementation), or None where its dynamics are singular."""
+    ctx = context_or_new(ctx, unit.mech)
+    return ctx.unit_program(unit, tuple([b.size for b in blocks])).evaluate(
+        blocks, unit.own_params() if params is None else params)
+
+
 def batch_mechanism(units: Sequence["Factor"]):
     """The mechanism of `units` when they are all of one class and one mechanism whose constraints
     `BatchContext` supports (a series that can be evaluated over all its factors at once), else None."""

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-
-from mbfg_ros.factors.base import Factor, sigma_array
+from mbfg_ros.factors.base import Factor, compiled_evaluation, sigma_array
 from mbfg_ros.factors.priors import Selection
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -83,34 +80,9 @@ class Gyroscope(Factor):
         self.name = f"gyroscope(body {self.body})"
 
     def evaluate(self, q, v, ctx=None, params=None):
-        # plain floats (one `tolist` per block) and scalar stores: this runs at every step of a 1 kHz loop
-        ql, vl = q.tolist(), v.tolist()
-        fi, fj = self.fixed_i, self.fixed_j
-        if fi is None:
-            cx, cy = self._ci
-            xi, yi, vxi, vyi = ql[cx], ql[cy], vl[cx], vl[cy]
-        else:
-            xi, yi, vxi, vyi = fi.x, fi.y, 0.0, 0.0
-        if fj is None:
-            cx, cy = self._cj
-            xj, yj, vxj, vyj = ql[cx], ql[cy], vl[cx], vl[cy]
-        else:
-            xj, yj, vxj, vyj = fj.x, fj.y, 0.0, 0.0
-        dx, dy, ddx, ddy = xj - xi, yj - yi, vxj - vxi, vyj - vyi
-        r = dx * dx + dy * dy
-        w = (dx * ddy - dy * ddx) / r
-        gqx, gqy = (ddy - 2.0 * w * dx) / r, (-ddx - 2.0 * w * dy) / r     # ∂ω/∂Δ
-        gvx, gvy = -dy / r, dx / r                                          # ∂ω/∂Δ̇
-        # new arrays at every call (the step model keeps the ones it has written by identity)
-        Jq, Jv = np.zeros((1, self.n)), np.zeros((1, self.n))
-        jq, jv = Jq[0], Jv[0]
-        if fj is None:
-            cx, cy = self._cj
-            jq[cx], jq[cy], jv[cx], jv[cy] = gqx, gqy, gvx, gvy
-        if fi is None:
-            cx, cy = self._ci
-            jq[cx], jq[cy], jv[cx], jv[cy] = -gqx, -gqy, -gvx, -gvy
-        return np.array([w - (self.value if params is None else params[0])]), [Jq, Jv]
+        # (`eval_gyroscope` in _kernel.c; test_factors checks its Jacobians by finite differences, test_native_kernel
+        # the rate against Mechanism.body_angular_rate)
+        return compiled_evaluation(self, (q, v), ctx, params)
 
     def kernel_arguments(self):
         # a fixed point: its columns −1 and its position among the floats

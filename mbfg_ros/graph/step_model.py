@@ -225,8 +225,6 @@ class StepModel:
         """Which path linearizes this model with `ctx`: 'compiled', or 'numpy (why)': a unit without a compiled
         form, or no compiled kernel of the mechanism.  (A step at a singular point of the dynamics goes to numpy
         alone: not a property of the model.)"""
-        if not native.enabled():
-            return native.describe()
         if self._native_forms is None:
             return f"numpy ({self._no_form})"
         return native.mechanism_form(ctx.mech, ctx.native) if ctx is not None else "numpy (no evaluation context)"

@@ -107,7 +107,7 @@ class FixedLagWindow:
         self._curvatures: Deque[float] = deque(maxlen=self.CURVATURE_MEMORY)
         self._curvature = math.inf       # largest recent mismatch / ‖δ‖² (inf: nothing measured yet)
         self._unchecked = 0              # steps in a row whose check was skipped
-        self._scaled_distance2 = native.scaled_distance2()
+        self._scaled_distance2 = native.scaled_distance2
         params = gtsam.ISAM2Params()
         params.setFactorization(factorization)
         params.enableRelinearization = False      # every factor is linear: nothing for iSAM2 to relinearize

@@ -1,5 +1,7 @@
-"""The compiled kernel of the fast path: the per-step numerics in C (`_kernel.c`, a C extension that setup.py
-builds with the package; no dependency beyond a C compiler at build time).
+"""The compiled kernel: the package's per-step numerics in C (`_kernel.c`, a C extension that setup.py builds with
+the package; no dependency beyond a C compiler and Python's headers at build time).  It is required: a formula
+with a compiled form is written once, in C, and the tests compare it with independent numpy references
+(`test/`); the package does not import without it.
 
 * `mechanism_kernel(mech)`: the mechanism's constrained dynamics (Φ, Φq, Φ̇q, q̈ and its exact first
   derivatives, the actuators' friction included), the continuity predictor and an estimate's summary (residual,
@@ -8,12 +10,13 @@ builds with the package; no dependency beyond a C compiler at build time).
   builds one `StepKernel` per step model from these: the whitened linearization and the relinearization
   mismatch of a whole step in one call each): the unit names its kind of the kernel's table (`unit_kinds`)
   and gives its integers and floats, so this module knows no factor class;
-* `scaled_distance2()`: the relinearization check's quadratic bound (`graph.window.FixedLagWindow`).
+* `scaled_distance2`: the relinearization check's quadratic bound (`graph.window.FixedLagWindow`);
+  the module's `discretize` and `kalman_step` are the tuner's and the density adaptation's Kalman filters'
+  (`estimation.reduced_ekf.discretize`, `tuning.filter_bank`).
 
-The Python forms stay the reference and the fallback: where the extension is not built (``AVAILABLE`` false,
-``UNAVAILABLE_REASON`` says why), is switched off (environment ``MBFG_ROS_NATIVE=0``), a mechanism has a
-constraint type or a step a unit the kernel does not know, or the augmented matrix is singular at a point,
-the same numbers come from numpy (to rounding: the tests compare both).
+What stays in numpy is what the kernel does not have: units without a kind (the independent formulation's,
+the hermite velocity integrator, the jerk), mechanisms with a constraint type it does not know, and the
+null-space solver of a singular augmented matrix.
 """
 
 from __future__ import annotations
@@ -24,71 +27,51 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "UNAVAILABLE_REASON", "SOURCE_SHA256", "ENVIRONMENT", "enabled", "disabled_reason", "describe",
-           "mechanism_form", "module",
-           "mechanism_kernel", "unit_kinds", "unit_form", "no_form_reason", "step_kernel", "scaled_distance2"]
+__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "unit_kinds", "unit_form",
+           "no_form_reason", "UnitProgram", "step_kernel", "scaled_distance2", "KernelMissing"]
+
+
+class KernelMissing(ImportError):
+    """The compiled kernel is not built (or does not load): the package cannot run."""
+
+
+_HOW_TO_BUILD = ("build it with the package where a C compiler and Python's headers are (Debian/Ubuntu: "
+                 "sudo apt install build-essential python3-dev), then: `make venv` in a source tree, "
+                 "`pip install .` (or `pip install -e .`), or `colcon build --packages-select mbfg_ros`")
 
 if importlib.util.find_spec("mbfg_ros.native._kernel") is None:
-    # not built (no C compiler or Python headers at install): the numpy forms do the work.  The reason names the
-    # folder looked in: a source tree that shadows an installed package shows here as the source folder.
-    _kernel = None
-    UNAVAILABLE_REASON = (f"the C kernel mbfg_ros.native._kernel is not built in {os.path.dirname(__file__)} "
-                          "(install the package where a C compiler and Python's headers are: build-essential, "
-                          "python3-dev)")
-else:
-    try:
-        from mbfg_ros.native import _kernel
-        UNAVAILABLE_REASON = ""
-    except ImportError as exc:      # built for another Python, or damaged
-        _kernel = None
-        UNAVAILABLE_REASON = f"the C kernel mbfg_ros.native._kernel does not load ({exc})"
-AVAILABLE = _kernel is not None
-# The SHA-256 of the `_kernel.c` the kernel was compiled from (setup.py passes it in), None where it is not built.
+    # the folder looked in is named: a source tree that shadows an installed package shows here as the source folder
+    raise KernelMissing(f"mbfg_ros needs its compiled kernel mbfg_ros.native._kernel, which is not built in "
+                        f"{os.path.dirname(__file__)}: {_HOW_TO_BUILD}")
+try:
+    from mbfg_ros.native import _kernel
+except ImportError as exc:      # built for another Python, or damaged
+    raise KernelMissing(f"mbfg_ros's compiled kernel mbfg_ros.native._kernel does not load ({exc}): rebuild it; "
+                        f"{_HOW_TO_BUILD}") from exc
+# The SHA-256 of the `_kernel.c` the kernel was compiled from (setup.py passes it in).
 SOURCE_SHA256: Optional[str] = getattr(_kernel, "SOURCE_SHA256", None)
-
-ENVIRONMENT = "MBFG_ROS_NATIVE"
-
-
-def enabled() -> bool:
-    """Is the compiled kernel used (built, and not switched off by ``MBFG_ROS_NATIVE=0``)?  Read when an
-    estimator is built."""
-    return AVAILABLE and os.environ.get(ENVIRONMENT, "1").strip() not in ("0", "false", "no", "off")
-
-
-def disabled_reason() -> str:
-    """Why the compiled kernel is not used ('' where it is: `enabled`)."""
-    if enabled():
-        return ""
-    if not AVAILABLE:
-        return UNAVAILABLE_REASON
-    return f"switched off by {ENVIRONMENT}={os.environ.get(ENVIRONMENT, '')}"
 
 
 def describe() -> str:
-    """What does the per-step numerics now: 'compiled', or 'numpy (why)' (the node's log; per model, the
-    estimator's `numerics`)."""
-    return "compiled" if enabled() else f"numpy ({disabled_reason()})"
+    """What does the per-step numerics (the node's log and `/diagnostics`)."""
+    return "compiled"
 
 
 def mechanism_form(mech, kernel) -> str:
     """'compiled' where `kernel` (`mechanism_kernel(mech)`) is one, else 'numpy (why)'."""
     if kernel is not None:
         return "compiled"
-    if not enabled():
-        return describe()
     return f"numpy (the kernel does not know a constraint type of mechanism {mech.name})"
 
 
 def module():
-    """The extension module (`MechanismKernel`, `StepKernel`, `UNIT_KINDS`), or None where it is not built."""
+    """The extension module (`MechanismKernel`, `StepKernel`, `UNIT_KINDS`)."""
     return _kernel
 
 
 def mechanism_kernel(mech):
     """A `_kernel.MechanismKernel` of `mech` (a new one: its work buffers belong to one caller), or None when the
-    kernel is not enabled or does not know one of the mechanism's constraint types."""
-    if not enabled():
-        return None
+    kernel does not know one of the mechanism's constraint types."""
     form = mech.constraints.native_form()
     if form is None:
         return None
@@ -105,16 +88,16 @@ def mechanism_kernel(mech):
 
 def unit_kinds() -> Dict[str, dict]:
     """The kernel's table of unit kinds, {name: {"code", "rows", "slots"}} (`_kernel.c`'s ``unit_kinds``: rows
-    "constraints" (m), "coordinates" (n), "one" or "per index"), empty where the kernel is not built.  A factor
+    "constraints" (m), "coordinates" (n), "one" or "per index").  A factor
     names its kind in ``kernel_kind`` (`factors.base.Factor`)."""
-    return {} if _kernel is None else _kernel.UNIT_KINDS
+    return _kernel.UNIT_KINDS
 
 
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:
     """(kernel code, integers, floats) of a factor unit in the step program, or None when the kernel does not know
     its kind (`no_form_reason` says why; the step model then linearizes in Python)."""
     kind = unit.kernel_kind
-    if _kernel is None or kind is None:
+    if kind is None:
         return None
     entry = _kernel.UNIT_KINDS.get(kind)
     if entry is None:
@@ -125,24 +108,43 @@ def unit_form(unit) -> Optional[Tuple[int, list, list]]:
 
 def no_form_reason(unit) -> str:
     """Why `unit_form` of `unit` is None."""
-    if _kernel is None:
-        return UNAVAILABLE_REASON
     if unit.kernel_kind is None:
         return f"{unit.name} has no compiled form"
     return f"the kernel does not know the unit kind {unit.kernel_kind!r} of {unit.name}"
 
 
-def _scaled_distance2(A: np.ndarray, x: np.ndarray, lin: np.ndarray) -> float:
-    d = x - lin
-    d *= np.sqrt(np.add.reduce(A * A, 0))
-    return float(d.dot(d))
+#: (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²: the distance of x from lin, each variable scaled by the column norm
+#: of A (the sensitivity of A's rows to it)
+scaled_distance2 = _kernel.scaled_distance2
 
+class UnitProgram:
+    """One factor unit alone as a step program of the kernel, for its evaluation outside a compiled step (a step
+    with a unit of no compiled kind, the batch, the gtsam adapters): its error and one Jacobian per slot from the
+    function of its kind, the unit's only form.  The blocks are laid side by side in slot order, unwhitened."""
 
-def scaled_distance2():
-    """The function (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))² (the distance of x from lin, each variable scaled by
-    the column norm of A, i.e. the sensitivity of A's rows to it): compiled where the kernel is enabled (chosen
-    now, once per caller)."""
-    return _kernel.scaled_distance2 if enabled() else _scaled_distance2
+    __slots__ = ("_kernel", "_A", "_r", "_cuts", "_params")
+
+    def __init__(self, mech_kernel, unit, widths):
+        code, ints, floats = unit_form(unit)
+        D = int(sum(widths))
+        starts = np.cumsum([0] + list(widths))
+        dim = unit.dim
+        self._A, self._r = np.zeros((dim, D)), np.zeros(dim)
+        self._cuts = [(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+        self._params = bool(unit.params)
+        self._kernel = _kernel.StepKernel(mech_kernel, D, np.zeros((0, D)), False,
+                                          [(code, 0, dim, 0 if self._params else -1, False,
+                                            [(1, a, b - a) for a, b in self._cuts], np.ones(dim), ints, floats)],
+                                          self._A, None, self._r, np.zeros(dim))
+
+    def evaluate(self, blocks, params: tuple):
+        """(error, [Jacobian per slot]) at `blocks` with the unit's per-step `params` (new arrays), or None where
+        the dynamics are singular."""
+        x = np.concatenate(blocks)
+        if not self._kernel.linearize(None, x, None, x, [params] if self._params else []):
+            return None
+        A = self._A
+        return self._r.copy(), [A[:, a:b].copy() for a, b in self._cuts]
 
 
 def step_kernel(mech_kernel, D: int, S: np.ndarray, static_prev: bool, units: list, A_cur, A_prev, r, b):

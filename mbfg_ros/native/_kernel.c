@@ -759,12 +759,68 @@ mk_py_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     return ret;
 }
 
+/* The continuity predictor's Taylor step of a state x (D values, starting with q, q̇, q̈) over h into out (the other
+ * blocks copied): q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j with the jerk j given, else the backward difference
+ * of q̈ from ap (the q̈ h_prev earlier), else without it. */
+static void
+taylor(int n, const double *x, Py_ssize_t D, double h, const double *ap, double h_prev, const double *jerk,
+       double *out)
+{
+    memcpy(out, x, D * sizeof(double));
+    double h2 = 0.5 * h * h, h3 = h * h2 / 3.0;
+    const double *q = x, *v = x + n, *a = x + 2 * n;
+    for (int i = 0; i < n; i++) {
+        if (jerk || ap) {
+            double j = jerk ? jerk[i] : (a[i] - ap[i]) / h_prev;
+            out[i] = q[i] + h * v[i] + (h2 * a[i] + h3 * j);
+            out[n + i] = v[i] + h * a[i] + h2 * j;
+        } else {
+            out[i] = q[i] + h * v[i] + h2 * a[i];
+            out[n + i] = v[i] + h * a[i];
+        }
+    }
+}
+
+/* taylor(x, h, a_prev, h_prev, jerk, out): the predictor's Taylor step alone (`taylor`; a_prev, jerk: None or n
+ * values), for the step factors whose q̈ is not the kernel's prediction (the independent formulation, the hermite
+ * velocity integrator's jerk). */
+static PyObject *
+mk_py_taylor(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 6, "taylor") < 0)
+        return NULL;
+    int n = k->n;
+    Buf bx = {0}, ba = {0}, bj = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *ap = NULL, *jerk = NULL;
+    double h = PyFloat_AsDouble(args[1]), h_prev = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    double *x = get_doubles(args[0], &bx, -1, 0, "x");
+    Py_ssize_t D = x ? bx.view.len / 8 : 0;
+    double *out = x ? get_doubles(args[5], &bo, D, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    if (D < 3 * n) {
+        PyErr_SetString(PyExc_ValueError, "taylor: the state is shorter than its q, q̇, q̈ blocks");
+        goto done;
+    }
+    if (args[2] != Py_None && !(ap = get_doubles(args[2], &ba, n, 0, "a_prev")))
+        goto done;
+    if (args[4] != Py_None && !(jerk = get_doubles(args[4], &bj, n, 0, "jerk")))
+        goto done;
+    taylor(n, x, D, h, ap, h_prev, jerk, out);
+    ret = Py_NewRef(Py_None);
+done:
+    release(&bx), release(&ba), release(&bj), release(&bo);
+    return ret;
+}
+
 /* predict(x, h, a_prev, h_prev, Q_base, tau_start, out) -> ok
  * The continuity predictor of the state h after x (the layout starts with q, q̇, q̈; out gets a copy of x with
  * those replaced): q + h q̇ + (h²/2 q̈ + h³/6 j), q̇ + h q̈ + h²/2 j with the jerk j = (q̈ − a_prev)/h_prev (no
  * jerk terms where a_prev is None), then q̈ at the predicted (q, q̇) under Q = Q_base + E τ, τ = out[tau_start:]
- * (tau_start −1: Q_base).  The operations of the numpy form (StepFactors.predict) in its order: the same numbers.
- * False where the dynamics are singular there (out's q̈ is then not set). */
+ * (tau_start −1: Q_base): `taylor`, then one LU solve.  False where the dynamics are singular there (out's q̈ is then not set). */
 static PyObject *
 mk_py_predict(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -790,19 +846,7 @@ mk_py_predict(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     }
     if (args[2] != Py_None && !(ap = get_doubles(args[2], &ba, n, 0, "a_prev")))
         goto done;
-    memcpy(out, x, D * sizeof(double));
-    double h2 = 0.5 * h * h, h3 = h * h2 / 3.0;
-    const double *q = x, *v = x + n, *a = x + 2 * n;
-    for (int i = 0; i < n; i++) {
-        if (ap) {
-            double j = (a[i] - ap[i]) / h_prev;
-            out[i] = q[i] + h * v[i] + (h2 * a[i] + h3 * j);
-            out[n + i] = v[i] + h * a[i] + h2 * j;
-        } else {
-            out[i] = q[i] + h * v[i] + h2 * a[i];
-            out[n + i] = v[i] + h * a[i];
-        }
-    }
+    taylor(n, x, D, h, ap, h_prev, NULL, out);
     double *Q = k->tmp;           /* (n values: the work buffer is N·n + n long) */
     memcpy(Q, Qb, n * sizeof(double));
     if (tau_start >= 0)
@@ -1303,6 +1347,8 @@ static PyMethodDef mech_methods[] = {
      "summary(x) -> (max |Φ(q)|, x·x, max |q̇|, assembly-mode indicators) of a state starting with q, q̇."},
     {"predict", (PyCFunction)(void (*)(void))mk_py_predict, METH_FASTCALL,
      "predict(x, h, a_prev, h_prev, Q_base, tau_start, out) -> ok: the continuity predictor (see the C source)."},
+    {"taylor", (PyCFunction)(void (*)(void))mk_py_taylor, METH_FASTCALL,
+     "taylor(x, h, a_prev, h_prev, jerk, out): the predictor's Taylor step of q, q̇ alone (see the C source)."},
     {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
      "phi_and_jacobian(q, phi_out, J_out): Φ(q) and Φq(q) into the given arrays."},
     {"max_abs_phi", (PyCFunction)(void (*)(void))mk_py_max_abs_phi, METH_FASTCALL, "max |Φ(q)|."},

@@ -73,8 +73,8 @@ def new_period_stats() -> dict:
 
 
 def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
-    """The `kernel` diagnostic: the kernel's global state (`native.describe`) where every model of the core runs
-    in it, else each model's form ('step: numpy (no compiled form of hermite_velocity), dynamics: compiled')."""
+    """The `kernel` diagnostic: 'compiled' (`native.describe`) where every model of the core runs in the kernel,
+    else each model's form ('step: numpy (no compiled form of hermite_velocity), dynamics: compiled')."""
     overall = native.describe()
     if not numerics or all(form == overall for form in numerics.values()):
         return overall
@@ -116,7 +116,7 @@ class Diagnostics:
         # why estimation stopped (max_prediction passed without readings) until it runs again; "" otherwise
         self.stopped = ""
         self._failures_reported = 0
-        self.kernel = native.describe()      # the per-step numerics: compiled, or numpy and why (for the log)
+        self.kernel = native.describe()
         # what each angle encoder's readings say about turns (mechanism YAML `turns:`): fixed for the node's life
         self.encoder_turns = ", ".join(f"{s.name}={'single' if s.single_turn else 'multi'}" for s in mech.sensors
                                        if s.kind == "encoder" and s.coordinate >= mech.n_point_coordinates)

@@ -106,9 +106,6 @@ class EstimatorNode(Node):
         self.sched = InputScheduler(self.config.dt, self.config.window, len(self.mech.actuated))
         P.configure_scheduler(self.sched, self.settings)
         self.diag = Diagnostics(self.get_logger(), self.mech)
-        if self.diag.kernel != "compiled":     # (a build without a C compiler: the same numbers, more CPU per step)
-            self.get_logger().warning(f"per-step numerics: {self.diag.kernel}; about twice the CPU per step of "
-                                      f"the compiled kernel (mbfg_ros/native, built by setup.py with a C compiler)")
         self.sensor_map = rc.sensor_fields(self.mech)
         self.actuator_map = {nm: i for i, nm in enumerate(self.mech.actuator_names)}
         self.limits = InputLimits(self.mech)     # what a reading or a command can be at all

@@ -2,25 +2,21 @@
 step in one pass over the recording.
 
 The filter of `estimation.reduced_ekf.ReducedEKF` (its docstring has the model), step for step the same
-arithmetic, with every per-filter quantity carrying a leading axis of K filters: the pose of each filter's z by
-Gauss–Newton over all K at once (`dynamics.batched.newton_positions`, from each filter's previous pose, to the
-single filter's tolerance), the velocities of ż by one batched solve, the constrained forward dynamics by
-`dynamics_many` (the per-step forms, filter by filter), the model's Jacobian in closed form (where the
-single filter takes central differences: ~10× the model evaluations), the exact discretization
-(`reduced_ekf.discretize`) of all K at once.  In numpy a pass costs about what one filter costs in Python (the numpy
-calls per step are the same; their arrays are K times longer), so a search evaluates its candidates in batches.
+arithmetic, with every per-filter quantity carrying a leading axis of K filters, and the model's Jacobian in closed
+form (where the single filter takes central differences: ~10× the model evaluations), so a search evaluates its
+candidates in batches.
 
-Where the compiled kernel is enabled (`mbfg_ros.native`), the per-filter numerics of a step run in C, a loop over
-the K filters per call: the model's Jacobian (`MechanismKernel.reduced_linearize`), the Runge–Kutta step of the
+The per-filter numerics of a step run in the compiled kernel (`mbfg_ros.native`), a loop over the K filters per
+call: the model's Jacobian (`MechanismKernel.reduced_linearize`), the Runge–Kutta step of the
 means with its stages' poses and z̈ (`reduced_rk4`, the kernel's constrained dynamics), the covariance half
 (`kalman_step`: the discretization, the prediction and the readings' update) and the new poses and their tangents
 (`reduced_positions`).  On the double pendulum the numpy forms' step cost ~1.4 ms whatever K (the calls
 themselves) plus ~35 µs per filter (small stacked solves); the compiled step ~0.1 ms plus ~17 µs per filter.
-numpy still takes the rows the kernel cannot solve (a singular augmented system: the null-space solver), and the
-whole step where the kernel is off.
+numpy takes the rows the kernel cannot solve (a singular augmented system: the null-space solver of
+`dynamics_many`).
 
 The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
-the double pendulum, in both modes, with missing readings, and the compiled form against numpy's); a filter that
+the double pendulum, in both modes, with missing readings, and the Kalman step against a numpy reference); a filter that
 fails (no assembly of its z, a non-finite number) gets −inf, as `likelihood.log_likelihood` gives for a single
 filter that raises.
 """
@@ -33,8 +29,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mbfg_ros import native
-from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many, newton_positions
-from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedModel, discretize, rk4_step
+from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many
+from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedModel, rk4_step
 from mbfg_ros.model.mechanism import Mechanism
 
 POSE_TOLERANCE = 1e-11      # max |Φ| of a solved pose (ReducedModel.positions)
@@ -66,56 +62,29 @@ class ReducedModelBank:
         self.bc = BatchConstraints(mech.constraints)
         self.gravity = np.asarray(mech.gravity_forces, float)
         self.actuated = np.asarray(mech.actuated, np.intp)
-        # the compiled per-row forms (None: numpy's); numpy still serves the rows the kernel cannot solve.  A kernel
-        # built from older sources lacks the bank's functions: numpy's forms then, as without a kernel.
-        kernel = self._dynamics_kernel = native.mechanism_kernel(mech)
-        self.kernel = kernel if hasattr(kernel, "reduced_rk4") and hasattr(native.module(), "kalman_step") else None
+        # the compiled per-row forms; numpy's null-space solver serves the rows the kernel finds singular
+        kernel = self.kernel = native.mechanism_kernel(mech)
+        if kernel is None:
+            raise ValueError(f"the compiled kernel does not know a constraint type of mechanism {mech.name}")
         self.z_index = tuple(int(i) for i in self.z)
         self.free_index = tuple(int(i) for i in self.free)
 
     @staticmethod
     def supports(mech: Mechanism) -> bool:
-        return BatchConstraints(mech.constraints).supported
+        return BatchConstraints(mech.constraints).supported and mech.constraints.native_form() is not None
 
     def positions(self, z_values: np.ndarray, guess: np.ndarray, basis: Optional[np.ndarray] = None):
         """(poses (N, n), their Φq (N, m, n), their tangents ∂q/∂z (N, n, d), solved (N,)): each row's z held,
         the rest by Gauss–Newton from its guess, first moved along the tangent `basis` (N, n, d) at the guess
         when given (Newton then starts a second-order distance from the pose); an unsolved row's Φq and tangent
         are NaN."""
-        if self.kernel is not None:
-            N, n, d = z_values.shape[0], self.mech.n, self.z.size
-            q, J, R = np.empty((N, n)), np.empty((N, self.mech.m, n)), np.empty((N, n, d))
-            ok = np.empty(N)
-            self.kernel.reduced_positions(np.ascontiguousarray(z_values, float), np.ascontiguousarray(guess, float),
-                                          None if basis is None else np.ascontiguousarray(basis, float),
-                                          self.z_index, self.free_index, POSE_TOLERANCE, POSE_ITERATIONS,
-                                          q, J, R, ok)
-            return q, J, R, ok.astype(bool)
-        q, J, solved = self._positions(z_values, guess, basis)
-        R = np.full(q.shape + (self.z.size,), np.nan)
-        if solved.any():
-            R[solved] = self.velocity_basis(J[solved])
-        return q, J, R, solved
-
-    def _positions(self, z_values, guess, basis):
-        q = np.array(guess, dtype=float)
-        if basis is not None:
-            q += np.einsum("knd,kd->kn", basis, z_values - q[:, self.z])
-        q[:, self.z] = z_values
-        J = np.full((q.shape[0], self.mech.m, self.mech.n), np.nan)
-        solved = newton_positions(self.bc, q, self.free, tol=POSE_TOLERANCE, iterations=POSE_ITERATIONS,
-                                  jacobians=J)
-        if not solved.all() and q.shape[0] > 1:
-            # a singular Gauss–Newton matrix in one row stops the batched iteration of all: the others again alone
-            for k in np.nonzero(~solved)[0]:
-                row = np.array(guess[k:k + 1], dtype=float)
-                if basis is not None:
-                    row += basis[k] @ (z_values[k] - row[0, self.z])
-                row[0, self.z] = z_values[k]
-                solved[k] = newton_positions(self.bc, row, self.free, tol=POSE_TOLERANCE,
-                                             iterations=POSE_ITERATIONS, jacobians=J[k:k + 1])[0]
-                q[k] = row[0]
-        return q, J, solved & np.all(np.isfinite(q), axis=1)
+        N, n, d = z_values.shape[0], self.mech.n, self.z.size
+        q, J, R = np.empty((N, n)), np.empty((N, self.mech.m, n)), np.empty((N, n, d))
+        ok = np.empty(N)
+        self.kernel.reduced_positions(np.ascontiguousarray(z_values, float), np.ascontiguousarray(guess, float),
+                                      None if basis is None else np.ascontiguousarray(basis, float),
+                                      self.z_index, self.free_index, POSE_TOLERANCE, POSE_ITERATIONS, q, J, R, ok)
+        return q, J, R, ok.astype(bool)
 
     def velocity_basis(self, J: np.ndarray) -> np.ndarray:
         """(N, n, d): the generalized velocities of a unit rate of each z (Φq q̇ = 0, q̇[z] = e_j) at poses of
@@ -132,8 +101,6 @@ class ReducedModelBank:
                       tau: np.ndarray) -> np.ndarray:
         """z̈ (N, d) at the poses q (N, n) with Φq J and tangents R = ∂q/∂z (N, n, d), rates ż (N, d) and actuator
         efforts τ (N, n_actuated)."""
-        if self.kernel is None:
-            return self._accelerations(q, R, z_rates, tau)
         a, ok = np.empty(z_rates.shape), np.empty(q.shape[0])
         self.kernel.reduced_acceleration(np.ascontiguousarray(q, float), np.ascontiguousarray(R, float),
                                          np.ascontiguousarray(z_rates, float), np.ascontiguousarray(tau, float),
@@ -157,15 +124,13 @@ class ReducedModelBank:
         v = np.einsum("knd,kd->kn", R, z_rates)
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
-        a = dynamics_many(self.mech, q, v, Q, kernel=self._dynamics_kernel, need_jacobians=False)
+        a = dynamics_many(self.mech, q, v, Q, kernel=self.kernel, need_jacobians=False)
         return a[:, self.z]
 
 
     def linearize(self, q: np.ndarray, J: np.ndarray, basis: np.ndarray, z_rates: np.ndarray, tau: np.ndarray):
         """(z̈ (N, d), ∂z̈/∂z, ∂z̈/∂ż (N, d, d), ∂z̈/∂τ (N, d, n_actuated)) at the poses q with Φq J and tangents
         `basis` (see `ReducedEKFBank._jacobian` for the chain rule)."""
-        if self.kernel is None:
-            return self._linearize(q, J, basis, z_rates, tau)
         N, d = z_rates.shape
         a, dz, dzdot = np.empty((N, d)), np.empty((N, d, d)), np.empty((N, d, d))
         de, ok = np.empty((N, d, self.actuated.size)), np.empty(N)
@@ -183,7 +148,7 @@ class ReducedModelBank:
         Q = np.broadcast_to(self.gravity, q.shape).copy()
         Q[:, self.actuated] += tau
         Jv = self.bc.hessian_vector(q, v)                       # ∂(Φq q̇)/∂q, also Φ̇q of the dynamics
-        a, da_dq, da_dv, da_dQ = dynamics_many(self.mech, q, v, Q, self.actuated, kernel=self._dynamics_kernel)
+        a, da_dq, da_dv, da_dQ = dynamics_many(self.mech, q, v, Q, self.actuated, kernel=self.kernel)
         Jf = J[:, :, self.free]
         JfT = np.swapaxes(Jf, 1, 2)
         dv_dz = np.zeros_like(basis)
@@ -227,8 +192,6 @@ class ReducedEKFBank:
         self.basis: Optional[np.ndarray] = None       # ∂q/∂z there (the pose predictor's tangent)
         self.failed = np.zeros(K, bool)
         self.log_likelihood = np.zeros(K)
-        # the compiled covariance half of a step (None: numpy's `_predict_and_update`), with the compiled model
-        self._kalman_step = native.module().kalman_step if self.model.kernel is not None else None
         self._command = np.zeros((K, na))
 
     # -- the model ---------------------------------------------------------------------------------------
@@ -317,11 +280,9 @@ class ReducedEKFBank:
             self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
         self.x = self._rk4(f, float(dt))
-        if self._kalman_step is not None:
-            self._kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
-                              np.ascontiguousarray(y), self.R, self.log_likelihood)
-        else:
-            self._predict_and_update(A, y, float(dt))
+        # the covariance prediction and the readings' update of every filter, in C
+        native.module().kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
+                                    np.ascontiguousarray(y), self.R, self.log_likelihood)
         self._command = np.array(command)
         q, J, R = self._solve(self.x[:, :d])
         keep = ~self.failed
@@ -333,39 +294,15 @@ class ReducedEKFBank:
         first stage), its stages' lost poses failing their filters: in one call of the kernel where it is
         enabled (the same operations as numpy's), unless a stage's augmented system is singular somewhere (numpy's
         null-space solver then, for the whole step)."""
-        kernel = self.model.kernel
-        if kernel is not None:
-            out, pose_ok, dynamics_ok = np.empty_like(self.x), np.empty(self.K), np.empty(self.K)
-            kernel.reduced_rk4(self.x, np.ascontiguousarray(k1), h, np.ascontiguousarray(self._command, float),
-                               self.damping, int(self.fused), self.pose, self.basis, self.model.gravity,
-                               self.model.z_index, self.model.free_index, POSE_TOLERANCE, POSE_ITERATIONS, out,
-                               pose_ok, dynamics_ok)
-            if dynamics_ok.all():
-                self.failed |= pose_ok == 0.0
-                return out
+        out, pose_ok, dynamics_ok = np.empty_like(self.x), np.empty(self.K), np.empty(self.K)
+        self.model.kernel.reduced_rk4(self.x, np.ascontiguousarray(k1), h, np.ascontiguousarray(self._command, float),
+                                      self.damping, int(self.fused), self.pose, self.basis, self.model.gravity,
+                                      self.model.z_index, self.model.free_index, POSE_TOLERANCE, POSE_ITERATIONS, out,
+                                      pose_ok, dynamics_ok)
+        if dynamics_ok.all():
+            self.failed |= pose_ok == 0.0
+            return out
         return rk4_step(lambda x: self._f_solving(x, self._command), self.x, h, k1=k1)
-
-    def _predict_and_update(self, A, y, dt):
-        """The covariance prediction and the readings' update of every filter (the kernel's kalman_step does the
-        same per filter in C)."""
-        K = self.K
-        F, Qd = discretize(A, self.noise, dt)
-        self.P = F @ self.P @ np.swapaxes(F, 1, 2) + Qd
-        read = np.nonzero(np.isfinite(y))[0]
-        if read.size:
-            P_rx = self.P[:, read, :]                                   # H P
-            R = self.R[:, read[:, None], read]
-            S = P_rx[:, :, read] + R
-            innovation = y[read] - self.x[:, read]
-            _, logdet = np.linalg.slogdet(S)
-            white = solve_rows(S, innovation[:, :, None])[:, :, 0]
-            self.log_likelihood -= 0.5 * (np.einsum("ki,ki->k", innovation, white) + logdet
-                                          + read.size * math.log(2.0 * math.pi))
-            gain = np.swapaxes(solve_rows(S, P_rx), 1, 2)            # (K, nx, r)
-            self.x = self.x + np.einsum("kir,kr->ki", gain, innovation)
-            I_KH = np.broadcast_to(np.eye(self.nx), (K, self.nx, self.nx)).copy()
-            I_KH[:, :, read] -= gain
-            self.P = I_KH @ self.P @ np.swapaxes(I_KH, 1, 2) + gain @ R @ np.swapaxes(gain, 1, 2)
 
     def _quarantine(self):
         """A failed filter keeps −inf and stops carrying numbers: its state becomes a copy of a working
