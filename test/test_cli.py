@@ -338,11 +338,14 @@ def summary_of(err):
     line = err.strip().splitlines()[-1]
     m = re.fullmatch(r"mbfg estimate: (\d+) steps, lost track (\d+) times \([\d.]+ % of the steps; re-initialized "
                      r"from the readings\), (\d+) other recoveries, (\d+) steps waiting, (\d+) re-initializations, "
-                     r"CPU [\d.e+-]+ ms per step(, encoder σ fitted .*)?", line)
+                     r"CPU [\d.e+-]+ ms per step(, encoder σ fitted (?:(?!, densities).)*)?"
+                     r"(, densities fitted .*)?", line)
     assert m, line
     out = dict(zip(("steps", "lost", "recovered", "waiting", "reinitializations"), map(int, m.groups()[:5])))
     out["sigmas"] = {} if m.group(6) is None else {
         name: float(v) for name, v in (x.split() for x in m.group(6)[len(", encoder σ fitted "):].split(", "))}
+    out["densities"] = {} if m.group(7) is None else {
+        name: float(v) for name, v in (x.split() for x in m.group(7)[len(", densities fitted "):].split(", "))}
     return out
 
 
@@ -365,9 +368,11 @@ def test_estimate_takes_jittered_stamps_and_nan_cells_as_they_are(tmp_path, caps
     assert np.all(np.isfinite(data))
     assert np.abs(data[20:, 5] - truth[20:]).max() < 5e-3
     s = summary_of(err)
-    sigmas = s.pop("sigmas")
+    sigmas, densities = s.pop("sigmas"), s.pop("densities")
     assert s == dict(steps=120, lost=0, recovered=0, waiting=0, reinitializations=0), err
     assert list(sigmas) == ["crank"] and sigmas["crank"] >= 1e-3 - 1e-9    # the stated σ is the floor
+    # the process densities the online fit ended at (estimation mode: the effort's and the accelerations')
+    assert set(densities) == {"effort_density", "acceleration_density"} and min(densities.values()) > 0
 
 
 def test_estimate_dt_is_the_median_interval_unless_given(tmp_path, capsys, monkeypatch):

@@ -91,6 +91,7 @@ class TrackingSummary:
         self.steps = self.lost = self.recovered = self.waiting = self.reinitializations = 0
         self.cpu_seconds = math.nan
         self.sensor_sigmas: Optional[Dict[str, float]] = None
+        self.densities: Optional[Dict[str, float]] = None
 
     def add(self, k: int, estimate) -> None:
         self.steps += 1
@@ -107,9 +108,11 @@ class TrackingSummary:
         cpu = 1e3 * self.cpu_seconds / max(self.steps, 1)
         sigmas = ("" if not self.sensor_sigmas else
                   ", encoder σ fitted " + ", ".join(f"{n} {s:.3g}" for n, s in self.sensor_sigmas.items()))
+        densities = ("" if not self.densities else
+                     ", densities fitted " + ", ".join(f"{n} {v:.3g}" for n, v in self.densities.items()))
         return (f"{PROG} estimate: {self.steps} steps, lost track {self.lost} times ({share:.1f} % of the steps; "
                 f"re-initialized from the readings), {self.recovered} other recoveries, {self.waiting} steps "
-                f"waiting, {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step{sigmas}")
+                f"waiting, {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step{sigmas}{densities}")
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
@@ -303,6 +306,7 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     if tracking is not None:
         tracking.cpu_seconds = time.process_time() - cpu_start
         tracking.sensor_sigmas = est.fitted_sensor_sigmas()
+        tracking.densities = est.fitted_densities()
     extra = {}
     if disturbance is not None:
         extra.update({f"disturbance_{name}": disturbance[:, j] for j, name in enumerate(mech.actuator_names)})
@@ -716,7 +720,8 @@ _COMMAND_TEXTS = {
         "per sensor name (see 'mbfg info'); an empty or nan cell is a missing reading.  Each row is a step of the "
         "estimator at its own time; an interval longer than 1.5 dt is bridged by sub-steps of about dt.  At the "
         "end a summary goes to stderr: steps, times the estimate lost track (re-initialized from the readings), "
-        "other recoveries, steps waiting, re-initializations, CPU per step, the encoders' fitted σ."),
+        "other recoveries, steps waiting, re-initializations, CPU per step, the encoders' fitted σ, the fitted "
+        "process densities."),
     "identify": dict(
         help="identify actuator parameters (gain, joint friction) offline from a recording",
         description="The estimator over a whole recording with the actuator parameters to identify held constant "
