@@ -172,6 +172,36 @@ def test_damped_random_walk_is_the_exact_transition_of_its_sde(h, T):
         F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 1.0, time_constant=0.0)
 
 
+@pytest.mark.parametrize("h, Tv", [(1e-3, 0.1), (2e-3, 1e4), (0.02, 0.3), (0.05, 0.01), (0.5, 0.01)])
+def test_rate_damped_walk_is_the_exact_transition_of_its_sde(h, Tv):
+    """Rate-damped walk ẍ = −ẋ/T_v + w (the efforts' rate an Ornstein–Uhlenbeck process): the factor's mean
+    transition is e^{Ah}, and it whitens the noise covariance ∫ φφᵀ ds, here by a fine quadrature of
+    φ(s) = ((1 − e^{−s/T_v}) T_v, e^{−s/T_v}) (the factor's series and closed forms on either side of h/T_v = 1);
+    T_v ≥ 1e15 is the undamped walk; the rate decorrelates over T_v without readings."""
+    from scipy.linalg import expm
+    S = np.array([3.0, 5e4])
+    u = F.IntegratedRandomWalk("tau", "tau_rate", 2, h, S, rate_time_constant=Tv)
+    A = np.array([[0.0, 1.0], [0.0, -1.0 / Tv]])
+    np.testing.assert_allclose(u.transition, expm(A * h), rtol=1e-12, atol=1e-14)
+    s = np.linspace(0.0, h, 400001)
+    p1, p2 = -np.expm1(-s / Tv) * Tv, np.exp(-s / Tv)
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz   # numpy < 2.0 (ROS Jazzy's 1.26) has only trapz
+    C = np.array([[trapezoid(p1 * p1, s), trapezoid(p1 * p2, s)], [trapezoid(p1 * p2, s), trapezoid(p2 * p2, s)]])
+    W = np.hstack((u.jacobians[1], u.jacobians[3]))
+    for i in range(2):
+        rows = [i, 2 + i]
+        Wi = W[np.ix_(rows, rows)]
+        np.testing.assert_allclose(Wi @ (S[i] * C) @ Wi.T, np.eye(2), atol=1e-6)
+    undamped = F.IntegratedRandomWalk("tau", "tau_rate", 2, h, S)
+    forever = F.IntegratedRandomWalk("tau", "tau_rate", 2, h, S, rate_time_constant=1e15)
+    for Ja, Jb in zip(undamped.jacobians, forever.jacobians):
+        np.testing.assert_array_equal(Ja, Jb)
+    with pytest.raises(ValueError, match="not both"):
+        F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 1.0, time_constant=1.0, rate_time_constant=1.0)
+    with pytest.raises(ValueError, match="rate's time constant"):
+        F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 1.0, rate_time_constant=0.0)
+
+
 def test_undamped_walk_is_the_infinite_time_constant():
     a = F.IntegratedRandomWalk("tau", "tau_rate", 1, 1e-3, 7.0)
     b = F.IntegratedRandomWalk("tau", "tau_rate", 1, 1e-3, 7.0, time_constant=1e300)

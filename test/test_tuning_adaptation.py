@@ -173,7 +173,7 @@ def test_the_params_file_says_whether_to_adapt(crank_mech, tmp_path):
         read_params(path, crank_mech)
 
 
-def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001):
+def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001, Tv=math.inf):
     """∫₀ᴴ e^{A s} W e^{Aᵀ s} ds of the bank's state (z, ż, τ, τ̇) by the trapezoid rule on e^{A s} from scipy:
     W the unit efforts' noise on τ̇ (and the damping −τ/T², −2τ̇/T), or the acceleration noise Sa on ż."""
     from scipy.linalg import expm
@@ -186,6 +186,8 @@ def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001):
     if math.isfinite(T):
         A[2 * d + na:, 2 * d:2 * d + na] = -np.eye(na) / T ** 2
         A[2 * d + na:, 2 * d + na:] = -2.0 * np.eye(na) / T
+    elif math.isfinite(Tv):
+        A[2 * d + na:, 2 * d + na:] = -np.eye(na) / Tv
     We = np.zeros((nx, nx))
     We[2 * d + na:, 2 * d + na:] = np.eye(na)
     Wa = np.zeros((nx, nx))
@@ -197,13 +199,13 @@ def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001):
     return expm(A * H), quad[0], quad[1]
 
 
-@pytest.mark.parametrize("T", [math.inf, 5.0])
-def test_the_bank_model_is_exact(T):
+@pytest.mark.parametrize("T, Tv", [(math.inf, math.inf), (5.0, math.inf), (math.inf, 0.1)])
+def test_the_bank_model_is_exact(T, Tv):
     """The bank's transition and process noise over a step (each filter's effort density × the efforts' noise +
-    its acceleration density × the acceleration noise), estimation (T = ∞) and fused (damped disturbance),
-    against the matrix exponential and a fine quadrature."""
+    its acceleration density × the acceleration noise), estimation (T = ∞; with a configured damping of the
+    efforts' rate, T_v) and fused (damped disturbance), against the matrix exponential and a fine quadrature."""
     mech = load_mechanism("double_pendulum_a0")
-    a = DA.DensityAdaptation(mech, 10.0, 0.1, time_constant=T)
+    a = DA.DensityAdaptation(mech, 10.0, 0.1, time_constant=T, rate_time_constant=Tv)
     a.B = np.array([[0.7, -0.2], [0.1, 0.4]])
     a.Sa = np.array([[2.0, 0.3], [0.3, 0.5]])
     a._H = None
@@ -219,7 +221,7 @@ def test_the_bank_model_is_exact(T):
         i, j, l = np.unravel_index(k, a.shape)
         Tk = a.time_constant_grid[l]
         if Tk not in references:
-            references[Tk] = bank_noise_by_quadrature(H, a.B, a.Sa, Tk, n=2001)
+            references[Tk] = bank_noise_by_quadrature(H, a.B, a.Sa, Tk, n=2001, Tv=Tv)
         F_ref, Qe, Qa = references[Tk]
         assert np.allclose(F if F.ndim == 2 else F[k], F_ref, rtol=1e-12, atol=1e-14)
         ref = a.grid[i] * Qe + a.acceleration_grid[j] * Qa

@@ -85,7 +85,7 @@ class EstimatorConfig:
             problems.append(f"integrator must be one of {', '.join(INTEGRATORS)} (got '{self.integrator}')")
         for k, s in {**self.sigmas, **self.sensor_sigmas}.items():
             # a time constant may be infinite (no damping)
-            if not (s > 0 and (np.isfinite(s) or k == "disturbance_time_constant")):
+            if not (s > 0 and (np.isfinite(s) or k in ("disturbance_time_constant", "effort_rate_time_constant"))):
                 problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
         for name, kind in self.actuator_efforts.items():
             if kind not in EFFORT_KINDS:

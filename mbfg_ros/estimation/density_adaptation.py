@@ -53,6 +53,7 @@ import numpy as np
 
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.estimation.reduced_ekf import discretize, encoded_acceleration_noise
+from mbfg_ros.factors.processes import FOREVER
 from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns"]
@@ -183,7 +184,8 @@ class DensityAdaptation:
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
-                 actuated=None, fit_time_constant: Optional[bool] = None, min_time_constant: float = 0.0):
+                 actuated=None, fit_time_constant: Optional[bool] = None, min_time_constant: float = 0.0,
+                 rate_time_constant: float = math.inf):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -209,10 +211,15 @@ class DensityAdaptation:
         self.log10_start = math.log10(initial_density)
         self.log10_acceleration_start = math.log10(acceleration_density)
         if fit_time_constant is None:
-            fit_time_constant = math.isfinite(self.time_constant)
-        if fit_time_constant and not math.isfinite(self.time_constant):
+            fit_time_constant = self.time_constant < FOREVER
+        if fit_time_constant and not self.time_constant < FOREVER:
             raise ValueError("fitting the disturbance's time constant needs a finite starting value")
         self.fit_time_constant = bool(fit_time_constant)
+        self.rate_time_constant = float(rate_time_constant) if rate_time_constant < FOREVER else math.inf
+        if not self.rate_time_constant > 0:
+            raise ValueError(f"the efforts' rate time constant must be > 0 s (got {rate_time_constant})")
+        if math.isfinite(self.rate_time_constant) and self.time_constant < FOREVER:
+            raise ValueError("the efforts' rate is damped only where they are not damped themselves")
         n_side = int(round((FUSED_GRID_DECADES if self.fit_time_constant else GRID_DECADES) / GRID_STEP))
         self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
         if fit_acceleration:
@@ -235,9 +242,12 @@ class DensityAdaptation:
                 else math.inf
             self.log10_time_constant_grid = np.array([self.log10_time_constant_start])
             self.time_constant_grid = np.array([self.time_constant])
+        # along the third axis the efforts' process, (T, T_v): critical damping of τ (fused), damping of τ̇ alone (a
+        # configured `effort_rate_time_constant`); ∞: none
+        self._processes = [(T, self.rate_time_constant) for T in self.time_constant_grid]
         self.grid = 10.0 ** self.log10_grid
         self.acceleration_grid = 10.0 ** self.log10_acceleration_grid
-        self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid))
+        self.shape = (len(self.grid), len(self.acceleration_grid), len(self._processes))
         self.K = self.shape[0] * self.shape[1] * self.shape[2]
         self._effort_of_filter = np.repeat(self.grid, self.shape[1] * self.shape[2])
         self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, self.shape[2]), self.shape[0])
@@ -248,7 +258,7 @@ class DensityAdaptation:
                                  + (((self.log10_acceleration_grid - self.log10_acceleration_start)
                                      / PRIOR_DECADES) ** 2)[None, :, None]
                                  + prior_t[None, None, :]).reshape(-1)
-        axes = 1 + (len(self.acceleration_grid) > 1) + self.fit_time_constant
+        axes = 1 + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1)
         self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
@@ -319,15 +329,17 @@ class DensityAdaptation:
             W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
             W[1, d:2 * d, d:2 * d] = self.Sa
             Fs, Qs = [], []
-            for T in self.time_constant_grid:
+            for T, Tv in self._processes:
                 A = np.zeros((nx, nx))
                 A[:d, d:2 * d] = np.eye(d)
                 A[d:2 * d, 2 * d:2 * d + na] = self.B
                 A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
-                if math.isfinite(T):
+                if T < FOREVER:
                     w = 1.0 / T
                     A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
                     A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
+                elif math.isfinite(Tv):
+                    A[2 * d + na:, 2 * d + na:] = -np.eye(na) / Tv
                 F, Qd = discretize(A, W, H)            # (one F, the two noises: W broadcasts over A)
                 Fs.append(F)
                 Qs.append(Qd)

@@ -3,8 +3,9 @@
 * `CommandedEfforts` (forward_dynamics, and any mode of a mechanism without actuators): the commanded
   efforts are known forces (unknown entries count as 0); τ is not a state.
 * `UnknownEfforts` (estimation): τ and its rate τ̇ are state blocks under an integrated random walk (white
-  noise on τ̈ of density ``effort_density`` [(N·m)²/s³ or N²/s³ per actuator], exactly discretized:
-  `factors.IntegratedRandomWalk`); the commanded efforts are ignored.
+  noise on τ̈ of density ``effort_density`` [(N·m)²/s³ or N²/s³ per actuator], its rate optionally damped with
+  ``effort_rate_time_constant``, exactly discretized: `factors.IntegratedRandomWalk`); the commanded efforts are
+  ignored.
 * `FusedEfforts` (fused): applied efforts = commands + disturbance d; the dynamics' known forces include
   the commands (per step), d and ḋ are the state's τ blocks under an integrated random walk of density
   ``disturbance_density``, damped back to 0 with ``disturbance_time_constant`` [s]; the reported efforts are
@@ -350,7 +351,8 @@ class UnknownEfforts(EffortModel):
         return Q, (self._rate(known, h) if self.rates else None), None
 
     def transition_units(self, h):
-        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name])]
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name],
+                                       rate_time_constant=self.sigmas["effort_rate_time_constant"])]
 
     def reported(self, x_tau, efforts):
         if not self.partial_state:

@@ -150,11 +150,14 @@ class FixedLagEstimator:
         layout = encoded_coordinates(self.mech)
         if not (c.adapt_densities and c.mode in ("estimation", "fused") and self.efforts.has_state and layout):
             return None
-        T = self.sigmas["disturbance_time_constant"] if c.mode == "fused" else math.inf
+        fused = c.mode == "fused"
+        T = self.sigmas["disturbance_time_constant"] if fused else math.inf
+        Tv = math.inf if fused else self.sigmas["effort_rate_time_constant"]
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
-                                 hold_start=c.mode == "fused", actuated=self.efforts.state_coordinates,
-                                 min_time_constant=MIN_TIME_CONSTANT_SAMPLES * max(c.dt, BANK_INTERVAL))
+                                 hold_start=fused, actuated=self.efforts.state_coordinates,
+                                 min_time_constant=MIN_TIME_CONSTANT_SAMPLES * max(c.dt, BANK_INTERVAL),
+                                 rate_time_constant=Tv)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -274,7 +277,7 @@ class FixedLagEstimator:
     def fitted_densities(self) -> Optional[Dict[str, float]]:
         """The process densities the online fit has handed to the factors (the steps added from now on use them):
         {effort_density (estimation) or disturbance_density (fused), acceleration_density, and in fused mode
-        disturbance_time_constant (unless configured infinite)}; None when they are
+        disturbance_time_constant (unless configured undamped)}; None when they are
         not fitted online (forward_dynamics mode, `adapt_densities` false, not one encoder per degree of
         freedom)."""
         if self.density_adaptation is None:

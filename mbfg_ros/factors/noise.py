@@ -32,6 +32,8 @@ ACCELERATION_DENSITY = 1e-3
 EFFORT_DENSITY = 5e4        # robust across the bench scenarios: ≤ 1.3× the truth-tuned EKF (docs/decisions.md)
 DISTURBANCE_DENSITY = 3e3
 DISTURBANCE_TIME_CONSTANT = 1.0   # [s] (the start of the online fit, which only shortens it: density_adaptation)
+EFFORT_RATE_TIME_CONSTANT = 1e15  # [s] none: the integrated random walk (docs/decisions.md: the readings of real
+                                  # motors prefer ~0.1 s, which moves the effort error both ways)
 
 
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY  # noqa: E402  (the scale's g)
@@ -72,6 +74,7 @@ def _reference_sigmas() -> Dict[str, float]:
         "effort_density": EFFORT_DENSITY,               # τ̈ of unknown efforts (estimation), (N·m)²/s³ or N²/s³
         "disturbance_density": DISTURBANCE_DENSITY,     # d̈ of the disturbance (fused), (N·m)²/s³ or N²/s³
         "disturbance_time_constant": DISTURBANCE_TIME_CONSTANT,  # s: the disturbance damped back to 0 (inf: not)
+        "effort_rate_time_constant": EFFORT_RATE_TIME_CONSTANT,  # s: the unknown efforts' rate damped (≥ 1e15: not)
         "initial_effort_rate": 10.0,  # prior on the effort (disturbance) rate at a window's start, N·m/s
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
         "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
@@ -99,6 +102,9 @@ def noise_descriptions() -> Dict[str, str]:
         "disturbance_time_constant": "fused: time constant over which the disturbance's prior returns to 0 "
                                      "(critically damped; bounds its prediction without readings; a very large "
                                      "value: an undamped integrated random walk) [s]",
+        "effort_rate_time_constant": "estimation: time constant over which the unknown efforts' rate forgets "
+                                     "(τ̈ = −τ̇/T + w: between the integrated random walk, ≥ 1e15, and a random "
+                                     "walk of density S·T², T → 0) [s]",
         "initial_effort_rate": "σ of the prior on the effort (disturbance) rate when a window starts [N·m/s, N/s]",
         "initial_effort": "σ of the prior on the unknown efforts (disturbance) when a window starts [N·m, N]",
         "initial_velocity": "σ of the prior on an unknown initial velocity (estimation, fused) [m/s, rad/s]",

@@ -18,6 +18,10 @@ import numpy as np
 from mbfg_ros.factors.base import Factor, prev
 
 
+#: a time constant this long or longer is none (no damping): the node's parameters cannot be infinite
+FOREVER = 1e15
+
+
 def _densities(density, d: int, what: str) -> np.ndarray:
     s = np.broadcast_to(np.asarray(density, dtype=float), (d,)).copy()
     if d and not (np.all(s > 0) and np.all(np.isfinite(s))):
@@ -57,13 +61,46 @@ def damped_walk_transition(h: float, time_constant: float):
     return Phi, np.array([[c11, c12], [c12, c22]])
 
 
+def rate_damped_walk_transition(h: float, rate_time_constant: float):
+    """(Φ, C) as `damped_walk_transition` for ẍ = −ẋ/T_v + w (the rate an Ornstein–Uhlenbeck process of time
+    constant T_v, x its integral: between the integrated random walk, T_v = ∞, and a random walk of density
+    S T_v², T_v → 0).  With a = 1/T_v, φ(s) = ((1 − e^{−as})/a, e^{−as}); the moments by a double series where
+    a·h < 1 (the closed forms cancel there)."""
+    a = 0.0 if math.isinf(rate_time_constant) else 1.0 / float(rate_time_constant)
+    x = a * h
+    e1 = -math.expm1(-x)                             # 1 − e^{−ah}
+    Phi = np.array([[1.0, h if x == 0.0 else e1 / a], [0.0, 1.0 - e1]])
+    if x < 1.0:
+        # (1 − e^{−as})/a = Σᵢ (−a)ⁱ s^{i+1}/(i+1)!, e^{−as} = Σⱼ (−a)ʲ sʲ/j!, integrated term by term
+        c11 = c12 = 0.0
+        fi = 1.0                                     # (−x)ⁱ/(i+1)!
+        for i in range(25):
+            fj = 1.0                                 # (−x)ʲ/j!
+            for j in range(25 - i):
+                c11 += fi * fj / ((j + 1) * (i + j + 3))
+                c12 += fi * fj / (i + j + 2)
+                fj *= -x / (j + 1)
+            fi *= -x / (i + 2)
+        c11 *= h ** 3
+        c12 *= h * h
+        c22 = h * (-math.expm1(-2.0 * x) / (2.0 * x) if x > 0.0 else 1.0)
+    else:
+        e2 = -math.expm1(-2.0 * x)                   # 1 − e^{−2ah}
+        c11 = (h - 2.0 * e1 / a + e2 / (2.0 * a)) / (a * a)
+        c12 = (e1 - 0.5 * e2) / (a * a)
+        c22 = e2 / (2.0 * a)
+    return Phi, np.array([[c11, c12], [c12, c22]])
+
+
 class IntegratedRandomWalk(Factor):
     """GP prior of white noise on ẍ between two steps h apart (slots x_prev, x, xd_prev, xd), optionally
     damped back to 0 with a time constant T (critically damped: ẍ = −(2/T) ẋ − x/T² + w):
 
         r = [x; ẋ] − Φ(h) [x_prev; ẋ_prev] ~ N(0, S ⊗ C(h))   (per component),
 
-    the exact transition of that linear SDE with E[w(t) w(s)] = S δ(t − s) (`damped_walk_transition`).
+    the exact transition of that linear SDE with E[w(t) w(s)] = S δ(t − s) (`damped_walk_transition`), or with
+    its rate alone damped, ẍ = −ẋ/T_v + w (`rate_time_constant` T_v: a smooth effort whose rate forgets,
+    `rate_damped_walk_transition`).
     T = ∞ (the default) is the integrated random walk: Φ = [[1, h], [0, 1]], C = [[h³/3, h²/2], [h²/2, h]];
     its prediction without readings keeps x's rate, so x drifts without bound.  A finite T keeps the
     prior bounded (stationary σ_x = √(S T³/4), σ_ẋ = √(S T/4)) and pulls x back to 0 over a few T: for a
@@ -74,17 +111,24 @@ class IntegratedRandomWalk(Factor):
     linear = True
     static = True
 
-    def __init__(self, x: str, xd: str, d: int, dt: float, density, time_constant: float = math.inf):
+    def __init__(self, x: str, xd: str, d: int, dt: float, density, time_constant: float = math.inf,
+                 rate_time_constant: float = math.inf):
         self.dim = 2 * int(d)
         self.dt = h = float(dt)
         self.density = _densities(density, int(d), "IntegratedRandomWalk")
-        if not (time_constant > 0):
-            raise ValueError(f"IntegratedRandomWalk: the time constant must be > 0 seconds or inf "
-                             f"(got {time_constant})")
+        for what, value in (("time constant", time_constant), ("rate's time constant", rate_time_constant)):
+            if not (value > 0):
+                raise ValueError(f"IntegratedRandomWalk: the {what} must be > 0 seconds or inf (got {value})")
+        if math.isfinite(time_constant) and math.isfinite(rate_time_constant):
+            raise ValueError("IntegratedRandomWalk: either a time constant or the rate's, not both")
         self.time_constant = float(time_constant)
+        self.rate_time_constant = float(rate_time_constant) if rate_time_constant < FOREVER else math.inf
         self.slots = (prev(x), x, prev(xd), xd)
         self.sigmas = np.ones(self.dim)
-        Phi, C = damped_walk_transition(h, self.time_constant)
+        if math.isfinite(self.rate_time_constant):
+            Phi, C = rate_damped_walk_transition(h, self.rate_time_constant)
+        else:
+            Phi, C = damped_walk_transition(h, self.time_constant)
         self.transition = Phi
         # per component: chol(S C) = √S [[l11, 0], [l21, l22]], W = its inverse
         l11 = math.sqrt(C[0, 0])
@@ -100,7 +144,8 @@ class IntegratedRandomWalk(Factor):
         self.jacobians = [np.vstack((D(-w11 * f11), D(-w21 * f11 - w22 * f21))), np.vstack((D(w11), D(w21))),
                           np.vstack((D(-w11 * f12), D(-w21 * f12 - w22 * f22))),
                           np.vstack((np.zeros((int(d), int(d))), D(w22)))]
-        damped = "" if math.isinf(self.time_constant) else f",T={self.time_constant:g}"
+        damped = ("" if math.isinf(self.time_constant) else f",T={self.time_constant:g}") + \
+            ("" if math.isinf(self.rate_time_constant) else f",Tv={self.rate_time_constant:g}")
         self.name = f"integrated_random_walk({x},{xd}{damped})"
 
     def evaluate(self, x0, x1, xd0, xd1, ctx=None, params=None):
