@@ -93,12 +93,12 @@ def compiled_evaluation(unit: "Factor", blocks, ctx, params):
 
 
 def batch_mechanism(units: Sequence["Factor"]):
-    """The mechanism of `units` when they are all of one class and one mechanism whose constraints
-    `BatchContext` supports (a series that can be evaluated over all its factors at once), else None."""
+    """The mechanism of `units` when they are all of one class and one mechanism (a series that can be evaluated
+    over all its factors at once), else None."""
     if not units:
         return None
     kind, mech = type(units[0]), units[0].mech
-    if any(type(u) is not kind or u.mech is not mech for u in units) or not BatchContext.supports(mech):
+    if any(type(u) is not kind or u.mech is not mech for u in units):
         return None
     return mech
 

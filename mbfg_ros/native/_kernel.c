@@ -10,8 +10,8 @@
  *                    program): the whitened linearization, the right-hand side of the δ-form factor, and the
  *                    relinearization mismatch; writes into numpy arrays registered at construction.
  *
- * The Python modules mbfg_ros.dynamics.cache and mbfg_ros.graph.step_model hold the reference forms; the tests
- * compare both (test/test_native_kernel.py).  No numpy C API: arrays pass through the buffer protocol.
+ * Each formula here is the package's only form of it (mbfg_ros.model.constraints.ConstraintSet, dynamics.cache
+ * and graph.step_model call it); the tests compare it with numpy references of their own (test/).  No numpy C API: arrays pass through the buffer protocol.
  * Nothing here releases the GIL, so the work buffers of a kernel are never used by two threads at once.
  */
 #define PY_SSIZE_T_CLEAN
@@ -504,6 +504,43 @@ mk_hessian_vector(MechanismKernel *k, const double *wv, double *out)
     }
 }
 
+/* out (m × n) += ∂(Φ̇q v)/∂q at fixed v, at the last mk_positions: the relative angles' third derivatives (the
+ * quadratic rows have none) */
+static void
+mk_add_third(MechanismKernel *k, const double *v, double *out)
+{
+    int n = k->n;
+    for (int a = 0; a < k->nang; a++) {
+        int th = k->ang_idx[5 * a + 4];
+        if (th < n)
+            out[(size_t)k->ang_row[a] * n + th] += k->c3[a] * (v[th] * v[th]);
+    }
+}
+
+/* W (n × n) = Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q at the last mk_positions */
+static void
+mk_weighted_hessian(MechanismKernel *k, const double *lam, double *W)
+{
+    int n = k->n, m = k->m, w = k->ne + 1;
+    memset(W, 0, (size_t)n * n * sizeof(double));
+    for (int i = 0; i < m; i++) {
+        double li = lam[i];
+        if (li == 0.0)
+            continue;
+        for (int j = 0; j < n; j++) {
+            size_t row = (size_t)i * w + j;
+            double *Wj = W + (size_t)j * n;
+            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
+                Wj[k->nc[e]] += li * k->nv[e];
+        }
+    }
+    for (int a = 0; a < k->nang; a++) {
+        int th = k->ang_idx[5 * a + 4];
+        if (th < n)
+            W[(size_t)th * n + th] += k->c2[a] * lam[k->ang_row[a]];
+    }
+}
+
 /* the augmented matrix K = [[M, Jᵣᵀ], [Jᵣ, 0]] (independent rows) and its LU in k->lu; 0 on success */
 static int
 mk_factor(MechanismKernel *k)
@@ -565,7 +602,7 @@ static int
 mk_linearize(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
              double *da_dv, double *da_dQ, double *lam)
 {
-    int n = k->n, m = k->m, N = k->N, r = k->r, w = k->ne + 1;
+    int n = k->n, m = k->m, N = k->N, r = k->r;
     mk_positions(k, q);
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
@@ -591,28 +628,8 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     /* low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (independent rows), W = Σ λᵢ ∂²Φᵢ */
     double *low = k->low, *W = k->W;
     mk_hessian_vector(k, a, low);
-    for (int aa = 0; aa < k->nang; aa++) {
-        int th = k->ang_idx[5 * aa + 4];
-        if (th < n)
-            low[(size_t)k->ang_row[aa] * n + th] += k->c3[aa] * (v[th] * v[th]);
-    }
-    memset(W, 0, (size_t)n * n * sizeof(double));
-    for (int i = 0; i < m; i++) {
-        double li = lam[i];
-        if (li == 0.0)
-            continue;
-        for (int j = 0; j < n; j++) {
-            size_t row = (size_t)i * w + j;
-            double *Wj = W + (size_t)j * n;
-            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
-                Wj[k->nc[e]] += li * k->nv[e];
-        }
-    }
-    for (int aa = 0; aa < k->nang; aa++) {
-        int th = k->ang_idx[5 * aa + 4];
-        if (th < n)
-            W[(size_t)th * n + th] += k->c2[aa] * lam[k->ang_row[aa]];
-    }
+    mk_add_third(k, v, low);
+    mk_weighted_hessian(k, lam, W);
     /* ∂q̈/∂q = −(A W + B lowᵣ), ∂q̈/∂q̇ = −2 B Φ̇qᵣ, ∂q̈/∂Q = A, with [A B] = K⁻¹[:n] */
     for (int i = 0; i < n; i++) {
         const double *Ai = Kinv + (size_t)i * N, *Bi = Ai + n;
@@ -652,7 +669,22 @@ mk_check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *name)
     return 0;
 }
 
-/* phi_and_jacobian(q, phi_out, J_out) */
+/* the number of states N in a buffer of q (N·n values; N may be 0), or -1 with an exception */
+static Py_ssize_t
+mk_states(MechanismKernel *k, PyObject *obj, Buf *b, double **q)
+{
+    *q = get_doubles(obj, b, -1, 0, "q");
+    if (!*q)
+        return -1;
+    Py_ssize_t len = b->view.len / 8;
+    if (len % k->n) {
+        PyErr_Format(PyExc_ValueError, "q: a multiple of %d values expected, got %zd", k->n, len);
+        return -1;
+    }
+    return len / k->n;
+}
+
+/* phi_and_jacobian(q, phi_out, J_out): Φ (N × m) and Φq (N × m × n) of N states q (N × n) */
 static PyObject *
 mk_py_phi_and_jacobian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -660,13 +692,18 @@ mk_py_phi_and_jacobian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nar
         return NULL;
     Buf bq = {0}, bp = {0}, bj = {0};
     PyObject *ret = NULL;
-    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
-    double *phi = q ? get_doubles(args[1], &bp, k->m, 1, "phi") : NULL;
-    double *J = phi ? get_doubles(args[2], &bj, (Py_ssize_t)k->m * k->n, 1, "J") : NULL;
-    if (J) {
-        mk_positions(k, q);
-        memcpy(phi, k->phi, k->m * sizeof(double));
-        memcpy(J, k->J, (size_t)k->m * k->n * sizeof(double));
+    double *q;
+    Py_ssize_t S = mk_states(k, args[0], &bq, &q);
+    int n = k->n, m = k->m;
+    double *phi = NULL, *J = NULL;
+    /* (an empty buffer may have no address: the error indicator says whether a buffer was refused) */
+    if (S >= 0 && ((phi = get_doubles(args[1], &bp, S * m, 1, "phi")) || !PyErr_Occurred())
+        && ((J = get_doubles(args[2], &bj, S * m * n, 1, "J")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++) {
+            mk_positions(k, q + s * n);
+            memcpy(phi + s * m, k->phi, m * sizeof(double));
+            memcpy(J + s * m * n, k->J, (size_t)m * n * sizeof(double));
+        }
         ret = Py_NewRef(Py_None);
     }
     release(&bq), release(&bp), release(&bj);
@@ -690,24 +727,59 @@ mk_py_max_abs_phi(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     return PyFloat_FromDouble(max_abs(k->phi, k->m));
 }
 
-/* jacobian_dot(q, v, out): Φ̇q (m × n) */
+/* the per-state products of N states: 0 hessian_vector ∂(Φq w)/∂q (w = q̇: Φ̇q), 1 ∂(Φ̇q v)/∂q at fixed v (both
+ * m × n), 2 Σᵢ λᵢ ∂²Φᵢ/∂q² (n × n; the second argument is λ, m per state) */
 static PyObject *
-mk_py_jacobian_dot(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+mk_products(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs, int what, const char *name)
 {
-    if (mk_check_nargs(nargs, 3, "jacobian_dot") < 0)
+    if (mk_check_nargs(nargs, 3, name) < 0)
         return NULL;
     Buf bq = {0}, bv = {0}, bo = {0};
     PyObject *ret = NULL;
-    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
-    double *v = q ? get_doubles(args[1], &bv, k->n, 0, "v") : NULL;
-    double *out = v ? get_doubles(args[2], &bo, (Py_ssize_t)k->m * k->n, 1, "out") : NULL;
-    if (out) {
-        mk_positions(k, q);
-        mk_hessian_vector(k, v, out);
+    double *q;
+    Py_ssize_t S = mk_states(k, args[0], &bq, &q);
+    int n = k->n, m = k->m;
+    Py_ssize_t per_in = what == 2 ? m : n, per_out = what == 2 ? (Py_ssize_t)n * n : (Py_ssize_t)m * n;
+    double *v = NULL, *out = NULL;
+    if (S >= 0 && ((v = get_doubles(args[1], &bv, S * per_in, 0, what == 2 ? "lam" : "v")) || !PyErr_Occurred())
+        && ((out = get_doubles(args[2], &bo, S * per_out, 1, "out")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++) {
+            double *o = out + s * per_out;
+            const double *vs = v + s * per_in;
+            mk_positions(k, q + s * n);
+            if (what == 0)
+                mk_hessian_vector(k, vs, o);
+            else if (what == 1) {
+                memset(o, 0, per_out * sizeof(double));
+                mk_add_third(k, vs, o);
+            } else
+                mk_weighted_hessian(k, vs, o);
+        }
         ret = Py_NewRef(Py_None);
     }
     release(&bq), release(&bv), release(&bo);
     return ret;
+}
+
+/* jacobian_dot(q, w, out): ∂(Φq w)/∂q (N × m × n) of N states; with w = q̇ this is Φ̇q */
+static PyObject *
+mk_py_jacobian_dot(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 0, "jacobian_dot");
+}
+
+/* jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v (N × m × n) of N states */
+static PyObject *
+mk_py_third(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 1, "jacobian_dot_times_v_derivative");
+}
+
+/* weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² (N × n × n) of N states */
+static PyObject *
+mk_py_weighted_hessian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 2, "weighted_hessian");
 }
 
 /* acceleration(q, v, Q, a_out) -> bool (False: K singular or q̈ not sane) */
@@ -1350,10 +1422,14 @@ static PyMethodDef mech_methods[] = {
     {"taylor", (PyCFunction)(void (*)(void))mk_py_taylor, METH_FASTCALL,
      "taylor(x, h, a_prev, h_prev, jerk, out): the predictor's Taylor step of q, q̇ alone (see the C source)."},
     {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
-     "phi_and_jacobian(q, phi_out, J_out): Φ(q) and Φq(q) into the given arrays."},
+     "phi_and_jacobian(q, phi_out, J_out): Φ and Φq of N states q (N × n) into the given arrays (N × m, N × m × n)."},
     {"max_abs_phi", (PyCFunction)(void (*)(void))mk_py_max_abs_phi, METH_FASTCALL, "max |Φ(q)|."},
     {"jacobian_dot", (PyCFunction)(void (*)(void))mk_py_jacobian_dot, METH_FASTCALL,
-     "jacobian_dot(q, v, out): Φ̇q(q, q̇) into out (m × n)."},
+     "jacobian_dot(q, w, out): ∂(Φq w)/∂q of N states into out (N × m × n); w = q̇: Φ̇q."},
+    {"jacobian_dot_times_v_derivative", (PyCFunction)(void (*)(void))mk_py_third, METH_FASTCALL,
+     "jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v of N states (N × m × n)."},
+    {"weighted_hessian", (PyCFunction)(void (*)(void))mk_py_weighted_hessian, METH_FASTCALL,
+     "weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² of N states (N × n × n)."},
     {"acceleration", (PyCFunction)(void (*)(void))mk_py_acceleration, METH_FASTCALL,
      "acceleration(q, v, Q, a_out) -> ok: q̈ by one LU solve of the augmented system."},
     {"linearize", (PyCFunction)(void (*)(void))mk_py_linearize, METH_FASTCALL,
