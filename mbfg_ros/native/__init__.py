@@ -17,7 +17,8 @@ with a compiled form is written once, in C, and the tests compare it with indepe
 `constraint_kernel` is a `ConstraintSet`'s own kernel (Φ, Φq, Φ̇q and the second-order terms, one state or
 many: their only implementation; a constraint set of a type the kernel does not know is refused).
 What stays in numpy is what the kernel does not have: units without a kind (the independent formulation's,
-the hermite velocity integrator, the jerk) and the null-space solver of a singular augmented matrix.
+the hermite velocity integrator, the jerk) and the null-space solver of a singular augmented matrix, whose
+linearization the kernel takes at such a point (`MechanismKernel.missed` says where, `supply` hands it over).
 """
 
 from __future__ import annotations

@@ -226,14 +226,21 @@ typedef struct {
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
     double *lu, *Kinv, *col, *x, *low, *W, *lam, *tmp;
     int *piv;
+    /* where K is singular the kernel has no solver: the caller's (the null-space solver's) linearizations at such
+     * points, given with `supply`, up to SUPPLIED of them (the oldest replaced), each its key (q, q̇, Q: 3n) and its
+     * values (q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, λ: n + 3n² + m); `missed` the last such point without one (3n) */
+    int nsup, supnext, missed;
+    double *sup_key, *sup_val, *miss;
 } MechanismKernel;
+
+#define SUPPLIED 8
 
 static void
 mech_free_arrays(MechanismKernel *k)
 {
     void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->modes, k->qe1, k->T, k->phi, k->J,
                     k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv, k->fcol,
-                    k->fb, k->fg, k->fvs};
+                    k->fb, k->fg, k->fvs, k->sup_key, k->sup_val, k->miss};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
 }
@@ -376,8 +383,12 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
     k->lam = PyMem_Calloc(m + 1, sizeof(double));
     k->tmp = PyMem_Calloc((size_t)N * n + n, sizeof(double));
     k->piv = PyMem_Calloc(N, sizeof(int));
+    k->sup_key = PyMem_Calloc((size_t)SUPPLIED * 3 * n, sizeof(double));
+    k->sup_val = PyMem_Calloc((size_t)SUPPLIED * (n + 3 * (size_t)n * n + m), sizeof(double));
+    k->miss = PyMem_Calloc(3 * (size_t)n, sizeof(double));
     if (!k->ang_row || !k->ang_idx || !k->ang_L || !k->qe1 || !k->T || !k->phi || !k->J || !k->Jd || !k->c2
-        || !k->c3 || !k->lu || !k->Kinv || !k->col || !k->x || !k->low || !k->W || !k->lam || !k->tmp || !k->piv) {
+        || !k->c3 || !k->lu || !k->Kinv || !k->col || !k->x || !k->low || !k->W || !k->lam || !k->tmp || !k->piv
+        || !k->sup_key || !k->sup_val || !k->miss) {
         PyErr_NoMemory();
         return -1;
     }
@@ -579,25 +590,58 @@ mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
     }
 }
 
-/* q̈ (n) at (q, q̇, Q) by one LU solve (no derivatives); 0 on success, 1 where K is singular or q̈ not sane */
+/* at a point where K is singular or the solution not sane: the linearization supplied for (q, q̇, Q) into the
+ * outputs (any may be NULL), 0; else 1, the point kept as `missed` for the caller to supply */
+static int
+mk_supplied(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
+            double *da_dv, double *da_dQ, double *lam)
+{
+    int n = k->n, m = k->m;
+    size_t nn = (size_t)n * n, vw = n + 3 * nn + m, kb = n * sizeof(double);
+    for (int t = 0; t < k->nsup; t++) {
+        const double *key = k->sup_key + (size_t)t * 3 * n;
+        if (memcmp(key, q, kb) || memcmp(key + n, v, kb) || memcmp(key + 2 * n, Q, kb))
+            continue;
+        const double *val = k->sup_val + (size_t)t * vw;
+        if (a)
+            memcpy(a, val, kb);
+        if (da_dq)
+            memcpy(da_dq, val + n, nn * sizeof(double));
+        if (da_dv)
+            memcpy(da_dv, val + n + nn, nn * sizeof(double));
+        if (da_dQ)
+            memcpy(da_dQ, val + n + 2 * nn, nn * sizeof(double));
+        if (lam)
+            memcpy(lam, val + n + 3 * nn, m * sizeof(double));
+        return 0;
+    }
+    memcpy(k->miss, q, kb);
+    memcpy(k->miss + n, v, kb);
+    memcpy(k->miss + 2 * n, Q, kb);
+    k->missed = 1;
+    return 1;
+}
+
+/* q̈ (n) at (q, q̇, Q) by one LU solve (no derivatives); 0 on success, 1 where K is singular or q̈ not sane (and
+ * nothing supplied there) */
 static int
 mk_acceleration(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a)
 {
     mk_positions(k, q);
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, NULL, NULL, NULL, NULL);
     mk_rhs(k, v, Q, k->x);
     lu_solve(k->lu, k->piv, k->N, k->x);
     if (!is_sane(k->x, k->N))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, NULL, NULL, NULL, NULL);
     memcpy(a, k->x, k->n * sizeof(double));
     return 0;
 }
 
 /* the dynamics linearization at (q, q̇, Q): q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q = K⁻¹[:n, :n], λ (all rows), with Φq and Φ̇q
- * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success, 1 where K is
- * singular or the solution not sane. */
+ * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success (a supplied
+ * linearization where K is singular), 1 where K is singular or the solution not sane and nothing is supplied. */
 static int
 mk_linearize(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
              double *da_dv, double *da_dQ, double *lam)
@@ -606,7 +650,7 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     mk_positions(k, q);
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, da_dq, da_dv, da_dQ, lam);
     /* the top n rows [A B] of K⁻¹, which turn the derivatives into products: K is symmetric, so they are the
      * transposed first n columns, n solves (not N) */
     double *Kinv = k->Kinv, *col = k->col;
@@ -620,7 +664,7 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     mk_rhs(k, v, Q, x);
     lu_solve(k->lu, k->piv, N, x);
     if (!is_sane(x, N))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, da_dq, da_dv, da_dQ, lam);
     memcpy(a, x, n * sizeof(double));
     memset(lam, 0, m * sizeof(double));
     for (int t = 0; t < r; t++)
@@ -780,6 +824,64 @@ static PyObject *
 mk_py_weighted_hessian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
     return mk_products(k, args, nargs, 2, "weighted_hessian");
+}
+
+/* supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization at a point where K is singular (the caller's
+ * null-space solver), which the kernel then takes there */
+static PyObject *
+mk_py_supply(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 8, "supply") < 0)
+        return NULL;
+    int n = k->n, m = k->m;
+    Py_ssize_t nn = (Py_ssize_t)n * n, sizes[8] = {n, n, n, n, nn, nn, nn, m};
+    const char *names[8] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam"};
+    Buf b[8];
+    memset(b, 0, sizeof b);
+    double *p[8];
+    int ok = 1;
+    for (int i = 0; i < 8 && ok; i++)
+        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], 0, names[i])) != NULL || !PyErr_Occurred();
+    if (ok) {
+        int t = k->supnext;
+        k->supnext = (t + 1) % SUPPLIED;
+        if (k->nsup < SUPPLIED)
+            k->nsup++;
+        double *key = k->sup_key + (size_t)t * 3 * n, *val = k->sup_val + (size_t)t * (n + 3 * nn + m);
+        for (int i = 0; i < 3; i++)
+            memcpy(key + (size_t)i * n, p[i], n * sizeof(double));
+        for (int i = 3, off = 0; i < 8; off += (int)sizes[i], i++)
+            if (sizes[i])
+                memcpy(val + off, p[i], sizes[i] * sizeof(double));
+    }
+    for (int i = 0; i < 8; i++)
+        release(&b[i]);
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
+/* missed(q_out, v_out, Q_out) -> bool: the last point where K was singular and nothing supplied (then forgotten) */
+static PyObject *
+mk_py_missed(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 3, "missed") < 0)
+        return NULL;
+    int n = k->n;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        double *o = get_doubles(args[i], &b[i], n, 1, "out");
+        ok = o != NULL;
+        if (ok && k->missed)
+            memcpy(o, k->miss + (size_t)i * n, n * sizeof(double));
+    }
+    for (int i = 0; i < 3; i++)
+        release(&b[i]);
+    if (!ok)
+        return NULL;
+    int was = k->missed;
+    k->missed = 0;
+    return PyBool_FromLong(was);
 }
 
 /* acceleration(q, v, Q, a_out) -> bool (False: K singular or q̈ not sane) */
@@ -1430,6 +1532,10 @@ static PyMethodDef mech_methods[] = {
      "jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v of N states (N × m × n)."},
     {"weighted_hessian", (PyCFunction)(void (*)(void))mk_py_weighted_hessian, METH_FASTCALL,
      "weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² of N states (N × n × n)."},
+    {"supply", (PyCFunction)(void (*)(void))mk_py_supply, METH_FASTCALL,
+     "supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization to take at a point where K is singular."},
+    {"missed", (PyCFunction)(void (*)(void))mk_py_missed, METH_FASTCALL,
+     "missed(q_out, v_out, Q_out) -> bool: the last point where K was singular and nothing was supplied."},
     {"acceleration", (PyCFunction)(void (*)(void))mk_py_acceleration, METH_FASTCALL,
      "acceleration(q, v, Q, a_out) -> ok: q̈ by one LU solve of the augmented system."},
     {"linearize", (PyCFunction)(void (*)(void))mk_py_linearize, METH_FASTCALL,
