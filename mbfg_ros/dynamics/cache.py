@@ -17,8 +17,8 @@ class EvalContext:
     linearization points, both read by `HermiteVelocityIntegrator`).
 
     q̈, the dynamics linearization, an estimate's summary come from the mechanism's compiled kernel
-    (`mbfg_ros.native`, ``native``: the formula of `acceleration_derivatives` with the rows of K⁻¹ from one LU
-    factorization of the augmented matrix); where it finds K singular or the solution not sane, from the
+    (`mbfg_ros.native`, ``native``: its derivative products with the rows of K⁻¹ from one LU factorization of
+    the augmented matrix); where it finds K singular or the solution not sane, from the
     null-space solver of `forward_dynamics_jacobians` / `forward_dynamics`, which `supply_singular` also hands to
     the kernel for its step programs.  The forces Q of every method are
     without the actuators' friction, which each applies itself (`model.friction`; the kernel too).

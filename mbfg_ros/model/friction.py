@@ -11,7 +11,7 @@ Jacobians exact.  DFKI's identified friction b·q̇ + cf·atan(100·q̇) is this
 
 Every path that computes q̈ (or inverse-dynamics efforts) takes the generalized forces Q *without* friction and
 applies it itself (`applied`: Q − F on the friction coordinates); the derivatives gain ∂q̈/∂q̇ −= ∂q̈/∂Q·∂F/∂q̇
-(`add_rate_derivative`).  An estimated effort is then the actuator's own effort (a motor's torque), not the
+(`slopes` is ∂F/∂q̇; the compiled kernel's dynamics linearization applies it).  An estimated effort is then the actuator's own effort (a motor's torque), not the
 torque left after friction.  A mechanism without friction has ``Mechanism.friction`` None: no extra work.
 """
 
@@ -74,12 +74,6 @@ class Friction:
         out = np.array(Q, dtype=float)
         out[..., self.columns] -= self.forces(v)
         return out
-
-    def add_rate_derivative(self, da_dv: np.ndarray, da_dQ: np.ndarray, v) -> None:
-        """da_dv −= ∂q̈/∂Q ∂F/∂q̇ in place: column k of ∂q̈/∂q̇ gains −∂q̈/∂Qₖ · F′(q̇ₖ).  da_dv, da_dQ (n, n) or
-        (N, n, n) (the step leading), v (n,) or (N, n)."""
-        cols = self.columns
-        da_dv[..., :, cols] -= da_dQ[..., :, cols] * self.slopes(v)[..., None, :]
 
     def describe(self, coordinate: int) -> Optional[dict]:
         """{viscous, coulomb, coulomb_velocity} of the friction on a coordinate, or None where it has none."""

@@ -4,8 +4,8 @@
  * covariance step, discretize and kalman_step):
  *   MechanismKernel  the constrained dynamics of one mechanism (natural coordinates: the quadratic constraints
  *                    folded into one tensor, the relative angles as (row, 5 extended indices, length)):
- *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (the formula of
- *                    mbfg_ros.dynamics.constrained.acceleration_derivatives with K⁻¹ of the augmented matrix).
+ *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (mk_derivatives, with K⁻¹ of the
+ *                    augmented matrix, or the rows of the caller's null-space solver where K is singular).
  *   StepKernel       one StepModel's units (static rows as one matrix, the nonlinear units as a small
  *                    program): the whitened linearization, the right-hand side of the δ-form factor, and the
  *                    relinearization mismatch; writes into numpy arrays registered at construction.
@@ -639,6 +639,44 @@ mk_acceleration(MechanismKernel *k, const double *q, const double *v, const doub
     return 0;
 }
 
+/* ∂q̈/∂q and ∂q̈/∂q̇ at the last mk_positions and Φ̇q (k->Jd) from q̈ (a), λ (all rows) and the first n rows [A B]
+ * of K⁻¹ (AB: n rows of N; from the LU here, or the caller's null-space solver where K is singular).
+ * Differentiating M q̈ + Φqᵀλ = Q − F(q̇), Φq q̈ = −Φ̇q q̇ gives
+ * K ∂[q̈; λ] = [−Σλᵢ∂²Φᵢ ∂q − ∂F/∂q̇ ∂q̇; −low ∂q − 2 Φ̇q ∂q̇] + [∂Q; 0] with low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q
+ * (independent rows), hence ∂q̈/∂q = −(A W + B lowᵣ), W = Σλᵢ∂²Φᵢ, and ∂q̈/∂q̇ = −2 B Φ̇qᵣ − A ∂F/∂q̇ (∂q̈/∂Q = A) */
+static void
+mk_derivatives(MechanismKernel *k, const double *v, const double *a, const double *lam, const double *AB,
+               double *da_dq, double *da_dv)
+{
+    int n = k->n, N = k->N, r = k->r;
+    double *low = k->low, *W = k->W;
+    mk_hessian_vector(k, a, low);
+    mk_add_third(k, v, low);
+    mk_weighted_hessian(k, lam, W);
+    for (int i = 0; i < n; i++) {
+        const double *Ai = AB + (size_t)i * N, *Bi = Ai + n;
+        for (int j = 0; j < n; j++) {
+            double s = 0.0, sv = 0.0;
+            for (int l = 0; l < n; l++)
+                s += Ai[l] * W[(size_t)l * n + j];
+            for (int t = 0; t < r; t++) {
+                s += Bi[t] * low[(size_t)k->rows[t] * n + j];
+                sv += Bi[t] * k->Jd[(size_t)k->rows[t] * n + j];
+            }
+            da_dq[(size_t)i * n + j] = -s;
+            da_dv[(size_t)i * n + j] = -2.0 * sv;
+        }
+    }
+    /* friction, column by friction coordinate */
+    for (int f = 0; f < k->nf; f++) {
+        int c = k->fcol[f];
+        double s = v[c] / k->fvs[f];
+        double slope = k->fb[f] + (k->fg[f] / k->fvs[f]) / (1.0 + s * s);
+        for (int i = 0; i < n; i++)
+            da_dv[(size_t)i * n + c] -= AB[(size_t)i * N + c] * slope;
+    }
+}
+
 /* the dynamics linearization at (q, q̇, Q): q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q = K⁻¹[:n, :n], λ (all rows), with Φq and Φ̇q
  * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success (a supplied
  * linearization where K is singular), 1 where K is singular or the solution not sane and nothing is supplied. */
@@ -669,35 +707,9 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     memset(lam, 0, m * sizeof(double));
     for (int t = 0; t < r; t++)
         lam[k->rows[t]] = x[n + t];
-    /* low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (independent rows), W = Σ λᵢ ∂²Φᵢ */
-    double *low = k->low, *W = k->W;
-    mk_hessian_vector(k, a, low);
-    mk_add_third(k, v, low);
-    mk_weighted_hessian(k, lam, W);
-    /* ∂q̈/∂q = −(A W + B lowᵣ), ∂q̈/∂q̇ = −2 B Φ̇qᵣ, ∂q̈/∂Q = A, with [A B] = K⁻¹[:n] */
-    for (int i = 0; i < n; i++) {
-        const double *Ai = Kinv + (size_t)i * N, *Bi = Ai + n;
-        for (int j = 0; j < n; j++) {
-            double s = 0.0, sv = 0.0;
-            for (int l = 0; l < n; l++)
-                s += Ai[l] * W[(size_t)l * n + j];
-            for (int t = 0; t < r; t++) {
-                s += Bi[t] * low[(size_t)k->rows[t] * n + j];
-                sv += Bi[t] * k->Jd[(size_t)k->rows[t] * n + j];
-            }
-            da_dq[(size_t)i * n + j] = -s;
-            da_dv[(size_t)i * n + j] = -2.0 * sv;
-            da_dQ[(size_t)i * n + j] = Ai[j];
-        }
-    }
-    /* friction: ∂q̈/∂q̇ −= ∂q̈/∂Q ∂F/∂q̇, column by friction coordinate */
-    for (int f = 0; f < k->nf; f++) {
-        int c = k->fcol[f];
-        double s = v[c] / k->fvs[f];
-        double slope = k->fb[f] + (k->fg[f] / k->fvs[f]) / (1.0 + s * s);
-        for (int i = 0; i < n; i++)
-            da_dv[(size_t)i * n + c] -= Kinv[(size_t)i * N + c] * slope;
-    }
+    mk_derivatives(k, v, a, lam, Kinv, da_dq, da_dv);
+    for (int i = 0; i < n; i++)
+        memcpy(da_dQ + (size_t)i * n, Kinv + (size_t)i * N, n * sizeof(double));
     return 0;
 }
 
@@ -824,6 +836,32 @@ static PyObject *
 mk_py_weighted_hessian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
     return mk_products(k, args, nargs, 2, "weighted_hessian");
+}
+
+/* derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ (all rows) and the first n rows [A B]
+ * of K⁻¹ (n × (n + r)) of another solver (the null-space solver of a singular K) */
+static PyObject *
+mk_py_derivatives(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 7, "derivatives") < 0)
+        return NULL;
+    int n = k->n;
+    Py_ssize_t nn = (Py_ssize_t)n * n, sizes[7] = {n, n, n, k->m, (Py_ssize_t)n * k->N, nn, nn};
+    const char *names[7] = {"q", "v", "a", "lam", "AB", "da_dq", "da_dv"};
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    double *p[7];
+    int ok = 1;
+    for (int i = 0; i < 7 && ok; i++)
+        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], i >= 5, names[i])) != NULL || !PyErr_Occurred();
+    if (ok) {
+        mk_positions(k, p[0]);
+        mk_hessian_vector(k, p[1], k->Jd);
+        mk_derivatives(k, p[1], p[2], p[3], p[4], p[5], p[6]);
+    }
+    for (int i = 0; i < 7; i++)
+        release(&b[i]);
+    return ok ? Py_NewRef(Py_None) : NULL;
 }
 
 /* supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization at a point where K is singular (the caller's
@@ -1532,6 +1570,8 @@ static PyMethodDef mech_methods[] = {
      "jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v of N states (N × m × n)."},
     {"weighted_hessian", (PyCFunction)(void (*)(void))mk_py_weighted_hessian, METH_FASTCALL,
      "weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² of N states (N × n × n)."},
+    {"derivatives", (PyCFunction)(void (*)(void))mk_py_derivatives, METH_FASTCALL,
+     "derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ and the rows [A B] of another solver."},
     {"supply", (PyCFunction)(void (*)(void))mk_py_supply, METH_FASTCALL,
      "supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization to take at a point where K is singular."},
     {"missed", (PyCFunction)(void (*)(void))mk_py_missed, METH_FASTCALL,
