@@ -39,7 +39,6 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mbfg_ros.dynamics.batched import BatchContext
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.noise import default_sigmas
 
