@@ -29,7 +29,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel", "unit_kinds", "unit_form",
+__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel", "friction_kernel", "unit_kinds", "unit_form",
            "no_form_reason", "UnitProgram", "step_kernel", "scaled_distance2", "KernelMissing"]
 
 
@@ -94,6 +94,14 @@ def constraint_kernel(n: int, Ht: np.ndarray, tail: np.ndarray, angles: list):
     independent rows)."""
     return _kernel.MechanismKernel(n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
                                    angles, np.eye(n), [], [], [], [])
+
+
+def friction_kernel(viscous, coulomb, velocity):
+    """A `_kernel.MechanismKernel` of friction alone, over the friction coordinates' rates (coordinate i is
+    friction i): the force F(q̇) for `model.friction.Friction`, whose only implementation it is."""
+    rows = [(i, float(b), float(c), float(vs)) for i, (b, c, vs) in enumerate(zip(viscous, coulomb, velocity))]
+    k = len(rows)
+    return _kernel.MechanismKernel(k, np.zeros(0), np.ones(1), [], np.eye(k), [], [], [], rows)
 
 
 def unit_kinds() -> Dict[str, dict]:

@@ -571,6 +571,13 @@ mk_factor(MechanismKernel *k)
     return lu_factor(K, k->piv, N);
 }
 
+/* the actuators' friction force F = b w + g atan(w / v_s) of friction coordinate f at its rate w */
+static inline double
+mk_friction(const MechanismKernel *k, int f, double w)
+{
+    return k->fb[f] * w + k->fg[f] * atan(w / k->fvs[f]);
+}
+
 /* rhs of the augmented system: [Q − F(q̇); −Φ̇qᵣ q̇] into x (F the actuators' friction) */
 static void
 mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
@@ -578,8 +585,7 @@ mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
     int n = k->n;
     memcpy(x, Q, n * sizeof(double));
     for (int f = 0; f < k->nf; f++) {
-        double w = v[k->fcol[f]];
-        x[k->fcol[f]] -= k->fb[f] * w + k->fg[f] * atan(w / k->fvs[f]);
+        x[k->fcol[f]] -= mk_friction(k, f, v[k->fcol[f]]);
     }
     for (int t = 0; t < k->r; t++) {
         const double *Jd = k->Jd + (size_t)k->rows[t] * n;
@@ -836,6 +842,26 @@ static PyObject *
 mk_py_weighted_hessian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
     return mk_products(k, args, nargs, 2, "weighted_hessian");
+}
+
+/* friction(v, out): the friction force F(q̇) per friction coordinate (N × nf) of N rates v (N × n) */
+static PyObject *
+mk_py_friction(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 2, "friction") < 0)
+        return NULL;
+    Buf bv = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *v, *out = NULL;
+    Py_ssize_t S = mk_states(k, args[0], &bv, &v);
+    if (S >= 0 && ((out = get_doubles(args[1], &bo, S * k->nf, 1, "out")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++)
+            for (int f = 0; f < k->nf; f++)
+                out[s * k->nf + f] = mk_friction(k, f, v[s * k->n + k->fcol[f]]);
+        ret = Py_NewRef(Py_None);
+    }
+    release(&bv), release(&bo);
+    return ret;
 }
 
 /* derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ (all rows) and the first n rows [A B]
@@ -1570,6 +1596,8 @@ static PyMethodDef mech_methods[] = {
      "jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v of N states (N × m × n)."},
     {"weighted_hessian", (PyCFunction)(void (*)(void))mk_py_weighted_hessian, METH_FASTCALL,
      "weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² of N states (N × n × n)."},
+    {"friction", (PyCFunction)(void (*)(void))mk_py_friction, METH_FASTCALL,
+     "friction(v, out): the friction force per friction coordinate of N rates (N × n) into out (N × nf)."},
     {"derivatives", (PyCFunction)(void (*)(void))mk_py_derivatives, METH_FASTCALL,
      "derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ and the rows [A B] of another solver."},
     {"supply", (PyCFunction)(void (*)(void))mk_py_supply, METH_FASTCALL,
