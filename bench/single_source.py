@@ -4,7 +4,7 @@ the compiled kernel gets.  The batch solvers evaluate q̈ and its derivatives ov
 did so with a batched numpy copy of the formulas (`BatchDynamics`, removed: one kernel call per step took
 0.47–0.82× its time on the shipped mechanisms, the same numbers to 6e-14, measured with this script at commit
 c8b23e9) and now step by step through the per-step forms (`dynamics.batched.dynamics_many`): the compiled
-kernel, else numpy's.  Here both routes and their difference, with Φ and Φq (`BatchConstraints`, still batched).
+kernel, else numpy's.  Here both routes and their difference, with Φ and Φq (the kernel's many-state call).
 
     PYTHONPATH=. python bench/single_source.py [--steps 2000] [--repeat 5]
 
@@ -32,8 +32,8 @@ def states(mech, N, seed=0):
 
 
 def through(mech, q, v, Q, kernel):
-    from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many
-    phi, J = BatchConstraints(mech.constraints).phi_and_jacobian(q)
+    from mbfg_ros.dynamics.batched import dynamics_many
+    phi, J = mech.constraints.phi_and_jacobian(q)
     return (phi, J) + dynamics_many(mech, q, v, Q, kernel=kernel)
 
 

@@ -1,7 +1,14 @@
-"""Every constraint type's derivatives against central finite differences at random states."""
+"""Every constraint type's derivatives against central finite differences at random states, and the compiled
+kernel's Φ and derivatives (`ConstraintSet`, their only implementation) against the tests' numpy reference."""
+
+import os
+import sys
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import constraint_reference as R  # noqa: E402
 
 from mbfg_ros.model.constraints import (DistanceConstraints, FixedSliderConstraints, JointAngleConstraints,
                                   MobileSliderConstraints, RelativeAngleConstraints)
@@ -53,21 +60,21 @@ def test_local_derivatives_match_finite_differences(ctype, k):
             def phi_i(x, i=i):
                 uu = u.copy()
                 uu[i] = x
-                return ctype.phi(uu)[i]
+                return R.phi(ctype, uu)[i]
 
             def grad_i(x, i=i):
                 uu = u.copy()
                 uu[i] = x
-                return ctype.gradient(uu)[i]
+                return R.gradient(ctype, uu)[i]
 
             def curv_i(x, i=i):
                 uu = u.copy()
                 uu[i] = x
-                return w[i] @ ctype.hessian(uu)[i] @ w[i]
+                return w[i] @ R.hessian(ctype, uu)[i] @ w[i]
 
-            np.testing.assert_allclose(ctype.gradient(u)[i], fd_jacobian(phi_i, u[i]), atol=1e-7)
-            np.testing.assert_allclose(ctype.hessian(u)[i], fd_jacobian(grad_i, u[i]), atol=1e-7)
-            np.testing.assert_allclose(ctype.third(u, w)[i], fd_jacobian(curv_i, u[i]), atol=1e-6)
+            np.testing.assert_allclose(R.gradient(ctype, u)[i], fd_jacobian(phi_i, u[i]), atol=1e-7)
+            np.testing.assert_allclose(R.hessian(ctype, u)[i], fd_jacobian(grad_i, u[i]), atol=1e-7)
+            np.testing.assert_allclose(R.third(ctype, u, w)[i], fd_jacobian(curv_i, u[i]), atol=1e-6)
 
 
 def random_state(mech, rng, perturb=0.05):
@@ -101,6 +108,47 @@ def test_assembled_derivatives_match_finite_differences(name):
                                    atol=1e-6)
 
 
+def follower():
+    """A mobile slider on a bar whose relative angle starts at a fixed point."""
+    pts = (PointSpec(0, 0, True), PointSpec(1, 1), PointSpec(1, -4, True), PointSpec(1, 4), PointSpec(1, 0.5))
+    bodies = (BodySpec((0, 1), np.sqrt(2), 1, 2 / 3, (np.sqrt(2) / 2, 0)),
+              BodySpec((2, 3), 8.0, 3, 64.0, (4.0, 0)))
+    spec = MechanismSpec("follower", pts, bodies, mobile_sliders=(MobileSliderSpec("s", 4, (2, 3)),),
+                         relative_angles=(RelativeAngleSpec("a", (2, 3)),))
+    from mbfg_ros.model.mechanism import Mechanism
+    return Mechanism(spec)
+
+
+@pytest.mark.parametrize("name", MECHANISMS + ["double_pendulum_c0", "follower"])
+def test_kernel_matches_the_numpy_reference_for_one_state_and_many(name):
+    """The kernel's Φ, Φq, ∂(Φq w)/∂q, ∂(Φ̇q v)/∂q and Σ λᵢ ∂²Φᵢ/∂q² against the reference's, one state at a time
+    and all N states in one call (the batch's form), both relative-angle forms included."""
+    mech = follower() if name == "follower" else load_mechanism(f"mechanisms/{name}.yaml")
+    C, ref = mech.constraints, R.ReferenceConstraints(mech.constraints)
+    rng = np.random.default_rng(11)
+    N = 12
+    q = np.array(mech.q0) + 0.05 * rng.normal(size=(N, mech.n))
+    q[:, mech.n_point_coordinates:] = rng.uniform(-np.pi, np.pi, (N, mech.n - mech.n_point_coordinates))
+    v, w, lam = rng.normal(size=(N, mech.n)), rng.normal(size=(N, mech.n)), rng.normal(size=(N, mech.m))
+    phi_all, J_all = C.phi_and_jacobian(q)
+    hv_all, third_all = C.hessian_vector(q, w), C.jacobian_dot_times_v_derivative(q, v)
+    wh_all = C.weighted_hessian(q, lam)
+    for k in range(N):
+        p_ref, J_ref = ref.phi_and_jacobian(q[k])
+        expected = [(p_ref, C.phi(q[k]), phi_all[k]), (J_ref, C.jacobian(q[k]), J_all[k]),
+                    (ref.hessian_vector(q[k], w[k]), C.hessian_vector(q[k], w[k]), hv_all[k]),
+                    (ref.hessian_vector(q[k], v[k]), C.jacobian_dot(q[k], v[k]), None),
+                    (ref.jacobian_dot_times_v_derivative(q[k], v[k]), C.jacobian_dot_times_v_derivative(q[k], v[k]),
+                     third_all[k]),
+                    (ref.weighted_hessian(q[k], lam[k]), C.weighted_hessian(q[k], lam[k]), wh_all[k])]
+        for want, one, many in expected:
+            scale = max(1.0, np.abs(want).max(initial=0.0))
+            np.testing.assert_allclose(one, want, rtol=0, atol=1e-13 * scale)
+            if many is not None:
+                np.testing.assert_array_equal(many, one)
+    assert C.phi_and_jacobian(np.zeros((0, mech.n)))[1].shape == (0, mech.m, mech.n)
+
+
 def test_every_shipped_pose_satisfies_its_constraints():
     for name in MECHANISMS:
         mech = load_mechanism(f"mechanisms/{name}.yaml")
@@ -123,13 +171,7 @@ def test_relative_angle_row_is_continuous_in_value_across_the_switch():
 
 def test_mobile_slider_acceleration_terms_are_not_zero():
     """The reference implementation leaves the mobile-slider Hessian products at zero; they are not."""
-    pts = (PointSpec(0, 0, True), PointSpec(1, 1), PointSpec(1, -4, True), PointSpec(1, 4), PointSpec(1, 0.5))
-    bodies = (BodySpec((0, 1), np.sqrt(2), 1, 2 / 3, (np.sqrt(2) / 2, 0)),
-              BodySpec((2, 3), 8.0, 3, 64.0, (4.0, 0)))
-    spec = MechanismSpec("follower", pts, bodies, mobile_sliders=(MobileSliderSpec("s", 4, (2, 3)),),
-                         relative_angles=(RelativeAngleSpec("a", (2, 3)),))
-    from mbfg_ros.model.mechanism import Mechanism
-    mech = Mechanism(spec)
+    mech = follower()
     rng = np.random.default_rng(0)
     q = np.array(mech.q0) + 0.1 * rng.normal(size=mech.n)
     v = rng.normal(size=mech.n)

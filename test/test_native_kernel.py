@@ -5,6 +5,7 @@ dynamics) and the errors of wrong inputs."""
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
+sys.path.insert(0, os.path.dirname(__file__))
+import dynamics_reference as DR  # noqa: E402
+
 MECHANISMS = ["four_bar", "four_bar_crank", "pendulum", "pendulum_nary", "pick_and_place_robot", "slider_crank",
               "double_pendulum_a0"]
 
@@ -38,9 +42,15 @@ def test_the_kernel_is_compiled_from_this_source():
 
 class ReferenceContext(EvalContext):
     """The evaluation context with the dynamics of `dynamics.constrained` (the dense null-space solver) instead of
-    the kernel's: the reference the kernel's LU route is compared with."""
+    the kernel's, and the dynamics units' numpy references (test/dynamics_reference.py) instead of their kinds in
+    the kernel: the reference the kernel's LU route and step are compared with."""
 
     __slots__ = ()
+
+    def unit_program(self, unit, widths):
+        if unit.kernel_kind in DR.REFERENCES:
+            return DR.ReferenceProgram(self, unit)
+        return super().unit_program(unit, widths)
 
     def linearize(self, q, v, Q):
         return forward_dynamics_jacobians(self.mech, q, v, Q)
@@ -192,13 +202,13 @@ def test_a_whole_step_matches_numpy(crank):
     _compare_step(crank, *_units_of(crank, 1e-3, sorted(native.unit_kinds())))
 
 
-def _compare_step(mech, units, values):
+def _compare_step(mech, units, values, ctx=None):
     """The compiled linearization, right-hand side and relinearization mismatch of one step of `units` against
     the numpy forms."""
     n, na = mech.n, len(mech.actuated)
     layout = _layout(mech, na)
     model = StepModel(layout, units)
-    ctx, ref_ctx = EvalContext(mech), ReferenceContext(mech)
+    ctx, ref_ctx = ctx or EvalContext(mech), ReferenceContext(mech)
     params = model.params_of(values)
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
@@ -252,13 +262,45 @@ def test_units_without_a_compiled_form_stay_in_python(crank):
     assert native.unit_form(F.ForwardDynamics(crank, z=[n - 1])) is None
 
 
-def test_singular_dynamics_are_left_to_numpy():
-    # no constraints and a zero mass matrix: K is singular (an exactly zero pivot)
+def test_singular_dynamics_take_a_supplied_linearization():
+    # no constraints and a zero mass matrix: K is singular (an exactly zero pivot); the kernel says where, and takes
+    # the linearization supplied for exactly that point (the null-space solver's, in the package)
     kernel = native.module().MechanismKernel(1, np.zeros(0), np.ones(1), [], np.zeros(1), [], [], [])
     out = [np.empty(1), np.empty((1, 1)), np.empty((1, 1)), np.empty((1, 1)), np.empty(0), np.empty((0, 1)),
            np.empty((0, 1))]
-    assert kernel.linearize(np.zeros(1), np.zeros(1), np.ones(1), *out) is False
-    assert kernel.acceleration(np.zeros(1), np.zeros(1), np.ones(1), np.empty(1)) is False
+    q, v, Q = np.zeros(1), np.full(1, 0.5), np.ones(1)
+    assert kernel.linearize(q, v, Q, *out) is False
+    where = [np.full(1, np.nan), np.full(1, np.nan), np.full(1, np.nan)]
+    assert kernel.missed(*where) is True and [float(w[0]) for w in where] == [0.0, 0.5, 1.0]
+    assert kernel.missed(*where) is False                                     # told once
+    assert kernel.acceleration(q, v, Q, np.empty(1)) is False
+    kernel.supply(q, v, Q, np.array([2.0]), np.array([[3.0]]), np.array([[4.0]]), np.array([[5.0]]), np.empty(0))
+    assert kernel.linearize(q, v, Q, *out) is True
+    assert [float(o.ravel()[0]) for o in out[:4]] == [2.0, 3.0, 4.0, 5.0]
+    a = np.empty(1)
+    assert kernel.acceleration(q, v, Q, a) is True and a[0] == 2.0
+    assert kernel.linearize(q, v, Q + 1e-12, *out) is False                 # only there
+
+
+def test_a_step_at_singular_dynamics_stays_compiled_with_the_null_space_solver(crank):
+    """Where K is singular (here everywhere: the crank's kernel with a zero mass matrix) the compiled step and a
+    dynamics unit alone take the null-space solver's linearization (`EvalContext.supply_singular`): the same
+    numbers as the numpy references over the null-space solver."""
+    Ht, tail, angles = crank.constraints.native_form()
+    ctx = EvalContext(crank)
+    ctx.native = native.module().MechanismKernel(crank.n, np.ascontiguousarray(Ht), tail, angles,
+                                                 np.zeros(crank.n * crank.n), [int(i) for i in crank.independent_rows],
+                                                 [int(i) for i in crank.actuated], [])
+    kinds = ["forward_dynamics", "inverse_dynamics", "identified_dynamics"]
+    _compare_step(crank, *_units_of(crank, 1e-3, kinds), ctx=ctx)
+    unit = F.ForwardDynamics(crank, sigma=0.3)
+    for q, v, Q in _configurations(crank, 2, 9):
+        a = np.full(crank.n, 0.1)
+        e, J = unit.evaluate(q, v, a, ctx=ctx, params=(Q,))
+        e_ref, J_ref = DR.forward_dynamics(unit, ReferenceContext(crank), q, v, a, Q)
+        _close(e, e_ref)
+        for got, want in zip(J, J_ref):
+            _close(got, want)
 
 
 def test_wrong_inputs_raise_clear_errors(crank):

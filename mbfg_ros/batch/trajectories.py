@@ -68,12 +68,12 @@ def position_continuation(mech: Mechanism, values: np.ndarray, q_start=None, ass
              if assembly_mode is not None else kinematics.solve_positions(mech, guess, fixed=act))
     q[0] = first.q
     mode0 = mech.assembly_mode(q[0])
-    bc = batched.BatchConstraints(mech.constraints)
+    bc = mech.constraints
     solved = [0]
     # the coarse grid: the actuated coordinates move by at most _COARSE_MOTION per interval
     while stride > 1 and N > stride and np.abs(values[stride:] - values[:-stride]).max(initial=0.0) > _COARSE_MOTION:
         stride //= 2
-    if stride <= 1 or N < 4 * stride or not bc.supported:
+    if stride <= 1 or N < 4 * stride:
         for k in range(1, N):
             _position_step(mech, values, q, k, solved[-3:], free, mode0, tol, fallback=True)
             solved.append(k)

@@ -2,9 +2,8 @@
 (numpy arrays with the step as leading axis), for the batch solvers that evaluate the same factor at
 every step of a trajectory.
 
-* `BatchConstraints` – Φ, Φq, Φ̇q = ∂(Φq w)/∂q and ∂(Φ̇q q̇)/∂q of a `ConstraintSet` for N
-  configurations: the quadratic constraints (distances, sliders) through the set's dense quadratic
-  form (one matrix product for all steps), the relative angles per instance over all steps.
+* Φ, Φq, Φ̇q = ∂(Φq w)/∂q and ∂(Φ̇q q̇)/∂q for N configurations are the mechanism's `ConstraintSet` itself (the
+  kernel's many-state calls, one C call for all steps): no batched copy of them.
 * `dynamics_many` – q̈(q, q̇; Q) and its exact first derivatives for N steps through the per-step forms (the
   compiled kernel, else numpy's): the batch keeps no formula of its own.
 * `BatchContext` – memo of Φ/Φq and Φ̇q of one evaluation keyed by the columns the blocks come from, so the
@@ -17,113 +16,17 @@ The factor classes evaluate themselves over all steps with these (`Factor.vector
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional
 
 import numpy as np
 
 from mbfg_ros import native
 from mbfg_ros.dynamics.constrained import forward_dynamics, forward_dynamics_jacobians
-from mbfg_ros.model.constraints import ConstraintSet, QuadraticConstraints, RelativeAngleConstraints
+from mbfg_ros.model.constraints import ConstraintSet
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["BatchConstraints", "dynamics_many", "BatchContext", "assembly_modes", "angles_consistent",
+__all__ = ["dynamics_many", "BatchContext", "assembly_modes", "angles_consistent",
            "newton_positions", "inverse_dynamics_many"]
-
-_SWITCH = 1.0 / math.sqrt(2.0)
-
-
-class BatchConstraints:
-    """Vectorized `ConstraintSet` quantities for N configurations q (N, n)."""
-
-    def __init__(self, cset: ConstraintSet):
-        self.cset = cset
-        self.n, self.m, self.ne = cset.n, cset.m, cset.n_extended
-        self.fixed = np.asarray(cset.fixed_values, float)
-        H_rows, self.H_flat, self.b, self.c = cset.quadratic_form   # H_flat (m, ne²)
-        self.HT = np.ascontiguousarray(H_rows.T)                  # (ne, m·ne): qe @ HT = H qe per row
-        self.bT = np.ascontiguousarray(self.b.T)                  # (ne, m)
-        self.angles = []                                          # (rows, index (K, 5), L (K,))
-        self.supported = True
-        for t in cset.types:
-            if isinstance(t, QuadraticConstraints):
-                continue
-            if type(t) is RelativeAngleConstraints:
-                rows = np.arange(sum(s.size for s in cset.types[:cset.types.index(t)]),
-                                 sum(s.size for s in cset.types[:cset.types.index(t) + 1]))
-                self.angles.append((rows, np.asarray(t.index, np.intp), np.asarray(t.lengths, float)))
-            else:
-                self.supported = False
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def extended(self, q):
-        N = q.shape[0]
-        if not self.fixed.size:
-            return q
-        return np.concatenate((q, np.broadcast_to(self.fixed, (N, self.fixed.size))), axis=1)
-
-    def extended_rate(self, v):
-        if not self.fixed.size:
-            return v
-        return np.concatenate((v, np.zeros((v.shape[0], self.fixed.size))), axis=1)
-
-    def _rows_times(self, xe):
-        """H_i xe for every row i: (N, m, ne)."""
-        return (xe @ self.HT).reshape(xe.shape[0], self.m, self.ne)
-
-    def _forms(self, qe, index, L):
-        """(x-form mask, sin θ, cos θ) per step and instance, (N, K)."""
-        th = qe[:, index[:, 4]]
-        s, c = np.sin(th), np.cos(th)
-        return np.abs(s) > _SWITCH, s, c
-
-    # -- the ConstraintSet quantities ------------------------------------------------------------
-    def phi_and_jacobian(self, q):
-        """Φ (N, m) and Φq (N, m, n)."""
-        qe = self.extended(q)
-        Jd = self._rows_times(qe)
-        phi = 0.5 * (Jd @ qe[:, :, None])[:, :, 0] + qe @ self.bT + self.c
-        Jd += self.b
-        for rows, index, L in self.angles:
-            xf, s, c = self._forms(qe, index, L)
-            u = qe[:, index]                                              # (N, K, 5)
-            phi[:, rows] = np.where(xf, u[..., 2] - u[..., 0] - L * c, u[..., 3] - u[..., 1] - L * s)
-            g = np.zeros(xf.shape + (5,))
-            g[..., 0] = np.where(xf, -1.0, 0.0)
-            g[..., 1] = np.where(xf, 0.0, -1.0)
-            g[..., 2] = np.where(xf, 1.0, 0.0)
-            g[..., 3] = np.where(xf, 0.0, 1.0)
-            g[..., 4] = np.where(xf, L * s, -L * c)
-            Jd[:, rows[:, None], index] = g
-        return phi, Jd[:, :, :self.n]
-
-    def hessian_vector(self, q, w):
-        """∂(Φq w)/∂q (N, m, n); with w = q̇ this is Φ̇q."""
-        we = self.extended_rate(w)
-        out = self._rows_times(we)
-        if self.angles:
-            qe = self.extended(q)
-            for rows, index, L in self.angles:
-                xf, s, c = self._forms(qe, index, L)
-                h44 = np.where(xf, L * c, L * s)
-                blk = np.zeros(xf.shape + (5,))
-                blk[..., 4] = h44 * we[:, index[:, 4]]
-                out[:, rows[:, None], index] = blk
-        return out[:, :, :self.n]
-
-    def jacobian_dot_times_v_derivative(self, q, v):
-        """∂(Φ̇q(q, v) v)/∂q at fixed v (N, m, n): zero for quadratic constraints."""
-        N = q.shape[0]
-        out = np.zeros((N, self.m, self.ne))
-        if self.angles:
-            qe, ve = self.extended(q), self.extended_rate(v)
-            for rows, index, L in self.angles:
-                xf, s, c = self._forms(qe, index, L)
-                blk = np.zeros(xf.shape + (5,))
-                blk[..., 4] = np.where(xf, -L * s, L * c) * ve[:, index[:, 4]] ** 2
-                out[:, rows[:, None], index] = blk
-        return out[:, :, :self.n]
-
 
 def dynamics_many(mech: Mechanism, q, v, Q, force_columns=None, kernel=None, need_jacobians: bool = True):
     """q̈ (N, n) and, with `need_jacobians`, ∂q̈/∂q, ∂q̈/∂q̇ (N, n, n) and ∂q̈/∂Q[:, force_columns] (N, n, s) at N
@@ -166,11 +69,6 @@ class BatchContext:
     the caller's names of where the stacked blocks come from (e.g. the bytes of their first columns):
     equal keys mean equal blocks."""
 
-    @staticmethod
-    def supports(mech: Mechanism) -> bool:
-        """Can the constraint types of `mech` be evaluated over all steps at once?"""
-        return BatchConstraints(mech.constraints).supported
-
     def __init__(self, mech: Mechanism, cache: Optional[dict] = None):
         """`cache`: a dict kept by the caller across evaluations, holding the vectorized constraint and
         dynamics objects per mechanism."""
@@ -180,7 +78,7 @@ class BatchContext:
         key = id(mech)
         hit = cache.get(key)
         if hit is None or hit[0] is not mech:
-            hit = cache[key] = (mech, BatchConstraints(mech.constraints), native.mechanism_kernel(mech))
+            hit = cache[key] = (mech, mech.constraints, native.mechanism_kernel(mech))
         self.bc, self.kernel = hit[1], hit[2]
         self.memo: Dict[tuple, object] = {}
 
@@ -234,7 +132,7 @@ def angles_consistent(mech: Mechanism, q, tol: float = 1e-6) -> np.ndarray:
     return ok
 
 
-def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iterations: int = 8,
+def newton_positions(bc: ConstraintSet, x, free, tol: float = 1e-12, iterations: int = 8,
                      jacobians: Optional[np.ndarray] = None):
     """Gauss–Newton on Φ(q) = 0 over the coordinates `free` for every row of x (N, n), in place, with
     the per-step iteration of `batch.trajectories.position_continuation` (steps stop once max |Φ| ≤ tol).
@@ -268,7 +166,7 @@ def newton_positions(bc: BatchConstraints, x, free, tol: float = 1e-12, iteratio
     return done
 
 
-def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: Optional[BatchConstraints] = None):
+def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: Optional[ConstraintSet] = None):
     """τ per step (N, n_actuated) with M q̈ + Φqᵀλ = Q_known + E τ over the independent rows of Φq:
     one square solve per step for (λ, τ) when the actuators match the degrees of freedom (then the
     same τ as `dynamics.inverse_dynamics`, which projects onto the null space of Φq); rows whose
@@ -281,9 +179,7 @@ def inverse_dynamics_many(mech: Mechanism, q, v, a, Q_known=None, constraints: O
     out = np.full((N, act.size), np.nan)
     if rows.size + act.size != n:
         return out
-    bc = constraints or BatchConstraints(mech.constraints)
-    if not bc.supported:
-        return out
+    bc = constraints or mech.constraints
     Q = np.broadcast_to(mech.gravity_forces if Q_known is None else np.asarray(Q_known, float), (N, n))
     if mech.friction is not None:
         Q = mech.friction.applied(Q, v)

@@ -17,9 +17,10 @@ class EvalContext:
     linearization points, both read by `HermiteVelocityIntegrator`).
 
     q̈, the dynamics linearization, an estimate's summary come from the mechanism's compiled kernel
-    (`mbfg_ros.native`, ``native``: the formula of `acceleration_derivatives` with the rows of K⁻¹ from one LU
-    factorization of the augmented matrix); where it finds K singular or the solution not sane, from the
-    null-space solver of `forward_dynamics_jacobians` / `forward_dynamics`.  The forces Q of every method are
+    (`mbfg_ros.native`, ``native``: its derivative products with the rows of K⁻¹ from one LU factorization of
+    the augmented matrix); where it finds K singular or the solution not sane, from the
+    null-space solver of `forward_dynamics_jacobians` / `forward_dynamics`, which `supply_singular` also hands to
+    the kernel for its step programs.  The forces Q of every method are
     without the actuators' friction, which each applies itself (`model.friction`; the kernel too).
     """
 
@@ -49,6 +50,21 @@ class EvalContext:
                 self._units.clear()
             held = self._units[id(unit)] = (unit, widths, UnitProgram(self.native, unit, widths))
         return held[2]
+
+    def supply_singular(self) -> bool:
+        """After a kernel call that stopped where the augmented matrix is singular: the null-space solver's
+        linearization at that point (`forward_dynamics_jacobians`) handed to the kernel, which takes it there from
+        then on, so that the call repeated goes through with the kernel's own formulas of everything else (the
+        kernel has no null-space solver; the units' formulas have no numpy twin).  False where the kernel stopped
+        at no such point."""
+        n = self._n
+        q, v, Q = np.empty(n), np.empty(n), np.empty(n)
+        if not self.native.missed(q, v, Q):
+            return False
+        d = forward_dynamics_jacobians(self.mech, q, v, Q)
+        self.native.supply(q, v, Q, *[np.ascontiguousarray(x, dtype=float)
+                                      for x in (d.a, d.da_dq, d.da_dv, d.da_dQ, d.multipliers)])
+        return True
 
     def phi_and_jacobian(self, q):
         key = q.tobytes()

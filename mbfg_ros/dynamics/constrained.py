@@ -9,11 +9,13 @@ parallelograms) and with the zero-mass relative-angle coordinates, where the cla
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.model.constraints import RANK_TOL, numerical_rank
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -139,32 +141,23 @@ def has_third_derivatives(mech: Mechanism) -> bool:
     return bool(np.any(mech.constraints.jacobian_dot_times_v_derivative(qr, vr) != 0.0))
 
 
-def acceleration_derivatives(A, B, weighted_hessian, low, Phi_q_dot):
-    """∂q̈/∂q and ∂q̈/∂q̇ from the first n rows [A B] of K⁻¹, K = [[M, Φqᵀ], [Φq, 0]] (independent rows).
+#: per mechanism, a kernel for the derivative products of `forward_dynamics_jacobians` (its own work buffers)
+_PRODUCTS: "weakref.WeakKeyDictionary[Mechanism, object]" = weakref.WeakKeyDictionary()
 
-    Differentiating M q̈ + Φqᵀλ = Q, Φq q̈ = −Φ̇q q̇ gives K ∂[q̈; λ] = [−Σλᵢ∂²Φᵢ ∂q; −low ∂q − 2 Φ̇q ∂q̇] + [∂Q; 0]
-    with low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (the independent rows), hence
 
-        ∂q̈/∂q = −A Σλᵢ∂²Φᵢ − B low,   ∂q̈/∂q̇ = −2 B Φ̇q,   ∂q̈/∂Q = A.
-
-    The one formula of the dynamics linearization: the per-step evaluations (`EvalContext`,
-    `forward_dynamics_jacobians`) pass one step's blocks (2-D), `dynamics.batched` a stack of steps
-    (3-D, leading axis the step).  Where K is singular, [A B] are the x-parts of the null-space solver's
-    solutions for unit right-hand sides, and the formula holds unchanged."""
-    mul = np.dot if A.ndim == 2 else np.matmul
-    da_dq = mul(A, weighted_hessian)
-    da_dq += mul(B, low)
-    np.negative(da_dq, out=da_dq)
-    da_dv = mul(B, Phi_q_dot)
-    da_dv *= -2.0
-    return da_dq, da_dv
+def _products_kernel(mech: Mechanism):
+    kernel = _PRODUCTS.get(mech)
+    if kernel is None:
+        kernel = _PRODUCTS[mech] = native.mechanism_kernel(mech)
+    return kernel
 
 
 def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLinearization:
-    """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at one (q, q̇, Q) (`acceleration_derivatives`), by one dense solve of
-    the augmented system for [q̈; λ] and the first n rows of K⁻¹, or by the null-space solver where K is
-    singular or ill-conditioned.  The actuators' friction (a force of q̇, `model.friction`) is applied here: Q is
-    without it, and ∂q̈/∂q̇ includes −∂q̈/∂Q ∂F/∂q̇."""
+    """q̈ and ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q at one (q, q̇, Q): q̈, λ and the first n rows [A B] of K⁻¹ by one dense
+    solve of the augmented system, or by the null-space solver where K is singular or ill-conditioned; the
+    derivatives from them by the compiled kernel's formula (`MechanismKernel.derivatives`: ∂q̈/∂q = −(A Σλᵢ∂²Φᵢ +
+    B low), ∂q̈/∂q̇ = −2 B Φ̇q − A ∂F/∂q̇, the one written form of those products).  The actuators' friction (a
+    force of q̇, `model.friction`) is applied here: Q is without it."""
     Q = mech.gravity_forces if Q is None else Q
     friction = mech.friction
     if friction is not None:
@@ -195,10 +188,10 @@ def forward_dynamics_jacobians(mech: Mechanism, q, v, Q=None) -> DynamicsLineari
         B = solver.solve(np.zeros((n, r)), np.eye(r))
     lam = np.zeros(mech.m)
     lam[mech.independent_rows] = lam_rows
-    low = _rows(mech, C.jacobian_dot_times_v_derivative(q, v) + C.hessian_vector(q, a))
-    da_dq, da_dv = acceleration_derivatives(A, B, C.weighted_hessian(q, lam), low, Phi_q_dot)
-    if friction is not None:
-        friction.add_rate_derivative(da_dv, A, v)
+    a = np.ascontiguousarray(a, dtype=float)
+    da_dq, da_dv = np.empty((n, n)), np.empty((n, n))
+    _products_kernel(mech).derivatives(np.ascontiguousarray(q, dtype=float), np.ascontiguousarray(v, dtype=float),
+                                       a, lam, np.ascontiguousarray(np.hstack((A, B)), dtype=float), da_dq, da_dv)
     return DynamicsLinearization(a, da_dq, da_dv, np.array(A), lam, Phi_q_all, Phi_q_dot_all)
 
 

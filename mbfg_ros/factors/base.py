@@ -39,7 +39,6 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mbfg_ros.dynamics.batched import BatchContext
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.factors.noise import default_sigmas
 
@@ -84,21 +83,32 @@ def context_or_new(ctx, mech):
     return EvalContext(mech) if ctx is None else ctx
 
 
+#: kernel calls at most per evaluation: each may stop at one more point where the dynamics are singular, whose
+#: linearization the null-space solver then supplies (`EvalContext.supply_singular`)
+SINGULAR_RETRIES = 8
+
+
 def compiled_evaluation(unit: "Factor", blocks, ctx, params):
     """(error, [Jacobian per slot]) of `unit` by the function of its kind in the compiled kernel
-    (`native.UnitProgram`: the unit's only implementation), or None where its dynamics are singular."""
+    (`native.UnitProgram`: the unit's only implementation; where its dynamics are singular, with the null-space
+    solver's linearization), or None where that fails too."""
     ctx = context_or_new(ctx, unit.mech)
-    return ctx.unit_program(unit, tuple([b.size for b in blocks])).evaluate(
-        blocks, unit.own_params() if params is None else params)
+    program = ctx.unit_program(unit, tuple([b.size for b in blocks]))
+    params = unit.own_params() if params is None else params
+    for _ in range(SINGULAR_RETRIES):
+        out = program.evaluate(blocks, params)
+        if out is not None or not ctx.supply_singular():
+            return out
+    return None
 
 
 def batch_mechanism(units: Sequence["Factor"]):
-    """The mechanism of `units` when they are all of one class and one mechanism whose constraints
-    `BatchContext` supports (a series that can be evaluated over all its factors at once), else None."""
+    """The mechanism of `units` when they are all of one class and one mechanism (a series that can be evaluated
+    over all its factors at once), else None."""
     if not units:
         return None
     kind, mech = type(units[0]), units[0].mech
-    if any(type(u) is not kind or u.mech is not mech for u in units) or not BatchContext.supports(mech):
+    if any(type(u) is not kind or u.mech is not mech for u in units):
         return None
     return mech
 

@@ -8,10 +8,20 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-from mbfg_ros.factors.base import Factor, batch_mechanism, context_or_new, sigma_array, sigma_or_default
+from mbfg_ros.factors.base import (Factor, batch_mechanism, compiled_evaluation, context_or_new, sigma_array,
+                                   sigma_or_default)
 from mbfg_ros.model.mechanism import Mechanism
 
 TWO_PI = 2.0 * math.pi
+
+
+def _compiled(unit, blocks, ctx, params):
+    """(error, [Jacobian per slot]) of a dynamics unit of a compiled kind: its kind's function in the kernel, the
+    only form of its residual (where the dynamics are singular with the null-space solver's q̈ and derivatives)."""
+    out = compiled_evaluation(unit, blocks, ctx, params)
+    if out is None:
+        raise np.linalg.LinAlgError(f"{unit.name}: no dynamics linearization at a singular point")
+    return out
 
 
 def _stacked(units, attr):
@@ -43,15 +53,17 @@ class ForwardDynamics(Factor):
         self.kernel_kind = "forward_dynamics" if self.z is None else None
 
     def evaluate(self, q, v, a, ctx=None, params=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q if params is None else params[0])
         z = self.z
         if z is None:
-            return d.a - a, [d.da_dq, d.da_dv, self._minus_I]
+            return _compiled(self, (q, v, a), ctx, params)
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q if params is None else params[0])
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I]
 
     def error(self, q, v, a, ctx=None, params=None):
+        if self.z is None:
+            return _compiled(self, (q, v, a), ctx, params)[0]
         acc = context_or_new(ctx, self.mech).acceleration(q, v, self.Q if params is None else params[0])
-        return (acc if self.z is None else acc[self.z]) - a
+        return acc[self.z] - a
 
     @classmethod
     def vectorized(cls, units):
@@ -107,15 +119,17 @@ class InverseDynamics(Factor):
         return Q
 
     def evaluate(self, q, v, a, tau, ctx=None, params=None):
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau, None if params is None else params[0]))
         z = self.z
         if z is None:
-            return d.a - a, [d.da_dq, d.da_dv, self._minus_I, d.da_dQ[:, self._act]]
+            return _compiled(self, (q, v, a, tau), ctx, params)
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau, None if params is None else params[0]))
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self._act]]
 
     def error(self, q, v, a, tau, ctx=None, params=None):
+        if self.z is None:
+            return _compiled(self, (q, v, a, tau), ctx, params)[0]
         acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau, None if params is None else params[0]))
-        return (acc if self.z is None else acc[self.z]) - a
+        return acc[self.z] - a
 
     @classmethod
     def vectorized(cls, units):
@@ -154,8 +168,6 @@ class IdentifiedDynamics(Factor):
         self.slots = ("q", "v", "a", "tau", "theta")
         self.dim = mech.n
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
-        self._minus_I = -np.eye(self.dim)
-        self._cols = parameters.coordinates
         self.name = "identified_dynamics"
         self.kernel_kind = "identified_dynamics"
 
@@ -171,31 +183,11 @@ class IdentifiedDynamics(Factor):
             doubles += P.gravity.tolist() + C.reshape(-1).tolist()
         return ints, doubles
 
-    def forces(self, v, tau, theta, Q_known=None, commands=None, a=None):
-        """Q = Q_known + E τ + ΔQ(θ, q̇, u, q̈) (Q_known, u: those given at construction where None)."""
-        Q = (self.Q_known if Q_known is None else Q_known).copy()
-        Q[self.actuated] += tau
-        Q += self.parameters.forces(theta, v, self.commands if commands is None else commands, Q.size, a)
-        return Q
-
     def evaluate(self, q, v, a, tau, theta, ctx=None, params=None):
-        Q_known, u = (self.Q_known, self.commands) if params is None else params
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(v, tau, theta, Q_known, u, a))
-        P, cols = self.parameters, self._cols
-        da_dv = d.da_dv.copy()
-        np.add.at(da_dv.T, cols, (d.da_dQ[:, cols] * P.rate_slopes(theta, v)).T)
-        J_theta = d.da_dQ[:, cols] * P.regressors(v, u)
-        J_a = self._minus_I
-        if P.payloads:
-            dQ_da, payload_cols = P.payload_jacobians(theta, a)
-            J_a = J_a + d.da_dQ @ dQ_da
-            for j, col in payload_cols:
-                J_theta[:, j] = d.da_dQ @ col
-        return d.a - a, [d.da_dq, da_dv, J_a, d.da_dQ[:, self.actuated], J_theta]
+        return _compiled(self, (q, v, a, tau, theta), ctx, params)
 
     def error(self, q, v, a, tau, theta, ctx=None, params=None):
-        Q_known, u = (self.Q_known, self.commands) if params is None else params
-        return context_or_new(ctx, self.mech).acceleration(q, v, self.forces(v, tau, theta, Q_known, u, a)) - a
+        return _compiled(self, (q, v, a, tau, theta), ctx, params)[0]
 
 
 class Jerk(Factor):

@@ -13,7 +13,7 @@ import numpy as np
 
 from mbfg_ros import native
 from mbfg_ros.dynamics.cache import EvalContext
-from mbfg_ros.factors.base import Factor
+from mbfg_ros.factors.base import SINGULAR_RETRIES, Factor
 from mbfg_ros.graph.layout import StateLayout
 
 __all__ = ["linearize_step", "StepModel", "StepValues"]
@@ -223,8 +223,8 @@ class StepModel:
 
     def form(self, ctx: Optional[EvalContext]) -> str:
         """Which path linearizes this model with `ctx`: 'compiled', or 'numpy (why)': a unit without a compiled
-        form, or no compiled kernel of the mechanism.  (A step at a singular point of the dynamics goes to numpy
-        alone: not a property of the model.)"""
+        form, or no compiled kernel of the mechanism.  (At a singular point of the dynamics a compiled step takes
+        the null-space solver's linearization of q̈ there: still compiled.)"""
         if self._native_forms is None:
             return f"numpy ({self._no_form})"
         return native.mechanism_form(ctx.mech, ctx.native) if ctx is not None else "numpy (no evaluation context)"
@@ -239,22 +239,31 @@ class StepModel:
         """`linearize` with the step's `params` (`params_of`) in one compiled call, and the right-hand side of
         the factor in δ = X − θ about θ = ``static_at``: (A_prev or None, A_cur, r, b) with
         b = −r − A (θ − x) on the non-static rows (internal buffers); None where there is no compiled kernel or
-        it finds the dynamics singular (then `linearize`)."""
+        the null-space solver fails at a singular point of the dynamics (then `linearize`)."""
         kernel = self._kernel(ctx)
-        if kernel is None or not kernel.linearize(x_prev, x_cur, static_at[0], static_at[1], params):
+        if kernel is None:
             return None
-        return self.A_prev, self.A_cur, self.r, self._b
+        for _ in range(SINGULAR_RETRIES):
+            if kernel.linearize(x_prev, x_cur, static_at[0], static_at[1], params):
+                return self.A_prev, self.A_cur, self.r, self._b
+            if not ctx.supply_singular():
+                return None
+        return None
 
     def native_mismatch(self, ctx: Optional[EvalContext], params: list, A_cur, r, A_prev, lin_cur, lin_prev,
                         x_cur, x_prev) -> Optional[float]:
         """max weighted |r + A_cur (x_cur − lin_cur) + A_prev (x_prev − lin_prev) − e(x)| over `check_rows` (the
         relinearization check of a step linearized at (lin_prev, lin_cur) whose checked rows' linear model is
         (A_cur, A_prev, r)) in one compiled call; NaN where not finite; None where there is no compiled kernel
-        or it finds the dynamics singular."""
+        or the null-space solver fails at a singular point of the dynamics."""
         kernel = self._kernel(ctx)
         if kernel is None:
             return None
-        return kernel.mismatch(A_cur, r, A_prev, lin_cur, lin_prev, x_cur, x_prev, params, self.check_weights)
+        for _ in range(SINGULAR_RETRIES):
+            m = kernel.mismatch(A_cur, r, A_prev, lin_cur, lin_prev, x_cur, x_prev, params, self.check_weights)
+            if m is not None or not ctx.supply_singular():
+                return m
+        return None
 
     def _block_index(self, which, cols) -> int:
         return next(i for i, (w, c) in enumerate(self._blocks) if w == which and c == cols)

@@ -11,22 +11,21 @@ Jacobians exact.  DFKI's identified friction b·q̇ + cf·atan(100·q̇) is this
 
 Every path that computes q̈ (or inverse-dynamics efforts) takes the generalized forces Q *without* friction and
 applies it itself (`applied`: Q − F on the friction coordinates); the derivatives gain ∂q̈/∂q̇ −= ∂q̈/∂Q·∂F/∂q̇
-(`add_rate_derivative`).  An estimated effort is then the actuator's own effort (a motor's torque), not the
+(the compiled kernel's dynamics linearization).  F itself is the kernel's too (`native.friction_kernel`): its only
+implementation.  An estimated effort is then the actuator's own effort (a motor's torque), not the
 torque left after friction.  A mechanism without friction has ``Mechanism.friction`` None: no extra work.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.model.spec import ActuatorSpec
 
 __all__ = ["Friction"]
-
-_TWO_OVER_PI = 2.0 / math.pi
 
 
 def _readonly(a, dtype=float) -> np.ndarray:
@@ -39,7 +38,7 @@ class Friction:
     """The friction of a mechanism's actuators with friction: per friction coordinate (`columns`, indices in q)
     b (`viscous`), c (`coulomb`) and v_s (`velocity`)."""
 
-    __slots__ = ("columns", "viscous", "coulomb", "velocity", "_gain")
+    __slots__ = ("columns", "viscous", "coulomb", "velocity", "_kernel")
 
     def __init__(self, columns: Sequence[int], viscous: Sequence[float], coulomb: Sequence[float],
                  velocity: Sequence[float]):
@@ -47,7 +46,7 @@ class Friction:
         self.viscous = _readonly(viscous)
         self.coulomb = _readonly(coulomb)
         self.velocity = _readonly(velocity)
-        self._gain = _readonly(_TWO_OVER_PI * self.coulomb)          # c (2/π)
+        self._kernel = native.friction_kernel(self.viscous, self.coulomb, self.velocity)
 
     @classmethod
     def of_actuators(cls, actuated: Sequence[int], actuators: Sequence[ActuatorSpec]) -> Optional["Friction"]:
@@ -61,25 +60,16 @@ class Friction:
 
     def forces(self, v) -> np.ndarray:
         """F(q̇ₖ) per friction coordinate, (..., k) for rates v (..., n)."""
-        w = np.asarray(v, dtype=float)[..., self.columns]
-        return self.viscous * w + self._gain * np.arctan(w / self.velocity)
-
-    def slopes(self, v) -> np.ndarray:
-        """∂F/∂q̇ₖ per friction coordinate, (..., k) for rates v (..., n)."""
-        s = np.asarray(v, dtype=float)[..., self.columns] / self.velocity
-        return self.viscous + (self._gain / self.velocity) / (1.0 + s * s)
+        w = np.ascontiguousarray(np.asarray(v, dtype=float)[..., self.columns])
+        out = np.empty(w.shape)
+        self._kernel.friction(w, out)
+        return out
 
     def applied(self, Q, v) -> np.ndarray:
         """Q − F(q̇) on the friction coordinates, as a new array ((n,) or (N, n), the shape of Q)."""
         out = np.array(Q, dtype=float)
         out[..., self.columns] -= self.forces(v)
         return out
-
-    def add_rate_derivative(self, da_dv: np.ndarray, da_dQ: np.ndarray, v) -> None:
-        """da_dv −= ∂q̈/∂Q ∂F/∂q̇ in place: column k of ∂q̈/∂q̇ gains −∂q̈/∂Qₖ · F′(q̇ₖ).  da_dv, da_dQ (n, n) or
-        (N, n, n) (the step leading), v (n,) or (N, n)."""
-        cols = self.columns
-        da_dv[..., :, cols] -= da_dQ[..., :, cols] * self.slopes(v)[..., None, :]
 
     def describe(self, coordinate: int) -> Optional[dict]:
         """{viscous, coulomb, coulomb_velocity} of the friction on a coordinate, or None where it has none."""

@@ -14,9 +14,11 @@ with a compiled form is written once, in C, and the tests compare it with indepe
   the module's `discretize` and `kalman_step` are the tuner's and the density adaptation's Kalman filters'
   (`estimation.reduced_ekf.discretize`, `tuning.filter_bank`).
 
+`constraint_kernel` is a `ConstraintSet`'s own kernel (Φ, Φq, Φ̇q and the second-order terms, one state or
+many: their only implementation; a constraint set of a type the kernel does not know is refused).
 What stays in numpy is what the kernel does not have: units without a kind (the independent formulation's,
-the hermite velocity integrator, the jerk), mechanisms with a constraint type it does not know, and the
-null-space solver of a singular augmented matrix.
+the hermite velocity integrator, the jerk) and the null-space solver of a singular augmented matrix, whose
+linearization the kernel takes at such a point (`MechanismKernel.missed` says where, `supply` hands it over).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "unit_kinds", "unit_form",
+__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel", "friction_kernel", "unit_kinds", "unit_form",
            "no_form_reason", "UnitProgram", "step_kernel", "scaled_distance2", "KernelMissing"]
 
 
@@ -84,6 +86,22 @@ def mechanism_kernel(mech):
                                    [int(i) for i in mech.independent_rows], [int(i) for i in mech.actuated],
                                    [int(c) for pts in mech.assembly_mode_points.tolist() for p in pts
                                     for c in mech.extended_point_index[p]], friction)
+
+
+def constraint_kernel(n: int, Ht: np.ndarray, tail: np.ndarray, angles: list):
+    """A `_kernel.MechanismKernel` of constraints alone (`model.constraints.ConstraintSet.native_form`'s parts): Φ,
+    Φq and their derivatives for `ConstraintSet`, whose only implementation it is (no dynamics: unit mass, no
+    independent rows)."""
+    return _kernel.MechanismKernel(n, np.ascontiguousarray(Ht, dtype=float), np.ascontiguousarray(tail, dtype=float),
+                                   angles, np.eye(n), [], [], [], [])
+
+
+def friction_kernel(viscous, coulomb, velocity):
+    """A `_kernel.MechanismKernel` of friction alone, over the friction coordinates' rates (coordinate i is
+    friction i): the force F(q̇) for `model.friction.Friction`, whose only implementation it is."""
+    rows = [(i, float(b), float(c), float(vs)) for i, (b, c, vs) in enumerate(zip(viscous, coulomb, velocity))]
+    k = len(rows)
+    return _kernel.MechanismKernel(k, np.zeros(0), np.ones(1), [], np.eye(k), [], [], [], rows)
 
 
 def unit_kinds() -> Dict[str, dict]:

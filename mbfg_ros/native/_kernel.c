@@ -4,14 +4,14 @@
  * covariance step, discretize and kalman_step):
  *   MechanismKernel  the constrained dynamics of one mechanism (natural coordinates: the quadratic constraints
  *                    folded into one tensor, the relative angles as (row, 5 extended indices, length)):
- *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (the formula of
- *                    mbfg_ros.dynamics.constrained.acceleration_derivatives with K⁻¹ of the augmented matrix).
+ *                    Φ, Φq, Φ̇q, q̈ and its exact first derivatives (mk_derivatives, with K⁻¹ of the
+ *                    augmented matrix, or the rows of the caller's null-space solver where K is singular).
  *   StepKernel       one StepModel's units (static rows as one matrix, the nonlinear units as a small
  *                    program): the whitened linearization, the right-hand side of the δ-form factor, and the
  *                    relinearization mismatch; writes into numpy arrays registered at construction.
  *
- * The Python modules mbfg_ros.dynamics.cache and mbfg_ros.graph.step_model hold the reference forms; the tests
- * compare both (test/test_native_kernel.py).  No numpy C API: arrays pass through the buffer protocol.
+ * Each formula here is the package's only form of it (mbfg_ros.model.constraints.ConstraintSet, dynamics.cache
+ * and graph.step_model call it); the tests compare it with numpy references of their own (test/).  No numpy C API: arrays pass through the buffer protocol.
  * Nothing here releases the GIL, so the work buffers of a kernel are never used by two threads at once.
  */
 #define PY_SSIZE_T_CLEAN
@@ -226,14 +226,21 @@ typedef struct {
     double *qe1, *T, *phi, *J, *Jd, *c2, *c3;
     double *lu, *Kinv, *col, *x, *low, *W, *lam, *tmp;
     int *piv;
+    /* where K is singular the kernel has no solver: the caller's (the null-space solver's) linearizations at such
+     * points, given with `supply`, up to SUPPLIED of them (the oldest replaced), each its key (q, q̇, Q: 3n) and its
+     * values (q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, λ: n + 3n² + m); `missed` the last such point without one (3n) */
+    int nsup, supnext, missed;
+    double *sup_key, *sup_val, *miss;
 } MechanismKernel;
+
+#define SUPPLIED 8
 
 static void
 mech_free_arrays(MechanismKernel *k)
 {
     void *arrs[] = {k->hp, k->hc, k->hv, k->np_, k->nc, k->nv, k->Ht, k->tail, k->ang_row, k->ang_idx, k->ang_L, k->M, k->rows, k->act, k->modes, k->qe1, k->T, k->phi, k->J,
                     k->Jd, k->c2, k->c3, k->lu, k->Kinv, k->col, k->x, k->low, k->W, k->lam, k->tmp, k->piv, k->fcol,
-                    k->fb, k->fg, k->fvs};
+                    k->fb, k->fg, k->fvs, k->sup_key, k->sup_val, k->miss};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
 }
@@ -376,8 +383,12 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
     k->lam = PyMem_Calloc(m + 1, sizeof(double));
     k->tmp = PyMem_Calloc((size_t)N * n + n, sizeof(double));
     k->piv = PyMem_Calloc(N, sizeof(int));
+    k->sup_key = PyMem_Calloc((size_t)SUPPLIED * 3 * n, sizeof(double));
+    k->sup_val = PyMem_Calloc((size_t)SUPPLIED * (n + 3 * (size_t)n * n + m), sizeof(double));
+    k->miss = PyMem_Calloc(3 * (size_t)n, sizeof(double));
     if (!k->ang_row || !k->ang_idx || !k->ang_L || !k->qe1 || !k->T || !k->phi || !k->J || !k->Jd || !k->c2
-        || !k->c3 || !k->lu || !k->Kinv || !k->col || !k->x || !k->low || !k->W || !k->lam || !k->tmp || !k->piv) {
+        || !k->c3 || !k->lu || !k->Kinv || !k->col || !k->x || !k->low || !k->W || !k->lam || !k->tmp || !k->piv
+        || !k->sup_key || !k->sup_val || !k->miss) {
         PyErr_NoMemory();
         return -1;
     }
@@ -504,6 +515,43 @@ mk_hessian_vector(MechanismKernel *k, const double *wv, double *out)
     }
 }
 
+/* out (m × n) += ∂(Φ̇q v)/∂q at fixed v, at the last mk_positions: the relative angles' third derivatives (the
+ * quadratic rows have none) */
+static void
+mk_add_third(MechanismKernel *k, const double *v, double *out)
+{
+    int n = k->n;
+    for (int a = 0; a < k->nang; a++) {
+        int th = k->ang_idx[5 * a + 4];
+        if (th < n)
+            out[(size_t)k->ang_row[a] * n + th] += k->c3[a] * (v[th] * v[th]);
+    }
+}
+
+/* W (n × n) = Σᵢ λᵢ ∂²Φᵢ/∂q² = ∂(Φqᵀ λ)/∂q at the last mk_positions */
+static void
+mk_weighted_hessian(MechanismKernel *k, const double *lam, double *W)
+{
+    int n = k->n, m = k->m, w = k->ne + 1;
+    memset(W, 0, (size_t)n * n * sizeof(double));
+    for (int i = 0; i < m; i++) {
+        double li = lam[i];
+        if (li == 0.0)
+            continue;
+        for (int j = 0; j < n; j++) {
+            size_t row = (size_t)i * w + j;
+            double *Wj = W + (size_t)j * n;
+            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
+                Wj[k->nc[e]] += li * k->nv[e];
+        }
+    }
+    for (int a = 0; a < k->nang; a++) {
+        int th = k->ang_idx[5 * a + 4];
+        if (th < n)
+            W[(size_t)th * n + th] += k->c2[a] * lam[k->ang_row[a]];
+    }
+}
+
 /* the augmented matrix K = [[M, Jᵣᵀ], [Jᵣ, 0]] (independent rows) and its LU in k->lu; 0 on success */
 static int
 mk_factor(MechanismKernel *k)
@@ -523,6 +571,13 @@ mk_factor(MechanismKernel *k)
     return lu_factor(K, k->piv, N);
 }
 
+/* the actuators' friction force F = b w + g atan(w / v_s) of friction coordinate f at its rate w */
+static inline double
+mk_friction(const MechanismKernel *k, int f, double w)
+{
+    return k->fb[f] * w + k->fg[f] * atan(w / k->fvs[f]);
+}
+
 /* rhs of the augmented system: [Q − F(q̇); −Φ̇qᵣ q̇] into x (F the actuators' friction) */
 static void
 mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
@@ -530,8 +585,7 @@ mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
     int n = k->n;
     memcpy(x, Q, n * sizeof(double));
     for (int f = 0; f < k->nf; f++) {
-        double w = v[k->fcol[f]];
-        x[k->fcol[f]] -= k->fb[f] * w + k->fg[f] * atan(w / k->fvs[f]);
+        x[k->fcol[f]] -= mk_friction(k, f, v[k->fcol[f]]);
     }
     for (int t = 0; t < k->r; t++) {
         const double *Jd = k->Jd + (size_t)k->rows[t] * n;
@@ -542,34 +596,105 @@ mk_rhs(MechanismKernel *k, const double *v, const double *Q, double *x)
     }
 }
 
-/* q̈ (n) at (q, q̇, Q) by one LU solve (no derivatives); 0 on success, 1 where K is singular or q̈ not sane */
+/* at a point where K is singular or the solution not sane: the linearization supplied for (q, q̇, Q) into the
+ * outputs (any may be NULL), 0; else 1, the point kept as `missed` for the caller to supply */
+static int
+mk_supplied(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
+            double *da_dv, double *da_dQ, double *lam)
+{
+    int n = k->n, m = k->m;
+    size_t nn = (size_t)n * n, vw = n + 3 * nn + m, kb = n * sizeof(double);
+    for (int t = 0; t < k->nsup; t++) {
+        const double *key = k->sup_key + (size_t)t * 3 * n;
+        if (memcmp(key, q, kb) || memcmp(key + n, v, kb) || memcmp(key + 2 * n, Q, kb))
+            continue;
+        const double *val = k->sup_val + (size_t)t * vw;
+        if (a)
+            memcpy(a, val, kb);
+        if (da_dq)
+            memcpy(da_dq, val + n, nn * sizeof(double));
+        if (da_dv)
+            memcpy(da_dv, val + n + nn, nn * sizeof(double));
+        if (da_dQ)
+            memcpy(da_dQ, val + n + 2 * nn, nn * sizeof(double));
+        if (lam)
+            memcpy(lam, val + n + 3 * nn, m * sizeof(double));
+        return 0;
+    }
+    memcpy(k->miss, q, kb);
+    memcpy(k->miss + n, v, kb);
+    memcpy(k->miss + 2 * n, Q, kb);
+    k->missed = 1;
+    return 1;
+}
+
+/* q̈ (n) at (q, q̇, Q) by one LU solve (no derivatives); 0 on success, 1 where K is singular or q̈ not sane (and
+ * nothing supplied there) */
 static int
 mk_acceleration(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a)
 {
     mk_positions(k, q);
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, NULL, NULL, NULL, NULL);
     mk_rhs(k, v, Q, k->x);
     lu_solve(k->lu, k->piv, k->N, k->x);
     if (!is_sane(k->x, k->N))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, NULL, NULL, NULL, NULL);
     memcpy(a, k->x, k->n * sizeof(double));
     return 0;
 }
 
+/* ∂q̈/∂q and ∂q̈/∂q̇ at the last mk_positions and Φ̇q (k->Jd) from q̈ (a), λ (all rows) and the first n rows [A B]
+ * of K⁻¹ (AB: n rows of N; from the LU here, or the caller's null-space solver where K is singular).
+ * Differentiating M q̈ + Φqᵀλ = Q − F(q̇), Φq q̈ = −Φ̇q q̇ gives
+ * K ∂[q̈; λ] = [−Σλᵢ∂²Φᵢ ∂q − ∂F/∂q̇ ∂q̇; −low ∂q − 2 Φ̇q ∂q̇] + [∂Q; 0] with low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q
+ * (independent rows), hence ∂q̈/∂q = −(A W + B lowᵣ), W = Σλᵢ∂²Φᵢ, and ∂q̈/∂q̇ = −2 B Φ̇qᵣ − A ∂F/∂q̇ (∂q̈/∂Q = A) */
+static void
+mk_derivatives(MechanismKernel *k, const double *v, const double *a, const double *lam, const double *AB,
+               double *da_dq, double *da_dv)
+{
+    int n = k->n, N = k->N, r = k->r;
+    double *low = k->low, *W = k->W;
+    mk_hessian_vector(k, a, low);
+    mk_add_third(k, v, low);
+    mk_weighted_hessian(k, lam, W);
+    for (int i = 0; i < n; i++) {
+        const double *Ai = AB + (size_t)i * N, *Bi = Ai + n;
+        for (int j = 0; j < n; j++) {
+            double s = 0.0, sv = 0.0;
+            for (int l = 0; l < n; l++)
+                s += Ai[l] * W[(size_t)l * n + j];
+            for (int t = 0; t < r; t++) {
+                s += Bi[t] * low[(size_t)k->rows[t] * n + j];
+                sv += Bi[t] * k->Jd[(size_t)k->rows[t] * n + j];
+            }
+            da_dq[(size_t)i * n + j] = -s;
+            da_dv[(size_t)i * n + j] = -2.0 * sv;
+        }
+    }
+    /* friction, column by friction coordinate */
+    for (int f = 0; f < k->nf; f++) {
+        int c = k->fcol[f];
+        double s = v[c] / k->fvs[f];
+        double slope = k->fb[f] + (k->fg[f] / k->fvs[f]) / (1.0 + s * s);
+        for (int i = 0; i < n; i++)
+            da_dv[(size_t)i * n + c] -= AB[(size_t)i * N + c] * slope;
+    }
+}
+
 /* the dynamics linearization at (q, q̇, Q): q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q = K⁻¹[:n, :n], λ (all rows), with Φq and Φ̇q
- * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success, 1 where K is
- * singular or the solution not sane. */
+ * of all rows left in k->J, k->Jd (Q without the friction, which mk_rhs applies).  0 on success (a supplied
+ * linearization where K is singular), 1 where K is singular or the solution not sane and nothing is supplied. */
 static int
 mk_linearize(MechanismKernel *k, const double *q, const double *v, const double *Q, double *a, double *da_dq,
              double *da_dv, double *da_dQ, double *lam)
 {
-    int n = k->n, m = k->m, N = k->N, r = k->r, w = k->ne + 1;
+    int n = k->n, m = k->m, N = k->N, r = k->r;
     mk_positions(k, q);
     mk_hessian_vector(k, v, k->Jd);
     if (mk_factor(k))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, da_dq, da_dv, da_dQ, lam);
     /* the top n rows [A B] of K⁻¹, which turn the derivatives into products: K is symmetric, so they are the
      * transposed first n columns, n solves (not N) */
     double *Kinv = k->Kinv, *col = k->col;
@@ -583,60 +708,14 @@ mk_linearize(MechanismKernel *k, const double *q, const double *v, const double 
     mk_rhs(k, v, Q, x);
     lu_solve(k->lu, k->piv, N, x);
     if (!is_sane(x, N))
-        return 1;
+        return mk_supplied(k, q, v, Q, a, da_dq, da_dv, da_dQ, lam);
     memcpy(a, x, n * sizeof(double));
     memset(lam, 0, m * sizeof(double));
     for (int t = 0; t < r; t++)
         lam[k->rows[t]] = x[n + t];
-    /* low = ∂(Φq q̈)/∂q + ∂(Φ̇q q̇)/∂q (independent rows), W = Σ λᵢ ∂²Φᵢ */
-    double *low = k->low, *W = k->W;
-    mk_hessian_vector(k, a, low);
-    for (int aa = 0; aa < k->nang; aa++) {
-        int th = k->ang_idx[5 * aa + 4];
-        if (th < n)
-            low[(size_t)k->ang_row[aa] * n + th] += k->c3[aa] * (v[th] * v[th]);
-    }
-    memset(W, 0, (size_t)n * n * sizeof(double));
-    for (int i = 0; i < m; i++) {
-        double li = lam[i];
-        if (li == 0.0)
-            continue;
-        for (int j = 0; j < n; j++) {
-            size_t row = (size_t)i * w + j;
-            double *Wj = W + (size_t)j * n;
-            for (int e = k->np_[row]; e < k->np_[row + 1]; e++)
-                Wj[k->nc[e]] += li * k->nv[e];
-        }
-    }
-    for (int aa = 0; aa < k->nang; aa++) {
-        int th = k->ang_idx[5 * aa + 4];
-        if (th < n)
-            W[(size_t)th * n + th] += k->c2[aa] * lam[k->ang_row[aa]];
-    }
-    /* ∂q̈/∂q = −(A W + B lowᵣ), ∂q̈/∂q̇ = −2 B Φ̇qᵣ, ∂q̈/∂Q = A, with [A B] = K⁻¹[:n] */
-    for (int i = 0; i < n; i++) {
-        const double *Ai = Kinv + (size_t)i * N, *Bi = Ai + n;
-        for (int j = 0; j < n; j++) {
-            double s = 0.0, sv = 0.0;
-            for (int l = 0; l < n; l++)
-                s += Ai[l] * W[(size_t)l * n + j];
-            for (int t = 0; t < r; t++) {
-                s += Bi[t] * low[(size_t)k->rows[t] * n + j];
-                sv += Bi[t] * k->Jd[(size_t)k->rows[t] * n + j];
-            }
-            da_dq[(size_t)i * n + j] = -s;
-            da_dv[(size_t)i * n + j] = -2.0 * sv;
-            da_dQ[(size_t)i * n + j] = Ai[j];
-        }
-    }
-    /* friction: ∂q̈/∂q̇ −= ∂q̈/∂Q ∂F/∂q̇, column by friction coordinate */
-    for (int f = 0; f < k->nf; f++) {
-        int c = k->fcol[f];
-        double s = v[c] / k->fvs[f];
-        double slope = k->fb[f] + (k->fg[f] / k->fvs[f]) / (1.0 + s * s);
-        for (int i = 0; i < n; i++)
-            da_dv[(size_t)i * n + c] -= Kinv[(size_t)i * N + c] * slope;
-    }
+    mk_derivatives(k, v, a, lam, Kinv, da_dq, da_dv);
+    for (int i = 0; i < n; i++)
+        memcpy(da_dQ + (size_t)i * n, Kinv + (size_t)i * N, n * sizeof(double));
     return 0;
 }
 
@@ -652,7 +731,22 @@ mk_check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *name)
     return 0;
 }
 
-/* phi_and_jacobian(q, phi_out, J_out) */
+/* the number of states N in a buffer of q (N·n values; N may be 0), or -1 with an exception */
+static Py_ssize_t
+mk_states(MechanismKernel *k, PyObject *obj, Buf *b, double **q)
+{
+    *q = get_doubles(obj, b, -1, 0, "q");
+    if (!*q)
+        return -1;
+    Py_ssize_t len = b->view.len / 8;
+    if (len % k->n) {
+        PyErr_Format(PyExc_ValueError, "q: a multiple of %d values expected, got %zd", k->n, len);
+        return -1;
+    }
+    return len / k->n;
+}
+
+/* phi_and_jacobian(q, phi_out, J_out): Φ (N × m) and Φq (N × m × n) of N states q (N × n) */
 static PyObject *
 mk_py_phi_and_jacobian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -660,13 +754,18 @@ mk_py_phi_and_jacobian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nar
         return NULL;
     Buf bq = {0}, bp = {0}, bj = {0};
     PyObject *ret = NULL;
-    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
-    double *phi = q ? get_doubles(args[1], &bp, k->m, 1, "phi") : NULL;
-    double *J = phi ? get_doubles(args[2], &bj, (Py_ssize_t)k->m * k->n, 1, "J") : NULL;
-    if (J) {
-        mk_positions(k, q);
-        memcpy(phi, k->phi, k->m * sizeof(double));
-        memcpy(J, k->J, (size_t)k->m * k->n * sizeof(double));
+    double *q;
+    Py_ssize_t S = mk_states(k, args[0], &bq, &q);
+    int n = k->n, m = k->m;
+    double *phi = NULL, *J = NULL;
+    /* (an empty buffer may have no address: the error indicator says whether a buffer was refused) */
+    if (S >= 0 && ((phi = get_doubles(args[1], &bp, S * m, 1, "phi")) || !PyErr_Occurred())
+        && ((J = get_doubles(args[2], &bj, S * m * n, 1, "J")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++) {
+            mk_positions(k, q + s * n);
+            memcpy(phi + s * m, k->phi, m * sizeof(double));
+            memcpy(J + s * m * n, k->J, (size_t)m * n * sizeof(double));
+        }
         ret = Py_NewRef(Py_None);
     }
     release(&bq), release(&bp), release(&bj);
@@ -690,24 +789,163 @@ mk_py_max_abs_phi(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     return PyFloat_FromDouble(max_abs(k->phi, k->m));
 }
 
-/* jacobian_dot(q, v, out): Φ̇q (m × n) */
+/* the per-state products of N states: 0 hessian_vector ∂(Φq w)/∂q (w = q̇: Φ̇q), 1 ∂(Φ̇q v)/∂q at fixed v (both
+ * m × n), 2 Σᵢ λᵢ ∂²Φᵢ/∂q² (n × n; the second argument is λ, m per state) */
 static PyObject *
-mk_py_jacobian_dot(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+mk_products(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs, int what, const char *name)
 {
-    if (mk_check_nargs(nargs, 3, "jacobian_dot") < 0)
+    if (mk_check_nargs(nargs, 3, name) < 0)
         return NULL;
     Buf bq = {0}, bv = {0}, bo = {0};
     PyObject *ret = NULL;
-    double *q = get_doubles(args[0], &bq, k->n, 0, "q");
-    double *v = q ? get_doubles(args[1], &bv, k->n, 0, "v") : NULL;
-    double *out = v ? get_doubles(args[2], &bo, (Py_ssize_t)k->m * k->n, 1, "out") : NULL;
-    if (out) {
-        mk_positions(k, q);
-        mk_hessian_vector(k, v, out);
+    double *q;
+    Py_ssize_t S = mk_states(k, args[0], &bq, &q);
+    int n = k->n, m = k->m;
+    Py_ssize_t per_in = what == 2 ? m : n, per_out = what == 2 ? (Py_ssize_t)n * n : (Py_ssize_t)m * n;
+    double *v = NULL, *out = NULL;
+    if (S >= 0 && ((v = get_doubles(args[1], &bv, S * per_in, 0, what == 2 ? "lam" : "v")) || !PyErr_Occurred())
+        && ((out = get_doubles(args[2], &bo, S * per_out, 1, "out")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++) {
+            double *o = out + s * per_out;
+            const double *vs = v + s * per_in;
+            mk_positions(k, q + s * n);
+            if (what == 0)
+                mk_hessian_vector(k, vs, o);
+            else if (what == 1) {
+                memset(o, 0, per_out * sizeof(double));
+                mk_add_third(k, vs, o);
+            } else
+                mk_weighted_hessian(k, vs, o);
+        }
         ret = Py_NewRef(Py_None);
     }
     release(&bq), release(&bv), release(&bo);
     return ret;
+}
+
+/* jacobian_dot(q, w, out): ∂(Φq w)/∂q (N × m × n) of N states; with w = q̇ this is Φ̇q */
+static PyObject *
+mk_py_jacobian_dot(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 0, "jacobian_dot");
+}
+
+/* jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v (N × m × n) of N states */
+static PyObject *
+mk_py_third(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 1, "jacobian_dot_times_v_derivative");
+}
+
+/* weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² (N × n × n) of N states */
+static PyObject *
+mk_py_weighted_hessian(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    return mk_products(k, args, nargs, 2, "weighted_hessian");
+}
+
+/* friction(v, out): the friction force F(q̇) per friction coordinate (N × nf) of N rates v (N × n) */
+static PyObject *
+mk_py_friction(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 2, "friction") < 0)
+        return NULL;
+    Buf bv = {0}, bo = {0};
+    PyObject *ret = NULL;
+    double *v, *out = NULL;
+    Py_ssize_t S = mk_states(k, args[0], &bv, &v);
+    if (S >= 0 && ((out = get_doubles(args[1], &bo, S * k->nf, 1, "out")) || !PyErr_Occurred())) {
+        for (Py_ssize_t s = 0; s < S; s++)
+            for (int f = 0; f < k->nf; f++)
+                out[s * k->nf + f] = mk_friction(k, f, v[s * k->n + k->fcol[f]]);
+        ret = Py_NewRef(Py_None);
+    }
+    release(&bv), release(&bo);
+    return ret;
+}
+
+/* derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ (all rows) and the first n rows [A B]
+ * of K⁻¹ (n × (n + r)) of another solver (the null-space solver of a singular K) */
+static PyObject *
+mk_py_derivatives(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 7, "derivatives") < 0)
+        return NULL;
+    int n = k->n;
+    Py_ssize_t nn = (Py_ssize_t)n * n, sizes[7] = {n, n, n, k->m, (Py_ssize_t)n * k->N, nn, nn};
+    const char *names[7] = {"q", "v", "a", "lam", "AB", "da_dq", "da_dv"};
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    double *p[7];
+    int ok = 1;
+    for (int i = 0; i < 7 && ok; i++)
+        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], i >= 5, names[i])) != NULL || !PyErr_Occurred();
+    if (ok) {
+        mk_positions(k, p[0]);
+        mk_hessian_vector(k, p[1], k->Jd);
+        mk_derivatives(k, p[1], p[2], p[3], p[4], p[5], p[6]);
+    }
+    for (int i = 0; i < 7; i++)
+        release(&b[i]);
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
+/* supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization at a point where K is singular (the caller's
+ * null-space solver), which the kernel then takes there */
+static PyObject *
+mk_py_supply(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 8, "supply") < 0)
+        return NULL;
+    int n = k->n, m = k->m;
+    Py_ssize_t nn = (Py_ssize_t)n * n, sizes[8] = {n, n, n, n, nn, nn, nn, m};
+    const char *names[8] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam"};
+    Buf b[8];
+    memset(b, 0, sizeof b);
+    double *p[8];
+    int ok = 1;
+    for (int i = 0; i < 8 && ok; i++)
+        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], 0, names[i])) != NULL || !PyErr_Occurred();
+    if (ok) {
+        int t = k->supnext;
+        k->supnext = (t + 1) % SUPPLIED;
+        if (k->nsup < SUPPLIED)
+            k->nsup++;
+        double *key = k->sup_key + (size_t)t * 3 * n, *val = k->sup_val + (size_t)t * (n + 3 * nn + m);
+        for (int i = 0; i < 3; i++)
+            memcpy(key + (size_t)i * n, p[i], n * sizeof(double));
+        for (int i = 3, off = 0; i < 8; off += (int)sizes[i], i++)
+            if (sizes[i])
+                memcpy(val + off, p[i], sizes[i] * sizeof(double));
+    }
+    for (int i = 0; i < 8; i++)
+        release(&b[i]);
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
+/* missed(q_out, v_out, Q_out) -> bool: the last point where K was singular and nothing supplied (then forgotten) */
+static PyObject *
+mk_py_missed(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (mk_check_nargs(nargs, 3, "missed") < 0)
+        return NULL;
+    int n = k->n;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        double *o = get_doubles(args[i], &b[i], n, 1, "out");
+        ok = o != NULL;
+        if (ok && k->missed)
+            memcpy(o, k->miss + (size_t)i * n, n * sizeof(double));
+    }
+    for (int i = 0; i < 3; i++)
+        release(&b[i]);
+    if (!ok)
+        return NULL;
+    int was = k->missed;
+    k->missed = 0;
+    return PyBool_FromLong(was);
 }
 
 /* acceleration(q, v, Q, a_out) -> bool (False: K singular or q̈ not sane) */
@@ -1350,10 +1588,22 @@ static PyMethodDef mech_methods[] = {
     {"taylor", (PyCFunction)(void (*)(void))mk_py_taylor, METH_FASTCALL,
      "taylor(x, h, a_prev, h_prev, jerk, out): the predictor's Taylor step of q, q̇ alone (see the C source)."},
     {"phi_and_jacobian", (PyCFunction)(void (*)(void))mk_py_phi_and_jacobian, METH_FASTCALL,
-     "phi_and_jacobian(q, phi_out, J_out): Φ(q) and Φq(q) into the given arrays."},
+     "phi_and_jacobian(q, phi_out, J_out): Φ and Φq of N states q (N × n) into the given arrays (N × m, N × m × n)."},
     {"max_abs_phi", (PyCFunction)(void (*)(void))mk_py_max_abs_phi, METH_FASTCALL, "max |Φ(q)|."},
     {"jacobian_dot", (PyCFunction)(void (*)(void))mk_py_jacobian_dot, METH_FASTCALL,
-     "jacobian_dot(q, v, out): Φ̇q(q, q̇) into out (m × n)."},
+     "jacobian_dot(q, w, out): ∂(Φq w)/∂q of N states into out (N × m × n); w = q̇: Φ̇q."},
+    {"jacobian_dot_times_v_derivative", (PyCFunction)(void (*)(void))mk_py_third, METH_FASTCALL,
+     "jacobian_dot_times_v_derivative(q, v, out): ∂(Φ̇q(q, v) v)/∂q at fixed v of N states (N × m × n)."},
+    {"weighted_hessian", (PyCFunction)(void (*)(void))mk_py_weighted_hessian, METH_FASTCALL,
+     "weighted_hessian(q, lam, out): Σᵢ λᵢ ∂²Φᵢ/∂q² of N states (N × n × n)."},
+    {"friction", (PyCFunction)(void (*)(void))mk_py_friction, METH_FASTCALL,
+     "friction(v, out): the friction force per friction coordinate of N rates (N × n) into out (N × nf)."},
+    {"derivatives", (PyCFunction)(void (*)(void))mk_py_derivatives, METH_FASTCALL,
+     "derivatives(q, v, a, lam, AB, da_dq, da_dv): ∂q̈/∂q, ∂q̈/∂q̇ from q̈, λ and the rows [A B] of another solver."},
+    {"supply", (PyCFunction)(void (*)(void))mk_py_supply, METH_FASTCALL,
+     "supply(q, v, Q, a, da_dq, da_dv, da_dQ, lam): the linearization to take at a point where K is singular."},
+    {"missed", (PyCFunction)(void (*)(void))mk_py_missed, METH_FASTCALL,
+     "missed(q_out, v_out, Q_out) -> bool: the last point where K was singular and nothing was supplied."},
     {"acceleration", (PyCFunction)(void (*)(void))mk_py_acceleration, METH_FASTCALL,
      "acceleration(q, v, Q, a_out) -> ok: q̈ by one LU solve of the augmented system."},
     {"linearize", (PyCFunction)(void (*)(void))mk_py_linearize, METH_FASTCALL,

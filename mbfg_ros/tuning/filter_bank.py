@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mbfg_ros import native
-from mbfg_ros.dynamics.batched import BatchConstraints, dynamics_many
+from mbfg_ros.dynamics.batched import dynamics_many
 from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedModel, rk4_step
 from mbfg_ros.model.mechanism import Mechanism
 
@@ -59,7 +59,7 @@ class ReducedModelBank:
         self.mech = mech
         self.z = np.asarray([int(i) for i in z], np.intp)
         self.free = np.array([i for i in range(mech.n) if i not in set(self.z.tolist())], np.intp)
-        self.bc = BatchConstraints(mech.constraints)
+        self.bc = mech.constraints
         self.gravity = np.asarray(mech.gravity_forces, float)
         self.actuated = np.asarray(mech.actuated, np.intp)
         # the compiled per-row forms; numpy's null-space solver serves the rows the kernel finds singular
@@ -71,7 +71,7 @@ class ReducedModelBank:
 
     @staticmethod
     def supports(mech: Mechanism) -> bool:
-        return BatchConstraints(mech.constraints).supported and mech.constraints.native_form() is not None
+        return native.mechanism_kernel(mech) is not None
 
     def positions(self, z_values: np.ndarray, guess: np.ndarray, basis: Optional[np.ndarray] = None):
         """(poses (N, n), their Φq (N, m, n), their tangents ∂q/∂z (N, n, d), solved (N,)): each row's z held,
