@@ -15,7 +15,8 @@ offline, by the innovation likelihood of its own readings, online:
   `GRID_DECADES` around the starting density of the efforts; whole decades, `ACCELERATION_DECADES` below and
   above the starting acceleration density: the estimates stay within it) and, in fused mode with a finite time
   constant, per time constant of the disturbance (half decades, `TIME_CONSTANT_DECADES` below the start, none
-  under `MIN_TIME_CONSTANT_SAMPLES` of the bank's sample intervals; the density's axis then ±
+  under `MIN_TIME_CONSTANT_SAMPLES` of the bank's sample intervals, that bound itself where the half decades
+  step past it; the density's axis then ±
   `FUSED_GRID_DECADES`): a 3-D grid, each filter on the linear model of the encoded
   coordinates z (one encoder per degree of freedom) around the estimator's newest estimate:
       z̈ = u + B τ + ξ,   τ̈ = −(2/T) τ̇ − τ/T² + w,
@@ -65,8 +66,9 @@ ACCELERATION_DECADES = (2.0, 4.0)   # ... its acceleration densities: start × 1
 ACCELERATION_STEP = 1.0   # ... every decade (7): the likelihood is flat over a decade about its peak, and the
                        # bank's cost is its filter count (17 × 13 at half decades: 2× the time, the same fits)
 TIME_CONSTANT_DECADES = (1.5, 0.0)  # fused mode: the disturbance's time constants, start × 10^(−1.5 … 0) ...
-TIME_CONSTANT_STEP = 0.5   # ... every half decade (4), none below `min_time_constant`.  Shorter only: the start
-                       # (its scaled default) is the slowest correction a trusted actuator's command needs; on real
+TIME_CONSTANT_STEP = 0.5   # ... every half decade (4), none below `min_time_constant` (itself one where the
+                       # ladder steps past it).  Shorter only: the start is the slowest correction a trusted
+                       # actuator's command needs; on real
                        # motors the readings ask for 0.1 s or less (the DFKI double pendulum: with the start held
                        # at 0.35–1 s the disturbance took the model's error in and the fused torque was 1.1–1.9×
                        # the command's error, bench/real_hardware.py)
@@ -88,9 +90,11 @@ GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improba
                        # took both fits to the grid's top for the memory's 10 s)
 MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
 CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
-MIN_TIME_CONSTANT_SAMPLES = 4.0   # no disturbance time constant shorter than this many of the bank's sample
-                       # intervals (max(dt, BANK_INTERVAL)): shorter, the disturbance is white between samples and
-                       # trades against the acceleration density (`mbfg tune` bounds its search by the same rule)
+MIN_TIME_CONSTANT_SAMPLES = 2.0   # no disturbance time constant shorter than this many of the bank's sample
+                       # intervals (max(dt, BANK_INTERVAL)), which is then itself a grid point: shorter, the
+                       # disturbance is white between samples and trades against the acceleration density.  At 4
+                       # (80 ms) the DFKI runs' fits sat at the bound and fused torque stayed 1.2–1.6× the command's
+                       # error on the acrobot's and C0 sysid 00's shoulder; at 2 (40 ms) 1.08–1.27×
 RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
                        # until the best grid point's log-likelihood exceeds theirs by ½ χ²ₖ(95 %) nats, k the axes
                        # fitted (a likelihood-ratio test; 3.0 nats for 2 axes, 3.9 for 3): the disturbance's start is the belief of a small, slow correction, which
@@ -235,7 +239,11 @@ class DensityAdaptation:
             # none shorter than the estimator allows (the start always stays, the grid's top)
             floor = math.log10(min_time_constant) if min_time_constant > 0 else -math.inf
             steps = steps[(self.log10_time_constant_start + TIME_CONSTANT_STEP * steps >= floor) | (steps == 0)]
-            self.log10_time_constant_grid = self.log10_time_constant_start + TIME_CONSTANT_STEP * steps
+            grid = self.log10_time_constant_start + TIME_CONSTANT_STEP * steps
+            if floor > -math.inf and grid.min() - floor >= 0.5 * TIME_CONSTANT_STEP and \
+                    grid.min() - TIME_CONSTANT_STEP < floor:
+                grid = np.r_[floor, grid]            # the shortest allowed, where the ladder steps past it
+            self.log10_time_constant_grid = grid
             self.time_constant_grid = 10.0 ** self.log10_time_constant_grid
         else:
             self.log10_time_constant_start = math.log10(self.time_constant) if math.isfinite(self.time_constant) \

@@ -47,7 +47,6 @@ import numpy as np
 
 from mbfg_ros.blas import single_threaded_blas
 from mbfg_ros.dynamics.kinematics import AssemblyError
-from mbfg_ros.estimation import density_adaptation
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank, ReducedModelBank
 from mbfg_ros.factors.noise import default_sigmas
@@ -72,7 +71,7 @@ FAILED = 1e300           # the cost of a candidate whose filter fails
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
 # (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
 # that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
-MIN_TIME_CONSTANT_SAMPLES = density_adaptation.MIN_TIME_CONSTANT_SAMPLES   # (the online fit's bound too)
+MIN_TIME_CONSTANT_SAMPLES = 4.0
 # An encoder's σ is searched down to this many decades below its given (or the mechanism file's) value.  Far
 # below it the filter stops filtering: it follows each reading and explains the motion by acceleration noise,
 # a second maximum of the likelihood (on the C0 acrobot run, fused: σ 1e-7 rad and an acceleration density of
