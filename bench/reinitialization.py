@@ -20,9 +20,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def run(seed: int, steps: int, every: int):
+def run(seed: int, steps: int, every: int, adapt_densities: bool = True):
     """(max, RMS) in mm of max |q − q_true| per step after the first 40, and the largest |Φ| a
-    re-initialization reported (test/test_estimator.py checks these too)."""
+    re-initialization reported (test/test_estimator.py checks these too; `adapt_densities`: the online density fit,
+    whose bank restarts, with a 0.25-s burn-in, at every re-initialization)."""
     import numpy as np
     from mbfg_ros.estimation.config import EstimatorConfig
     from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -30,7 +31,7 @@ def run(seed: int, steps: int, every: int):
     from mbfg_ros.sim.plant import Actuator, SimulatedPlant
     robot = load_mechanism("pick_and_place_robot")
     plant = SimulatedPlant(robot, dt=5e-3, seed=seed, actuator=Actuator.ideal(robot))   # exact commands (fused)
-    est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused",
+    est = FixedLagEstimator(robot, EstimatorConfig(dt=5e-3, window=10, mode="fused", adapt_densities=adapt_densities,
                                                    sensor_sigmas={"motor1": 1e-3, "motor2": 1e-3}))
     err, residual = [], 0.0
     for k in range(steps):

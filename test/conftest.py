@@ -41,6 +41,10 @@ if INSTALLED_PACKAGE_FOLDER is not None:
     sys.path[:] = [entry for entry in sys.path if _path_entry(entry) != SOURCE_ROOT]
     os.environ["PYTHONSAFEPATH"] = "1"
 
+#: the folder a subprocess's PYTHONPATH needs for the package under test (the installed copy, whose kernel is
+#: built for its interpreter, else the source tree)
+PACKAGE_PATH = INSTALLED_PACKAGE_FOLDER if INSTALLED_PACKAGE_FOLDER is not None else SOURCE_ROOT
+
 from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402  (after the path is set)
 
 

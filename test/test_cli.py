@@ -25,7 +25,8 @@ def run(argv, capsys):
 
 def run_subprocess(argv, cwd):
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    from conftest import PACKAGE_PATH
+    env["PYTHONPATH"] = str(PACKAGE_PATH) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "mbfg_ros.cli", *map(str, argv)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 

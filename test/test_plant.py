@@ -80,7 +80,8 @@ def test_sim_node_refuses_bad_actuator_parameters(args, message):
     pytest.importorskip("rclpy", reason="the plant node needs rclpy")
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    from conftest import PACKAGE_PATH
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_PATH) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1", ROS_DOMAIN_ID="97")
     p = subprocess.run([sys.executable, "-m", "mbfg_ros.ros.sim_node", "--ros-args", *args], env=env,
                        capture_output=True, text=True, timeout=60, cwd=str(repo))
@@ -121,7 +122,8 @@ def test_both_nodes_report_a_bad_mechanism_file_in_one_line(tmp_path, module, na
     path = tmp_path / "mechanism.yaml"
     if content is not None:
         path.write_text(content)
-    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    from conftest import PACKAGE_PATH
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_PATH) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOCALHOST_ONLY="1", ROS_DOMAIN_ID="97")
     p = subprocess.run([sys.executable, "-m", module, "--ros-args", "-p", f"mechanism:={path}"], env=env,
                        capture_output=True, text=True, timeout=120, cwd=str(repo))
