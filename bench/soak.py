@@ -104,15 +104,17 @@ class DiagnosticsCounters:
         self.rclpy.shutdown(context=self.context)
 
 
-def _start(code: Path, module: str, args: List[str], env: Dict[str, str], log: Path) -> subprocess.Popen:
-    """The node of checkout `code` (its package first on the path)."""
-    env = dict(env, PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _start(code: Path, module: str, args: List[str], env: Dict[str, str], log: Path,
+           package: Optional[Path] = None) -> subprocess.Popen:
+    """The node of checkout `code` (its package first on the path, or the one in folder `package`: an installed
+    copy, whose kernel is built for this interpreter)."""
+    env = dict(env, PYTHONPATH=str(package or code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return start_node_process(module, args, env, log, cwd=code)
 
 
 def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, code: Path = REPO,
              domain_id: Optional[int] = None, log_dir: Optional[Path] = None, verbose: bool = True,
-             startup_timeout: float = 60.0) -> Dict[str, object]:
+             startup_timeout: float = 60.0, package: Optional[Path] = None) -> Dict[str, object]:
     """Run both nodes for `seconds` after the first estimate; returns {"rows": [(t, rss plant kB, rss
     estimator kB, estimates/s, readings/s)], "growth_kb_per_min": {process: {"second_half", "whole"}},
     "exit_codes", "logs"}."""
@@ -124,8 +126,9 @@ def run_soak(seconds: float = 600.0, every: float = 10.0, dt: float = 0.001, cod
     config = code / "config" / "four_bar.yaml"
     common = ["--params-file", str(config), "-p", f"dt:={dt}"]
     probe = DiagnosticsCounters(domain_id)
-    procs = {"estimator": _start(code, "mbfg_ros.ros.node", common, env, logs / "estimator.log")}
-    procs["plant"] = _start(code, "mbfg_ros.ros.sim_node", common + ["-p", "duration:=0.0"], env, logs / "plant.log")
+    procs = {"estimator": _start(code, "mbfg_ros.ros.node", common, env, logs / "estimator.log", package)}
+    procs["plant"] = _start(code, "mbfg_ros.ros.sim_node", common + ["-p", "duration:=0.0"], env, logs / "plant.log",
+                            package)
     rows = []
     try:
         t_end = time.monotonic() + startup_timeout

@@ -285,8 +285,9 @@ PLANT_GROWTH_BOUND_KB_PER_MIN = 300.0
 def test_plant_memory_flat_over_a_short_soak(tmp_path):
     sys.path.insert(0, str(REPO / "bench"))
     from soak import run_soak
+    from conftest import PACKAGE_PATH
     res = run_soak(seconds=SOAK_S, every=1.0, dt=0.002, domain_id=fresh_domain_id(), log_dir=tmp_path,
-                   verbose=False)
+                   verbose=False, package=PACKAGE_PATH)
     growth = res["growth_kb_per_min"]
     table = "\n".join(f"{r[0]:6.1f} s  plant {r[1]:9.0f} kB  estimator {r[2]:9.0f} kB  {r[3]:5.0f} estimates/s"
                       for r in res["rows"])
