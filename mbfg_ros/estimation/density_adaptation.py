@@ -54,7 +54,7 @@ import numpy as np
 
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.estimation.reduced_ekf import discretize, encoded_acceleration_noise
-from mbfg_ros.factors.processes import FOREVER
+from mbfg_ros.factors.noise import FOREVER
 from mbfg_ros.model.mechanism import Mechanism
 
 __all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns"]
@@ -91,7 +91,7 @@ GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improba
 MAX_REJECTED = 3       # readings refused in a row after which the filters restart (they lost the motion)
 CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
 MIN_TIME_CONSTANT_SAMPLES = 2.0   # no disturbance time constant shorter than this many of the bank's sample
-                       # intervals (max(dt, BANK_INTERVAL)), which is then itself a grid point: shorter, the
+                       # intervals (max(dt, BANK_INTERVAL), dt the estimator's step), which is then itself a grid point: shorter, the
                        # disturbance is white between samples and trades against the acceleration density.  At 4
                        # (80 ms) the DFKI runs' fits sat at the bound and fused torque stayed 1.2–1.6× the command's
                        # error on the acrobot's and C0 sysid 00's shoulder; at 2 (40 ms) 1.08–1.27×
@@ -188,8 +188,7 @@ class DensityAdaptation:
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
-                 actuated=None, fit_time_constant: Optional[bool] = None, min_time_constant: float = 0.0,
-                 rate_time_constant: float = math.inf):
+                 actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -214,11 +213,7 @@ class DensityAdaptation:
         # constants along axis 2 (flattened: k = (i Kₐ + j) K_T + l)
         self.log10_start = math.log10(initial_density)
         self.log10_acceleration_start = math.log10(acceleration_density)
-        if fit_time_constant is None:
-            fit_time_constant = self.time_constant < FOREVER
-        if fit_time_constant and not self.time_constant < FOREVER:
-            raise ValueError("fitting the disturbance's time constant needs a finite starting value")
-        self.fit_time_constant = bool(fit_time_constant)
+        self.fit_time_constant = self.time_constant < FOREVER      # (fused: a damped disturbance)
         self.rate_time_constant = float(rate_time_constant) if rate_time_constant < FOREVER else math.inf
         if not self.rate_time_constant > 0:
             raise ValueError(f"the efforts' rate time constant must be > 0 s (got {rate_time_constant})")
@@ -236,26 +231,20 @@ class DensityAdaptation:
             self.log10_time_constant_start = math.log10(self.time_constant)
             below, above = (int(round(x / TIME_CONSTANT_STEP)) for x in TIME_CONSTANT_DECADES)
             steps = np.arange(-below, above + 1)
-            # none shorter than the estimator allows (the start always stays, the grid's top)
-            floor = math.log10(min_time_constant) if min_time_constant > 0 else -math.inf
+            # none shorter than the bank's samples resolve (the start always stays, the grid's top)
+            floor = math.log10(MIN_TIME_CONSTANT_SAMPLES * max(dt, BANK_INTERVAL))
             steps = steps[(self.log10_time_constant_start + TIME_CONSTANT_STEP * steps >= floor) | (steps == 0)]
             grid = self.log10_time_constant_start + TIME_CONSTANT_STEP * steps
-            if floor > -math.inf and grid.min() - floor >= 0.5 * TIME_CONSTANT_STEP and \
-                    grid.min() - TIME_CONSTANT_STEP < floor:
+            if grid.min() - floor >= 0.5 * TIME_CONSTANT_STEP and grid.min() - TIME_CONSTANT_STEP < floor:
                 grid = np.r_[floor, grid]            # the shortest allowed, where the ladder steps past it
             self.log10_time_constant_grid = grid
             self.time_constant_grid = 10.0 ** self.log10_time_constant_grid
         else:
-            self.log10_time_constant_start = math.log10(self.time_constant) if math.isfinite(self.time_constant) \
-                else math.inf
-            self.log10_time_constant_grid = np.array([self.log10_time_constant_start])
+            self.log10_time_constant_start = math.inf          # (not fitted: never compared)
             self.time_constant_grid = np.array([self.time_constant])
-        # along the third axis the efforts' process, (T, T_v): critical damping of τ (fused), damping of τ̇ alone (a
-        # configured `effort_rate_time_constant`); ∞: none
-        self._processes = [(T, self.rate_time_constant) for T in self.time_constant_grid]
         self.grid = 10.0 ** self.log10_grid
         self.acceleration_grid = 10.0 ** self.log10_acceleration_grid
-        self.shape = (len(self.grid), len(self.acceleration_grid), len(self._processes))
+        self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid))
         self.K = self.shape[0] * self.shape[1] * self.shape[2]
         self._effort_of_filter = np.repeat(self.grid, self.shape[1] * self.shape[2])
         self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, self.shape[2]), self.shape[0])
@@ -337,7 +326,7 @@ class DensityAdaptation:
             W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
             W[1, d:2 * d, d:2 * d] = self.Sa
             Fs, Qs = [], []
-            for T, Tv in self._processes:
+            for T in self.time_constant_grid:
                 A = np.zeros((nx, nx))
                 A[:d, d:2 * d] = np.eye(d)
                 A[d:2 * d, 2 * d:2 * d + na] = self.B
@@ -346,8 +335,8 @@ class DensityAdaptation:
                     w = 1.0 / T
                     A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
                     A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
-                elif math.isfinite(Tv):
-                    A[2 * d + na:, 2 * d + na:] = -np.eye(na) / Tv
+                elif math.isfinite(self.rate_time_constant):     # (a configured damping of the efforts' rate)
+                    A[2 * d + na:, 2 * d + na:] = -np.eye(na) / self.rate_time_constant
                 F, Qd = discretize(A, W, H)            # (one F, the two noises: W broadcasts over A)
                 Fs.append(F)
                 Qs.append(Qd)

@@ -44,8 +44,7 @@ from mbfg_ros import native
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
-from mbfg_ros.estimation.density_adaptation import (BANK_INTERVAL, MIN_TIME_CONSTANT_SAMPLES, DensityAdaptation,
-                                                    encoded_coordinates)
+from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -155,8 +154,7 @@ class FixedLagEstimator:
         Tv = math.inf if fused else self.sigmas["effort_rate_time_constant"]
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
-                                 hold_start=fused, actuated=self.efforts.state_coordinates,
-                                 min_time_constant=MIN_TIME_CONSTANT_SAMPLES * max(c.dt, BANK_INTERVAL),
+                                 hold_start=fused, actuated=self.efforts.state_coordinates, dt=c.dt,
                                  rate_time_constant=Tv)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:

@@ -32,8 +32,10 @@ ACCELERATION_DENSITY = 1e-3
 EFFORT_DENSITY = 5e4        # robust across the bench scenarios: ≤ 1.3× the truth-tuned EKF (docs/decisions.md)
 DISTURBANCE_DENSITY = 3e3
 DISTURBANCE_TIME_CONSTANT = 1.0   # [s] (the start of the online fit, which only shortens it: density_adaptation)
-EFFORT_RATE_TIME_CONSTANT = 1e15  # [s] none: the integrated random walk (docs/decisions.md: the readings of real
-                                  # motors prefer ~0.1 s, which moves the effort error both ways)
+#: a time constant this long or longer is none (no damping): the node's parameters cannot be infinite
+FOREVER = 1e15
+EFFORT_RATE_TIME_CONSTANT = FOREVER   # [s] none: the integrated random walk (docs/decisions.md: the readings of
+                                      # real motors prefer ~0.1 s, which moves the effort error both ways)
 
 
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY  # noqa: E402  (the scale's g)

@@ -16,10 +16,7 @@ from typing import Tuple
 import numpy as np
 
 from mbfg_ros.factors.base import Factor, prev
-
-
-#: a time constant this long or longer is none (no damping): the node's parameters cannot be infinite
-FOREVER = 1e15
+from mbfg_ros.factors.noise import FOREVER
 
 
 def _densities(density, d: int, what: str) -> np.ndarray:
