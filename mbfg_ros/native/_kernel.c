@@ -61,6 +61,27 @@ release(Buf *b)
     }
 }
 
+/* the float64 buffers of args[0 .. count): p[i] holds sizes[i] values, named names[i] in errors, writable from index
+ * `writable` on; 0 with the exception set at the first that fails (an empty buffer may give NULL without one).  The
+ * caller releases b[0 .. count) with release_all either way. */
+static int
+get_all(PyObject *const *args, int count, Buf *b, double **p, const Py_ssize_t *sizes, const char *const *names,
+        int writable)
+{
+    memset(b, 0, (size_t)count * sizeof(Buf));
+    for (int i = 0; i < count; i++)
+        if (!(p[i] = get_doubles(args[i], &b[i], sizes[i], i >= writable, names[i])) && PyErr_Occurred())
+            return 0;
+    return 1;
+}
+
+static void
+release_all(Buf *b, int count)
+{
+    for (int i = 0; i < count; i++)
+        release(&b[i]);
+}
+
 /* a copy of a float64 buffer into newly allocated memory */
 static double *
 copy_doubles(PyObject *obj, Py_ssize_t expect, const char *what)
@@ -873,20 +894,16 @@ mk_py_derivatives(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int n = k->n;
     Py_ssize_t nn = (Py_ssize_t)n * n, sizes[7] = {n, n, n, k->m, (Py_ssize_t)n * k->N, nn, nn};
-    const char *names[7] = {"q", "v", "a", "lam", "AB", "da_dq", "da_dv"};
+    static const char *names[7] = {"q", "v", "a", "lam", "AB", "da_dq", "da_dv"};
     Buf b[7];
-    memset(b, 0, sizeof b);
     double *p[7];
-    int ok = 1;
-    for (int i = 0; i < 7 && ok; i++)
-        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], i >= 5, names[i])) != NULL || !PyErr_Occurred();
+    int ok = get_all(args, 7, b, p, sizes, names, 5);
     if (ok) {
         mk_positions(k, p[0]);
         mk_hessian_vector(k, p[1], k->Jd);
         mk_derivatives(k, p[1], p[2], p[3], p[4], p[5], p[6]);
     }
-    for (int i = 0; i < 7; i++)
-        release(&b[i]);
+    release_all(b, 7);
     return ok ? Py_NewRef(Py_None) : NULL;
 }
 
@@ -899,13 +916,10 @@ mk_py_supply(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int n = k->n, m = k->m;
     Py_ssize_t nn = (Py_ssize_t)n * n, sizes[8] = {n, n, n, n, nn, nn, nn, m};
-    const char *names[8] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam"};
+    static const char *names[8] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam"};
     Buf b[8];
-    memset(b, 0, sizeof b);
     double *p[8];
-    int ok = 1;
-    for (int i = 0; i < 8 && ok; i++)
-        ok = (p[i] = get_doubles(args[i], &b[i], sizes[i], 0, names[i])) != NULL || !PyErr_Occurred();
+    int ok = get_all(args, 8, b, p, sizes, names, 8);
     if (ok) {
         int t = k->supnext;
         k->supnext = (t + 1) % SUPPLIED;
@@ -918,8 +932,7 @@ mk_py_supply(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
             if (sizes[i])
                 memcpy(val + off, p[i], sizes[i] * sizeof(double));
     }
-    for (int i = 0; i < 8; i++)
-        release(&b[i]);
+    release_all(b, 8);
     return ok ? Py_NewRef(Py_None) : NULL;
 }
 
@@ -930,17 +943,15 @@ mk_py_missed(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     if (mk_check_nargs(nargs, 3, "missed") < 0)
         return NULL;
     int n = k->n;
+    Py_ssize_t sizes[3] = {n, n, n};
+    static const char *names[3] = {"out", "out", "out"};
     Buf b[3];
-    memset(b, 0, sizeof b);
-    int ok = 1;
-    for (int i = 0; i < 3 && ok; i++) {
-        double *o = get_doubles(args[i], &b[i], n, 1, "out");
-        ok = o != NULL;
-        if (ok && k->missed)
-            memcpy(o, k->miss + (size_t)i * n, n * sizeof(double));
-    }
-    for (int i = 0; i < 3; i++)
-        release(&b[i]);
+    double *p[3];
+    int ok = get_all(args, 3, b, p, sizes, names, 0);
+    if (ok && k->missed)
+        for (int i = 0; i < 3; i++)
+            memcpy(p[i], k->miss + (size_t)i * n, n * sizeof(double));
+    release_all(b, 3);
     if (!ok)
         return NULL;
     int was = k->missed;
@@ -978,13 +989,8 @@ mk_py_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     static const char *names[10] = {"q", "v", "Q", "a", "da_dq", "da_dv", "da_dQ", "lam", "J", "Jd"};
     Buf b[10];
     double *p[10];
-    memset(b, 0, sizeof(b));
     PyObject *ret = NULL;
-    int i;
-    for (i = 0; i < 10; i++)
-        if (!(p[i] = get_doubles(args[i], &b[i], sizes[i], i >= 3, names[i])))
-            break;
-    if (i == 10) {
+    if (get_all(args, 10, b, p, sizes, names, 3)) {
         int fail = mk_linearize(k, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
         if (!fail) {
             memcpy(p[8], k->J, (size_t)m * n * sizeof(double));
@@ -992,8 +998,7 @@ mk_py_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
         }
         ret = PyBool_FromLong(!fail);
     }
-    for (i = 0; i < 10; i++)
-        release(&b[i]);
+    release_all(b, 10);
     return ret;
 }
 
