@@ -29,8 +29,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel", "friction_kernel", "unit_kinds", "unit_form",
-           "no_form_reason", "UnitProgram", "step_kernel", "scaled_distance2", "KernelMissing"]
+__all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel",
+           "friction_kernel", "unit_kinds", "unit_form", "no_form_reason", "UnitProgram", "step_kernel",
+           "scaled_distance2", "KernelMissing"]
 
 
 class KernelMissing(ImportError):
@@ -134,6 +135,7 @@ def no_form_reason(unit) -> str:
 #: (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²: the distance of x from lin, each variable scaled by the column norm
 #: of A (the sensitivity of A's rows to it)
 scaled_distance2 = _kernel.scaled_distance2
+
 
 class UnitProgram:
     """One factor unit alone as a step program of the kernel, for its evaluation outside a compiled step (a step
