@@ -5,7 +5,9 @@ resetting and the belief carried over a re-initialization.  (The unit's Jacobian
 test_native_kernel.)"""
 
 import dataclasses
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,9 @@ from mbfg_ros.model.loader import load_spec_from_string
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
 from mbfg_ros.model.spec import IdentifySpec, MechanismError
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dynamics_reference as reference  # noqa: E402
 
 DT = 1e-3
 # the learning benches' length: 0.2 s holding the parameters while a fresh start settles, then 3 s of learning
@@ -359,7 +364,8 @@ def test_fused_mode_learns_a_payload_within_5_percent(pendulum):
 
 
 def test_the_forces_are_the_regressors_times_the_parameters(crank, pendulum):
-    """`forces` (plain floats, for the prediction) against the regressors (numpy, the factor's), every kind."""
+    """`forces` (the kernel's, the dynamics unit's formula) against the numpy reference, every kind, with and
+    without accelerations; a gain without known commands acts as a command of 0."""
     rng = np.random.default_rng(4)
     for mech in (crank, pendulum):
         specs = [IdentifySpec(joint=j, parameter=k) for j in mech.actuator_names
@@ -368,7 +374,9 @@ def test_the_forces_are_the_regressors_times_the_parameters(crank, pendulum):
         P = IdentifiedParameters(mech, specs)
         for v in (rng.normal(size=mech.n), 0.01 * rng.normal(size=mech.n)):
             theta, u, a = rng.normal(size=P.size), rng.normal(size=len(mech.actuated)), rng.normal(size=mech.n)
-            expected = np.zeros(mech.n)
-            np.add.at(expected, P.coordinates, P.regressors(v, u) * (theta - P.nominal))
-            expected += P.payload_forces(theta, a)
-            np.testing.assert_allclose(P.forces(theta, v, u, a=a), expected, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(P.forces(theta, v, u, a=a), reference.identified_forces(P, theta, v, u, a),
+                                       rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(P.forces(theta, v, u), reference.identified_forces(P, theta, v, u, 0 * a),
+                                       rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(P.forces(theta, v, []), reference.identified_forces(P, theta, v, 0 * u, a * 0),
+                                       rtol=1e-12, atol=1e-12)

@@ -172,16 +172,8 @@ class IdentifiedDynamics(Factor):
         self.kernel_kind = "identified_dynamics"
 
     def kernel_arguments(self):
-        P = self.parameters
-        ints = [int(self.actuated.size)] + [int(i) for i in self.actuated]
-        for code, c, i in zip(P.codes.tolist(), P.coordinates.tolist(), P.actuators.tolist()):
-            ints += [code, c, i]
-        doubles = []
-        for nominal, vs, vd in zip(P.nominal.tolist(), P.velocity.tolist(), P.gate_velocity.tolist()):
-            doubles += [nominal, vs, vd]
-        for _, C in P.payloads:          # then per payload (in θ order): gravity, C's two rows
-            doubles += P.gravity.tolist() + C.reshape(-1).tolist()
-        return ints, doubles
+        par, doubles = self.parameters.kernel_layout()
+        return [int(self.actuated.size)] + [int(i) for i in self.actuated] + list(par), doubles.tolist()
 
     def evaluate(self, q, v, a, tau, theta, ctx=None, params=None):
         return _compiled(self, (q, v, a, tau, theta), ctx, params)

@@ -15,10 +15,15 @@ at its prior.  The quartic gate at 6 v_s keeps σ at 99 % of the prior there and
 among those tried: quadratic at 10 v_s biased the crank four-bar's Coulomb friction by 9 %, quartic at 6 v_s by 5.6 %
 at 1 kHz, 2.7 % at 2 kHz), and a body's payload mass m at a point r = C q + r₀ of it (`at` in the body frame; C constant in natural coordinates)
 adds m (Cᵀ g − CᵀC q̈) — its weight and its inertia, exactly: at a solution q̈ = the state's q̈, so the dynamics
-factor's (M + m CᵀC) q̈ + Φqᵀλ = Q + m Cᵀ g is the mechanism with the payload; the force then depends on the state's q̈
-(`payload_forces`).  Every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to
-θ₀ changes nothing.  The force is linear in θ: ΔQ = Y(q̇, u) (θ − θ₀), Y one column per parameter (its regressor,
-`regressors`), nonzero only in its coordinate's row; ∂ΔQ/∂q̇ is diagonal (`rate_slopes`).
+factor's (M + m CᵀC) q̈ + Φqᵀλ = Q + m Cᵀ g is the mechanism with the payload; the force then depends on the state's q̈.
+Every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to θ₀
+changes nothing.  The force is linear in θ: ΔQ = Y(q̇, u) (θ − θ₀), Y one column per parameter (its regressor),
+nonzero only in its coordinate's row (a payload's in every row); ∂ΔQ/∂q̇ is diagonal.
+
+ΔQ and its derivatives are the compiled kernel's (`native/_kernel.c`: `identified_add_forces`, the
+``identified_dynamics`` unit), their only implementation: this module describes the parameters to it
+(`kernel_layout`) and asks it for the forces (`forces`: the prediction's, the seeder's and the reported
+efforts'); the numpy reference is in the tests (`test/dynamics_reference.py`).
 
 The prior of a parameter not given in the mechanism's ``identify:`` (value, σ) follows the mechanism's scale
 (`default_prior`); its random walk lets it drift by its prior σ in `DRIFT_TIME` seconds (`default_density`).
@@ -32,13 +37,13 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mbfg_ros import native
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY, mechanism_reach
 from mbfg_ros.model.spec import BODY_IDENTIFIABLE, IDENTIFIABLE, IdentifySpec
 
 __all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_identify", "DRIFT_TIME"]
 
-_TWO_OVER_PI = 2.0 / math.pi
 KIND_CODES = {name: i for i, name in enumerate(IDENTIFIABLE + BODY_IDENTIFIABLE)}     # the compiled kernel's codes
 SLIDING_RATIO = 6.0      # the identified Coulomb part is gated off below ~this many v_s (module docstring)
 DRIFT_TIME = 1e5         # [s] a parameter's random walk moves it by its prior σ in this time (default density): a day;
@@ -188,19 +193,18 @@ class IdentifiedParameters:
         self.prior_sigma = _readonly(sigma)
         self.density = _readonly(density)
         self.codes = _readonly([KIND_CODES[k] for k in kinds], np.intp)
-        self._gain = _readonly([k == "gain" for k in kinds], bool)
-        self._viscous = _readonly([k == "viscous_friction" for k in kinds], bool)
-        self._coulomb = _readonly([k == "coulomb_friction" for k in kinds], bool)
-        self._payload = _readonly([k in BODY_IDENTIFIABLE for k in kinds], bool)
-        self.uses_commands = bool(self._gain.any())
-        self._rows = tuple(zip(self.codes.tolist(), self.coordinates.tolist(), self.actuators.tolist(),
-                               self.nominal.tolist(), self.velocity.tolist(), (self.gate_velocity ** 4).tolist()))
+        self.uses_commands = "gain" in kinds
         #: per payload parameter (its index in θ, C (2, n)): r = C q + r₀ its point
         self.payloads = tuple((j, _readonly(C)) for j, C in payloads)
-        g = np.array(mech.spec.gravity, dtype=float)
-        self.gravity = _readonly(g)
-        #: CᵀC and Cᵀg of each payload (the inertia and the weight of a unit mass there)
-        self._payload_terms = tuple((j, C.T @ C, C.T @ g) for j, C in payloads)
+        self.gravity = _readonly(np.array(mech.spec.gravity, dtype=float))
+        # the compiled kernel's description of the parameters (`kernel_layout`)
+        self._par = tuple(int(x) for row in zip(self.codes.tolist(), self.coordinates.tolist(),
+                                                self.actuators.tolist()) for x in row)
+        doubles = [x for row in zip(self.nominal.tolist(), self.velocity.tolist(), self.gate_velocity.tolist())
+                   for x in row]
+        for _, C in self.payloads:
+            doubles += self.gravity.tolist() + C.reshape(-1).tolist()
+        self._doubles = _readonly(doubles)
 
     def __len__(self):
         return self.size
@@ -209,78 +213,26 @@ class IdentifiedParameters:
         return {n: {"prior": float(m), "sigma": float(s), "density": float(d)}
                 for n, m, s, d in zip(self.names, self.prior_mean, self.prior_sigma, self.density)}
 
-    def regressors(self, v, commands) -> np.ndarray:
-        """Y (p,): each parameter's force per unit of θ − θ₀ on its coordinate, at rates v (n) and commands
-        (actuator order, unknown entries 0)."""
-        w = np.asarray(v, float)[self.coordinates]
-        w4 = w ** 4
-        gate = w4 / (w4 + self.gate_velocity ** 4)
-        y = np.where(self._viscous, -w, -_TWO_OVER_PI * np.arctan(w / self.velocity) * gate)
-        if self.payloads:
-            y = np.where(self._payload, 0.0, y)      # (a payload's force is not on one coordinate: payload_forces)
-        if self.uses_commands:
-            y = np.where(self._gain, np.asarray(commands, float)[self.actuators] if len(commands) else 0.0, y)
-        return y
+    def kernel_layout(self) -> Tuple[tuple, np.ndarray]:
+        """(integers, doubles): the parameters as the compiled kernel takes them (an ``identified_dynamics`` unit
+        after its efforts' integers, `native.identified_forces`): per parameter its kind code, coordinate and
+        actuator; per parameter θ₀, v_s and v_d, then per payload (in θ order) gravity and C's two rows."""
+        return self._par, self._doubles
 
-    def rate_slopes(self, theta, v) -> np.ndarray:
-        """∂ΔQ_c/∂q̇_c per parameter (p,): −(θ − θ₀) for viscous, −(θ − θ₀)(2/π)(g/(v_s (1 + (q̇/v_s)²)) +
-        atan(q̇/v_s) g′) for Coulomb, 0 for a gain."""
-        w = np.asarray(v, float)[self.coordinates]
-        vs = self.velocity
-        s = w / vs
-        vd4 = self.gate_velocity ** 4
-        den = w ** 4 + vd4
-        gate, dgate = w ** 4 / den, 4.0 * w ** 3 * vd4 / (den * den)
-        d = np.asarray(theta, float) - self.nominal
-        out = np.where(self._viscous, -d, -d * _TWO_OVER_PI * (gate / (vs * (1.0 + s * s)) + np.arctan(s) * dgate))
-        return np.where(self._gain | self._payload, 0.0, out)
+    def _commands(self, commands) -> np.ndarray:
+        if not self.uses_commands:
+            return np.zeros(0)
+        u = np.ascontiguousarray(commands, dtype=float)
+        return u if u.size else np.zeros(len(self.mech.actuated))      # (none known: 0)
 
-    def forces(self, theta, v, commands, n: Optional[int] = None, a=None) -> np.ndarray:
-        """ΔQ (n): the parameters' generalized forces beyond the declared model (a payload's at accelerations a;
-        None: 0).  (Entry by entry on plain floats, the `regressors` formulas: a few parameters cost a fraction
-        of numpy's calls here, in every step's prediction and the density fit's input.)"""
-        out = [0.0] * (self.mech.n if n is None else n)
-        th = theta.tolist() if isinstance(theta, np.ndarray) else list(theta)
-        w = v.tolist() if isinstance(v, np.ndarray) else list(v)
-        u = commands.tolist() if self.uses_commands and isinstance(commands, np.ndarray) else commands
-        for (code, c, i, nominal, vs, vd4), t in zip(self._rows, th):
-            if code == 0:
-                out[c] += (t - nominal) * u[i]
-            elif code == 1:
-                out[c] -= (t - nominal) * w[c]
-            elif code == 2:
-                r = w[c]
-                r4 = r * r * r * r
-                out[c] -= (t - nominal) * _TWO_OVER_PI * math.atan(r / vs) * r4 / (r4 + vd4)
-        out = np.array(out)
-        if self.payloads:
-            out += self.payload_forces(theta, np.zeros(out.size) if a is None else a)
-        return out
-
-    def payload_forces(self, theta, a) -> np.ndarray:
-        """Σ m (Cᵀ g − CᵀC q̈) over the payloads (n): their weight and inertia at accelerations a."""
-        out = np.zeros(self.mech.n)
-        a = np.asarray(a, float)
-        for j, CtC, Ctg in self._payload_terms:
-            out += float(theta[j]) * (Ctg - CtC @ a)
-        return out
-
-    def payload_jacobians(self, theta, a) -> Tuple[np.ndarray, list]:
-        """(∂ΔQ/∂q̈ (n, n) = −Σ m CᵀC, [(j, ∂ΔQ/∂θⱼ (n,)) per payload])."""
+    def forces(self, theta, v, commands, a=None) -> np.ndarray:
+        """ΔQ (n): the parameters' generalized forces beyond the declared model at θ, rates v, commands (actuator
+        order; a gain's actuator must have one) and accelerations a (a payload's inertia; None: 0), by the
+        compiled kernel (the dynamics unit's own formula)."""
         n = self.mech.n
-        da = np.zeros((n, n))
-        cols = []
-        a = np.asarray(a, float)
-        for j, CtC, Ctg in self._payload_terms:
-            da -= float(theta[j]) * CtC
-            cols.append((j, Ctg - CtC @ a))
-        return da, cols
-
-    def force_jacobians(self, theta, v, commands) -> Tuple[np.ndarray, np.ndarray]:
-        """(∂ΔQ/∂q̇ (n, n), ∂ΔQ/∂θ (n, p))."""
-        n, p = self.mech.n, self.size
-        dv = np.zeros((n, n))
-        np.add.at(dv, (self.coordinates, self.coordinates), self.rate_slopes(theta, v))
-        dt = np.zeros((n, p))
-        dt[self.coordinates, np.arange(p)] = self.regressors(v, commands)
-        return dv, dt
+        out = np.empty(n)
+        native.identified_forces(self._par, self._doubles, np.ascontiguousarray(theta, dtype=float),
+                                 np.ascontiguousarray(v, dtype=float),
+                                 self._commands(commands),
+                                 np.zeros(n) if a is None else np.ascontiguousarray(a, dtype=float), out)
+        return out

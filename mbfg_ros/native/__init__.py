@@ -31,7 +31,7 @@ import numpy as np
 
 __all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel",
            "friction_kernel", "unit_kinds", "unit_form", "no_form_reason", "UnitProgram", "step_kernel",
-           "scaled_distance2", "KernelMissing"]
+           "scaled_distance2", "identified_forces", "KernelMissing"]
 
 
 class KernelMissing(ImportError):
@@ -135,6 +135,10 @@ def no_form_reason(unit) -> str:
 #: (A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²: the distance of x from lin, each variable scaled by the column norm
 #: of A (the sensitivity of A's rows to it)
 scaled_distance2 = _kernel.scaled_distance2
+
+#: (par, doubles, theta, v, commands, a, out): out = ΔQ, the identified parameters' forces, the ``identified_dynamics``
+#: unit's own formula (`model.identified.IdentifiedParameters.forces`, whose only implementation it is)
+identified_forces = _kernel.identified_forces
 
 
 class UnitProgram:

@@ -1775,6 +1775,35 @@ identified_regressor(int kind, double rate, double command, const double *c, dou
     }
 }
 
+/* Q += ΔQ, the identified parameters' forces (mbfg_ros.model.identified): per parameter j its kind, coordinate and
+ * actuator in par[3j .. 3j+2], its θ₀, v_s, v_d in c[3j .. 3j+2], then per payload (in θ order) gravity (2) and C's
+ * two rows (n each), whose force is m Cᵀ(g − C a); θ (np_), rates v and accelerations a (n), commands (actuator
+ * order: a gain's) */
+static void
+identified_add_forces(int n, int np_, const int *par, const double *c, const double *th, const double *v,
+                      const double *cmd, const double *acc, double *Q)
+{
+    const double *payload = c + 3 * np_;
+    for (int j = 0, pb = 0; j < np_; j++) {
+        int kind = par[3 * j], col = par[3 * j + 1];
+        double d = th[j] - c[3 * j];
+        if (kind == 3) {
+            const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
+            double rx = 0.0, ry = 0.0;
+            for (int i = 0; i < n; i++)
+                rx += Cx[i] * acc[i], ry += Cy[i] * acc[i];
+            double fx = g[0] - rx, fy = g[1] - ry;
+            for (int i = 0; i < n; i++)
+                Q[i] += d * (Cx[i] * fx + Cy[i] * fy);
+            pb++;
+            continue;
+        }
+        double y, dy;
+        identified_regressor(kind, v[col], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, c + 3 * j, &y, &dy);
+        Q[col] += y * d;
+    }
+}
+
 /* The dynamics units, by their slots:
  * q̈(q, q̇; Q) − a                          slots q, v, a; param Q (n)                          (forward_dynamics)
  * q̈(q, q̇; Q_known + E τ) − a              slots q, v, a, tau; param Q_known (n); ints: the actuated
@@ -1825,25 +1854,8 @@ eval_dynamics(UNIT_EVAL_ARGS)
         for (int t = 0; t < na; t++)
             s->Q[act[t]] += tau[t];
     }
-    /* a payload's block of doubles: gravity (2), then C's two rows (n each); its force m Cᵀ(g − C a) */
+    identified_add_forces(n, np_, par, u->doubles, th, v, cmd, acc, s->Q);
     const double *payload = u->doubles + 3 * np_;
-    for (int j = 0, pb = 0; j < np_; j++) {
-        int kind = par[3 * j], c = par[3 * j + 1];
-        if (kind == 3) {
-            const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
-            double rx = 0.0, ry = 0.0;
-            for (int i = 0; i < n; i++)
-                rx += Cx[i] * acc[i], ry += Cy[i] * acc[i];
-            double m = th[j] - u->doubles[3 * j], fx = g[0] - rx, fy = g[1] - ry;
-            for (int i = 0; i < n; i++)
-                s->Q[i] += m * (Cx[i] * fx + Cy[i] * fy);
-            pb++;
-            continue;
-        }
-        double y, dy;
-        identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j, &y, &dy);
-        s->Q[c] += y * (th[j] - u->doubles[3 * j]);
-    }
     int fail = jac ? mk_linearize(k, q, v, s->Q, s->a, s->da_dq, s->da_dv, s->da_dQ, s->lam)
                    : mk_acceleration(k, q, v, s->Q, s->a);
     if (fail) {
@@ -2864,6 +2876,72 @@ done:
     return ret;
 }
 
+/* identified_forces(par, doubles, theta, v, commands, a, out): out (n) = ΔQ, the identified parameters' forces
+ * (identified_add_forces; par: per parameter its kind, coordinate and actuator, as an identified_dynamics unit's
+ * integers after its efforts' part, doubles its doubles) at θ, rates v, commands and accelerations a (n each) */
+static PyObject *
+py_identified_forces(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "identified_forces: 7 arguments expected, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(args[0], "identified_forces: par must be a sequence of integers");
+    if (!fast)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+    int np_ = (int)(len / 3), *par = PyMem_Malloc((size_t)(len ? len : 1) * sizeof(int));
+    Buf b[6];
+    double *p[6];
+    PyObject *ret = NULL;
+    memset(b, 0, sizeof b);
+    if (!par) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        long x = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (x == -1 && PyErr_Occurred())
+            goto done;
+        par[i] = (int)x;
+    }
+    static const char *names[6] = {"doubles", "theta", "v", "commands", "a", "out"};
+    Py_ssize_t sizes[6] = {-1, np_, -1, -1, -1, -1};
+    if (!get_all(args + 1, 6, b, p, sizes, names, 5))
+        goto done;
+    Py_ssize_t n = b[2].view.len / 8, nu = b[3].view.len / 8;
+    if (len % 3 || b[4].view.len / 8 != n || b[5].view.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "identified_forces: par must hold 3 integers per parameter and v, a, out "
+                                          "as many values as the mechanism has coordinates");
+        goto done;
+    }
+    Py_ssize_t npay = 0;
+    for (int j = 0; j < np_; j++) {
+        int kind = par[3 * j], col = par[3 * j + 1], act = par[3 * j + 2];
+        if (kind < 0 || kind > 3 || col < 0 || col >= n || (kind == 0 && (act < 0 || act >= nu))) {
+            PyErr_Format(PyExc_ValueError, "identified_forces: parameter %d: kind, coordinate or actuator out of "
+                         "range", j);
+            goto done;
+        }
+        npay += kind == 3;
+    }
+    if (b[0].view.len / 8 != 3 * np_ + npay * (2 + 2 * n)) {
+        PyErr_SetString(PyExc_ValueError, "identified_forces: doubles must hold 3 values per parameter and 2 + 2n "
+                                          "per payload");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        p[5][i] = 0.0;
+    identified_add_forces((int)n, np_, par, p[0], p[1], p[2], p[3], p[4], p[5]);
+    ret = Py_NewRef(Py_None);
+done:
+    release_all(b, 6);
+    PyMem_Free(par);
+    Py_DECREF(fast);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
     {"scaled_distance2", (PyCFunction)(void (*)(void))py_scaled_distance2, METH_FASTCALL,
      "scaled_distance2(A, x, lin) -> Σⱼ (‖A[:, j]‖ (xⱼ − linⱼ))²."},
@@ -2871,6 +2949,8 @@ static PyMethodDef module_methods[] = {
      "discretize(A, W, h, order, F, Q): e^{Ah} and the integrated noise of stacked square matrices."},
     {"kalman_step", (PyCFunction)(void (*)(void))py_kalman_step, METH_FASTCALL,
      "kalman_step(A, W, h, order, P, x, y, R, log_likelihood): a bank's covariance prediction and update."},
+    {"identified_forces", (PyCFunction)(void (*)(void))py_identified_forces, METH_FASTCALL,
+     "identified_forces(par, doubles, theta, v, commands, a, out): the identified parameters' forces into out."},
     {NULL, NULL, 0, NULL}};
 
 /* The SHA-256 of this file as setup.py read it when it compiled it ("unknown" in a build that did not say):
