@@ -1,6 +1,6 @@
-"""Numpy references of the dynamics units' residuals, whose only implementation in the package is their kinds in
-the compiled kernel (`factors.dynamics`: `ForwardDynamics`, `InverseDynamics` and `IdentifiedDynamics` in the
-dependent formulation): e = q̈(q, q̇; Q) − a and its Jacobians from a dynamics linearization, written from the
+"""Numpy references of the units whose only implementation in the package is their kinds in the compiled kernel:
+the dynamics units' residuals (`factors.dynamics`: `ForwardDynamics`, `InverseDynamics` and `IdentifiedDynamics` in
+the dependent formulation) and the encoder through a deflection (`factors.sensors.Encoder`).  e = q̈(q, q̇; Q) − a and its Jacobians from a dynamics linearization, written from the
 units' docstrings.  `ReferenceContext` (test/test_native_kernel.py) evaluates the units with these and the
 null-space solver's q̈ and derivatives, the reference the kernel's step is compared with.
 """
@@ -102,9 +102,20 @@ def identified_dynamics(unit, ctx, q, v, a, tau, theta, Q_known, commands):
     return d.a - a, [d.da_dq, da_dv, J_a, d.da_dQ[:, unit.actuated], J_theta]
 
 
-#: the reference of each compiled dynamics kind
+def offset_selection(unit, ctx, x, b, value):
+    """e = x[c] + b[j] − value (an encoder through a deflection), wrapped to [−π, π) on an angle."""
+    e = x[unit.coordinate] + b[unit.deflection] - value
+    if unit.kernel_kind == "wrapped_offset_selection":
+        e -= 2.0 * math.pi * math.floor((e + math.pi) / (2.0 * math.pi))
+    Jx, Jb = np.zeros((1, x.size)), np.zeros((1, b.size))
+    Jx[0, unit.coordinate] = Jb[0, unit.deflection] = 1.0
+    return np.array([e]), [Jx, Jb]
+
+
+#: the reference of each compiled kind whose only form in the package is the kernel's
 REFERENCES = {"forward_dynamics": forward_dynamics, "inverse_dynamics": inverse_dynamics,
-              "identified_dynamics": identified_dynamics}
+              "identified_dynamics": identified_dynamics, "offset_selection": offset_selection,
+              "wrapped_offset_selection": offset_selection}
 
 
 class ReferenceProgram:

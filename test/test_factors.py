@@ -46,7 +46,8 @@ def random_state(mech, rng):
     return dict(q=q, v=rng.standard_normal(mech.n), a=rng.standard_normal(mech.n), j=rng.standard_normal(mech.n),
                 tau=rng.standard_normal(len(mech.actuated)), z=rng.standard_normal(d), zd=rng.standard_normal(d),
                 zdd=rng.standard_normal(d), zj=rng.standard_normal(d), d=d,
-                theta=rng.standard_normal(len(IDENTIFIABLE) * len(mech.actuated) + 1))
+                theta=rng.standard_normal(len(IDENTIFIABLE) * len(mech.actuated) + 1),
+                deflection=1e-3 * rng.standard_normal(3))
 
 
 def fd_jacobian(unit, blocks, i, h=1e-6):
@@ -96,7 +97,11 @@ def all_units(mech, s, rng):
                                                  body=len(mech.spec.bodies) - 1, at=(0.3, 0.1))])
         units += [F.IdentifiedDynamics(mech, P, Q_known=Q, commands=rng.standard_normal(na)),
                   F.RandomWalk("tau", na, 2e-3, 0.3)]
-    units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in mech.sensors if sensor.kind == "encoder"]
+    encoders = [sensor for sensor in mech.sensors if sensor.kind == "encoder"]
+    units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma) for sensor in encoders]
+    # through a deflection (each reading one entry of the deflection block), and that block's process
+    units += [F.Encoder(mech, sensor.coordinate, 0.2, sensor.sigma, deflection=j % 3) for j, sensor in enumerate(encoders)]
+    units += [F.GaussMarkov("deflection", 3, 2e-3, [1e-3, 2e-3, 5e-4], 0.05)]
     return units
 
 
@@ -114,6 +119,27 @@ def test_jacobians_match_finite_differences(mech):
                 Jn = fd_jacobian(unit, blocks, i)
                 scale = max(1.0, np.abs(Jn).max(initial=0.0))
                 assert np.abs(J - Jn).max(initial=0.0) <= 1e-6 * scale, (mech.name, unit.name, unit.slots[i])
+
+
+def test_gauss_markov_is_whitened_by_the_exact_transition_and_keeps_its_stationary_sigma():
+    """e = (x − φ x_prev) / (σ √(1 − φ²)), φ = e^{−h/T}: a stationary x of σ propagated over h keeps σ, and the
+    whitened residual of a simulated path has unit variance; bad arguments are refused."""
+    h, T, sigma = 2e-3, 0.05, np.array([1e-3, 4e-3])
+    u = F.GaussMarkov("deflection", 2, h, sigma, T)
+    assert u.static and u.linear and np.all(u.sigmas == 1.0) and u.dim == 2
+    phi = np.exp(-h / T)
+    np.testing.assert_allclose(-np.diag(u.jacobians[0]) / np.diag(u.jacobians[1]), phi, rtol=1e-14)
+    # transition noise variance σ²(1 − φ²) whitened to 1, so φ²σ² + that = σ²: stationary
+    np.testing.assert_allclose((1.0 / np.diag(u.jacobians[1])) ** 2, sigma ** 2 * (1 - phi ** 2), rtol=1e-12)
+    rng = np.random.default_rng(3)
+    x = sigma * rng.standard_normal((20000, 2))
+    x1 = phi * x + sigma * np.sqrt(1 - phi ** 2) * rng.standard_normal((20000, 2))
+    e = np.array([u.error(a, b) for a, b in zip(x[:2000], x1[:2000])])
+    assert abs(e.std() - 1.0) < 0.05 and abs(x1.std(axis=0) / sigma - 1.0).max() < 0.03
+    for bad in (dict(sigma=0.0, time_constant=T), dict(sigma=1e-3, time_constant=0.0),
+                dict(sigma=1e-3, time_constant=np.inf)):
+        with pytest.raises(ValueError, match="GaussMarkov"):
+            F.GaussMarkov("deflection", 1, h, **bad)
 
 
 def test_integrated_random_walk_is_whitened_by_the_exact_transition_covariance():

@@ -105,7 +105,8 @@ def test_kinematics_match_numpy(crank):
 
 def _layout(mech, na):
     n = mech.n
-    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE) + 1)])
+    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE) + 1),
+                        ("deflection", 2)])
 
 
 # One case per unit kind of the kernel's table (`native.unit_kinds`): units of that kind on a mechanism, each with
@@ -129,6 +130,11 @@ KIND_CASES = {
                                      {"mean": rng.standard_normal(2)})],
     "wrapped_selection": lambda mech, rng: [(F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0}),
                                             (F.Encoder(mech, mech.n - 1, sigma=1e-3), {"value": 3.0 + 4 * np.pi})],
+    # an encoder through a deflection (entry 1 of the deflection block; a point coordinate and the crank's angle)
+    "offset_selection": lambda mech, rng: [(F.Encoder(mech, 0, sigma=2e-3, deflection=1), {"value": 0.1})],
+    "wrapped_offset_selection": lambda mech, rng: [
+        (F.Encoder(mech, mech.n - 1, sigma=1e-3, deflection=0), {"value": 3.0}),
+        (F.Encoder(mech, mech.n - 1, sigma=1e-3, deflection=1), {"value": 3.0 - 6 * np.pi})],
     "gyroscope": lambda mech, rng: [(F.Gyroscope(mech, 0, sigma=0.01), {"value": 0.5}),
                                     (F.Gyroscope(mech, 1, sigma=0.02), {"value": -0.4})],
     # every parameter kind on the crank's actuator: a gain, viscous and Coulomb friction (rates near v_s included)
@@ -213,7 +219,8 @@ def _compare_step(mech, units, values, ctx=None):
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
         x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na),
-                            theta=theta_rng.standard_normal(len(IDENTIFIABLE) + 1))
+                            theta=theta_rng.standard_normal(len(IDENTIFIABLE) + 1),
+                            deflection=1e-3 * theta_rng.standard_normal(2))
         x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
         th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4
         compiled = model.native_linearize(x_prev, x_cur, ctx, (th_prev, th_cur), params)

@@ -142,7 +142,7 @@ def test_the_track_monitor_counts_far_readings_in_units_of_sigma_and_of_the_scal
     assert not why.value.turns
     # a very precise encoder: the threshold is the scale's share (1 mrad on an angle), not 30 σ
     precise = Sensors(crank, EstimatorConfig(mode="estimation", sensor_sigmas={"crank": 1e-7}), {})
-    assert TrackMonitor(crank, config, precise).encoders[0][3] == LOST_TRACK_SCALE
+    assert TrackMonitor(crank, config, precise).encoders[0][4] == LOST_TRACK_SCALE
 
 
 def test_a_reading_jump_re_initializes_from_the_readings_counted_as_lost_track(crank, driven):

@@ -84,7 +84,9 @@ class EstimatorConfig:
         if self.integrator not in INTEGRATORS:
             problems.append(f"integrator must be one of {', '.join(INTEGRATORS)} (got '{self.integrator}')")
         for k, s in {**self.sigmas, **self.sensor_sigmas}.items():
-            # a time constant may be infinite (no damping)
+            # a time constant may be infinite (no damping); a deflection σ of 0 is none
+            if k == "deflection_sigma" and s == 0:
+                continue
             if not (s > 0 and (np.isfinite(s) or k in ("disturbance_time_constant", "effort_rate_time_constant"))):
                 problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
         for name, kind in self.actuator_efforts.items():

@@ -188,7 +188,8 @@ class DensityAdaptation:
     def __init__(self, mech: Mechanism, initial_density: float, acceleration_density: float,
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
-                 actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf):
+                 actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf,
+                 deflection: Optional[tuple] = None):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -204,7 +205,11 @@ class DensityAdaptation:
         self.d = d = len(self.z)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.na = na = len(self.actuated)
-        self.nx = 2 * d + 2 * na
+        # the encoders' deflection (σ_b, T_b; estimation/deflection.py), where the estimator has one: each filter
+        # carries it too (the readings are z + b), so its densities are those of the estimator's model
+        self.deflection = None if deflection is None else (float(deflection[0]), float(deflection[1]))
+        self.nb = d if self.deflection is not None else 0
+        self.nx = 2 * d + 2 * na + self.nb
         self.R = np.diag(sig ** 2)
         self.time_constant = float(time_constant)     # the current estimate (fixed unless fitted)
         self.angles = np.isin(self.z, mech.relative_angle_columns)
@@ -271,7 +276,9 @@ class DensityAdaptation:
         self.released = not hold_start            # the data have rejected the starting densities (`release`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
-        self.Hm = np.eye(d, self.nx)                 # the encoders read z
+        self.Hm = np.eye(d, self.nx)                 # the encoders read z (+ b)
+        if self.nb:
+            self.Hm[:, 2 * d + 2 * na:] = np.eye(d)
         self._restart()
 
     def set_sensor_sigmas(self, sigmas: Dict[str, float]):
@@ -322,36 +329,44 @@ class DensityAdaptation:
         H = round(H, 9)
         if self._H != H:
             d, na, nx = self.d, self.na, self.nx
-            W = np.zeros((2, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ
-            W[0, 2 * d + na:, 2 * d + na:] = np.eye(na)
+            ne = 2 * d + 2 * na                       # (the efforts' rate ends here, the deflection follows)
+            W = np.zeros((3, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ;
+            W[0, 2 * d + na:ne, 2 * d + na:ne] = np.eye(na)      # the deflection's own
             W[1, d:2 * d, d:2 * d] = self.Sa
+            if self.nb:
+                sigma_b, T_b = self.deflection
+                W[2, ne:, ne:] = 2.0 * sigma_b * sigma_b / T_b * np.eye(d)
             Fs, Qs = [], []
             for T in self.time_constant_grid:
                 A = np.zeros((nx, nx))
                 A[:d, d:2 * d] = np.eye(d)
                 A[d:2 * d, 2 * d:2 * d + na] = self.B
-                A[2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
+                A[2 * d:2 * d + na, 2 * d + na:ne] = np.eye(na)
                 if T < FOREVER:
                     w = 1.0 / T
-                    A[2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
-                    A[2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
+                    A[2 * d + na:ne, 2 * d:2 * d + na] = -w * w * np.eye(na)
+                    A[2 * d + na:ne, 2 * d + na:ne] = -2.0 * w * np.eye(na)
                 elif math.isfinite(self.rate_time_constant):     # (a configured damping of the efforts' rate)
-                    A[2 * d + na:, 2 * d + na:] = -np.eye(na) / self.rate_time_constant
+                    A[2 * d + na:ne, 2 * d + na:ne] = -np.eye(na) / self.rate_time_constant
+                if self.nb:
+                    A[ne:, ne:] = -np.eye(d) / self.deflection[1]
                 F, Qd = discretize(A, W, H)            # (one F, the two noises: W broadcasts over A)
                 Fs.append(F)
                 Qs.append(Qd)
             if len(Fs) == 1:
                 F, Qd = Fs[0], Qs[0]
                 self._F, self._Ft = F, np.ascontiguousarray(F.T)
-                Qe, Qa = Qd[0], Qd[1]
+                Qe, Qa, Qb = Qd[0], Qd[1], Qd[2]
             else:
                 # one transition per filter (its time constant's); the product per filter in `_step`
                 F = np.stack(Fs)[self._time_index]
                 self._F, self._Ft = F, np.ascontiguousarray(F.transpose(0, 2, 1))
                 Qd = np.stack(Qs)
-                Qe, Qa = Qd[:, 0][self._time_index], Qd[:, 1][self._time_index]
+                Qe, Qa, Qb = Qd[:, 0][self._time_index], Qd[:, 1][self._time_index], Qd[:, 2][self._time_index]
             self._H = H
             self._Q = self._effort_of_filter[:, None, None] * Qe + self._acceleration_of_filter[:, None, None] * Qa
+            if self.nb:
+                self._Q += Qb
         return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
@@ -431,7 +446,9 @@ class DensityAdaptation:
         # broad: the estimate's rate and efforts are uncertain at a (re)start; the burn-in hides the transient
         P0[d:2 * d, d:2 * d] = np.eye(d) * 1.0
         P0[2 * d:2 * d + na, 2 * d:2 * d + na] = np.eye(na) * 100.0 ** 2
-        P0[2 * d + na:, 2 * d + na:] = np.eye(na) * 100.0 ** 2
+        P0[2 * d + na:2 * d + 2 * na, 2 * d + na:2 * d + 2 * na] = np.eye(na) * 100.0 ** 2
+        if self.nb:
+            P0[2 * d + 2 * na:, 2 * d + 2 * na:] = np.eye(d) * self.deflection[0] ** 2
         self.x = np.repeat(x[None, :], self.K, axis=0)
         self.P = np.repeat(P0[None, :, :], self.K, axis=0)
         self.t_start = self.t_bank = t
@@ -445,10 +462,17 @@ class DensityAdaptation:
         x += c
         P = F @ self.P @ Ft
         P += Q
-        nu = y - x[:, :d]
+        if self.nb:
+            b = slice(self.nx - d, self.nx)
+            nu = y - x[:, :d] - x[:, b]
+            PHt = P[:, :, :d] + P[:, :, b]
+            S = PHt[:, :d] + PHt[:, b] + self.R
+        else:
+            nu = y - x[:, :d]
+            PHt = P[:, :, :d]
+            S = P[:, :d, :d] + self.R
         if self.any_angles:
             nu[:, self.angles] = (nu[:, self.angles] + math.pi) % (2.0 * math.pi) - math.pi
-        S = P[:, :d, :d] + self.R
         if d == 1:
             s = S[:, 0, 0]
             Sinv = (1.0 / s)[:, None, None]
@@ -474,7 +498,6 @@ class DensityAdaptation:
                 self._restart()      # the filters lost the motion (not the readings): start again, burn-in
             return
         self.rejected_in_a_row = 0
-        PHt = P[:, :, :d]
         self.x = x + (PHt @ w)[:, :, 0]
         # Joseph form, (I − K H) P (I − K H)ᵀ + K R Kᵀ: the covariances span 12 decades (encoder σ² against
         # the efforts' broad start), where P − K S Kᵀ loses positive definiteness to round-off

@@ -44,6 +44,7 @@ from mbfg_ros import native
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.estimation.deflection import encoder_deflection
 from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
@@ -126,14 +127,17 @@ class FixedLagEstimator:
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
                                     overrides=c.actuator_efforts)
-        self.sensors = Sensors(mech, c, self.sigmas)
+        self.deflection = encoder_deflection(mech, c.mode, self.sigmas)
+        self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
         self.gate = InnovationGate(c)
         self.identification = identification(mech, c.identify, c.mode, c.formulation, c.integrator, self.efforts)
-        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx, self.identification)
+        self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx, self.identification,
+                                    self.deflection)
         self.layout = self.factors.layout
         self.estimates = Estimates(mech, c, self.efforts, self.factors, self.ctx)
         self.stepper = Stepper(c, self.factors, self.efforts, self.sensors, self.gate, self.ctx,
-                               TrackMonitor(mech, c, self.sensors))
+                               TrackMonitor(mech, c, self.sensors, self.layout.slices["deflection"].start
+                                            if "deflection" in self.layout else None))
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
                              self.stepper.threshold, q0, v0)
         self.density_adaptation = self._density_adaptation()
@@ -155,7 +159,9 @@ class FixedLagEstimator:
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
                                  hold_start=fused, actuated=self.efforts.state_coordinates, dt=c.dt,
-                                 rate_time_constant=Tv)
+                                 rate_time_constant=Tv,
+                                 deflection=None if self.deflection is None else
+                                 (self.deflection.sigma, self.deflection.time_constant))
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""

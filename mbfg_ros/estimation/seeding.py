@@ -255,6 +255,8 @@ class Seeder:
                                                             effort_prior[1], floor=EFFORT_PRIOR_FLOOR))
         if ident is not None:
             priors += ident.seed_units()
+        if factors.deflection is not None:
+            priors += factors.deflection.seed_units()
         values, effort_prior = factors.step_values(efforts, None, None)
         model = factors.seed_model(priors, effort_prior, self.sensors.step_units(obs, values))
         window = FixedLagWindow(factors.layout, c.window, self.ctx, self.threshold, c.max_relinearizations,

@@ -14,6 +14,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.deflection import EncoderDeflection
 from mbfg_ros.estimation.reading_timing import ReadingTiming
 from mbfg_ros.factors.priors import wrapped_angle
 from mbfg_ros.graph.step_model import StepValues
@@ -58,16 +59,18 @@ def observations_in(observations) -> Dict[str, float]:
 class Sensors:
     """The sensor units of one estimator (persistent: a step sets their readings)."""
 
-    def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict):
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict,
+                 deflection: Optional[EncoderDeflection] = None):
         self.mech = mech
         self.config = config
         self.sigmas = sigmas
+        self.deflection = deflection
         self.active = config.mode != "forward_dynamics"     # the digital twin ignores readings
         self.units: Dict[str, F.Factor] = {}
         for s in mech.sensors:
             sigma = float(config.sensor_sigmas.get(s.name, s.sigma))
             if s.kind == "encoder":
-                self.units[s.name] = F.Encoder(mech, s.coordinate, 0.0, sigma)
+                self.units[s.name] = self._encoder(s.name, s.coordinate, sigma)
             else:
                 self.units[s.name] = F.Gyroscope(mech, s.body, 0.0, sigma)
         self._order = list(self.units)
@@ -86,9 +89,14 @@ class Sensors:
         old = self.units[name]
         self._timed = {key: u for key, u in self._timed.items() if key[0] != name}
         if isinstance(old, F.Encoder):
-            self.units[name] = F.Encoder(self.mech, old.coordinate, 0.0, float(sigma))
+            self.units[name] = self._encoder(name, old.coordinate, float(sigma))
         else:
             self.units[name] = F.Gyroscope(self.mech, old.body, 0.0, float(sigma))
+
+    def _encoder(self, name: str, coordinate: int, sigma: float) -> F.Encoder:
+        """The unit of a named encoder of σ (through its deflection where the state has one)."""
+        j = None if self.deflection is None else self.deflection.index[name]
+        return F.Encoder(self.mech, coordinate, 0.0, sigma, deflection=j)
 
     def sigma(self, name: str) -> float:
         """The σ in use of a named sensor."""
@@ -121,7 +129,7 @@ class Sensors:
             return u
         timed = self._timed.get((name, level))
         if timed is None:
-            timed = self._timed[(name, level)] = F.Encoder(self.mech, u.coordinate, 0.0, sigma * 2.0 ** (level / 4))
+            timed = self._timed[(name, level)] = self._encoder(name, u.coordinate, sigma * 2.0 ** (level / 4))
         return timed
 
     def step_units(self, obs: Dict[str, float], values: StepValues, spreads: Optional[Dict[str, float]] = None) -> list:
@@ -288,8 +296,12 @@ class TrackMonitor:
     outside the gate are the gate's: it re-initializes after the same number of rejections.)  The distance
     of an angle is taken modulo a turn (whole turns: `stepping.Stepper._check_turns`)."""
 
-    def __init__(self, mech: Mechanism, config: EstimatorConfig, sensors: Sensors):
+    def __init__(self, mech: Mechanism, config: EstimatorConfig, sensors: Sensors,
+                 deflection_start: Optional[int] = None):
+        # (an encoder read through a deflection is compared with its coordinate plus its deflection:
+        # `deflection_start` is the deflection block's first column in the state)
         self.mech, self.sensors = mech, sensors
+        self.deflection_start = deflection_start
         self.sigmas = float(config.lost_track_sigmas)
         self.enabled = self.sigmas > 0 and sensors.active
         self.limit = int(config.max_rejections)
@@ -304,7 +316,8 @@ class TrackMonitor:
         for name, u in self.sensors.units.items():
             if isinstance(u, F.Encoder):
                 scale = 1.0 if u.angle else self.reach
-                self.encoders.append((name, u.coordinate, u.angle,
+                offset = None if u.deflection is None else self.deflection_start + u.deflection
+                self.encoders.append((name, u.coordinate, offset, u.angle,
                                       max(self.sigmas * float(u.sigmas[0]), LOST_TRACK_SCALE * scale),
                                       float(u.sigmas[0]), u.name))
 
@@ -315,11 +328,11 @@ class TrackMonitor:
         """After a step whose readings are `obs` and new estimate x: raise `ReadingsDisagree` when an encoder's
         reading has been too far from the estimate for too long (see the class docstring)."""
         far = self.far
-        for name, c, angle, threshold, sigma, unit_name in self.encoders:
+        for name, c, offset, angle, threshold, sigma, unit_name in self.encoders:
             y = obs.get(name)
             if y is None:
                 continue
-            d = y - x.item(c)
+            d = y - x.item(c) - (0.0 if offset is None else x.item(offset))
             if angle:
                 d = wrapped_angle(d)
             d = abs(d)

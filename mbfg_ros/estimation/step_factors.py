@@ -24,6 +24,7 @@ import mbfg_ros.factors as F
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.dynamics.coordinates import choose_independent
 from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.deflection import EncoderDeflection
 from mbfg_ros.estimation.efforts import EffortModel
 from mbfg_ros.estimation.identification import Identification
 from mbfg_ros.graph.layout import StateLayout
@@ -51,9 +52,11 @@ class StepFactors:
     soft_equality: Optional[F.Factor] = None     # f_eq(q_{k−1}, q_k) (independent formulation)
 
     def __init__(self, mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
-                 ctx: EvalContext, identification: Optional[Identification] = None):
+                 ctx: EvalContext, identification: Optional[Identification] = None,
+                 deflection: Optional[EncoderDeflection] = None):
         self.mech = mech
         self.identification = identification
+        self.deflection = deflection
         self.dof = mech.degrees_of_freedom()
         # the independent coordinates given in the configuration (else chosen per window; also the
         # velocities held in a seed's velocity problem)
@@ -75,6 +78,8 @@ class StepFactors:
             blocks += [("tau", efforts.n_state), ("tau_rate", efforts.n_state)]
         if identification is not None:
             blocks.append(("theta", identification.size))
+        if deflection is not None:
+            blocks.append(("deflection", deflection.size))
         self.layout = StateLayout(blocks)
         self._theta = self.layout.slices.get("theta")
         self.a_slice = self.layout.slices["a"]
@@ -173,6 +178,8 @@ class StepFactors:
             units += self.efforts.transition_units(h)
             if self.identification is not None:
                 units.append(self.identification.transition_unit(h))
+            if self.deflection is not None:
+                units.append(self.deflection.transition_unit(h))
             if len(self._int_cache) > MAX_CACHED_STEP_SIZES:
                 self._int_cache.clear()
             self._int_cache[h] = units
@@ -527,11 +534,12 @@ class IndependentHermiteFactors(IndependentFactors):
 
 
 def step_factors(mech: Mechanism, config: EstimatorConfig, sigmas: dict, efforts: EffortModel,
-                 ctx: EvalContext, identification: Optional[Identification] = None) -> StepFactors:
+                 ctx: EvalContext, identification: Optional[Identification] = None,
+                 deflection: Optional[EncoderDeflection] = None) -> StepFactors:
     """The step factors of ``config.formulation`` × ``config.integrator``."""
     hermite = config.integrator == "hermite"
     if config.formulation == "independent":
         cls = IndependentHermiteFactors if hermite else IndependentFactors
     else:
         cls = DependentHermiteFactors if hermite else DependentFactors
-    return cls(mech, config, sigmas, efforts, ctx, identification)
+    return cls(mech, config, sigmas, efforts, ctx, identification, deflection)

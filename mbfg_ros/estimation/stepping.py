@@ -178,14 +178,15 @@ class Stepper:
         if not excess:
             return None
         v0, units, spreads = self._v_start, self.sensors.units, {}
-        q = xp[self._q_slice]
+        q, slices = xp[self._q_slice], self.factors.layout.slices
         for name, (e, h) in excess.items():
             y = obs.get(name)
             if y is None:
                 continue
             u = units[name]
             # the reading's lag behind the prediction: the encoder's own residual, prediction − reading
-            s = late_spread(u.error(q, params=(y,)).item(), xp.item(v0 + u.coordinate), e, h, float(u.sigmas[0]))
+            blocks = [q] if len(u.slots) == 1 else [xp[slices[slot]] for slot in u.slots]
+            s = late_spread(u.error(*blocks, params=(y,)).item(), xp.item(v0 + u.coordinate), e, h, float(u.sigmas[0]))
             if s > 0.0:
                 spreads[name] = s
         return spreads

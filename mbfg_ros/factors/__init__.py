@@ -8,13 +8,13 @@ from mbfg_ros.factors.integrators import (EulerIntegrator, HermiteIntegrator, He
                                           SecondDifference, SoftEquality, TrapezoidalIntegrator)
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.factors.priors import CorrelatedPrior, Prior
-from mbfg_ros.factors.processes import IntegratedRandomWalk, RandomWalk, white_acceleration_sigmas
+from mbfg_ros.factors.processes import GaussMarkov, IntegratedRandomWalk, RandomWalk, white_acceleration_sigmas
 from mbfg_ros.factors.sensors import Encoder, Gyroscope, ObservedCoordinate
 
 __all__ = [
     "Factor", "prev", "sigma_or_default", "default_sigmas", "Prior", "CorrelatedPrior",
     "EulerIntegrator", "TrapezoidalIntegrator", "HermiteIntegrator", "HermiteVelocityIntegrator", "SoftEquality",
-    "SecondDifference", "IntegratedRandomWalk", "RandomWalk", "white_acceleration_sigmas",
+    "SecondDifference", "IntegratedRandomWalk", "RandomWalk", "GaussMarkov", "white_acceleration_sigmas",
     "PositionConstraints", "VelocityConstraints", "AccelerationConstraints", "PositionConstraintsIndep",
     "VelocityConstraintsIndep", "AccelerationConstraintsIndep", "ForwardDynamics", "InverseDynamics", "IdentifiedDynamics", "Jerk",
     "Encoder", "Gyroscope", "ObservedCoordinate",

@@ -34,6 +34,7 @@ DISTURBANCE_DENSITY = 3e3
 DISTURBANCE_TIME_CONSTANT = 1.0   # [s] (the start of the online fit, which only shortens it: density_adaptation)
 #: a time constant this long or longer is none (no damping): the node's parameters cannot be infinite
 FOREVER = 1e15
+DEFLECTION_TIME_CONSTANT = 0.05   # [s] of the encoders' deflection where one is configured (estimation/deflection.py)
 EFFORT_RATE_TIME_CONSTANT = FOREVER   # [s] none: the integrated random walk (docs/decisions.md: the readings of
                                       # real motors prefer ~0.1 s, which moves the effort error both ways)
 
@@ -77,6 +78,8 @@ def _reference_sigmas() -> Dict[str, float]:
         "disturbance_density": DISTURBANCE_DENSITY,     # d̈ of the disturbance (fused), (N·m)²/s³ or N²/s³
         "disturbance_time_constant": DISTURBANCE_TIME_CONSTANT,  # s: the disturbance damped back to 0 (inf: not)
         "effort_rate_time_constant": EFFORT_RATE_TIME_CONSTANT,  # s: the unknown efforts' rate damped (≥ 1e15: not)
+        "deflection_sigma": 0.0,     # stationary σ of the encoders' deflection (units of q; 0: none)
+        "deflection_time_constant": DEFLECTION_TIME_CONSTANT,   # s: the deflection's time constant
         "initial_effort_rate": 10.0,  # prior on the effort (disturbance) rate at a window's start, N·m/s
         "initial_effort": 100.0,     # weak prior on the unknown efforts at the first step (estimation, fused)
         "initial_velocity": 10.0,    # weak prior on an unknown initial velocity (estimation, fused; no v0 given)
@@ -107,6 +110,9 @@ def noise_descriptions() -> Dict[str, str]:
         "effort_rate_time_constant": "estimation: time constant over which the unknown efforts' rate forgets "
                                      "(τ̈ = −τ̇/T + w: between the integrated random walk, ≥ 1e15, and a random "
                                      "walk of density S·T², T → 0) [s]",
+        "deflection_sigma": "estimation/fused: stationary σ of each encoder's deflection, what a motor encoder behind "
+                            "a gear reads beyond its coordinate (first-order Gauss–Markov; 0: none) [rad, m]",
+        "deflection_time_constant": "estimation/fused: time constant of the encoders' deflection [s]",
         "initial_effort_rate": "σ of the prior on the effort (disturbance) rate when a window starts [N·m/s, N/s]",
         "initial_effort": "σ of the prior on the unknown efforts (disturbance) when a window starts [N·m, N]",
         "initial_velocity": "σ of the prior on an unknown initial velocity (estimation, fused) [m/s, rad/s]",

@@ -4,6 +4,8 @@ estimation and fused modes; densities in physical units).
 * `IntegratedRandomWalk`: a block x (e.g. the unknown efforts) and its rate ẋ under white noise on ẍ of
   spectral density S (per component, units of x² / s³), optionally damped back to 0 with a time constant
   (the disturbance of fused mode): a static linear factor between two steps.
+* `GaussMarkov`: a block under a first-order Gauss–Markov (Ornstein–Uhlenbeck) process of stationary σ and time
+  constant T (the encoders' deflection): a static linear factor between two steps.
 * `white_acceleration_sigmas`: the sigmas of the integrator rows when the coordinates' accelerations carry
   white noise of density S (units of q² / s³) — the unmodelled part of the dynamics.
 """
@@ -168,6 +170,36 @@ class RandomWalk(Factor):
         w = 1.0 / np.sqrt(self.density * self.dt)
         self.jacobians = [np.diag(-w), np.diag(w)]
         self.name = f"random_walk({x})"
+
+    def evaluate(self, x0, x1, ctx=None, params=None):
+        J = self.jacobians
+        return J[0].dot(x0) + J[1].dot(x1), J
+
+
+class GaussMarkov(Factor):
+    """First-order Gauss–Markov process of a block x between two steps h apart (slots x_prev, x): ẋ = −x/T + w,
+    stationary σ per component, exact over the step: x − φ x_prev ~ N(0, σ²(1 − φ²)), φ = e^{−h/T}.  Static
+    and linear; the rows are whitened (unit sigmas): e = (x − φ x_prev) / (σ √(1 − φ²))."""
+
+    linear = True
+    static = True
+
+    def __init__(self, x: str, d: int, dt: float, sigma, time_constant: float):
+        self.dim = int(d)
+        self.dt = h = float(dt)
+        self.sigma = _densities(sigma, self.dim, "GaussMarkov (σ)")
+        if not (time_constant > 0 and math.isfinite(time_constant)):
+            raise ValueError(f"GaussMarkov: the time constant must be a positive number of seconds (got "
+                             f"{time_constant})")
+        if not h > 0:
+            raise ValueError(f"GaussMarkov: the step must be > 0 s (got {dt})")
+        self.time_constant = float(time_constant)
+        phi = math.exp(-h / self.time_constant)
+        w = 1.0 / (self.sigma * math.sqrt(-math.expm1(-2.0 * h / self.time_constant)))
+        self.slots = (prev(x), x)
+        self.sigmas = np.ones(self.dim)
+        self.jacobians = [np.diag(-phi * w), np.diag(w)]
+        self.name = f"gauss_markov({x},T={self.time_constant:g})"
 
     def evaluate(self, x0, x1, ctx=None, params=None):
         J = self.jacobians

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from mbfg_ros.factors.base import Factor, compiled_evaluation, sigma_array
 from mbfg_ros.factors.priors import Selection
 from mbfg_ros.model.mechanism import Mechanism
@@ -32,13 +34,36 @@ class _CoordinateReading(Selection):
 
 class Encoder(_CoordinateReading):
     """Encoder on one coordinate: e = q[c] − reading.  On a relative angle the difference is wrapped to
-    [−π, π), so a reading in any 2π range matches a continuous angle."""
+    [−π, π), so a reading in any 2π range matches a continuous angle.
 
-    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3):
+    With `deflection` j the encoder reads the coordinate through entry j of the ``deflection`` block b (a motor
+    encoder behind a gear's play and elasticity, `estimation.deflection`): e = q[c] + b[j] − reading, Jacobians 1
+    on q[c] and on b[j]; compiled kinds ``offset_selection`` / ``wrapped_offset_selection``, its only form."""
+
+    def __init__(self, mech: Mechanism, coordinate, value: float = 0.0, sigma: float = 1e-3,
+                 deflection: Optional[int] = None):
         c = _coordinate(mech, coordinate)
         self.angle = c >= mech.n_point_coordinates
         super().__init__(mech, c, "q", value, sigma, wrap=self.angle)
         self.name = f"encoder({mech.coordinate_names[self.coordinate]})"
+        self.deflection = None if deflection is None else int(deflection)
+        if self.deflection is not None:
+            if self.deflection < 0:
+                raise ValueError(f"{self.name}: the deflection index must be >= 0 (got {deflection})")
+            self.mech = mech
+            self.slots = ("q", "deflection")
+            self.kernel_kind = "wrapped_offset_selection" if self.angle else "offset_selection"
+            self.name = f"deflected_encoder({mech.coordinate_names[self.coordinate]})"
+
+    def evaluate(self, *blocks, ctx=None, params=None):
+        if self.deflection is None:
+            return super().evaluate(*blocks, ctx=ctx, params=params)
+        return compiled_evaluation(self, blocks, ctx, params)
+
+    def kernel_arguments(self):
+        if self.deflection is None:
+            return super().kernel_arguments()
+        return [self.coordinate, self.deflection], []
 
 
 class ObservedCoordinate(_CoordinateReading):

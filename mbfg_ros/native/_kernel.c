@@ -1947,6 +1947,39 @@ eval_wrapped_selection(UNIT_EVAL_ARGS)
     return selection(s, u, xp, xc, params, e, jac, A, 1);
 }
 
+/* x[c] + b[j] − value, wrapped to [−π, π) with `wrap`: a reading of coordinate c through a deflection b[j] (an
+ * encoder behind a gear's play: mbfg_ros.factors.sensors.Encoder with a deflection)
+ *                                        slots x, b; param value (a float); ints: c (in x), j (in b) */
+static int
+offset_selection(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyObject *params, double *e,
+                 int jac, double *const A[2], int wrap)
+{
+    double value;
+    if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
+        return -1;
+    double d = slot_block(u, 0, xp, xc)[u->ints[0]] + slot_block(u, 1, xp, xc)[u->ints[1]] - value;
+    if (wrap)
+        d -= TWO_PI * floor((d + M_PI) / TWO_PI);
+    e[0] = d;
+    if (jac) {
+        JROW(0, 0)[u->ints[0]] += 1.0;
+        JROW(1, 0)[u->ints[1]] += 1.0;
+    }
+    return 0;
+}
+
+static int
+eval_offset_selection(UNIT_EVAL_ARGS)
+{
+    return offset_selection(s, u, xp, xc, params, e, jac, A, 0);
+}
+
+static int
+eval_wrapped_offset_selection(UNIT_EVAL_ARGS)
+{
+    return offset_selection(s, u, xp, xc, params, e, jac, A, 1);
+}
+
 /* ω(q, q̇) − value                        slots q, v; param value; ints: cxi, cyi, cxj, cyj (−1: a fixed point,
  *                                        its (x, y) in doubles 0–1 for i, 2–3 for j) */
 static int
@@ -1991,8 +2024,9 @@ enum { ROWS_CONSTRAINTS, ROWS_COORDINATES, ROWS_ONE, ROWS_PER_INDEX };     /* di
 #define INDICES_IDENTIFIED (-3)   /* 1 + na + 3 per parameter (identified_dynamics: na the tau slot's width, the
                                      parameters the theta slot's) */
 #define DOUBLES_PER_PARAMETER (-1)   /* 3 per parameter (the theta slot's width) */
-enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT, INDEX_IDENTIFIED };
-/* [0, n), [−1, n), [0, slot 0's width), identified_dynamics' own layout (checked in identified_check) */
+enum { INDEX_COORDINATE, INDEX_COORDINATE_OR_FIXED, INDEX_IN_SLOT, INDEX_IN_SLOTS, INDEX_IDENTIFIED };
+/* [0, n), [−1, n), [0, slot 0's width), integer j in [0, slot j's width), identified_dynamics' own layout (checked
+ * in identified_check) */
 enum { WIDTH_COORDINATES, WIDTH_LAST_PER_INDEX, WIDTH_ANY };  /* every slot n wide; the last nints wide; any */
 
 typedef struct {
@@ -2009,6 +2043,8 @@ static const UnitKind unit_kinds[] = {
     {"gyroscope", ROWS_ONE, 2, 4, INDEX_COORDINATE_OR_FIXED, WIDTH_COORDINATES, 4, eval_gyroscope},
     {"selection", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_selection},
     {"wrapped_selection", ROWS_PER_INDEX, 1, INDICES_PER_ROW, INDEX_IN_SLOT, WIDTH_ANY, 0, eval_wrapped_selection},
+    {"offset_selection", ROWS_ONE, 2, 2, INDEX_IN_SLOTS, WIDTH_ANY, 0, eval_offset_selection},
+    {"wrapped_offset_selection", ROWS_ONE, 2, 2, INDEX_IN_SLOTS, WIDTH_ANY, 0, eval_wrapped_offset_selection},
     {"identified_dynamics", ROWS_COORDINATES, 5, INDICES_IDENTIFIED, INDEX_IDENTIFIED, WIDTH_ANY,
      DOUBLES_PER_PARAMETER, eval_dynamics},
 };
@@ -2088,12 +2124,14 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
     if (kind->index_range == INDEX_IDENTIFIED)
         return identified_check(u, n);
     int lo = kind->index_range == INDEX_COORDINATE_OR_FIXED ? -1 : 0;
-    int hi = kind->index_range == INDEX_IN_SLOT ? u->width[0] : n;
-    for (int j = 0; j < u->nints; j++)
+    for (int j = 0; j < u->nints; j++) {
+        int hi = kind->index_range == INDEX_IN_SLOT ? u->width[0] : kind->index_range == INDEX_IN_SLOTS ? u->width[j]
+               : n;
         if (u->ints[j] < lo || u->ints[j] >= hi) {
             PyErr_Format(PyExc_ValueError, "StepKernel: index %d of a %s unit out of range", u->ints[j], kind->name);
             return -1;
         }
+    }
     return 0;
 }
 

@@ -46,6 +46,10 @@ class ConfigError(ValueError):
     """A bad parameter value at start-up; the message names the parameter."""
 
 
+#: the noise parameters whose 0 means "none" (their range starts at 0)
+ZERO_IS_NONE = ("deflection_sigma",)
+
+
 def string_problem(name: str, value) -> Optional[str]:
     """Why a string (or string array) parameter value is refused: too long (None: fine)."""
     limit = STRING_LIMITS.get(name)
@@ -207,9 +211,10 @@ def declare_parameters(node) -> StartupParameters:
     sigmas = {}
     descriptions = noise_descriptions()
     for k, v in default_sigmas(mech.spec).items():
+        low = 0.0 if k in ZERO_IS_NONE else 1e-15       # (a deflection σ of 0: none)
         sigmas[k] = d(f"sigmas.{k}", float(v), PD(
-            description=f"{descriptions[k]}; > 0; changing it restarts the estimator",
-            floating_point_range=_float_range(1e-15, 1e15))).value
+            description=f"{descriptions[k]}; {'≥ 0' if low == 0.0 else '> 0'}; changing it restarts the estimator",
+            floating_point_range=_float_range(low, 1e15))).value
     sensor_sigmas = {}
     for s in mech.sensors:
         sensor_sigmas[s.name] = d(f"sensor_sigmas.{s.name}", float(s.sigma), PD(

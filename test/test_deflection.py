@@ -1,0 +1,115 @@
+"""The encoders' deflection (`sigmas.deflection_sigma`, estimation/deflection.py): where it is in the state and the
+units, the bank's model of it, and what it buys on readings that carry one (a motor encoder behind a gear)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import mbfg_ros.factors as F
+from mbfg_ros.estimation import density_adaptation as DA
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.model.mechanism import load_mechanism
+from test_tuning import DT
+from test_tuning_adaptation import SIGMA, crank_mech, motion  # noqa: F401  (fixtures)
+
+DEFLECTION_SIGMA = 3e-3     # [rad] the simulated encoder's deflection (15× ... 30× its noise, as on the DFKI motors)
+DEFLECTION_T = 0.05         # [s]
+
+
+def gauss_markov(n: int, sigma: float, T: float, rng, dt: float = DT) -> np.ndarray:
+    phi = math.exp(-dt / T)
+    out = np.empty(n)
+    x = sigma * rng.standard_normal()
+    for k in range(n):
+        out[k] = x
+        x = phi * x + sigma * math.sqrt(1.0 - phi * phi) * rng.standard_normal()
+    return out
+
+
+def _config(mode="estimation", deflection=0.0, **kw):
+    sigmas = {"effort_density": 3.0, "acceleration_density": 1e-3, "deflection_sigma": deflection,
+              "deflection_time_constant": DEFLECTION_T}
+    return EstimatorConfig(dt=DT, mode=mode, sigmas=sigmas, sensor_sigmas={"crank": SIGMA}, adapt_densities=False,
+                           adapt_sensor_sigmas=False, **kw)
+
+
+def _run(mech, config, t, y):
+    est = FixedLagEstimator(mech, config)
+    c = int(mech.actuated[0])
+    q, tau = np.full(len(t), np.nan), np.full(len(t), np.nan)
+    for k in range(len(t)):
+        e = est.step(float(t[k]), None, {"crank": float(y[k])})
+        q[k], tau[k] = e.q[c], e.efforts[0]
+    return est, q, tau
+
+
+def test_the_state_and_the_encoders_carry_the_deflection_where_one_is_configured(crank_mech):
+    est = FixedLagEstimator(crank_mech, _config(deflection=1e-3))
+    est.step(0.0, None, {"crank": 0.3})
+    assert "deflection" in est.layout and est.layout.slices["deflection"].stop - est.layout.slices["deflection"].start == 1
+    unit = est.sensors.units["crank"]
+    assert unit.slots == ("q", "deflection") and unit.kernel_kind == "wrapped_offset_selection"
+    transitions = [u for u in est.factors.integrators(DT) if isinstance(u, F.GaussMarkov)]
+    assert len(transitions) == 1 and transitions[0].time_constant == DEFLECTION_T
+    # none where σ is 0 (the default) or the mode reads no encoders
+    for config in (_config(), _config(mode="forward_dynamics", deflection=1e-3)):
+        est = FixedLagEstimator(crank_mech, config)
+        assert "deflection" not in est.layout and est.sensors.units["crank"].slots == ("q",)
+    with pytest.raises(ValueError, match="deflection_sigma"):
+        _config(deflection=-1e-3).validated()
+
+
+def test_the_bank_models_the_deflection_exactly():
+    """A filter's transition and noise of the deflection block over a step: e^{−H/T} and σ²(1 − e^{−2H/T}),
+    uncoupled from the motion's; the readings are z + b."""
+    mech = load_mechanism("double_pendulum_a0")
+    sigma, T, H = 2e-3, 0.05, 0.02
+    a = DA.DensityAdaptation(mech, 10.0, 0.1, deflection=(sigma, T))
+    plain = DA.DensityAdaptation(mech, 10.0, 0.1)
+    for bank in (a, plain):
+        bank.B = np.array([[0.7, -0.2], [0.1, 0.4]])
+        bank.Sa = np.array([[2.0, 0.3], [0.3, 0.5]])
+        bank._H = None
+    F_, _, Q = a._matrices(H)
+    F0, _, Q0 = plain._matrices(H)
+    b = slice(8, 10)
+    assert Q.shape == (a.K, 10, 10) and F_.shape == (10, 10)
+    phi = math.exp(-H / T)
+    np.testing.assert_allclose(F_[b, b], phi * np.eye(2), rtol=1e-12)
+    np.testing.assert_allclose(Q[:, b, b], np.broadcast_to(sigma ** 2 * (1 - phi ** 2) * np.eye(2), (a.K, 2, 2)),
+                               rtol=1e-9, atol=1e-20)
+    assert np.all(F_[b, :8] == 0) and np.all(F_[:8, b] == 0) and np.all(Q[:, b, :8] == 0)
+    np.testing.assert_allclose(F_[:8, :8], F0, rtol=1e-14)          # the motion's model is the plain bank's
+    np.testing.assert_allclose(Q[:, :8, :8], Q0, rtol=1e-14)
+    np.testing.assert_array_equal(a.Hm, np.hstack((np.eye(2), np.zeros((2, 6)), np.eye(2))))
+
+
+def test_a_deflection_in_the_readings_is_not_read_as_effort(crank_mech, motion):
+    """The crank four-bar's encoder reads its angle through a deflection (Gauss–Markov, 3 mrad, 50 ms): with the
+    deflection in the model the effort error falls by more than a third and the angle follows the motion, not the
+    deflection.  On readings without one, a deflection in the model is freedom the efforts pay for, the more the
+    larger its σ (why it is a parameter to fit, not a constant): a tenth of it costs under a fifth."""
+    traj, y = motion
+    rng = np.random.default_rng(21)
+    deflected = y + gauss_markov(len(y), DEFLECTION_SIGMA, DEFLECTION_T, rng)
+    c = int(crank_mech.actuated[0])
+    scored = traj.t >= 1.0
+    truth_tau = traj.efforts[:, 0]
+
+    def errors(config, readings):
+        _, q, tau = _run(crank_mech, config, traj.t, readings)
+        return (float(np.sqrt(np.mean((tau - truth_tau)[scored] ** 2))),
+                float(np.sqrt(np.mean((q - traj.q[:, c])[scored] ** 2))))
+
+    plain_tau, plain_q = errors(_config(), deflected)
+    with_tau, with_q = errors(_config(deflection=DEFLECTION_SIGMA), deflected)
+    assert with_tau < 0.65 * plain_tau, (with_tau, plain_tau)
+    assert with_q < plain_q, (with_q, plain_q)
+    clean_plain, _ = errors(_config(), y)
+    clean_small, _ = errors(_config(deflection=0.1 * DEFLECTION_SIGMA), y)
+    clean_with, _ = errors(_config(deflection=DEFLECTION_SIGMA), y)
+    assert clean_plain <= clean_small < 1.2 * clean_plain < clean_with, (clean_plain, clean_small, clean_with)
