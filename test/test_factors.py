@@ -396,23 +396,60 @@ def test_sensor_values():
         F.ObservedCoordinate(mech, 99)
 
 
-def test_units_are_immutable_and_take_their_per_step_values_explicitly(mech):
+def every_unit(mech, s, rng):
+    """`all_units` and the units it leaves out (the jerk, the hermite velocity integrator with a linearization point
+    of j₀, an encoder where the mechanism declares none): every factor class of `mbfg_ros.factors` (those of the
+    actuators where the mechanism has one)."""
+    lin_prev = (s["q"] + 0.01, s["v"], None)
+    units = all_units(mech, s, rng) + [F.Jerk(mech, Qdot=rng.standard_normal(mech.n)),
+                                       F.HermiteVelocityIntegrator(mech, 1e-3, lin_prev=lin_prev),
+                                       F.Encoder(mech, 0, 0.2)]
+    classes = {c for c in vars(F).values() if isinstance(c, type) and issubclass(c, F.Factor) and c is not F.Factor}
+    missing = classes - {type(u) for u in units} - ({F.IdentifiedDynamics, F.RandomWalk} if not mech.actuated.size
+                                                    else set())
+    assert not missing, f"factor classes not constructed here: {sorted(c.__name__ for c in missing)}"
+    return units
+
+
+def _mutable_parts(value, where):
+    """Where `value` (an attribute of a unit, or an item of one) can be changed: writable arrays, mutable
+    containers."""
+    if isinstance(value, np.ndarray):
+        return [] if not value.flags.writeable else [where]
+    if isinstance(value, (list, dict, set, bytearray)):
+        return [where]
+    if isinstance(value, tuple):
+        return [part for i, item in enumerate(value) for part in _mutable_parts(item, f"{where}[{i}]")]
+    return []
+
+
+def test_units_are_deeply_immutable(mech):
+    """Every attribute of every unit is fixed at construction: assigning or deleting one raises, and no array it
+    holds (parameters, sigmas, constant Jacobians, index arrays) can be written; the caller's arrays stay its own."""
     rng = np.random.default_rng(5)
     s = random_state(mech, rng)
-    units = all_units(mech, s, rng) + [F.Jerk(mech, Qdot=rng.standard_normal(mech.n)),
-                                       F.HermiteVelocityIntegrator(mech, 1e-3)]
-    for unit in units:
-        name = unit.params[0] if unit.params else "sigmas"
-        with pytest.raises(AttributeError, match="immutable"):
-            setattr(unit, name, getattr(unit, name))
+    for unit in every_unit(mech, s, rng):
+        names = [name for name in vars(unit) if name != "_frozen"]
+        assert "sigmas" in names and not _mutable_parts(type(unit).sigmas, "class sigmas")
+        for name in names:
+            with pytest.raises(AttributeError, match="immutable"):
+                setattr(unit, name, getattr(unit, name))
+            assert not _mutable_parts(getattr(unit, name), name), (unit.name, name)
         with pytest.raises(AttributeError, match="immutable"):
             unit.something_new = 1.0
         with pytest.raises(AttributeError, match="immutable"):
             del unit.dim
-        for value in unit.own_params():
-            if isinstance(value, np.ndarray):
-                with pytest.raises(ValueError, match="read-only"):
-                    value[...] = 0.0
+        with pytest.raises(ValueError, match="read-only"):
+            unit.sigmas[0] = 1.0
+    mean, select = np.zeros(2), np.array([1, 0])
+    F.Prior("q", mean, 0.1, select=select, size=mech.n)
+    assert mean.flags.writeable and select.flags.writeable
+
+
+def test_units_take_their_per_step_values_explicitly(mech):
+    rng = np.random.default_rng(5)
+    s = random_state(mech, rng)
+    for unit in every_unit(mech, s, rng):
         if not unit.params:
             continue
         blocks = blocks_for(unit, s)

@@ -58,9 +58,12 @@ def prev(name: str) -> str:
 
 
 def _read_only(value):
-    """`value`, made read-only where it is an array (a unit's parameter array is never written)."""
+    """`value` as a frozen unit holds it: an array made read-only (in place: a unit's arrays are its own, made at
+    construction), a list or tuple (of Jacobians, say) a tuple of frozen items."""
     if isinstance(value, np.ndarray):
         value.flags.writeable = False
+    elif isinstance(value, (list, tuple)):
+        value = tuple([_read_only(item) for item in value])
     return value
 
 
@@ -119,7 +122,7 @@ class Factor(metaclass=_FrozenAfterInit):
 
     slots: tuple = ()
     dim: int = 0
-    sigmas: np.ndarray = np.zeros(0)
+    sigmas: np.ndarray = _read_only(np.zeros(0))
     name: str = "factor"
     #: error is affine in the blocks with constant Jacobians (a pre-linearized factor is exact)
     linear: bool = False
@@ -176,8 +179,8 @@ class Factor(metaclass=_FrozenAfterInit):
         return unit
 
     def _freeze(self):
-        for name in self.params:
-            _read_only(getattr(self, name, None))
+        for name, value in list(self.__dict__.items()):
+            object.__setattr__(self, name, _read_only(value))
         object.__setattr__(self, "_frozen", True)
 
     def __setattr__(self, name, value):

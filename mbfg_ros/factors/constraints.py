@@ -113,7 +113,7 @@ class AccelerationConstraints(Factor):
 class _IndepBase(Factor):
     def __init__(self, mech, z, sigma, key, slots, title):
         self.mech = mech
-        self.z = np.asarray(z, dtype=np.intp)
+        self.z = np.array(z, dtype=np.intp)
         d = self.z.size
         self.slots = slots
         self.dim = mech.m + d

@@ -44,7 +44,7 @@ class ForwardDynamics(Factor):
     def __init__(self, mech: Mechanism, Q=None, sigma=None, z: Optional[Sequence[int]] = None):
         self.mech = mech
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)
-        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.z = None if z is None else np.array(z, dtype=np.intp)
         self.slots = ("q", "v", "a") if self.z is None else ("q", "v", "zdd")
         self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
@@ -101,7 +101,7 @@ class InverseDynamics(Factor):
         act = self.actuated
         self._act = (slice(int(act[0]), int(act[-1]) + 1)
                      if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
-        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.z = None if z is None else np.array(z, dtype=np.intp)
         self.slots = ("q", "v", "a", "tau") if self.z is None else ("q", "v", "zdd", "tau")
         self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
@@ -216,7 +216,7 @@ class Jerk(Factor):
         n = mech.n
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)    # Q_known when efforts=True
         self.Qdot = np.zeros(n) if Qdot is None else np.array(Qdot, dtype=float)
-        self.select = None if select is None else np.asarray(select, dtype=np.intp)
+        self.select = None if select is None else np.array(select, dtype=np.intp)
         self.efforts = bool(efforts)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.slots = ("q", "v", "a", "zj" if self.select is not None else "j") + (("tau",) if efforts else ())

@@ -138,7 +138,8 @@ class HermiteVelocityIntegrator(Factor):
         self.Q = np.array(g if Q is None else Q, dtype=float)
         self.Qdot_prev = None if Qdot_prev is None else np.array(Qdot_prev, dtype=float)
         self.Qdot = None if Qdot is None else np.array(Qdot, dtype=float)
-        self.lin_prev = lin_prev
+        self.lin_prev = None if lin_prev is None else tuple(None if x is None else np.array(x, dtype=float)
+                                                            for x in lin_prev)
         self.efforts = bool(efforts)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.dt = float(dt)

@@ -36,7 +36,7 @@ class Selection(Factor):
         self.slots = (block,)
         self.dim = dim
         self.size = int(size)
-        self.select = None if select is None else np.asarray(select, dtype=np.intp)
+        self.select = None if select is None else np.array(select, dtype=np.intp)
         if self.select is not None and self.select.size != dim:
             raise ValueError(f"{type(self).__name__}: len(select) must equal the number of rows ({dim})")
         if wrap and one is None:

@@ -68,7 +68,7 @@ class Gyroscope(Factor):
         self.body = int(body)
         b = mech.spec.bodies[self.body]
         i, j = b.points[0], b.points[1]
-        self.cols_i, self.cols_j = mech.point_columns[i], mech.point_columns[j]
+        self.cols_i, self.cols_j = mech.point_columns[i].copy(), mech.point_columns[j].copy()
         self._ci, self._cj = tuple(int(c) for c in self.cols_i), tuple(int(c) for c in self.cols_j)
         self.fixed_i = mech.spec.points[i] if self.cols_i[0] < 0 else None
         self.fixed_j = mech.spec.points[j] if self.cols_j[0] < 0 else None
