@@ -79,7 +79,7 @@ class Gyroscope(Factor):
         self.n = mech.n
         self.name = f"gyroscope(body {self.body})"
 
-    def evaluate(self, q, v, ctx=None, params=None):
+    def evaluate(self, q, v, *, params, ctx=None):
         # (`eval_gyroscope` in _kernel.c; test_factors checks its Jacobians by finite differences, test_native_kernel
         # the rate against Mechanism.body_angular_rate)
         return compiled_evaluation(self, (q, v), ctx, params)
