@@ -2119,6 +2119,15 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
     return 0;
 }
 
+/* table[name] = entry, a new reference (or NULL: a Python error) that this takes: 0, or −1 on a Python error */
+static int
+table_row(PyObject *table, const char *name, PyObject *entry)
+{
+    int st = entry ? PyDict_SetItemString(table, name, entry) : -1;
+    Py_XDECREF(entry);
+    return st;
+}
+
 /* the table as Python reads it: {name: {"code", "rows" ("constraints", "coordinates", "one", "per index"),
  * "slots"}} */
 static PyObject *
@@ -2126,18 +2135,10 @@ unit_kinds_dict(void)
 {
     static const char *rows[] = {"constraints", "coordinates", "one", "per index"};
     PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int i = 0; i < N_UNIT_KINDS; i++) {
-        PyObject *entry = Py_BuildValue("{s:i,s:s,s:i}", "code", i, "rows", rows[unit_kinds[i].rows], "slots",
-                                        unit_kinds[i].slots);
-        if (!entry || PyDict_SetItemString(d, unit_kinds[i].name, entry) < 0) {
-            Py_XDECREF(entry);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(entry);
-    }
+    for (int i = 0; d && i < N_UNIT_KINDS; i++)
+        if (table_row(d, unit_kinds[i].name, Py_BuildValue("{s:i,s:s,s:i}", "code", i, "rows",
+                                                           rows[unit_kinds[i].rows], "slots", unit_kinds[i].slots)) < 0)
+            Py_CLEAR(d);
     return d;
 }
 
@@ -2146,17 +2147,10 @@ static PyObject *
 parameter_kinds_dict(void)
 {
     PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int i = 0; i < N_PARAMETER_KINDS; i++) {
-        PyObject *entry = Py_BuildValue("{s:i,s:s}", "code", i, "on", parameter_kinds[i].on);
-        if (!entry || PyDict_SetItemString(d, parameter_kinds[i].name, entry) < 0) {
-            Py_XDECREF(entry);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(entry);
-    }
+    for (int i = 0; d && i < N_PARAMETER_KINDS; i++)
+        if (table_row(d, parameter_kinds[i].name, Py_BuildValue("{s:i,s:s}", "code", i, "on",
+                                                                parameter_kinds[i].on)) < 0)
+            Py_CLEAR(d);
     return d;
 }
 
