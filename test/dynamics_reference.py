@@ -12,9 +12,15 @@ import numpy as np
 
 # -- the identified parameters' forces ΔQ (`model.identified`'s docstring), in numpy ----------------------------------
 
+#: the parameter kinds written here (a kind the kernel adds without a reference here fails its comparison)
+KINDS = ("gain", "viscous_friction", "coulomb_friction", "payload_mass")
+
+
 def _masks(P):
+    unknown = sorted(set(P.kinds) - set(KINDS))
+    assert not unknown, f"no numpy reference of the parameter kinds {unknown}"
     kinds = np.array(P.kinds)
-    return kinds == "gain", kinds == "viscous_friction", kinds == "coulomb_friction", kinds == "payload_mass"
+    return tuple(kinds == kind for kind in KINDS)
 
 
 def identified_regressors(P, v, commands):

@@ -162,7 +162,7 @@ def _random_chain_problem(uniform: bool):
             self.target, self.dim, self.sigmas = np.asarray(target, float), 2, np.full(2, 0.1)
             self.slots = ("x",)
 
-        def evaluate(self, x, ctx=None, params=None):
+        def evaluate(self, x, *, params, ctx=None):
             return x * x - self.target, [np.diag(2 * x)]
 
     prob = Problem()
@@ -214,18 +214,18 @@ def test_vectorized_units_match_the_per_step_units(name):
     sines = np.abs(np.sin(blocks["q"][:, mech.relative_angle_columns]))
     if name == "four_bar_crank":
         assert np.any(sines > 0.75) and np.any(sines < 0.65)
-    Q = [mech.gravity_forces + rng.standard_normal(mech.n) for _ in range(N)]
-    kinds = [[F.PositionConstraints(mech, 1e-3)] * N, [F.VelocityConstraints(mech, 1e-3)] * N,
-             [F.AccelerationConstraints(mech, 1e-3)] * N, [F.ForwardDynamics(mech, Q[k], 1e-3) for k in range(N)],
-             [F.InverseDynamics(mech, sigma=1e-3)] * N]
-    for units in kinds:
-        f = type(units[0]).vectorized(units)
+    Q = [(mech.gravity_forces + rng.standard_normal(mech.n),) for _ in range(N)]
+    kinds = [([F.PositionConstraints(mech, 1e-3)] * N, [()] * N), ([F.VelocityConstraints(mech, 1e-3)] * N, [()] * N),
+             ([F.AccelerationConstraints(mech, 1e-3)] * N, [()] * N), ([F.ForwardDynamics(mech, sigma=1e-3)] * N, Q),
+             ([F.InverseDynamics(mech, sigma=1e-3)] * N, Q)]
+    for units, params in kinds:
+        f = type(units[0]).vectorized(units, params)
         assert f is not None
         slots = units[0].slots
         keys = [(np.arange(N) * 100 + 10 * s).tobytes() for s in range(len(slots))]
         e, Js = f(batched.BatchContext(mech), keys, *[blocks[s] for s in slots])
-        for k, unit in enumerate(units):
-            e1, J1 = unit.evaluate(*[blocks[s][k] for s in slots])
+        for k, (unit, values) in enumerate(zip(units, params)):
+            e1, J1 = unit.evaluate(*[blocks[s][k] for s in slots], params=values)
             np.testing.assert_allclose(e[k], e1, rtol=0, atol=1e-12 * max(1.0, np.abs(e1).max()))
             for Jb, Jr in zip(Js, J1):
                 np.testing.assert_allclose(Jb[k], Jr, rtol=0, atol=1e-12 * max(1.0, np.abs(Jr).max()))
@@ -274,7 +274,7 @@ def test_vectorized_evaluation_matches_per_step_in_the_assembly(four_bar):
         prob.add_variable(("tau", k), res.tau[k])
         prob.add_factor(U.position, [("q", k)])
         prob.add_factor(U.velocity, [("q", k), ("v", k)])
-        prob.add_factor(U.inverse_dynamics, [("q", k), ("v", k), ("a", k), ("tau", k)])
+        prob.add_factor(U.inverse_dynamics, [("q", k), ("v", k), ("a", k), ("tau", k)], (four_bar.gravity_forces,))
     out = []
     for vec in (True, False):
         asm = Assembly(prob, vectorize=vec)
@@ -324,7 +324,8 @@ def test_position_continuation_fast_crank_matches_step_by_step(four_bar):
 
 def test_bulk_construction_matches_one_by_one():
     """`Problem.add_variables` / `add_factors` build the same groups as `add_variable` / `add_factor`,
-    and the engine gives the same answer (including non-uniform series, which fall back)."""
+    and the engine gives the same answer (including non-uniform series, which fall back); one unit with each
+    step's values beside it is the same as a unit per step holding them."""
     rng = np.random.default_rng(5)
     N = 9
     targets = rng.uniform(1, 4, (N, 2))
@@ -347,16 +348,29 @@ def test_bulk_construction_matches_one_by_one():
     bulk.add_factors(priors(), [("x", 0)], range(N))
     bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], range(N - 1))
     assert sorted(one.keys) == sorted(bulk.keys) and len(one.factors) == len(bulk.factors)
-    assert [[keys for _, keys in g] for g in one.groups.values()] == \
-        [[keys for _, keys in g] for g in bulk.groups.values()]
+    assert [[keys for _, keys, _ in g] for g in one.groups.values()] == \
+        [[keys for _, keys, _ in g] for g in bulk.groups.values()]
     for sig in one.groups:
         np.testing.assert_array_equal(one.first_steps(sig), bulk.first_steps(sig))
+    shared = Problem()
+    shared.add_variables("x", np.ones((N, 2)))
+    shared.add_variables("v", np.zeros((N, 2)))
+    prior = F.Prior("x", np.zeros(2), 0.1)
+    shared.add_factors(prior, [("x", 0)], range(N), [(t,) for t in targets])
+    shared.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], range(N - 1))
+    np.testing.assert_array_equal([p for _, _, (p,) in shared.factors[:N]], targets)
     solve(one)
     solve(bulk)
+    solve(shared)
     for k in one.keys:
         np.testing.assert_allclose(bulk.values[k], one.values[k], atol=1e-12)
+        np.testing.assert_array_equal(shared.values[k], bulk.values[k])
     with pytest.raises(KeyError):
         bulk.add_factors(trap, [("x", 0), ("x", 1), ("v", 0), ("v", 1)], [N - 1])
+    with pytest.raises(ValueError, match="per-step values given for the parameters"):
+        shared.add_factor(prior, [("x", 0)], ())
+    with pytest.raises(ValueError, match="one tuple of per-step values per step"):
+        shared.add_factors(prior, [("x", 0)], range(N), [(t,) for t in targets[1:]])
 
 
 def test_single_threaded_blas_restores_the_thread_counts():

@@ -122,10 +122,11 @@ def test_inverse_dynamics_over_some_actuators_matches_finite_differences(pendulu
     v, a = rng.standard_normal(n), rng.standard_normal(n)
     act = [int(pendulum.actuated[1])]
     z = [int(c) for c in pendulum.actuated] if independent else None
-    unit = F.InverseDynamics(pendulum, Q_known=pendulum.gravity_forces + rng.standard_normal(n), actuated=act, z=z)
+    unit = F.InverseDynamics(pendulum, actuated=act, z=z)
+    values = (pendulum.gravity_forces + rng.standard_normal(n),)
     tau = rng.standard_normal(1)
     blocks = [q, v, a if z is None else a[z], tau]
-    _, J = unit.evaluate(*blocks)
+    _, J = unit.evaluate(*blocks, params=values)
     for i, b in enumerate(blocks):
         fd = np.zeros((unit.dim, b.size))
         for k in range(b.size):
@@ -133,11 +134,11 @@ def test_inverse_dynamics_over_some_actuators_matches_finite_differences(pendulu
             bm = [x.copy() for x in blocks]
             bp[i][k] += 1e-6
             bm[i][k] -= 1e-6
-            fd[:, k] = (unit.error(*bp) - unit.error(*bm)) / 2e-6
+            fd[:, k] = (unit.error(*bp, params=values) - unit.error(*bm, params=values)) / 2e-6
         np.testing.assert_allclose(J[i], fd, rtol=1e-5, atol=1e-6 * (1 + np.abs(fd).max()))
     # the τ column is the full unit's column of that actuator
-    full = F.InverseDynamics(pendulum, Q_known=unit.Q_known, z=z)
-    _, Jf = full.evaluate(q, v, blocks[2], np.array([0.0, tau[0]]))
+    full = F.InverseDynamics(pendulum, z=z)
+    _, Jf = full.evaluate(q, v, blocks[2], np.array([0.0, tau[0]]), params=values)
     np.testing.assert_allclose(J[3][:, 0], Jf[3][:, 1], rtol=1e-12, atol=1e-12)
 
 

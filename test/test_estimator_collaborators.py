@@ -188,7 +188,7 @@ def _encoder_gate(crank, **config):
     def whitened_at(q_c):
         q = np.zeros(crank.n)
         q[c] = q_c
-        return lambda u: u.error(q) / u.sigmas
+        return lambda u: u.error(q, params=(0.0,)) / u.sigmas
 
     return gate, enc, whitened_at
 

@@ -50,7 +50,10 @@ def random_state(mech, rng):
                 deflection=1e-3 * rng.standard_normal(3))
 
 
-def fd_jacobian(unit, blocks, i, h=1e-6):
+def fd_jacobian(unit, blocks, i, h=1e-6, params=None):
+    """Central differences of `unit`'s error in block i, with the per-step values `params` (None: the unit's
+    defaults)."""
+    params = unit.own_params() if params is None else params
     x = blocks[i]
     J = np.zeros((unit.dim, x.size))
     for k in range(x.size):
@@ -58,7 +61,7 @@ def fd_jacobian(unit, blocks, i, h=1e-6):
         bm = [b.copy() for b in blocks]
         bp[i][k] += h
         bm[i][k] -= h
-        J[:, k] = (unit.error(*bp) - unit.error(*bm)) / (2 * h)
+        J[:, k] = (unit.error(*bp, params=params) - unit.error(*bm, params=params)) / (2 * h)
     return J
 
 
@@ -111,9 +114,9 @@ def test_jacobians_match_finite_differences(mech):
         s = random_state(mech, rng)
         for unit in all_units(mech, s, rng):
             blocks = blocks_for(unit, s)
-            e, Js = unit.evaluate(*blocks)
+            e, Js = unit.evaluate(*blocks, params=unit.own_params())
             assert e.shape == (unit.dim,) and unit.sigmas.shape == (unit.dim,)
-            np.testing.assert_allclose(e, unit.error(*blocks), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(e, unit.error(*blocks, params=unit.own_params()), rtol=1e-12, atol=1e-12)
             assert len(Js) == len(unit.slots)
             for i, J in enumerate(Js):
                 Jn = fd_jacobian(unit, blocks, i)
@@ -134,7 +137,7 @@ def test_gauss_markov_is_whitened_by_the_exact_transition_and_keeps_its_stationa
     rng = np.random.default_rng(3)
     x = sigma * rng.standard_normal((20000, 2))
     x1 = phi * x + sigma * np.sqrt(1 - phi ** 2) * rng.standard_normal((20000, 2))
-    e = np.array([u.error(a, b) for a, b in zip(x[:2000], x1[:2000])])
+    e = np.array([u.error(a, b, params=()) for a, b in zip(x[:2000], x1[:2000])])
     assert abs(e.std() - 1.0) < 0.05 and abs(x1.std(axis=0) / sigma - 1.0).max() < 0.03
     for bad in (dict(sigma=0.0, time_constant=T), dict(sigma=1e-3, time_constant=0.0),
                 dict(sigma=1e-3, time_constant=np.inf)):
@@ -157,7 +160,7 @@ def test_integrated_random_walk_is_whitened_by_the_exact_transition_covariance()
     rng = np.random.default_rng(2)
     x0, x1, v0, v1 = (rng.standard_normal(2) for _ in range(4))
     r = np.concatenate((x1 - x0 - h * v0, v1 - v0))
-    np.testing.assert_allclose(u.error(x0, x1, v0, v1), W @ r, rtol=1e-12)
+    np.testing.assert_allclose(u.error(x0, x1, v0, v1, params=()), W @ r, rtol=1e-12)
     with pytest.raises(ValueError, match="densities"):
         F.IntegratedRandomWalk("tau", "tau_rate", 1, h, 0.0)
 
@@ -188,7 +191,7 @@ def test_damped_random_walk_is_the_exact_transition_of_its_sde(h, T):
     rng = np.random.default_rng(4)
     x0, x1, v0, v1 = (rng.standard_normal(2) for _ in range(4))
     r = np.concatenate((x1 - Phi[0, 0] * x0 - Phi[0, 1] * v0, v1 - Phi[1, 0] * x0 - Phi[1, 1] * v0))
-    np.testing.assert_allclose(u.error(x0, x1, v0, v1), W @ r, rtol=1e-10)
+    np.testing.assert_allclose(u.error(x0, x1, v0, v1, params=()), W @ r, rtol=1e-10)
     # without readings the prior's mean returns to 0 (the undamped walk keeps the rate: unbounded drift)
     m = np.array([1.0, 5.0])
     for _ in range(int(round(10 * T / h))):
@@ -265,15 +268,15 @@ def test_correlated_prior_is_whitened_by_its_covariance():
     P = A @ A.T + 0.1 * np.eye(5)
     mean = rng.standard_normal(5)
     u = F.CorrelatedPrior.from_covariance(("q", "v"), (3, 2), mean, P, floor=1e-6)
-    R = np.hstack(u.evaluate(np.zeros(3), np.zeros(2))[1])
+    R = np.hstack(u.evaluate(np.zeros(3), np.zeros(2), params=(mean,))[1])
     np.testing.assert_allclose(R @ P @ R.T, np.eye(5), atol=1e-9)
     x = rng.standard_normal(5)
-    e, _ = u.evaluate(x[:3], x[3:])
+    e, _ = u.evaluate(x[:3], x[3:], params=(mean,))
     assert e @ e == pytest.approx((x - mean) @ np.linalg.solve(P, x - mean), rel=1e-9)
     assert np.array_equal(u.sigmas, np.ones(5)) and u.linear and u.slots == ("q", "v")
     v = np.array([1.0, 1.0, 0.0]) / np.sqrt(2.0)              # a rank-2 covariance: singular along v
     w = F.CorrelatedPrior.from_covariance(("q",), (3,), np.zeros(3), np.eye(3) - np.outer(v, v), floor=1e-3)
-    assert np.linalg.norm(w.evaluate(v)[0]) == pytest.approx(1e3, rel=1e-9)
+    assert np.linalg.norm(w.evaluate(v, params=(np.zeros(3),))[0]) == pytest.approx(1e3, rel=1e-9)
     with pytest.raises(ValueError, match="do not match"):
         F.CorrelatedPrior(("q", "v"), (3, 3), np.zeros(5), np.eye(5))
 
@@ -284,14 +287,15 @@ def test_jerk_factor_exact_blocks_and_documented_approximation(mech):
     rng = np.random.default_rng(3)
     s = random_state(mech, rng)
     Qdot = rng.standard_normal(mech.n)
-    unit = F.Jerk(mech, Qdot=Qdot)
+    unit = F.Jerk(mech)
     blocks = blocks_for(unit, s)
-    e, (Jq, Jv, Ja, Jj) = unit.evaluate(*blocks)
+    values = (mech.gravity_forces, Qdot)
+    e, (Jq, Jv, Ja, Jj) = unit.evaluate(*blocks, params=values)
     lin = D.forward_dynamics_jacobians(mech, s["q"], s["v"])
     np.testing.assert_allclose(e, s["j"] - (lin.da_dq @ s["v"] + lin.da_dv @ s["a"] + lin.da_dQ @ Qdot),
                                rtol=1e-9, atol=1e-9)
     for i, J in ((2, Ja), (3, Jj)):
-        Jn = fd_jacobian(unit, blocks, i)
+        Jn = fd_jacobian(unit, blocks, i, params=values)
         assert np.abs(J - Jn).max() <= 1e-6 * max(1.0, np.abs(Jn).max())
     np.testing.assert_array_equal(Jq, 0.0)
     np.testing.assert_allclose(Jv, -lin.da_dq, rtol=1e-9, atol=1e-9)
@@ -300,7 +304,7 @@ def test_jerk_factor_exact_blocks_and_documented_approximation(mech):
         z = [mech.n - 1]
         u2 = F.Jerk(mech, select=z, efforts=True)
         tau = s["tau"]
-        e2, J2 = u2.evaluate(s["q"], s["v"], s["a"], s["zj"][:1], tau)
+        e2, J2 = u2.evaluate(s["q"], s["v"], s["a"], s["zj"][:1], tau, params=(mech.gravity_forces, np.zeros(mech.n)))
         Q = mech.gravity_forces.copy()
         Q[mech.actuated] += tau
         lin2 = D.forward_dynamics_jacobians(mech, s["q"], s["v"], Q)
@@ -319,9 +323,10 @@ def test_hermite_velocity_integrator(mech):
     x1 = {k: s[k] for k in ("q", "v", "a")}
     Q0, Q1 = mech.gravity_forces + rng.standard_normal(n), mech.gravity_forces + rng.standard_normal(n)
     Qd0, Qd1 = rng.standard_normal(n), rng.standard_normal(n)
-    unit = F.HermiteVelocityIntegrator(mech, h, Q_prev=Q0, Q=Q1, Qdot_prev=Qd0, Qdot=Qd1)
+    unit = F.HermiteVelocityIntegrator(mech, h)
+    values = (Q0, Q1, Qd0, Qd1, None)
     blocks = [x0["q"], x0["v"], x0["a"], x1["q"], x1["v"], x1["a"]]
-    e, Js = unit.evaluate(*blocks)
+    e, Js = unit.evaluate(*blocks, params=values)
 
     def j_pred(x, Q, Qd, at=None):
         lin = D.forward_dynamics_jacobians(mech, *(at or (x["q"], x["v"])), Q)
@@ -330,9 +335,10 @@ def test_hermite_velocity_integrator(mech):
     j0, l0 = j_pred(x0, Q0, Qd0)
     j1, l1 = j_pred(x1, Q1, Qd1)
     herm = F.HermiteIntegrator("v", "a", "j", n, h)
-    np.testing.assert_allclose(e, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0, j1), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(e, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0, j1, params=()), rtol=1e-9,
+                               atol=1e-12)
     for i in (2, 5):                                   # exact in q̈
-        Jn = fd_jacobian(unit, blocks, i)
+        Jn = fd_jacobian(unit, blocks, i, params=values)
         assert np.abs(Js[i] - Jn).max() <= 1e-6 * max(1.0, np.abs(Jn).max())
     c = h * h / 12.0
     np.testing.assert_array_equal(Js[0], 0.0)
@@ -341,21 +347,23 @@ def test_hermite_velocity_integrator(mech):
     np.testing.assert_allclose(Js[4], np.eye(n) + c * l1.da_dq, rtol=1e-9, atol=1e-12)
     # previous end on the linear model built at another point: matrices there, q̇ and q̈ of the state
     qb, vb = x0["q"] + 1e-3, x0["v"] - 1e-3
-    unit = unit.with_params(lin_prev=(qb, vb, None))
-    e2, Js2 = unit.evaluate(*blocks)
+    values = (Q0, Q1, Qd0, Qd1, (qb, vb, None))
+    e2, Js2 = unit.evaluate(*blocks, params=values)
     j0b, l0b = j_pred(x0, Q0, Qd0, at=(qb, vb))
-    np.testing.assert_allclose(e2, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0b, j1), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(e2, herm.error(x0["v"], x1["v"], x0["a"], x1["a"], j0b, j1, params=()), rtol=1e-9,
+                               atol=1e-12)
     np.testing.assert_allclose(Js2[2], -0.5 * h * np.eye(n) - c * l0b.da_dv, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(fd_jacobian(unit, blocks, 2), Js2[2], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(fd_jacobian(unit, blocks, 2, params=values), Js2[2], rtol=1e-6, atol=1e-9)
     # efforts as variables: Qᵢ = Q_known + E τᵢ, zero τ blocks
     if len(mech.actuated):
         ue = F.HermiteVelocityIntegrator(mech, h, efforts=True)
         tau0, tau1 = rng.standard_normal(len(mech.actuated)), s["tau"]
-        e3, J3 = ue.evaluate(*blocks, tau0, tau1)
-        Qa, Qb = mech.gravity_forces.copy(), mech.gravity_forces.copy()
+        g = mech.gravity_forces
+        e3, J3 = ue.evaluate(*blocks, tau0, tau1, params=(g, g, None, None, None))
+        Qa, Qb = g.copy(), g.copy()
         Qa[mech.actuated] += tau0
         Qb[mech.actuated] += tau1
-        ref = F.HermiteVelocityIntegrator(mech, h, Q_prev=Qa, Q=Qb).error(*blocks)
+        ref = unit.error(*blocks, params=(Qa, Qb, None, None, None))
         np.testing.assert_allclose(e3, ref, rtol=1e-12, atol=1e-12)
         assert [J.shape for J in J3[6:]] == [(n, len(mech.actuated))] * 2 and not np.any(J3[6]) and not np.any(J3[7])
 
@@ -381,8 +389,8 @@ def test_context_sharing_gives_the_same_numbers():
     ctx = EvalContext(mech)
     for unit in (F.PositionConstraints(mech), F.VelocityConstraints(mech), F.ForwardDynamics(mech), F.Jerk(mech)):
         blocks = blocks_for(unit, s)
-        e1, J1 = unit.evaluate(*blocks, ctx=ctx)
-        e2, J2 = unit.evaluate(*blocks)
+        e1, J1 = unit.evaluate(*blocks, params=unit.own_params(), ctx=ctx)
+        e2, J2 = unit.evaluate(*blocks, params=unit.own_params())
         np.testing.assert_array_equal(e1, e2)
         for a, b in zip(J1, J2):
             np.testing.assert_array_equal(a, b)
@@ -396,9 +404,9 @@ def test_hermite_integrator_is_exact_for_quartics():
     unit = F.HermiteIntegrator("q", "v", "a", 1, h)
     vals = [np.array([p(tt)]) for tt, p in ((t0, x), (t1, x), (t0, x.deriv()), (t1, x.deriv()),
                                                (t0, x.deriv(2)), (t1, x.deriv(2)))]
-    assert abs(unit.error(*vals)[0]) < 1e-14
+    assert abs(unit.error(*vals, params=())[0]) < 1e-14
     trap = F.TrapezoidalIntegrator("q", "v", 1, h)
-    assert abs(trap.error(*vals[:4])[0]) > 1e-8       # the trapezoid is not
+    assert abs(trap.error(*vals[:4], params=())[0]) > 1e-8       # the trapezoid is not
 
 
 def test_sensor_values():
@@ -406,54 +414,94 @@ def test_sensor_values():
     rng = np.random.default_rng(2)
     s = random_state(mech, rng)
     for b in range(3):
-        g = F.Gyroscope(mech, b, 0.0)
-        assert g.error(s["q"], s["v"])[0] == pytest.approx(mech.body_angular_rate(b, s["q"], s["v"]), rel=1e-12)
+        g = F.Gyroscope(mech, b)
+        assert g.error(s["q"], s["v"], params=(0.0,))[0] == pytest.approx(mech.body_angular_rate(b, s["q"], s["v"]),
+                                                                          rel=1e-12)
     c = mech.coordinate_index("crank")
-    enc = F.Encoder(mech, c, 0.25)
+    enc = F.Encoder(mech, c)
     q = s["q"].copy()
     q[c] = 0.25 + 4 * math.pi + 1e-3
-    assert enc.error(q)[0] == pytest.approx(1e-3)
+    assert enc.error(q, params=(0.25,))[0] == pytest.approx(1e-3)
     q[c] = 0.25 - 2 * math.pi - 1e-3
-    assert enc.error(q)[0] == pytest.approx(-1e-3)
+    assert enc.error(q, params=(0.25,))[0] == pytest.approx(-1e-3)
     assert F.Encoder(mech, "crank", 0.25).coordinate == c
-    obs = F.ObservedCoordinate(mech, "y2", "velocity", 0.5)
-    assert obs.slots == ("v",) and obs.error(s["q"], ) [0] == pytest.approx(s["q"][3] - 0.5)
+    obs = F.ObservedCoordinate(mech, "y2", "velocity")
+    assert obs.slots == ("v",) and obs.error(s["q"], params=(0.5,))[0] == pytest.approx(s["q"][3] - 0.5)
     with pytest.raises(ValueError):
         F.ObservedCoordinate(mech, 99)
 
 
-def test_units_are_immutable_and_take_their_per_step_values_explicitly(mech):
+def every_unit(mech, s, rng):
+    """`all_units` and the units it leaves out (the jerk, the hermite velocity integrator with a linearization point
+    of j₀, an encoder where the mechanism declares none): every factor class of `mbfg_ros.factors` (those of the
+    actuators where the mechanism has one)."""
+    lin_prev = (s["q"] + 0.01, s["v"], None)
+    units = all_units(mech, s, rng) + [F.Jerk(mech, Qdot=rng.standard_normal(mech.n)),
+                                       F.HermiteVelocityIntegrator(mech, 1e-3, lin_prev=lin_prev),
+                                       F.Encoder(mech, 0, 0.2)]
+    classes = {c for c in vars(F).values() if isinstance(c, type) and issubclass(c, F.Factor) and c is not F.Factor}
+    missing = classes - {type(u) for u in units} - ({F.IdentifiedDynamics, F.RandomWalk} if not mech.actuated.size
+                                                    else set())
+    assert not missing, f"factor classes not constructed here: {sorted(c.__name__ for c in missing)}"
+    return units
+
+
+def _mutable_parts(value, where):
+    """Where `value` (an attribute of a unit, or an item of one) can be changed: writable arrays, mutable
+    containers."""
+    if isinstance(value, np.ndarray):
+        return [] if not value.flags.writeable else [where]
+    if isinstance(value, (list, dict, set, bytearray)):
+        return [where]
+    if isinstance(value, tuple):
+        return [part for i, item in enumerate(value) for part in _mutable_parts(item, f"{where}[{i}]")]
+    return []
+
+
+def test_units_are_deeply_immutable(mech):
+    """Every attribute of every unit is fixed at construction: assigning or deleting one raises, and no array it
+    holds (parameters, sigmas, constant Jacobians, index arrays) can be written; the caller's arrays stay its own."""
     rng = np.random.default_rng(5)
     s = random_state(mech, rng)
-    units = all_units(mech, s, rng) + [F.Jerk(mech, Qdot=rng.standard_normal(mech.n)),
-                                       F.HermiteVelocityIntegrator(mech, 1e-3)]
-    for unit in units:
-        name = unit.params[0] if unit.params else "sigmas"
-        with pytest.raises(AttributeError, match="immutable"):
-            setattr(unit, name, getattr(unit, name))
+    for unit in every_unit(mech, s, rng):
+        names = [name for name in vars(unit) if name != "_frozen"]
+        assert "sigmas" in names and not _mutable_parts(type(unit).sigmas, "class sigmas")
+        for name in names:
+            with pytest.raises(AttributeError, match="immutable"):
+                setattr(unit, name, getattr(unit, name))
+            assert not _mutable_parts(getattr(unit, name), name), (unit.name, name)
         with pytest.raises(AttributeError, match="immutable"):
             unit.something_new = 1.0
         with pytest.raises(AttributeError, match="immutable"):
             del unit.dim
-        for value in unit.own_params():
-            if isinstance(value, np.ndarray):
-                with pytest.raises(ValueError, match="read-only"):
-                    value[...] = 0.0
+        with pytest.raises(ValueError, match="read-only"):
+            unit.sigmas[0] = 1.0
+    mean, select = np.zeros(2), np.array([1, 0])
+    F.Prior("q", mean, 0.1, select=select, size=mech.n)
+    assert mean.flags.writeable and select.flags.writeable
+
+
+def test_units_take_their_per_step_values_explicitly(mech):
+    """Every evaluation is given its step's values (``params``, () for a unit without any): without them it fails,
+    never falling back on the values given at construction (the unit's defaults, `own_params`); other values give
+    other numbers, the unit unchanged."""
+    rng = np.random.default_rng(5)
+    s = random_state(mech, rng)
+    for unit in every_unit(mech, s, rng):
+        blocks = blocks_for(unit, s)
+        for evaluation in (unit.evaluate, unit.error, unit.whitened):
+            with pytest.raises(TypeError, match="params"):
+                evaluation(*blocks)
         if not unit.params:
             continue
-        blocks = blocks_for(unit, s)
-        e0 = unit.error(*blocks)
+        own = unit.own_params()
+        e0 = unit.error(*blocks, params=own)
+        other = tuple(None if name == "lin_prev" or v is None else v + 0.25 for name, v in zip(unit.params, own))
+        assert not np.array_equal(unit.error(*blocks, params=other), e0), unit.name
         np.testing.assert_array_equal(unit.error(*blocks, params=unit.own_params()), e0)
-        # other values passed with the evaluation, or held by a new unit: the same numbers, the unit unchanged
-        other = {p: (None if p == "lin_prev" else v + 0.25) for p, v in zip(unit.params, unit.own_params())
-                 if v is not None}
-        changed = unit.with_params(**other)
-        given = tuple(other.get(p, v) for p, v in zip(unit.params, unit.own_params()))
-        np.testing.assert_array_equal(changed.error(*blocks), unit.error(*blocks, params=given))
-        assert not np.array_equal(changed.error(*blocks), e0)
-        np.testing.assert_array_equal(unit.error(*blocks), e0)
-        with pytest.raises(ValueError, match="not per-step parameters"):
-            unit.with_params(sigmas=1.0)
+        assert unit.checked_params(list(other)) == other
+        with pytest.raises(ValueError, match="per-step values given for the parameters"):
+            unit.checked_params(other[:-1])
 
 
 def test_default_sigmas_come_from_table_2():
@@ -487,20 +535,26 @@ def test_custom_factor_adapter_matches_unit():
         for k, b in zip(keys, blocks):
             if not values.exists(k):
                 values.insert(k, b)
-        cf = custom_factor(unit, keys)
-        ew, Jw = unit.whitened(*blocks)
+        cf = custom_factor(unit, keys, unit.own_params())
+        ew, Jw = unit.whitened(*blocks, params=unit.own_params())
         np.testing.assert_allclose(cf.whitenedError(values), ew, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(cf.unwhitenedError(values), unit.error(*blocks), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(cf.unwhitenedError(values), unit.error(*blocks, params=unit.own_params()),
+                                   rtol=1e-12, atol=1e-12)
         A, b = gtsam.JacobianFactor(cf.linearize(values)).jacobian()
         np.testing.assert_allclose(A, np.hstack(Jw), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(b, -ew, rtol=1e-12, atol=1e-12)
         assert cf.error(values) == pytest.approx(0.5 * ew @ ew, rel=1e-12, abs=1e-300)
-    # the adapter holds the unit, which cannot change afterwards
-    unit = F.Encoder(mech, mech.coordinate_index("crank"), 0.1, 1e-3)
+    # the adapter holds the unit, which cannot change afterwards, and its own copy of the step's values (the
+    # unit's defaults play no part)
+    unit = F.Encoder(mech, mech.coordinate_index("crank"), 0.7, 1e-3)
     key = gtsam.symbol("q", 0)
-    cf = custom_factor(unit, [key])
+    reading = [0.1]
+    cf = custom_factor(unit, [key], reading)
+    reading[0] = 0.5
     with pytest.raises(AttributeError, match="immutable"):
         unit.value = 0.5
+    with pytest.raises(ValueError, match="per-step values"):
+        custom_factor(unit, [key], ())
     values = gtsam.Values()
     values.insert(key, s["q"])
     d = s["q"][mech.coordinate_index("crank")] - 0.1
@@ -521,13 +575,13 @@ def test_stacked_linear_adapter_matches_units():
              F.Prior("tau", [1.0], 0.5)]
     x_cur = layout.pack(q=s["q"], v=s["v"], a=s["a"], j=s["j"], tau=s["tau"])
     x_prev = x_cur - 0.01 * rng.standard_normal(layout.dim)
-    A0, A1, r = linearize_step(units, layout, x_prev, x_cur)
+    A0, A1, r = linearize_step(units, layout, x_prev, x_cur, params=[u.own_params() for u in units])
     # the same rows, unit by unit
     row = 0
     vp, vc = layout.views(x_prev), layout.views(x_cur)
     for u in units:
         blocks = [vp[nm[:-5]] if nm.endswith("_prev") else vc[nm] for nm in u.slots]
-        ew, Jw = u.whitened(*blocks)
+        ew, Jw = u.whitened(*blocks, params=u.own_params())
         np.testing.assert_allclose(r[row:row + u.dim], ew, rtol=1e-12, atol=1e-12)
         for nm, J in zip(u.slots, Jw):
             which, name, cols = layout.slot_map[nm]
@@ -535,7 +589,8 @@ def test_stacked_linear_adapter_matches_units():
         row += u.dim
     # StepModel (static units stacked once, the others evaluated) gives the same linearization
     model = StepModel(layout, units)
-    B0, B1, r2 = model.linearize(x_prev, x_cur)
+    params = model.params_of({})
+    B0, B1, r2 = model.linearize(x_prev, x_cur, params=params)
     order = [units.index(u) for u in model.static_units + model.dynamic_units]
     offsets = np.cumsum([0] + [u.dim for u in units])
     perm = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])
@@ -546,7 +601,8 @@ def test_stacked_linear_adapter_matches_units():
     assert {u.name for u in model.check_units} == {"position_constraints", "velocity_constraints",
                                                      "inverse_dynamics", "encoder(crank)",
                                                      "gyroscope(body 1)"}
-    np.testing.assert_allclose(model.check_residual(x_prev, x_cur), r2[model.check_rows], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(model.check_residual(x_prev, x_cur, params=params), r2[model.check_rows], rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_default_densities_follow_the_mechanisms_scale(crank, robot):

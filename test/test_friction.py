@@ -162,17 +162,17 @@ def test_factor_jacobians_match_finite_differences(mech):
     na = len(mech.actuated)
     for q, v, Q in states(mech, 3, 2):
         a, tau, j = rng.normal(size=mech.n), rng.normal(size=na), rng.normal(size=mech.n)
-        units = [(F.ForwardDynamics(mech, Q), [q, v, a]), (F.InverseDynamics(mech), [q, v, a, tau]),
-                 (F.Jerk(mech, Q, rng.normal(size=mech.n)), [q, v, a, j])]
-        for unit, blocks in units:
-            _, Js = unit.evaluate(*blocks)
+        units = [(F.ForwardDynamics(mech), [q, v, a], (Q,)), (F.InverseDynamics(mech), [q, v, a, tau], (Q,)),
+                 (F.Jerk(mech), [q, v, a, j], (Q, rng.normal(size=mech.n)))]
+        for unit, blocks, values in units:
+            _, Js = unit.evaluate(*blocks, params=values)
             # the jerk's exact blocks are those of j and q̈ (the others neglect second derivatives of q̈)
             slots = [2, 3] if isinstance(unit, F.Jerk) else range(len(blocks))
             for i in slots:
                 def err(x, i=i):
                     b = list(blocks)
                     b[i] = x
-                    return unit.evaluate(*b)[0]
+                    return unit.evaluate(*b, params=values)[0]
                 _check_fd(Js[i], err, blocks[i])
 
 
@@ -209,11 +209,12 @@ def test_all_steps_forms_match_the_per_step_units(mech):
     a = np.random.default_rng(7).normal(size=(N, mech.n))
     tau = np.random.default_rng(8).normal(size=(N, len(mech.actuated)))
     keys = [(np.arange(N) * 100 + 10 * s).tobytes() for s in range(4)]
-    for units, blocks in (([F.ForwardDynamics(mech, Qs[k]) for k in range(N)], (qs, vs, a)),
+    params = [(Q,) for Q in Qs]
+    for units, blocks in (([F.ForwardDynamics(mech)] * N, (qs, vs, a)),
                           ([F.InverseDynamics(mech)] * N, (qs, vs, a, tau))):
-        e, Js = type(units[0]).vectorized(units)(batched.BatchContext(mech), keys, *blocks)
+        e, Js = type(units[0]).vectorized(units, params)(batched.BatchContext(mech), keys, *blocks)
         for k, unit in enumerate(units):
-            e1, J1 = unit.evaluate(*[b[k] for b in blocks])
+            e1, J1 = unit.evaluate(*[b[k] for b in blocks], params=params[k])
             _close(e[k], e1, 1e-11)
             for Jb, Jr in zip(Js, J1):
                 _close(Jb[k], Jr, 1e-11)

@@ -20,9 +20,9 @@ from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.graph.layout import StateLayout
 from mbfg_ros.graph.step_model import StepModel
-from mbfg_ros.model.identified import IdentifiedParameters
+from mbfg_ros.model.identified import KIND_CODES, IdentifiedParameters, kind_codes
 from mbfg_ros.model.mechanism import load_mechanism
-from mbfg_ros.model.spec import IDENTIFIABLE, IdentifySpec
+from mbfg_ros.model.spec import BODY_IDENTIFIABLE, IDENTIFIABLE, IdentifySpec
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -105,8 +105,23 @@ def test_kinematics_match_numpy(crank):
 
 def _layout(mech, na):
     n = mech.n
-    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(IDENTIFIABLE) + 1),
+    return StateLayout([("q", n), ("v", n), ("a", n), ("tau", na), ("theta", len(native.parameter_kinds())),
                         ("deflection", 2)])
+
+
+#: how a parameter of each kind of the kernel's table is placed on the crank four-bar, by what it is a parameter of
+#: (its actuator; the coupler, off its axis); a new "on" fails `_one_parameter_of_each_kind`
+PARAMETER_PLACES = {"actuator": lambda mech, kind: IdentifySpec(joint=mech.actuator_names[0], parameter=kind),
+                    "body": lambda mech, kind: IdentifySpec(joint="coupler", parameter=kind, body=1, at=(0.2, -0.05))}
+
+
+def _one_parameter_of_each_kind(mech):
+    """One identified parameter of every kind of the kernel's table (`native.parameter_kinds`), in its order: a kind
+    the kernel adds is compared with the numpy reference (test/dynamics_reference.py) too, which refuses a kind it
+    does not know."""
+    places = {kind: PARAMETER_PLACES.get(entry["on"]) for kind, entry in native.parameter_kinds().items()}
+    assert None not in places.values(), f"parameter kinds on something without a place here: {places}"
+    return IdentifiedParameters(mech, [place(mech, kind) for kind, place in places.items()])
 
 
 # One case per unit kind of the kernel's table (`native.unit_kinds`): units of that kind on a mechanism, each with
@@ -137,11 +152,9 @@ KIND_CASES = {
         (F.Encoder(mech, mech.n - 1, sigma=1e-3, deflection=1), {"value": 3.0 - 6 * np.pi})],
     "gyroscope": lambda mech, rng: [(F.Gyroscope(mech, 0, sigma=0.01), {"value": 0.5}),
                                     (F.Gyroscope(mech, 1, sigma=0.02), {"value": -0.4})],
-    # every parameter kind on the crank's actuator: a gain, viscous and Coulomb friction (rates near v_s included)
+    # one parameter of every kind of the kernel's table (rates near a Coulomb friction's v_s included)
     "identified_dynamics": lambda mech, rng: [
-        (F.IdentifiedDynamics(mech, IdentifiedParameters(mech, [
-            IdentifySpec(joint=mech.actuator_names[0], parameter=k) for k in IDENTIFIABLE]
-            + [IdentifySpec(joint="coupler", parameter="payload_mass", body=1, at=(0.2, -0.05))]), sigma=0.2),
+        (F.IdentifiedDynamics(mech, _one_parameter_of_each_kind(mech), sigma=0.2),
          {"Q_known": mech.gravity_forces + rng.standard_normal(mech.n),
           "commands": rng.standard_normal(len(mech.actuated))})],
 }
@@ -170,6 +183,22 @@ def test_every_unit_kind_of_the_kernel_has_a_case():
         f"unit kinds of the kernel without a case in KIND_CASES: {sorted(set(kinds) - set(KIND_CASES))}; "
         f"cases of kinds the kernel does not know: {sorted(set(KIND_CASES) - set(kinds))}")
     assert sorted(k["code"] for k in kinds.values()) == list(range(len(kinds)))
+
+
+def test_the_parameter_kinds_are_the_kernels():
+    # model.identified takes the codes of the kernel's table, whose names are model.spec's; a table that is not
+    # (a kind added on one side only) is refused, naming both
+    table = native.parameter_kinds()
+    assert KIND_CODES == {kind: entry["code"] for kind, entry in table.items()}
+    assert sorted(KIND_CODES.values()) == list(range(len(table)))
+    assert sorted(table) == sorted(IDENTIFIABLE + BODY_IDENTIFIABLE)
+    P = _one_parameter_of_each_kind(load_mechanism("four_bar_crank"))
+    assert [KIND_CODES[kind] for kind in P.kinds] == P.codes.tolist() == list(P.kernel_layout()[0][::3])
+    without_payload = {kind: entry for kind, entry in table.items() if kind != "payload_mass"}
+    with pytest.raises(ValueError, match="body: none.*not model.spec's.*body: payload_mass"):
+        kind_codes(without_payload)
+    with pytest.raises(ValueError, match="all: .*, torque_ripple"):
+        kind_codes(dict(table, torque_ripple={"code": len(table), "on": "actuator"}))
 
 
 @pytest.mark.parametrize("kind", sorted(native.unit_kinds()))
@@ -219,7 +248,7 @@ def _compare_step(mech, units, values, ctx=None):
     rng, theta_rng = np.random.default_rng(11), np.random.default_rng(12)
     for q, v, _ in _configurations(mech, 4, 5):
         x_cur = layout.pack(q=q, v=v, a=rng.standard_normal(n), tau=rng.standard_normal(na),
-                            theta=theta_rng.standard_normal(len(IDENTIFIABLE) + 1),
+                            theta=theta_rng.standard_normal(len(native.parameter_kinds())),
                             deflection=1e-3 * theta_rng.standard_normal(2))
         x_prev = x_cur + 1e-3 * rng.standard_normal(layout.dim)
         th_prev, th_cur = x_prev + 1e-4, x_cur - 2e-4

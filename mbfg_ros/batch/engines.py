@@ -97,8 +97,8 @@ def _solve_gtsam(prob: Problem, settings: LMSettings) -> LMReport:
     from mbfg_ros.graph.gtsam_adapters import custom_factor
     t0 = time.perf_counter()
     graph = gtsam.NonlinearFactorGraph()
-    for unit, keys in prob.factors:
-        graph.add(custom_factor(unit, [_gtsam_key(k) for k in keys]))
+    for unit, keys, params in prob.factors:
+        graph.add(custom_factor(unit, [_gtsam_key(k) for k in keys], params))
     values = gtsam.Values()
     for k in prob.keys:
         values.insert(_gtsam_key(k), np.asarray(prob.values[k], float))

@@ -95,11 +95,11 @@ def batch_forward_dynamics(mech: Mechanism, dt: float, steps: int, efforts=None,
     if formulation == "dependent":
         pos = F.PositionConstraints(mech, sig["position_constraints"])
         vel = F.VelocityConstraints(mech, sig["velocity_constraints"])
+        dyn = F.ForwardDynamics(mech, sigma=sig["dynamics"])
         for k in range(N):
-            dyn = F.ForwardDynamics(mech, Qs[k], sig["dynamics"])
             prob.add_factor(pos, [("q", k)])
             prob.add_factor(vel, [("q", k), ("v", k)])
-            prob.add_factor(dyn, [("q", k), ("v", k), ("a", k)])
+            prob.add_factor(dyn, [("q", k), ("v", k), ("a", k)], (Qs[k],))
             if k:
                 prob.add_factor(trap_q, [("q", k - 1), ("q", k), ("v", k - 1), ("v", k)])
                 prob.add_factor(trap_v, [("v", k - 1), ("v", k), ("a", k - 1), ("a", k)])
@@ -119,12 +119,12 @@ def batch_forward_dynamics(mech: Mechanism, dt: float, steps: int, efforts=None,
         eq = F.SoftEquality("q", n, sig["soft_equality"])
         trap_z = F.TrapezoidalIntegrator("z", "zd", d, dt, sig["integrator"])
         trap_zd = F.TrapezoidalIntegrator("zd", "zdd", d, dt, sig["integrator"])
+        dyn = F.ForwardDynamics(mech, sigma=sig["dynamics"], z=z_idx)
         for k in range(N):
-            dyn = F.ForwardDynamics(mech, Qs[k], sig["dynamics"], z=z_idx)
             prob.add_factor(pos, [("q", k), ("z", k)])
             prob.add_factor(vel, [("q", k), ("v", k), ("zd", k)])
             prob.add_factor(acc, [("q", k), ("v", k), ("a", k), ("zdd", k)])
-            prob.add_factor(dyn, [("q", k), ("v", k), ("zdd", k)])
+            prob.add_factor(dyn, [("q", k), ("v", k), ("zdd", k)], (Qs[k],))
             if k:
                 prob.add_factor(eq, [("q", k - 1), ("q", k)])
                 prob.add_factor(trap_z, [("z", k - 1), ("z", k), ("zd", k - 1), ("zd", k)])

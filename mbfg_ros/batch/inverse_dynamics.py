@@ -68,7 +68,7 @@ class InverseDynamicsResult(Motion):
 
 class InverseDynamicsUnits:
     """The factor units of the staged inverse-dynamics graph: one shared unit object per kind (the engine
-    stacks the Jacobians of a shared linear unit once), and per-step trajectory priors."""
+    stacks the Jacobians of a shared linear unit once), the trajectory prior's included (its means per step)."""
 
     def __init__(self, mech: Mechanism, dt: float, sigmas: InverseDynamicsSigmas):
         n = mech.n
@@ -81,13 +81,8 @@ class InverseDynamicsUnits:
         self.soft_equality = F.SoftEquality("q", n, sigmas.soft_equality)
         self.smoothness_v = F.SecondDifference("v", n, sigmas.smoothness)
         self.smoothness_a = F.SecondDifference("a", n, sigmas.smoothness)
-
-    def priors(self, targets):
-        """Priors on the actuated coordinates, one per row of targets: one prior with each row as its mean
-        (`Factor.with_params`: they share the selection, so the batch engine stacks them without a loop)."""
-        mech = self.mech
-        base = F.Prior("q", targets[0], self.sigmas.trajectory, select=mech.actuated, size=mech.n)
-        return [base.with_params(mean=row) for row in np.asarray(targets, float)]
+        #: the prior on the actuated coordinates (the prescribed trajectory), each step's row its mean
+        self.trajectory = F.Prior("q", np.zeros(len(mech.actuated)), sigmas.trajectory, select=mech.actuated, size=n)
 
 
 def _finite_difference(x, dt):
@@ -138,7 +133,7 @@ def staged_inverse_dynamics(mech: Mechanism, trajectory, dt: float, t0: float = 
     q_init = position_continuation(mech, traj, q_start, assembly_mode)
     steps = np.arange(N)
     prob.add_variables("q", q_init)
-    prob.add_factors(U.priors(traj), [("q", 0)], steps)
+    prob.add_factors(U.trajectory, [("q", 0)], steps, [(row,) for row in traj])
     prob.add_factors(U.position, [("q", 0)], steps)
     prob.add_factors(U.soft_equality, [("q", -1), ("q", 0)], steps[1:])
     run(1, ts)

@@ -2,9 +2,11 @@
 
 A batch problem is a `Problem`: named vector variables (``("q", k)``, ``("v", k)`` ...) and factors,
 each a factor *unit* of `mbfg_ros.factors` (closed-form Jacobians) applied to a list of variable
-keys.  `Assembly` is its least-squares form for the sparse engine (`batch.engines`): factors grouped by
-kind (`Problem.add_factors` adds a whole series in bulk); the Jacobians of exactly linear units
-(integrators, priors, soft equalities, second differences) are built once per stage (one whitened
+keys with the values of its per-step parameters there (`Factor.params`: one unit serves every step, each
+factor keeps its own values beside it and passes them to every evaluation).  `Assembly` is its
+least-squares form for the sparse engine (`batch.engines`): factors grouped by kind (`Problem.add_factors`
+adds a whole series in bulk); the Jacobians of exactly linear units (integrators, priors, soft equalities,
+second differences) are built once per stage (one whitened
 Jacobian when the group shares it); the nonlinear units are evaluated once per iteration, over all the
 steps of a group at once where the unit class has a vectorized form (`Factor.vectorized` over a
 `dynamics.batched.BatchContext`) or step by step with a shared `EvalContext` (one evaluation gives errors
@@ -45,6 +47,11 @@ _REFINE_TOLERANCE = 1e-10   # ... stopping once the relative residual of the nor
 def _is_linear(unit) -> bool:
     return bool(getattr(unit, "linear", False))
 
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    """Are the per-step values `a` and `b` the same objects (a unit's defaults, taken for several factors)?"""
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b)))
+
 class Problem:
     """Variables (ordered as added) and factors of one batch least-squares problem."""
 
@@ -53,7 +60,7 @@ class Problem:
         self.keys: List[Key] = []
         self.dims: Dict[Key, int] = {}
         self.values: Dict[Key, np.ndarray] = {}
-        self.factors: List[Tuple[object, Tuple[Key, ...]]] = []
+        self.factors: List[Tuple[object, Tuple[Key, ...], tuple]] = []       # (unit, keys, per-step values)
         # factors grouped (incrementally) by unit type, dimension and key pattern, with the first
         # step of each factor's keys (chunks: ints or arrays, in the order of the group's factors)
         self.groups: Dict[tuple, list] = {}
@@ -71,15 +78,18 @@ class Problem:
             raise ValueError(f"variable {key}: dimension {value.size} != {self.dims[key]}")
         self.values[key] = value
 
-    def add_factor(self, unit, keys: Sequence[Key]) -> None:
+    def add_factor(self, unit, keys: Sequence[Key], params: Optional[tuple] = None) -> None:
+        """A factor of `unit` over `keys` with the values `params` of its per-step parameters (in the order of
+        ``unit.params``; None: the unit's defaults, `Factor.own_params`)."""
         keys = tuple(keys)
         for k in keys:
             if k not in self.dims:
                 raise KeyError(f"factor {type(unit).__name__} uses unknown variable {k}")
-        self.factors.append((unit, keys))
+        factor = (unit, keys, unit.own_params() if params is None else unit.checked_params(params))
+        self.factors.append(factor)
         k0 = min(k[1] for k in keys) if keys else 0
         sig = (type(unit), unit.dim, tuple((k[0], k[1] - k0, self.dims[k]) for k in keys))
-        self.groups.setdefault(sig, []).append((unit, keys))
+        self.groups.setdefault(sig, []).append(factor)
         self.group_steps.setdefault(sig, []).append(k0)
 
     def add_variables(self, name: str, values, steps=None) -> None:
@@ -98,15 +108,22 @@ class Problem:
                 raise ValueError(f"variable {key}: dimension {dim} != {old}")
             self.values[key] = row
 
-    def add_factors(self, units, pattern: Sequence[Tuple[str, int]], steps) -> None:
+    def add_factors(self, units, pattern: Sequence[Tuple[str, int]], steps, params=None) -> None:
         """One factor per step k of `steps` over the keys (name, k + offset) for (name, offset) in
-        `pattern`: `units` is one shared unit or a list with one unit per step.  The same as calling
-        `add_factor` for each step, in bulk."""
+        `pattern`: `units` is one shared unit or a list with one unit per step, `params` their per-step values, one
+        tuple per step (None: each unit's defaults).  The same as calling `add_factor` for each step, in bulk."""
         steps = [int(k) for k in steps]
         shared = not isinstance(units, (list, tuple))
         unit_list = [units] * len(steps) if shared else list(units)
         if len(unit_list) != len(steps):
             raise ValueError("add_factors: one unit per step")
+        if params is None:
+            own = units.own_params() if shared else None
+            values = [own] * len(steps) if shared else [u.own_params() for u in unit_list]
+        else:
+            values = [u.checked_params(p) for u, p in zip(unit_list, params)]
+            if len(values) != len(steps):
+                raise ValueError("add_factors: one tuple of per-step values per step")
         if not steps:
             return
         pattern = [(str(nm), int(off)) for nm, off in pattern]
@@ -122,15 +139,15 @@ class Problem:
         uniform = all(len(d) == 1 for d in slot_dims) and (
             shared or all(type(u) is type(unit0) and u.dim == unit0.dim for u in unit_list))
         if not uniform:
-            for unit, keys in zip(unit_list, keys_list):
-                self.add_factor(unit, keys)
+            for unit, keys, p in zip(unit_list, keys_list, values):
+                self.add_factor(unit, keys, p)
             return
         off0 = min((off for _, off in pattern), default=0)
         sig = (type(unit0), unit0.dim, tuple((nm, off - off0, next(iter(d))) for (nm, off), d
                                              in zip(pattern, slot_dims)))
-        pairs = list(zip(unit_list, keys_list))
-        self.factors.extend(pairs)
-        self.groups.setdefault(sig, []).extend(pairs)
+        factors = list(zip(unit_list, keys_list, values))
+        self.factors.extend(factors)
+        self.groups.setdefault(sig, []).extend(factors)
         self.group_steps.setdefault(sig, []).append(np.asarray(steps, dtype=np.intp) + off0)
 
     def first_steps(self, sig) -> np.ndarray:
@@ -144,8 +161,8 @@ class Problem:
         """½ Σ |whitened error|² (GTSAM's graph error)."""
         values = self.values if values is None else values
         total = 0.0
-        for unit, keys in self.factors:
-            e, _ = unit.evaluate(*[values[k] for k in keys])
+        for unit, keys, params in self.factors:
+            e, _ = unit.evaluate(*[values[k] for k in keys], params=params)
             total += 0.5 * float(np.sum((np.asarray(e) / unit.sigmas) ** 2))
         return total
 
@@ -173,12 +190,12 @@ class LMReport:
 # sparse Levenberg–Marquardt over factor units
 # ----------------------------------------------------------------------------------------------
 class _Group:
-    """Factors of one shape: whitened residuals r (F, d) and Jacobians J (F, d, w) over the columns
-    `cols` (F, w) of the stacked variable vector (the factor's slots side by side)."""
+    """Factors of one shape ((unit, keys, per-step values) each): whitened residuals r (F, d) and Jacobians
+    J (F, d, w) over the columns `cols` (F, w) of the stacked variable vector (the factor's slots side by side)."""
 
     def __init__(self, factors, dims, offset, linear: bool, offsets_by_step=None, first_steps=None):
         self.factors = factors
-        unit0, keys0 = factors[0]
+        unit0, keys0, _ = factors[0]
         self.F, self.d = len(factors), unit0.dim
         self.widths = [dims[k] for k in keys0]
         self.w = int(sum(self.widths))
@@ -187,15 +204,17 @@ class _Group:
         k_first = min((k[1] for k in keys0), default=0)
         self.rel = np.array([k[1] - k_first for k in keys0], dtype=np.intp)      # slot steps − first step
         if first_steps is None:
-            first_steps = np.array([min((k[1] for k in keys), default=0) for _, keys in factors], dtype=np.intp)
+            first_steps = np.array([min((k[1] for k in keys), default=0) for _, keys, _ in factors], dtype=np.intp)
         self.first_steps = np.asarray(first_steps, dtype=np.intp)
         if offsets_by_step is not None:
             starts = np.column_stack([offsets_by_step[name][self.first_steps + r] for (name, _), r
                                       in zip(keys0, self.rel)]) if keys0 else np.zeros((self.F, 0), dtype=np.intp)
         else:
-            starts = np.array([[offset[k] for k in keys] for _, keys in factors], dtype=np.intp).reshape(self.F, -1)
+            starts = np.array([[offset[k] for k in keys] for _, keys, _ in factors],
+                              dtype=np.intp).reshape(self.F, -1)
         self.cols = np.repeat(starts, self.widths, axis=1) + local[None, :]
-        units = [u for u, _ in factors]
+        units = [u for u, _, _ in factors]
+        self.params = [p for _, _, p in factors]
         self.shared_unit = all(u is unit0 for u in units)
         if self.shared_unit:
             self.inv_sigma = np.repeat(1.0 / np.asarray(unit0.sigmas, float).reshape(1, self.d), self.F, axis=0)
@@ -210,31 +229,31 @@ class _Group:
         elif linear:
             cache = {}
             self.b = np.zeros((self.F, self.d))
-            for i, (unit, keys) in enumerate(factors):
-                hit = cache.get(id(unit))
+            for i, (unit, keys, params) in enumerate(factors):
+                hit = cache.get((id(unit), id(params)))
                 if hit is None:
-                    e, Js = unit.evaluate(*[np.zeros(dims[k]) for k in keys])
+                    e, Js = unit.evaluate(*[np.zeros(dims[k]) for k in keys], params=params)
                     hit = (np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1),
                            np.asarray(e, float).reshape(self.d))
-                    cache[id(unit)] = hit
+                    cache[(id(unit), id(params))] = hit
                 self.J[i] = hit[0]
                 self.b[i] = -hit[1]
             self.J *= self.inv_sigma[:, :, None]
             self.b *= self.inv_sigma
 
     def _linear_bulk(self, units, dims, keys0) -> bool:
-        """J and b of a linear group without a per-factor loop: one shared unit, or priors that differ
-        only in their means.  False when neither applies."""
-        unit0 = units[0]
-        if self.shared_unit:
-            e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0])
+        """J and b of a linear group without a per-factor loop: one shared unit with one set of per-step values,
+        or priors on the same entries (their means differ).  False when neither applies."""
+        unit0, params0 = units[0], self.params[0]
+        if self.shared_unit and all(_same_values(p, params0) for p in self.params):
+            e, Js = unit0.evaluate(*[np.zeros(dims[k]) for k in keys0], params=params0)
             J0 = np.concatenate([np.asarray(J, float).reshape(self.d, -1) for J in Js], axis=1)
             self.b = np.repeat(-np.asarray(e, float).reshape(1, self.d), self.F, axis=0)
-        elif type(unit0) is F.Prior and all(type(u) is F.Prior and u.size == unit0.size and u.select is unit0.select
-                                            for u in units):
+        elif type(unit0) is F.Prior and all(type(u) is F.Prior and u.size == unit0.size and
+                                            np.array_equal(u.select, unit0.select) for u in units):
             # priors on the same entries differ only in their means: one Jacobian, b = the means
-            J0 = np.asarray(unit0.evaluate(np.zeros(unit0.size))[1][0], float).reshape(self.d, self.w)
-            self.b = np.array([u.mean for u in units], dtype=float).reshape(self.F, self.d)
+            J0 = np.asarray(unit0.evaluate(np.zeros(unit0.size), params=params0)[1][0], float).reshape(self.d, self.w)
+            self.b = np.array([p[0] for p in self.params], dtype=float).reshape(self.F, self.d)
         else:
             return False
         self.b *= self.inv_sigma
@@ -332,10 +351,10 @@ class Assembly:
         self.groups = self.lin_groups + self.nl_groups
         # groups of a unit class with a vectorized form are evaluated over all their factors at once
         for G in self.nl_groups:
-            units = [u for u, _ in G.factors]
+            units = [u for u, _, _ in G.factors]
             G.evaluate_many = None
             if vectorize and isinstance(units[0], F.Factor):
-                G.evaluate_many = type(units[0]).vectorized(units)
+                G.evaluate_many = type(units[0]).vectorized(units, G.params)
             if G.evaluate_many is not None:
                 G.mech = units[0].mech
                 G.slot_cols = [G.cols[:, G.bounds[s]:G.bounds[s + 1]] for s in range(len(G.widths))]
@@ -345,7 +364,7 @@ class Assembly:
         # within a step, units with more slots first: the dynamics linearization then supplies
         # Φq and Φ̇q to the constraint units through the context
         order = [(min(k[1] for k in keys), -len(G.widths), gi, i) for gi, G in enumerate(self.nl_groups)
-                 if G.evaluate_many is None for i, (_, keys) in enumerate(G.factors)]
+                 if G.evaluate_many is None for i, (_, keys, _) in enumerate(G.factors)]
         order.sort()
         self.eval_order = [(gi, i) for _, _, gi, i in order]
         # band storage: H[i, j] (i ≤ j) at ab[u + i − j, j]
@@ -496,9 +515,8 @@ class Assembly:
         ctx = EvalContext(self.prob.mech) if self.eval_order and self.prob.mech is not None else None
         for gi, i in self.eval_order:
             G = groups[gi]
-            unit, keys = G.factors[i]
-            blocks = [vals[k] for k in keys]
-            e, Js = unit.evaluate(*blocks, ctx=ctx) if ctx is not None else unit.evaluate(*blocks)
+            unit, keys, params = G.factors[i]
+            e, Js = unit.evaluate(*[vals[k] for k in keys], params=params, ctx=ctx)
             G.r[i] = e
             Ji = G.J[i]
             for s, Jb in enumerate(Js):

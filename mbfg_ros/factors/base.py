@@ -8,17 +8,18 @@ A unit is one small object with
   soft equality, random walks), twice two steps earlier (second differences).
 * ``dim``    – number of error rows,
 * ``sigmas`` – (dim,) standard deviations of the rows (the noise model is diagonal),
-* ``evaluate(*blocks, ctx=None, params=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
-  ``error(*blocks, ctx=None, params=None)`` – error only (cheaper for the dynamics units),
-  ``whitened(*blocks, ctx=None, params=None)`` – both divided by the sigmas.
+* ``evaluate(*blocks, params, ctx=None) -> (error, [J_slot ...])`` – error and one Jacobian per slot,
+  ``error(*blocks, params, ctx=None)`` – error only (cheaper for the dynamics units),
+  ``whitened(*blocks, params, ctx=None)`` – both divided by the sigmas.
 
-Units are immutable: every attribute is set at construction (setting one afterwards raises), so a unit is
-shared freely (by the step models of a window, the gtsam adapters, threads).  Parameters (measured values,
-known forces, Δt) are fixed at construction.  A unit shared by the steps of a window has per-step parameters
-(``params`` names them: a reading, the forces of a step): each evaluation takes that step's values as the
-tuple ``params`` (in the order of the names; None: the values given at construction), on the numpy path as
-in the compiled kernel; `with_params` makes a new unit with other values.  Nothing is read from outside the
-blocks: every quantity an error depends on is either a slot or a parameter.
+Units are immutable, deeply: every attribute is set at construction (setting one afterwards raises) and every
+array they hold is read-only, so a unit is shared freely (by the step models of a window, the batch's steps, the
+gtsam adapters, threads).  Its constants (Δt, sigmas, selections) are fixed at construction; its per-step
+parameters (``params`` names them: a reading, a mean, the forces of a step) are not: every evaluation is given
+the values of its step as the tuple ``params`` (in the order of the names; () for a unit without any), a
+required argument, on the numpy path as in the compiled kernel.  The values given at construction are the
+unit's defaults (`own_params`), for a caller that has no others; the unit never falls back to them itself.
+Nothing is read from outside the blocks: every quantity an error depends on is either a slot or a parameter.
 
 ``ctx`` is an optional `EvalContext`: a memo of the expensive per-configuration quantities (Φ, Φq,
 q̈ and its Jacobians) keyed by the *values* of the blocks, so several units evaluated at the same
@@ -33,7 +34,6 @@ na actuators (efforts τ on the actuated coordinates, E the n×na selector, Q = 
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -58,9 +58,12 @@ def prev(name: str) -> str:
 
 
 def _read_only(value):
-    """`value`, made read-only where it is an array (a unit's parameter array is never written)."""
+    """`value` as a frozen unit holds it: an array made read-only (in place: a unit's arrays are its own, made at
+    construction), a list or tuple (of Jacobians, say) a tuple of frozen items."""
     if isinstance(value, np.ndarray):
         value.flags.writeable = False
+    elif isinstance(value, (list, tuple)):
+        value = tuple([_read_only(item) for item in value])
     return value
 
 
@@ -94,7 +97,6 @@ def compiled_evaluation(unit: "Factor", blocks, ctx, params):
     solver's linearization), or None where that fails too."""
     ctx = context_or_new(ctx, unit.mech)
     program = ctx.unit_program(unit, tuple([b.size for b in blocks]))
-    params = unit.own_params() if params is None else params
     for _ in range(SINGULAR_RETRIES):
         out = program.evaluate(blocks, params)
         if out is not None or not ctx.supply_singular():
@@ -119,7 +121,7 @@ class Factor(metaclass=_FrozenAfterInit):
 
     slots: tuple = ()
     dim: int = 0
-    sigmas: np.ndarray = np.zeros(0)
+    sigmas: np.ndarray = _read_only(np.zeros(0))
     name: str = "factor"
     #: error is affine in the blocks with constant Jacobians (a pre-linearized factor is exact)
     linear: bool = False
@@ -135,16 +137,17 @@ class Factor(metaclass=_FrozenAfterInit):
     #: the step linearizes in numpy), whose integers and floats `kernel_arguments` gives
     kernel_kind: Optional[str] = None
 
-    def evaluate(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None):
+    def evaluate(self, *blocks, params: tuple, ctx: Optional[EvalContext] = None):
         raise NotImplementedError
 
     @classmethod
-    def vectorized(cls, units: Sequence["Factor"]) -> Optional[Callable]:
-        """Evaluation of a series of `units` (one per factor, all of this class) over all its factors at
-        once: ``f(ctx, keys, *blocks) -> (errors (F, dim), [Jacobian (F, dim, width) per slot])`` with ctx a
-        `BatchContext`, the blocks stacked (F, width) and keys[s] naming where slot s's blocks come from
-        (equal keys, equal blocks: the memo of ctx).  The same numbers as `evaluate` factor by factor.
-        None when the class (or the series) has no such form: the caller evaluates factor by factor."""
+    def vectorized(cls, units: Sequence["Factor"], params: Sequence[tuple]) -> Optional[Callable]:
+        """Evaluation of a series of `units` (one per factor, all of this class) with their per-step values
+        `params` (one tuple per factor) over all its factors at once: ``f(ctx, keys, *blocks) -> (errors (F, dim),
+        [Jacobian (F, dim, width) per slot])`` with ctx a `BatchContext`, the blocks stacked (F, width) and keys[s]
+        naming where slot s's blocks come from (equal keys, equal blocks: the memo of ctx).  The same numbers as
+        `evaluate` factor by factor.  None when the class (or the series) has no such form: the caller evaluates
+        factor by factor."""
         return None
 
     def kernel_arguments(self) -> Tuple[list, list]:
@@ -152,38 +155,37 @@ class Factor(metaclass=_FrozenAfterInit):
         reads besides the blocks and the per-step parameters."""
         return [], []
 
-    def error(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None) -> np.ndarray:
-        return self.evaluate(*blocks, ctx=ctx, params=params)[0]
+    def error(self, *blocks, params: tuple, ctx: Optional[EvalContext] = None) -> np.ndarray:
+        return self.evaluate(*blocks, params=params, ctx=ctx)[0]
 
-    def whitened(self, *blocks, ctx: Optional[EvalContext] = None, params: Optional[tuple] = None):
-        e, J = self.evaluate(*blocks, ctx=ctx, params=params)
+    def whitened(self, *blocks, params: tuple, ctx: Optional[EvalContext] = None):
+        e, J = self.evaluate(*blocks, params=params, ctx=ctx)
         w = 1.0 / self.sigmas
         return e * w, [Ji * w[:, None] for Ji in J]
 
     def own_params(self) -> tuple:
-        """The per-step parameters given at construction, in the order of ``params``."""
+        """The per-step parameters given at construction, in the order of ``params``: the unit's defaults, for a
+        caller that has no values of its own to pass."""
         return tuple(getattr(self, name) for name in self.params)
 
-    def with_params(self, **values) -> "Factor":
-        """A new unit like this one with other values of its per-step parameters (names from ``params``)."""
-        unknown = sorted(set(values) - set(self.params))
-        if unknown:
-            raise ValueError(f"{self.name}: {unknown} are not per-step parameters of {type(self).__name__} "
-                             f"(those are {list(self.params)})")
-        unit = copy.copy(self)
-        for name, value in values.items():       # (arrays copied: the caller's stay writable)
-            object.__setattr__(unit, name, _read_only(value.copy() if isinstance(value, np.ndarray) else value))
-        return unit
+    def checked_params(self, params) -> tuple:
+        """`params` as this unit's per-step values (a tuple, one per name of ``params``); ValueError otherwise.  For
+        the holders of values beside a unit (the batch, the gtsam adapter), at the time they take them."""
+        params = tuple(params)
+        if len(params) != len(self.params):
+            raise ValueError(f"{self.name}: {len(params)} per-step values given for the parameters "
+                             f"{list(self.params)}")
+        return params
 
     def _freeze(self):
-        for name in self.params:
-            _read_only(getattr(self, name, None))
+        for name, value in list(self.__dict__.items()):
+            object.__setattr__(self, name, _read_only(value))
         object.__setattr__(self, "_frozen", True)
 
     def __setattr__(self, name, value):
         if self.__dict__.get("_frozen", False):
             raise AttributeError(f"{type(self).__name__} units are immutable (setting {name!r}): per-step values "
-                                 f"are passed with each evaluation (params=), with_params makes a changed unit")
+                                 f"are passed with each evaluation (params=)")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):

@@ -27,15 +27,15 @@ class PositionConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "position_constraints"), self.dim)
         self.name = "position_constraints"
 
-    def evaluate(self, q, ctx=None, params=None):
+    def evaluate(self, q, *, params, ctx=None):
         phi, J = context_or_new(ctx, self.mech).phi_and_jacobian(q)
         return phi, [J]
 
-    def error(self, q, ctx=None, params=None):
+    def error(self, q, *, params, ctx=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[0]
 
     @classmethod
-    def vectorized(cls, units):
+    def vectorized(cls, units, params):
         if batch_mechanism(units) is None:
             return None
 
@@ -57,17 +57,17 @@ class VelocityConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "velocity_constraints"), self.dim)
         self.name = "velocity_constraints"
 
-    def evaluate(self, q, v, ctx=None, params=None):
+    def evaluate(self, q, v, *, params, ctx=None):
         c = context_or_new(ctx, self.mech)
         J = c.phi_and_jacobian(q)[1]
         Jd = c.jacobian_dot(q, v)
         return J.dot(v), [Jd, J]
 
-    def error(self, q, v, ctx=None, params=None):
+    def error(self, q, v, *, params, ctx=None):
         return context_or_new(ctx, self.mech).phi_and_jacobian(q)[1].dot(v)
 
     @classmethod
-    def vectorized(cls, units):
+    def vectorized(cls, units, params):
         if batch_mechanism(units) is None:
             return None
 
@@ -89,7 +89,7 @@ class AccelerationConstraints(Factor):
         self.sigmas = sigma_array(sigma_or_default(sigma, "acceleration_constraints"), self.dim)
         self.name = "acceleration_constraints"
 
-    def evaluate(self, q, v, a, ctx=None, params=None):
+    def evaluate(self, q, v, a, *, params, ctx=None):
         c = context_or_new(ctx, self.mech)
         C = self.mech.constraints
         J = c.phi_and_jacobian(q)[1]
@@ -98,7 +98,7 @@ class AccelerationConstraints(Factor):
         return J @ a + Jd @ v, [Jq, 2.0 * Jd, J]
 
     @classmethod
-    def vectorized(cls, units):
+    def vectorized(cls, units, params):
         if batch_mechanism(units) is None:
             return None
 
@@ -113,7 +113,7 @@ class AccelerationConstraints(Factor):
 class _IndepBase(Factor):
     def __init__(self, mech, z, sigma, key, slots, title):
         self.mech = mech
-        self.z = np.asarray(z, dtype=np.intp)
+        self.z = np.array(z, dtype=np.intp)
         d = self.z.size
         self.slots = slots
         self.dim = mech.m + d
@@ -132,7 +132,7 @@ class PositionConstraintsIndep(_IndepBase):
     def __init__(self, mech: Mechanism, z: Sequence[int], sigma=None):
         super().__init__(mech, z, sigma, "position_constraints", ("q", "z"), "position_constraints_indep")
 
-    def evaluate(self, q, zz, ctx=None, params=None):
+    def evaluate(self, q, zz, *, params, ctx=None):
         phi, J = context_or_new(ctx, self.mech).phi_and_jacobian(q)
         return np.concatenate((phi, q[self.z] - zz)), [np.vstack((J, self._B)), self._minus_I]
 
@@ -143,7 +143,7 @@ class VelocityConstraintsIndep(_IndepBase):
     def __init__(self, mech: Mechanism, z: Sequence[int], sigma=None):
         super().__init__(mech, z, sigma, "velocity_constraints", ("q", "v", "zd"), "velocity_constraints_indep")
 
-    def evaluate(self, q, v, zd, ctx=None, params=None):
+    def evaluate(self, q, v, zd, *, params, ctx=None):
         c = context_or_new(ctx, self.mech)
         J = c.phi_and_jacobian(q)[1]
         Jd = c.jacobian_dot(q, v)
@@ -158,7 +158,7 @@ class AccelerationConstraintsIndep(_IndepBase):
         super().__init__(mech, z, sigma, "acceleration_constraints", ("q", "v", "a", "zdd"),
                          "acceleration_constraints_indep")
 
-    def evaluate(self, q, v, a, zdd, ctx=None, params=None):
+    def evaluate(self, q, v, a, zdd, *, params, ctx=None):
         c = context_or_new(ctx, self.mech)
         C = self.mech.constraints
         J = c.phi_and_jacobian(q)[1]

@@ -24,9 +24,10 @@ def _compiled(unit, blocks, ctx, params):
     return out
 
 
-def _stacked(units, attr):
-    """The parameter `attr` of every unit (F, n), or (1, n) when they all share one value."""
-    values = [np.asarray(getattr(u, attr), float) for u in units]
+def _stacked(params, i):
+    """The per-step parameter i of every factor of a series (`params`: one tuple per factor), (F, n), or (1, n) when
+    they all share one value."""
+    values = [np.asarray(p[i], float) for p in params]
     if all(x is values[0] for x in values) or all(np.array_equal(x, values[0]) for x in values):
         return values[0][None, :]
     return np.array(values)
@@ -44,7 +45,7 @@ class ForwardDynamics(Factor):
     def __init__(self, mech: Mechanism, Q=None, sigma=None, z: Optional[Sequence[int]] = None):
         self.mech = mech
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)
-        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.z = None if z is None else np.array(z, dtype=np.intp)
         self.slots = ("q", "v", "a") if self.z is None else ("q", "v", "zdd")
         self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
@@ -52,27 +53,27 @@ class ForwardDynamics(Factor):
         self.name = "forward_dynamics" if self.z is None else "forward_dynamics_indep"
         self.kernel_kind = "forward_dynamics" if self.z is None else None
 
-    def evaluate(self, q, v, a, ctx=None, params=None):
+    def evaluate(self, q, v, a, *, params, ctx=None):
         z = self.z
         if z is None:
             return _compiled(self, (q, v, a), ctx, params)
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.Q if params is None else params[0])
+        d = context_or_new(ctx, self.mech).dynamics(q, v, params[0])
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I]
 
-    def error(self, q, v, a, ctx=None, params=None):
+    def error(self, q, v, a, *, params, ctx=None):
         if self.z is None:
             return _compiled(self, (q, v, a), ctx, params)[0]
-        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.Q if params is None else params[0])
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, params[0])
         return acc[self.z] - a
 
     @classmethod
-    def vectorized(cls, units):
+    def vectorized(cls, units, params):
         # the dependent form only: the independent one stays factor by factor in the batch engine, whose
         # Levenberg–Marquardt path (and so its converged point, to the stopping tolerance) depends on
         # the rounding of the Jacobians
         if batch_mechanism(units) is None or any(u.z is not None for u in units):
             return None
-        Q0 = _stacked(units, "Q")
+        Q0 = _stacked(params, 0)
         minus_I = -np.eye(units[0].dim)
         no_columns = np.zeros(0, np.intp)
 
@@ -101,7 +102,7 @@ class InverseDynamics(Factor):
         act = self.actuated
         self._act = (slice(int(act[0]), int(act[-1]) + 1)
                      if act.size and np.array_equal(act, np.arange(act[0], act[-1] + 1)) else act)
-        self.z = None if z is None else np.asarray(z, dtype=np.intp)
+        self.z = None if z is None else np.array(z, dtype=np.intp)
         self.slots = ("q", "v", "a", "tau") if self.z is None else ("q", "v", "zdd", "tau")
         self.dim = mech.n if self.z is None else self.z.size
         self.sigmas = sigma_array(sigma_or_default(sigma, "dynamics"), self.dim)
@@ -112,34 +113,34 @@ class InverseDynamics(Factor):
     def kernel_arguments(self):
         return [int(i) for i in self.actuated], []
 
-    def forces(self, tau, Q_known=None):
-        """Q = Q_known + E τ (Q_known: the one given at construction where None)."""
-        Q = (self.Q_known if Q_known is None else Q_known).copy()
+    def forces(self, Q_known, tau):
+        """Q = Q_known + E τ (a new array)."""
+        Q = np.array(Q_known, dtype=float)
         Q[self._act] += tau
         return Q
 
-    def evaluate(self, q, v, a, tau, ctx=None, params=None):
+    def evaluate(self, q, v, a, tau, *, params, ctx=None):
         z = self.z
         if z is None:
             return _compiled(self, (q, v, a, tau), ctx, params)
-        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(tau, None if params is None else params[0]))
+        d = context_or_new(ctx, self.mech).dynamics(q, v, self.forces(params[0], tau))
         return d.a[z] - a, [d.da_dq[z], d.da_dv[z], self._minus_I, d.da_dQ[z][:, self._act]]
 
-    def error(self, q, v, a, tau, ctx=None, params=None):
+    def error(self, q, v, a, tau, *, params, ctx=None):
         if self.z is None:
             return _compiled(self, (q, v, a, tau), ctx, params)[0]
-        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(tau, None if params is None else params[0]))
+        acc = context_or_new(ctx, self.mech).acceleration(q, v, self.forces(params[0], tau))
         return acc[self.z] - a
 
     @classmethod
-    def vectorized(cls, units):
+    def vectorized(cls, units, params):
         # the dependent form only (see `ForwardDynamics.vectorized`)
         if batch_mechanism(units) is None or any(u.z is not None for u in units):
             return None
         act = units[0].actuated
         if any(not np.array_equal(u.actuated, act) for u in units):
             return None
-        Q0 = _stacked(units, "Q_known")
+        Q0 = _stacked(params, 0)
         minus_I = -np.eye(units[0].dim)
 
         def evaluate_many(ctx, keys, q, v, a, tau):
@@ -175,10 +176,10 @@ class IdentifiedDynamics(Factor):
         par, doubles = self.parameters.kernel_layout()
         return [int(self.actuated.size)] + [int(i) for i in self.actuated] + list(par), doubles.tolist()
 
-    def evaluate(self, q, v, a, tau, theta, ctx=None, params=None):
+    def evaluate(self, q, v, a, tau, theta, *, params, ctx=None):
         return _compiled(self, (q, v, a, tau, theta), ctx, params)
 
-    def error(self, q, v, a, tau, theta, ctx=None, params=None):
+    def error(self, q, v, a, tau, theta, *, params, ctx=None):
         return _compiled(self, (q, v, a, tau, theta), ctx, params)[0]
 
 
@@ -216,7 +217,7 @@ class Jerk(Factor):
         n = mech.n
         self.Q = np.array(mech.gravity_forces if Q is None else Q, dtype=float)    # Q_known when efforts=True
         self.Qdot = np.zeros(n) if Qdot is None else np.array(Qdot, dtype=float)
-        self.select = None if select is None else np.asarray(select, dtype=np.intp)
+        self.select = None if select is None else np.array(select, dtype=np.intp)
         self.efforts = bool(efforts)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.slots = ("q", "v", "a", "zj" if self.select is not None else "j") + (("tau",) if efforts else ())
@@ -235,8 +236,8 @@ class Jerk(Factor):
         Q[self.actuated] += tau
         return Q
 
-    def evaluate(self, q, v, a, j, *tau, ctx=None, params=None):
-        Q, Qdot = (self.Q, self.Qdot) if params is None else params
+    def evaluate(self, q, v, a, j, *tau, params, ctx=None):
+        Q, Qdot = params
         d = context_or_new(ctx, self.mech).dynamics(q, v, self._forces(Q, tau[0] if tau else None))
         jp = d.da_dq @ v + d.da_dv @ a + d.da_dQ @ Qdot
         Jv, Ja = -d.da_dq, -d.da_dv

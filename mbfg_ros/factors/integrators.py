@@ -29,7 +29,7 @@ class _Combination(Factor):
         self.jacobians = [c * I for c in self.coefficients]
         self.name = title
 
-    def evaluate(self, *blocks, ctx=None, params=None):
+    def evaluate(self, *blocks, params, ctx=None):
         e = self.coefficients[0] * blocks[0]
         for c, b in zip(self.coefficients[1:], blocks[1:]):
             e = e + c * b
@@ -86,11 +86,10 @@ class SoftEquality(_Combination):
             self.static = False          # the offset is a per-step parameter
             self.params = ("offset",)
 
-    def evaluate(self, x0, x1, ctx=None, params=None):
+    def evaluate(self, x0, x1, *, params, ctx=None):
         e = x1 - x0
-        offset = self.offset if params is None else params[0]
-        if offset is not None:
-            e = e - offset
+        if params:                      # (the offset, where the unit has one)
+            e = e - params[0]
         return e, self.jacobians
 
 
@@ -138,7 +137,8 @@ class HermiteVelocityIntegrator(Factor):
         self.Q = np.array(g if Q is None else Q, dtype=float)
         self.Qdot_prev = None if Qdot_prev is None else np.array(Qdot_prev, dtype=float)
         self.Qdot = None if Qdot is None else np.array(Qdot, dtype=float)
-        self.lin_prev = lin_prev
+        self.lin_prev = None if lin_prev is None else tuple(None if x is None else np.array(x, dtype=float)
+                                                            for x in lin_prev)
         self.efforts = bool(efforts)
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.dt = float(dt)
@@ -177,9 +177,8 @@ class HermiteVelocityIntegrator(Factor):
         qb, vb, tb = lin_prev
         return ctx.dynamics(qb, vb, self.forces(Q_prev, tb))
 
-    def evaluate(self, q0, v0, a0, q1, v1, a1, *tau, ctx=None, params=None):
-        Q_prev, Q, Qdot_prev, Qdot, lin_prev = ((self.Q_prev, self.Q, self.Qdot_prev, self.Qdot, self.lin_prev)
-                                                if params is None else params)
+    def evaluate(self, q0, v0, a0, q1, v1, a1, *tau, params, ctx=None):
+        Q_prev, Q, Qdot_prev, Qdot, lin_prev = params
         c = context_or_new(ctx, self.mech)
         d0 = self.dynamics_at(c, Q_prev, lin_prev, q0, v0, tau[0] if tau else None)
         d1 = c.dynamics(q1, v1, self.forces(Q, tau[1] if tau else None))

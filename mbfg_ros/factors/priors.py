@@ -36,7 +36,7 @@ class Selection(Factor):
         self.slots = (block,)
         self.dim = dim
         self.size = int(size)
-        self.select = None if select is None else np.asarray(select, dtype=np.intp)
+        self.select = None if select is None else np.array(select, dtype=np.intp)
         if self.select is not None and self.select.size != dim:
             raise ValueError(f"{type(self).__name__}: len(select) must equal the number of rows ({dim})")
         if wrap and one is None:
@@ -48,8 +48,8 @@ class Selection(Factor):
         if wrap:
             self.linear = False         # the wrap makes it piecewise affine
 
-    def evaluate(self, x, ctx=None, params=None):
-        values = getattr(self, self.params[0]) if params is None else params[0]
+    def evaluate(self, x, *, params, ctx=None):
+        values = params[0]
         one = self._one
         if one is not None:
             d = x.item(one) - values
@@ -109,5 +109,5 @@ class CorrelatedPrior(Factor):
         lam = np.maximum(lam, floor * floor)
         return cls(blocks, sizes, mean, (V / np.sqrt(lam)).T)
 
-    def evaluate(self, *blocks, ctx=None, params=None):
-        return self._R.dot(np.concatenate(blocks) - (self.mean if params is None else params[0])), self._J
+    def evaluate(self, *blocks, params, ctx=None):
+        return self._R.dot(np.concatenate(blocks) - params[0]), self._J

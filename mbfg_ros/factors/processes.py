@@ -147,7 +147,7 @@ class IntegratedRandomWalk(Factor):
             ("" if math.isinf(self.rate_time_constant) else f",Tv={self.rate_time_constant:g}")
         self.name = f"integrated_random_walk({x},{xd}{damped})"
 
-    def evaluate(self, x0, x1, xd0, xd1, ctx=None, params=None):
+    def evaluate(self, x0, x1, xd0, xd1, *, params, ctx=None):
         J = self.jacobians
         e = J[0].dot(x0) + J[1].dot(x1) + J[2].dot(xd0) + J[3].dot(xd1)
         return e, J
@@ -171,7 +171,7 @@ class RandomWalk(Factor):
         self.jacobians = [np.diag(-w), np.diag(w)]
         self.name = f"random_walk({x})"
 
-    def evaluate(self, x0, x1, ctx=None, params=None):
+    def evaluate(self, x0, x1, *, params, ctx=None):
         J = self.jacobians
         return J[0].dot(x0) + J[1].dot(x1), J
 
@@ -201,7 +201,7 @@ class GaussMarkov(Factor):
         self.jacobians = [np.diag(-phi * w), np.diag(w)]
         self.name = f"gauss_markov({x},T={self.time_constant:g})"
 
-    def evaluate(self, x0, x1, ctx=None, params=None):
+    def evaluate(self, x0, x1, *, params, ctx=None):
         J = self.jacobians
         return J[0].dot(x0) + J[1].dot(x1), J
 

@@ -55,7 +55,7 @@ class Encoder(_CoordinateReading):
             self.kernel_kind = "wrapped_offset_selection" if self.angle else "offset_selection"
             self.name = f"deflected_encoder({mech.coordinate_names[self.coordinate]})"
 
-    def evaluate(self, *blocks, ctx=None, params=None):
+    def evaluate(self, *blocks, params, ctx=None):
         if self.deflection is None:
             return super().evaluate(*blocks, ctx=ctx, params=params)
         return compiled_evaluation(self, blocks, ctx, params)
@@ -93,7 +93,7 @@ class Gyroscope(Factor):
         self.body = int(body)
         b = mech.spec.bodies[self.body]
         i, j = b.points[0], b.points[1]
-        self.cols_i, self.cols_j = mech.point_columns[i], mech.point_columns[j]
+        self.cols_i, self.cols_j = mech.point_columns[i].copy(), mech.point_columns[j].copy()
         self._ci, self._cj = tuple(int(c) for c in self.cols_i), tuple(int(c) for c in self.cols_j)
         self.fixed_i = mech.spec.points[i] if self.cols_i[0] < 0 else None
         self.fixed_j = mech.spec.points[j] if self.cols_j[0] < 0 else None
@@ -104,7 +104,7 @@ class Gyroscope(Factor):
         self.n = mech.n
         self.name = f"gyroscope(body {self.body})"
 
-    def evaluate(self, q, v, ctx=None, params=None):
+    def evaluate(self, q, v, *, params, ctx=None):
         # (`eval_gyroscope` in _kernel.c; test_factors checks its Jacobians by finite differences, test_native_kernel
         # the rate against Mechanism.body_angular_rate)
         return compiled_evaluation(self, (q, v), ctx, params)

@@ -23,20 +23,20 @@ def state_key(k: int) -> int:
     return STATE_KEY_0 + int(k)
 
 
-def custom_factor(unit: Factor, keys: Sequence[int]) -> gtsam.CustomFactor:
-    """`gtsam.CustomFactor` for `unit` (immutable: the factor holds it), one vector key per slot (in slot order),
-    diagonal noise model with the unit's sigmas."""
+def custom_factor(unit: Factor, keys: Sequence[int], params: tuple) -> gtsam.CustomFactor:
+    """`gtsam.CustomFactor` for `unit` with its per-step values `params` (`Factor.params`; the factor holds both,
+    immutable), one vector key per slot (in slot order), diagonal noise model with the unit's sigmas."""
     keys = [int(k) for k in keys]
     if len(keys) != len(unit.slots):
         raise ValueError(f"{unit.name}: {len(unit.slots)} slots {unit.slots} but {len(keys)} keys")
-    u = unit
+    u, values_of_step = unit, unit.checked_params(params)
     noise = gtsam.noiseModel.Diagonal.Sigmas(np.asarray(u.sigmas, dtype=float))
 
     def error_function(this, values, H):
         blocks = [values.atVector(k) for k in keys]
         if H is None:
-            return u.error(*blocks)
-        e, J = u.evaluate(*blocks)
+            return u.error(*blocks, params=values_of_step)
+        e, J = u.evaluate(*blocks, params=values_of_step)
         for i, Ji in enumerate(J):
             H[i] = Ji
         return e

@@ -40,9 +40,9 @@ def _blocks_for(unit, slot_map, vprev, vcur):
 
 
 def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optional[np.ndarray], x_cur: np.ndarray,
-                   ctx: Optional[EvalContext] = None, params: Optional[Sequence[Optional[tuple]]] = None):
+                   ctx: Optional[EvalContext] = None, *, params: Sequence[tuple]):
     """Whitened linearization of all `units` of one step at (X_{k−1}, X_k) = (x_prev, x_cur), with `params` the
-    per-step parameters of each unit (`Factor.params`; None, or a None item: those given at construction):
+    per-step values of each unit (one tuple per unit, `Factor.params`):
     returns (A_prev or None, A_cur, r) with e_w(X) ≈ r + A_prev (X_{k−1} − x_prev) + A_cur (X_k − x_cur)."""
     rows = 0
     need_prev = False
@@ -65,7 +65,7 @@ def linearize_step(units: Sequence[Factor], layout: StateLayout, x_prev: Optiona
         d = u.dim
         if d == 0:
             continue
-        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), ctx=ctx, params=None if params is None else params[i])
+        e, Js = u.evaluate(*_blocks_for(u, slot_map, vprev, vcur), params=params[i], ctx=ctx)
         w = 1.0 / u.sigmas
         r[row:row + d] = e * w
         wc = w[:, None]
@@ -277,7 +277,7 @@ class StepModel:
     def params_of(self, values: StepValues) -> list:
         """This model's per-step parameters, one tuple per unit that has any (``param_units``), passed with each
         linearization and check of the step: from `values` (unit -> {name: value}) where given, else the
-        unit's own, fixed at construction."""
+        unit's defaults (`Factor.own_params`)."""
         single = self._single_params
         if single is not None:         # (the usual case: one parameter per unit)
             get = values.get
@@ -295,10 +295,9 @@ class StepModel:
         return out
 
     def linearize(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
-                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None,
-                  params: Optional[list] = None):
+                  static_at: Optional[Tuple[Optional[np.ndarray], np.ndarray]] = None, *, params: list):
         """(A_prev or None, A_cur, r): whitened linearization at (x_prev, x_cur) (internal buffers) with the
-        step's per-step parameters `params` (`params_of`; None: the units' own).
+        step's per-step parameters `params` (`params_of`).
         With ``static_at`` = (x_prev', x_cur') the rows of the static (affine) units are evaluated there
         instead (their linear model is exact, so this is the same model expressed about another point)."""
         A_cur, A_prev, r = self.A_cur, self.A_prev, self.r
@@ -315,7 +314,7 @@ class StepModel:
         xs = (x_prev, x_cur)
         blocks = [xs[which][c] for which, c in self._blocks]
         for u, take, e_rows, outs, last, distinct, p in self._views:
-            e, Js = u.evaluate(*take(blocks), ctx=ctx, params=None if p < 0 or params is None else params[p])
+            e, Js = u.evaluate(*take(blocks), params=params[p] if p >= 0 else (), ctx=ctx)
             e_rows[:] = e
             if distinct:         # every block of these rows is overwritten; the others stay zero
                 i = 0
@@ -335,13 +334,13 @@ class StepModel:
                 mul(self._J_raw_prev, self._w_dyn_col, out=A_prev[rs:])
         return A_prev, A_cur, r
 
-    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None,
-                       params: Optional[list] = None):
+    def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None, *,
+                       params: list):
         """Whitened nonlinear error of the rows in `check_rows` at (x_prev, x_cur) with the step's per-step
-        parameters `params` (`params_of`; None: the units' own) (an internal buffer, valid until the next call)."""
+        parameters `params` (`params_of`) (an internal buffer, valid until the next call)."""
         buf = self._check_buf
         mul = np.multiply
         for u, slots, w, a, b, p in self._check_plan:
-            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], ctx=ctx,
-                        params=None if p < 0 or params is None else params[p]), w, out=buf[a:b])
+            mul(u.error(*[x_cur[c] if which else x_prev[c] for which, c in slots], params=params[p] if p >= 0 else (),
+                        ctx=ctx), w, out=buf[a:b])
         return buf

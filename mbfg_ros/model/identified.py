@@ -42,14 +42,33 @@ from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import STANDARD_GRAVITY, mechanism_reach
 from mbfg_ros.model.spec import BODY_IDENTIFIABLE, IDENTIFIABLE, IdentifySpec
 
-__all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_identify", "DRIFT_TIME"]
+__all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_identify", "kind_codes", "KIND_CODES",
+           "DRIFT_TIME"]
 
-KIND_CODES = {name: i for i, name in enumerate(IDENTIFIABLE + BODY_IDENTIFIABLE)}     # the compiled kernel's codes
 SLIDING_RATIO = 6.0      # the identified Coulomb part is gated off below ~this many v_s (module docstring)
 DRIFT_TIME = 1e5         # [s] a parameter's random walk moves it by its prior σ in this time (default density): a day;
                          # a faster walk forgets what the motion told (crank four-bar, fused: viscous friction
                          # σ 1.5 after 4 s at 100 s, 0.3 at 1e4 s and more)
 GAIN_SIGMA = 0.2         # a motor's torque constant and gear are known to some 20 %
+
+
+def kind_codes(table: Dict[str, dict]) -> Dict[str, int]:
+    """{kind name: code} from the compiled kernel's table of parameter kinds (`native.parameter_kinds`), whose
+    functions give each kind its force; ValueError where the table's actuator and body kinds are not model.spec's
+    IDENTIFIABLE and BODY_IDENTIFIABLE (a kind added on one side only)."""
+    def listed(kinds):
+        return "; ".join(f"{on}: {', '.join(sorted(names)) or 'none'}" for on, names in kinds.items())
+    declared = {"actuator": IDENTIFIABLE, "body": BODY_IDENTIFIABLE}
+    compiled = {on: tuple(name for name, entry in table.items() if entry["on"] == on) for on in declared}
+    if ({on: sorted(names) for on, names in compiled.items()} != {on: sorted(names) for on, names in declared.items()}
+            or len(table) != sum(len(names) for names in declared.values())):
+        raise ValueError(f"the compiled kernel's parameter kinds ({listed(compiled)}; all: {', '.join(table)}) are "
+                         f"not model.spec's ({listed(declared)}): a kind is added to both, _kernel.c's "
+                         f"parameter_kinds and model/spec.py, and the kernel rebuilt")
+    return {name: int(entry["code"]) for name, entry in table.items()}
+
+
+KIND_CODES = kind_codes(native.parameter_kinds())     # the compiled kernel's codes of the parameter kinds
 
 
 def _readonly(a, dtype=float) -> np.ndarray:

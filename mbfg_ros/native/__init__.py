@@ -30,8 +30,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 __all__ = ["SOURCE_SHA256", "describe", "mechanism_form", "module", "mechanism_kernel", "constraint_kernel",
-           "friction_kernel", "unit_kinds", "unit_form", "no_form_reason", "UnitProgram", "step_kernel",
-           "scaled_distance2", "identified_forces", "KernelMissing"]
+           "friction_kernel", "unit_kinds", "parameter_kinds", "unit_form", "no_form_reason", "UnitProgram",
+           "step_kernel", "scaled_distance2", "identified_forces", "KernelMissing"]
 
 
 class KernelMissing(ImportError):
@@ -68,7 +68,7 @@ def mechanism_form(mech, kernel) -> str:
 
 
 def module():
-    """The extension module (`MechanismKernel`, `StepKernel`, `UNIT_KINDS`)."""
+    """The extension module (`MechanismKernel`, `StepKernel`, `UNIT_KINDS`, `PARAMETER_KINDS`)."""
     return _kernel
 
 
@@ -110,6 +110,12 @@ def unit_kinds() -> Dict[str, dict]:
     "constraints" (m), "coordinates" (n), "one" or "per index").  A factor
     names its kind in ``kernel_kind`` (`factors.base.Factor`)."""
     return _kernel.UNIT_KINDS
+
+
+def parameter_kinds() -> Dict[str, dict]:
+    """The kernel's table of identified-parameter kinds, {name: {"code", "on"}} (`_kernel.c`'s ``parameter_kinds``:
+    "on" "actuator" or "body"), whose codes an ``identified_dynamics`` unit's integers carry (`model.identified`)."""
+    return _kernel.PARAMETER_KINDS
 
 
 def unit_form(unit) -> Optional[Tuple[int, list, list]]:

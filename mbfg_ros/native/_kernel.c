@@ -1755,17 +1755,37 @@ eval_velocity(UNIT_EVAL_ARGS)
     return 0;
 }
 
-/* an identified parameter's force per unit of θ − θ₀ on its coordinate (y) and ∂(force)/∂q̇ of its coordinate per
- * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kinds: 0 gain, 1 viscous friction, 2 Coulomb friction; c: its
- * doubles θ₀, v_s, v_d) */
+/* The kinds of identified parameters (mbfg_ros.model.identified), by their codes in an identified_dynamics unit's
+ * integers, and their table as Python reads it (PARAMETER_KINDS: model.identified takes its codes from it, after
+ * checking the names against model.spec's) */
+typedef enum {
+    PARAMETER_GAIN, PARAMETER_VISCOUS_FRICTION, PARAMETER_COULOMB_FRICTION, PARAMETER_PAYLOAD_MASS, N_PARAMETER_KINDS
+} ParameterCode;
+
+typedef struct {
+    const char *name;   /* model.spec's name of the kind */
+    const char *on;     /* what it is a parameter of: "actuator" (a force on its coordinate: model.spec's
+                           IDENTIFIABLE) or "body" (a payload on it: BODY_IDENTIFIABLE) */
+} ParameterKind;
+
+static const ParameterKind parameter_kinds[N_PARAMETER_KINDS] = {
+    [PARAMETER_GAIN] = {"gain", "actuator"},
+    [PARAMETER_VISCOUS_FRICTION] = {"viscous_friction", "actuator"},
+    [PARAMETER_COULOMB_FRICTION] = {"coulomb_friction", "actuator"},
+    [PARAMETER_PAYLOAD_MASS] = {"payload_mass", "body"},
+};
+
+/* an actuator parameter's force per unit of θ − θ₀ on its coordinate (y) and ∂(force)/∂q̇ of its coordinate per
+ * unit of θ − θ₀ (dy): mbfg_ros.model.identified (kind: a gain, viscous or Coulomb friction; c: its doubles θ₀,
+ * v_s, v_d) */
 static inline void
 identified_regressor(int kind, double rate, double command, const double *c, double *y, double *dy)
 {
-    if (kind == 0) {
+    if (kind == PARAMETER_GAIN) {
         *y = command, *dy = 0.0;
-    } else if (kind == 1) {
+    } else if (kind == PARAMETER_VISCOUS_FRICTION) {
         *y = -rate, *dy = -1.0;
-    } else {
+    } else {                /* PARAMETER_COULOMB_FRICTION */
         /* (sliding only: × q̇⁴/(q̇⁴ + v_d⁴)) */
         double vs = c[1], sv = rate / vs, r2 = rate * rate, vd4 = c[2] * c[2] * c[2] * c[2];
         double den = r2 * r2 + vd4, gate = r2 * r2 / den, dgate = 4.0 * r2 * rate * vd4 / (den * den);
@@ -1787,7 +1807,7 @@ identified_add_forces(int n, int np_, const int *par, const double *c, const dou
     for (int j = 0, pb = 0; j < np_; j++) {
         int kind = par[3 * j], col = par[3 * j + 1];
         double d = th[j] - c[3 * j];
-        if (kind == 3) {
+        if (kind == PARAMETER_PAYLOAD_MASS) {
             const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
             double rx = 0.0, ry = 0.0;
             for (int i = 0; i < n; i++)
@@ -1799,7 +1819,8 @@ identified_add_forces(int n, int np_, const int *par, const double *c, const dou
             continue;
         }
         double y, dy;
-        identified_regressor(kind, v[col], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, c + 3 * j, &y, &dy);
+        identified_regressor(kind, v[col], kind == PARAMETER_GAIN ? cmd[par[3 * j + 2]] : 0.0, c + 3 * j, &y,
+                             &dy);
         Q[col] += y * d;
     }
 }
@@ -1811,9 +1832,9 @@ identified_add_forces(int n, int np_, const int *par, const double *c, const dou
  * q̈(q, q̇; Q_known + E τ + ΔQ) − a, ΔQ = Σⱼ yⱼ(q̇, u)(θⱼ − θ₀ⱼ) on coordinate cⱼ
  *                                          slots q, v, a, tau, theta; params Q_known (n), u (the commands,
  *                                          actuator order); ints: na, the actuated coordinates of τ (na), then per
- *                                          parameter its kind (0 gain, 1 viscous, 2 Coulomb friction, 3 payload),
- *                                          coordinate and actuator; doubles: per parameter θ₀, v_s, v_d, then per
- *                                          payload gravity (2) and C's rows (2 × n)            (identified_dynamics) */
+ *                                          parameter its kind (ParameterCode), coordinate and actuator; doubles:
+ *                                          per parameter θ₀, v_s, v_d, then per payload gravity (2) and C's rows
+ *                                          (2 × n)                                              (identified_dynamics) */
 static int
 eval_dynamics(UNIT_EVAL_ARGS)
 {
@@ -1843,7 +1864,7 @@ eval_dynamics(UNIT_EVAL_ARGS)
             return -1;
         }
         for (int j = 0; j < np_; j++)
-            if (par[3 * j] == 0 && par[3 * j + 2] >= bu.view.len / 8) {
+            if (par[3 * j] == PARAMETER_GAIN && par[3 * j + 2] >= bu.view.len / 8) {
                 release(&bu);
                 PyErr_SetString(PyExc_ValueError, "StepKernel: an identified gain's actuator has no command");
                 return -1;
@@ -1883,7 +1904,7 @@ eval_dynamics(UNIT_EVAL_ARGS)
                 double *rth = JROW(4, i), *ra = JROW(2, i);
                 for (int j = 0, pb = 0; j < np_; j++) {
                     int kind = par[3 * j], c = par[3 * j + 1];
-                    if (kind == 3) {
+                    if (kind == PARAMETER_PAYLOAD_MASS) {
                         /* ∂/∂θ: ∂q̈/∂Q Cᵀ(g − C a); ∂/∂a: −m ∂q̈/∂Q CᵀC */
                         const double *g = payload + pb * (2 + 2 * n), *Cx = g + 2, *Cy = Cx + n;
                         double rx = 0.0, ry = 0.0, wx = 0.0, wy = 0.0;
@@ -1899,8 +1920,8 @@ eval_dynamics(UNIT_EVAL_ARGS)
                         continue;
                     }
                     double y, dy;
-                    identified_regressor(kind, v[c], kind == 0 ? cmd[par[3 * j + 2]] : 0.0, u->doubles + 3 * j,
-                                         &y, &dy);
+                    identified_regressor(kind, v[c], kind == PARAMETER_GAIN ? cmd[par[3 * j + 2]] : 0.0,
+                                         u->doubles + 3 * j, &y, &dy);
                     rv[c] += dQ[c] * dy * (th[j] - u->doubles[3 * j]);
                     rth[j] += dQ[c] * y;
                 }
@@ -2050,8 +2071,8 @@ static const UnitKind unit_kinds[] = {
 };
 #define N_UNIT_KINDS ((int)(sizeof(unit_kinds) / sizeof(unit_kinds[0])))
 
-/* identified_dynamics' integers: na = the tau slot's width, na coordinates, per parameter a kind (0–2), a coordinate
- * and an actuator (≥ 0); slots q, v, a n wide */
+/* identified_dynamics' integers: na = the tau slot's width, na coordinates, per parameter a kind (ParameterCode), a
+ * coordinate and an actuator (≥ 0); slots q, v, a n wide */
 static int
 identified_check(const Unit *u, int n)
 {
@@ -2068,14 +2089,15 @@ identified_check(const Unit *u, int n)
     int payloads = 0;
     for (int j = 0; j < u->width[4] && !bad; j++) {
         const int *p = u->ints + 1 + na + 3 * j;
-        if (p[0] < 0 || p[0] > 3 || p[1] < 0 || p[1] >= n || p[2] < 0)
+        if (p[0] < 0 || p[0] >= N_PARAMETER_KINDS || p[1] < 0 || p[1] >= n || p[2] < 0)
             bad = "a parameter's kind, coordinate or actuator is out of range";
-        payloads += p[0] == 3;
+        payloads += p[0] == PARAMETER_PAYLOAD_MASS;
     }
     if (!bad && u->ndoubles != 3 * u->width[4] + payloads * (2 + 2 * n))
         bad = "it needs 3 doubles per parameter and 2 + 2n more per payload";
     for (int j = 0; j < u->width[4] && !bad; j++)
-        if (u->ints[1 + na + 3 * j] == 2 && !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
+        if (u->ints[1 + na + 3 * j] == PARAMETER_COULOMB_FRICTION &&
+            !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
             bad = "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
     if (bad) {
         PyErr_Format(PyExc_ValueError, "StepKernel: an identified_dynamics unit: %s", bad);
@@ -2135,6 +2157,15 @@ unit_check(const Unit *u, int n, int m, int D, int ndoubles)
     return 0;
 }
 
+/* table[name] = entry, a new reference (or NULL: a Python error) that this takes: 0, or −1 on a Python error */
+static int
+table_row(PyObject *table, const char *name, PyObject *entry)
+{
+    int st = entry ? PyDict_SetItemString(table, name, entry) : -1;
+    Py_XDECREF(entry);
+    return st;
+}
+
 /* the table as Python reads it: {name: {"code", "rows" ("constraints", "coordinates", "one", "per index"),
  * "slots"}} */
 static PyObject *
@@ -2142,18 +2173,22 @@ unit_kinds_dict(void)
 {
     static const char *rows[] = {"constraints", "coordinates", "one", "per index"};
     PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int i = 0; i < N_UNIT_KINDS; i++) {
-        PyObject *entry = Py_BuildValue("{s:i,s:s,s:i}", "code", i, "rows", rows[unit_kinds[i].rows], "slots",
-                                        unit_kinds[i].slots);
-        if (!entry || PyDict_SetItemString(d, unit_kinds[i].name, entry) < 0) {
-            Py_XDECREF(entry);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(entry);
-    }
+    for (int i = 0; d && i < N_UNIT_KINDS; i++)
+        if (table_row(d, unit_kinds[i].name, Py_BuildValue("{s:i,s:s,s:i}", "code", i, "rows",
+                                                           rows[unit_kinds[i].rows], "slots", unit_kinds[i].slots)) < 0)
+            Py_CLEAR(d);
+    return d;
+}
+
+/* the identified parameters' kinds as Python reads them: {name: {"code", "on" ("actuator", "body")}} */
+static PyObject *
+parameter_kinds_dict(void)
+{
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < N_PARAMETER_KINDS; i++)
+        if (table_row(d, parameter_kinds[i].name, Py_BuildValue("{s:i,s:s}", "code", i, "on",
+                                                                parameter_kinds[i].on)) < 0)
+            Py_CLEAR(d);
     return d;
 }
 
@@ -2957,12 +2992,13 @@ py_identified_forces(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t npay = 0;
     for (int j = 0; j < np_; j++) {
         int kind = par[3 * j], col = par[3 * j + 1], act = par[3 * j + 2];
-        if (kind < 0 || kind > 3 || col < 0 || col >= n || (kind == 0 && (act < 0 || act >= nu))) {
+        if (kind < 0 || kind >= N_PARAMETER_KINDS || col < 0 || col >= n ||
+            (kind == PARAMETER_GAIN && (act < 0 || act >= nu))) {
             PyErr_Format(PyExc_ValueError, "identified_forces: parameter %d: kind, coordinate or actuator out of "
                          "range", j);
             goto done;
         }
-        npay += kind == 3;
+        npay += kind == PARAMETER_PAYLOAD_MASS;
     }
     if (b[0].view.len / 8 != 3 * np_ + npay * (2 + 2 * n)) {
         PyErr_SetString(PyExc_ValueError, "identified_forces: doubles must hold 3 values per parameter and 2 + 2n "
@@ -3019,6 +3055,12 @@ PyInit__kernel(void)
     PyObject *kinds = unit_kinds_dict();
     if (!kinds || PyModule_AddObject(mod, "UNIT_KINDS", kinds) < 0) {
         Py_XDECREF(kinds);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    PyObject *parameters = parameter_kinds_dict();
+    if (!parameters || PyModule_AddObject(mod, "PARAMETER_KINDS", parameters) < 0) {
+        Py_XDECREF(parameters);
         Py_DECREF(mod);
         return NULL;
     }

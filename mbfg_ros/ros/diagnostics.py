@@ -116,7 +116,6 @@ class Diagnostics:
         # why estimation stopped (max_prediction passed without readings) until it runs again; "" otherwise
         self.stopped = ""
         self._failures_reported = 0
-        self.kernel = native.describe()
         # what each angle encoder's readings say about turns (mechanism YAML `turns:`): fixed for the node's life
         self.encoder_turns = ", ".join(f"{s.name}={'single' if s.single_turn else 'multi'}" for s in mech.sensors
                                        if s.kind == "encoder" and s.coordinate >= mech.n_point_coordinates)

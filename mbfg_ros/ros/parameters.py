@@ -16,7 +16,7 @@ from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, Estimat
 from mbfg_ros.estimation.efforts import effort_model, parse_actuator_efforts
 from mbfg_ros.estimation.identification import identification
 from mbfg_ros.model.identified import parse_identify
-from mbfg_ros.model.spec import EFFORT_KINDS, IDENTIFIABLE
+from mbfg_ros.model.spec import BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
@@ -191,14 +191,17 @@ def declare_parameters(node) -> StartupParameters:
                     "else as the mode says. Changing it restarts the estimator",
         additional_constraints=f"entries NAME=KIND, NAME an actuator joint ({', '.join(mech.actuator_names) or 'none'})"
                                f", KIND one of {', '.join(EFFORT_KINDS)}")).value or []
+    payloads = [f"{s.joint}.{s.parameter}" for s in mech.spec.identify if s.parameter in BODY_IDENTIFIABLE]
     identify = d("identify", Parameter.Type.STRING_ARRAY, PD(
-        description="Actuator parameters identified online (estimation and fused modes), published on "
+        description="Actuator and payload parameters identified online (estimation and fused modes), published on "
                     "~/parameters: entries JOINT.PARAMETER[=SIGMA]; empty/unset = the mechanism file's identify: "
                     f"section; ['{IDENTIFY_NONE}'] = none. Changing it restarts the estimator",
         additional_constraints=f"entries JOINT.PARAMETER[=SIGMA], JOINT an actuator joint "
                                f"({', '.join(mech.actuator_names) or 'none'}), PARAMETER one of "
-                               f"{', '.join(IDENTIFIABLE)}, SIGMA > 0 (the prior's 1σ); or the single entry "
-                               f"'{IDENTIFY_NONE}'; at most {MAX_NAME} characters each")).value or []
+                               f"{', '.join(IDENTIFIABLE)}; or BODY.PARAMETER, PARAMETER one of "
+                               f"{', '.join(BODY_IDENTIFIABLE)}, where the mechanism file's identify: section "
+                               f"declares it ({', '.join(payloads) or 'none'}); SIGMA > 0 (the prior's 1σ); or the "
+                               f"single entry '{IDENTIFY_NONE}'; at most {MAX_NAME} characters each")).value or []
     formulation = d("formulation", "dependent", PD(
         description="dependent | independent coordinates", read_only=True,
         additional_constraints="one of: " + ", ".join(FORMULATIONS))).value
