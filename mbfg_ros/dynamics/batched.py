@@ -31,8 +31,8 @@ __all__ = ["dynamics_many", "BatchContext", "assembly_modes", "angles_consistent
 def dynamics_many(mech: Mechanism, q, v, Q, force_columns=None, kernel=None, need_jacobians: bool = True):
     """q̈ (N, n) and, with `need_jacobians`, ∂q̈/∂q, ∂q̈/∂q̇ (N, n, n) and ∂q̈/∂Q[:, force_columns] (N, n, s) at N
     states, one step at a time through the per-step forms: the compiled kernel's (`kernel`, a
-    `native.mechanism_kernel` of `mech`; one C call per step is 0.47–0.82× the time numpy's batched solves took,
-    bench/single_source.py) where it solves the step, else `constrained.forward_dynamics_jacobians` (the
+    `native.mechanism_kernel` of `mech`; one C call per step is no slower than batched numpy solves:
+    docs/decisions.md) where it solves the step, else `constrained.forward_dynamics_jacobians` (the
     null-space solver at a singular augmented matrix); no copy of the formulas of its own.  Q is without the
     actuators' friction (applied by either form).  A step neither form solves is NaN."""
     N, n, m = q.shape[0], mech.n, mech.m

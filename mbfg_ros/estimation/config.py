@@ -42,7 +42,7 @@ class EstimatorConfig:
                                            # readings' scatter, never below the stated σ (sensor_sigmas or the
                                            # mechanism file's): estimation/sigma_adaptation.py
     compute_covariance: bool = False       # the newest state's marginal: Estimate.covariance (q, q̇) and the 1σ
-                                           # fields (+~55 µs a step on the crank four-bar)
+                                           # fields (one more marginal a step: off unless asked for)
     # fixed-lag estimator internals (mbfg_ros.estimation.estimator.FixedLagEstimator)
     relinearize_threshold: Optional[float] = None  # whitened mismatch that triggers re-linearizing a step;
                                            # None: 1e-3 for steps without readings, 10 for steps with readings

@@ -64,21 +64,18 @@ GRID_STEP = 0.5        # ... every half decade (17) ...
 ACCELERATION_DECADES = (2.0, 4.0)   # ... its acceleration densities: start × 10^(−2 … +4): the default is a
                        # simulation's (a floor), real machines sit 1.5–4 decades above it (bench/real_hardware.py) ...
 ACCELERATION_STEP = 1.0   # ... every decade (7): the likelihood is flat over a decade about its peak, and the
-                       # bank's cost is its filter count (17 × 13 at half decades: 2× the time, the same fits)
+                       # bank's cost is its filter count (docs/decisions.md)
 TIME_CONSTANT_DECADES = (1.5, 0.0)  # fused mode: the disturbance's time constants, start × 10^(−1.5 … 0) ...
 TIME_CONSTANT_STEP = 0.5   # ... every half decade (4), none below `min_time_constant` (itself one where the
                        # ladder steps past it).  Shorter only: the start is the slowest correction a trusted
-                       # actuator's command needs; on real
-                       # motors the readings ask for 0.1 s or less (the DFKI double pendulum: with the start held
-                       # at 0.35–1 s the disturbance took the model's error in and the fused torque was 1.1–1.9×
-                       # the command's error, bench/real_hardware.py)
+                       # actuator's command needs; on real motors the readings ask for 0.1 s or less
+                       # (docs/decisions.md)
 FUSED_GRID_DECADES = 3.0   # fused mode: the disturbance densities, start × 10^(−3 … +3) (the time constant's axis
                        # takes up what the effort axis's outer decades covered: fits within ±1 decade of the start)
 PRIOR_DECADES = 1.0    # σ of the weak log-normal priors around the starting densities [decades]
 MEMORY = 10.0          # [s] time constant over which old evidence is forgotten (follows a change of motion)
-BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step; 0.05 gave the same
-                       # bench errors at 40 % of the cost, but a quadratic through 50 ms of a swinging crank's
-                       # drift biased the density 35 % up on test_tuning_adaptation's data)
+BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estimator step; longer, a quadratic
+                       # through a swinging crank's drift biases the density: docs/decisions.md)
 B_REFRESH = 0.1        # [s] ∂z̈/∂τ refreshed this often (it changes with the pose) ...
 SA_REFRESH = 1.0       # [s] ... and the acceleration noise's shape on z this often
 BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
@@ -92,9 +89,8 @@ MAX_REJECTED = 3       # readings refused in a row after which the filters resta
 CHANGE = 0.1           # [decades] a smaller change of an estimate is not passed on (saves rebuilding units)
 MIN_TIME_CONSTANT_SAMPLES = 2.0   # no disturbance time constant shorter than this many of the bank's sample
                        # intervals (max(dt, BANK_INTERVAL), dt the estimator's step), which is then itself a grid point: shorter, the
-                       # disturbance is white between samples and trades against the acceleration density.  At 4
-                       # (80 ms) the DFKI runs' fits sat at the bound and fused torque stayed 1.2–1.6× the command's
-                       # error on the acrobot's and C0 sysid 00's shoulder; at 2 (40 ms) 1.08–1.27×
+                       # disturbance is white between samples and trades against the acceleration density; a
+                       # longer bound held the real motors' fits at it (docs/decisions.md)
 RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
                        # until the best grid point's log-likelihood exceeds theirs by ½ χ²ₖ(95 %) nats, k the axes
                        # fitted (a likelihood-ratio test; 3.0 nats for 2 axes, 3.9 for 3): the disturbance's start is the belief of a small, slow correction, which

@@ -46,7 +46,7 @@ MEMORY_BLOCKS = 64     # the estimate is from this many newest blocks: ...
 QUANTILE = 0.9         # ... their 90 % quantile (of σ² samples, over the same quantile of σ²·χ²_4 / 4)
 MAX_BLOCK_SPAN = 0.1   # [s] a block spanning longer is not used
 CHANGE = 0.1           # [decades] a smaller change of an encoder's σ is not passed on (~26 %): a change rebuilds the
-                       # step models (double pendulum, compiled: ~2 ms once; the acrobot run passes on 90 in 12 s)
+                       # step models
 _TIME_KEY = 1e-7       # [s] block time offsets rounded to this for the cache of residual projections
 
 

@@ -199,7 +199,7 @@ class Stepper:
             if encoder is None:
                 continue
             name, c = encoder
-            d = obs[name] - float(x[c])     # (plain floats: numpy's scalar round costs ~1 µs)
+            d = obs[name] - float(x[c])     # (plain floats: numpy's scalar overhead dominates here)
             turns = round(d / TWO_PI)
             if turns and abs(d - TWO_PI * turns) <= 0.25 * TWO_PI:
                 # (farther from a whole turn: a disagreement the gate judges, not a turn; only with the gate off)

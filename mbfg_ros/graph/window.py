@@ -225,7 +225,7 @@ class FixedLagWindow:
         g = self._graph
         g.resize(0)
         # (the factor stays with its record: `_index_of` finds it again in iSAM2's factor list; `add`, not
-        # `push_back`, whose dozens of pybind11 overloads cost 0.5 µs to resolve)
+        # `push_back`, whose dozens of pybind11 overloads are tried in turn)
         g.add(rec._factor)
         self._index_pending = None
         self.smoother.update(g, values, timestamps, self._no_removals)

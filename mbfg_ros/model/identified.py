@@ -10,10 +10,8 @@ adds beyond what the mechanism file declares (θ₀: the declared friction; a ga
 
 (the identified part of the Coulomb friction acts on sliding only: at rest the estimated rates jitter about 0 by
 more than v_s, and the smooth sign's steep slope there, a stiff damper, would be "learnt" from a mechanism that does
-not move — the DFKI double pendulum hanging still drove c from 0.15 to 0.8–0.9 N·m in 2 s, σ 0.13; gated, it stays
-at its prior.  The quartic gate at 6 v_s keeps σ at 99 % of the prior there and costs the least bias in sliding
-among those tried: quadratic at 10 v_s biased the crank four-bar's Coulomb friction by 9 %, quartic at 6 v_s by 5.6 %
-at 1 kHz, 2.7 % at 2 kHz), and a body's payload mass m at a point r = C q + r₀ of it (`at` in the body frame; C constant in natural coordinates)
+not move; the quartic gate at 6 v_s costs the least bias in sliding among those tried: docs/decisions.md), and a
+body's payload mass m at a point r = C q + r₀ of it (`at` in the body frame; C constant in natural coordinates)
 adds m (Cᵀ g − CᵀC q̈) — its weight and its inertia, exactly: at a solution q̈ = the state's q̈, so the dynamics
 factor's (M + m CᵀC) q̈ + Φqᵀλ = Q + m Cᵀ g is the mechanism with the payload; the force then depends on the state's q̈.
 Every dynamics path keeps applying the declared friction itself (`model.friction`) and an estimate θ equal to θ₀
@@ -47,8 +45,7 @@ __all__ = ["IdentifiedParameters", "default_prior", "default_density", "parse_id
 
 SLIDING_RATIO = 6.0      # the identified Coulomb part is gated off below ~this many v_s (module docstring)
 DRIFT_TIME = 1e5         # [s] a parameter's random walk moves it by its prior σ in this time (default density): a day;
-                         # a faster walk forgets what the motion told (crank four-bar, fused: viscous friction
-                         # σ 1.5 after 4 s at 100 s, 0.3 at 1e4 s and more)
+                         # a faster walk forgets what the motion told (docs/decisions.md)
 GAIN_SIGMA = 0.2         # a motor's torque constant and gear are known to some 20 %
 
 

@@ -476,8 +476,8 @@ def encode_diagnostic_array(stamp_ns: int, statuses: Sequence[Tuple[int, str, st
     """A `diagnostic_msgs/DiagnosticArray` serialized (CDR, little endian) straight from Python values:
     statuses = [(level, name, message, hardware_id, {key: value})] (level an int or, as rclpy's
     `DiagnosticStatus.OK` etc., one byte; floats as %.6g, the rest str()).
-    rclpy's conversion of the message objects costs ~1–3 ms of Python for the node's ~60 key/values,
-    which the hot path felt through the GIL at every diagnostics period; this takes ~0.1 ms.  The
+    rclpy's conversion of the message objects is slow enough in Python for the node's ~60 key/values
+    that the hot path felt it through the GIL at every diagnostics period (docs/decisions.md).  The
     tests check it against rclpy's own serialization (equal but for the padding bytes, which rclpy
     leaves uninitialized and this writes as zeros)."""
     out = bytearray(b"\x00\x01\x00\x00")          # encapsulation: CDR little endian

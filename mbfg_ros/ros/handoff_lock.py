@@ -3,10 +3,9 @@
 The fast loop takes the node's lock for each batch of work and, while it is behind (an overloaded node always
 has another step ready), takes it again at once.  Python's locks are not fair: the thread that releases a lock
 and asks for it again a few bytecodes later usually wins over one that was waiting, which must first be woken
-up.  A parameter, service or diagnostics callback of the main executor then waited for seconds: on an
-overloaded node (every core step 3 ms for a 1-ms step) `set_parameters` took 2–5 s to answer, against 10–20 ms
-on a node that keeps up.  The loop calls `yield_to_waiters()` before each batch, which returns at once unless
-another thread waits for the lock, and then returns once that thread has it (or after `longest_s`).
+up.  A parameter, service or diagnostics callback of the main executor then waited for seconds on an
+overloaded node (docs/decisions.md).  The loop calls `yield_to_waiters()` before each batch, which returns at
+once unless another thread waits for the lock, and then returns once that thread has it (or after `longest_s`).
 """
 
 from __future__ import annotations

@@ -237,8 +237,8 @@ class SimulatedPlant:
         self.mech = mech
         self.dt = float(dt)
         self.substeps = int(substeps)
-        # a few-row solve per substep: OpenBLAS worker threads only cost (numpy 1.26's, ROS Jazzy's, took 100 s
-        # instead of 1 s for 200 steps on a loaded 2-core machine), as in the estimator (EstimatorConfig.blas_threads)
+        # a few-row solve per substep: OpenBLAS worker threads only cost (docs/decisions.md), as in the estimator
+        # (EstimatorConfig.blas_threads)
         limit_blas_threads(1)
         q = kinematics.solve_positions(mech, mech.q0 if q0 is None else q0).q
         v = kinematics.solve_velocities(mech, q, v_guess=np.zeros(mech.n) if v0 is None else v0)

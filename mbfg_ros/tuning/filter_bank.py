@@ -10,10 +10,9 @@ The per-filter numerics of a step run in the compiled kernel (`mbfg_ros.native`)
 call: the model's Jacobian (`MechanismKernel.reduced_linearize`), the Runge–Kutta step of the
 means with its stages' poses and z̈ (`reduced_rk4`, the kernel's constrained dynamics), the covariance half
 (`kalman_step`: the discretization, the prediction and the readings' update) and the new poses and their tangents
-(`reduced_positions`).  On the double pendulum the numpy forms' step cost ~1.4 ms whatever K (the calls
-themselves) plus ~35 µs per filter (small stacked solves); the compiled step ~0.1 ms plus ~17 µs per filter.
-numpy takes the rows the kernel cannot solve (a singular augmented system: the null-space solver of
-`dynamics_many`).
+(`reduced_positions`): in numpy the calls themselves and the small stacked solves were most of a step
+(docs/decisions.md).  numpy takes the rows the kernel cannot solve (a singular augmented system: the null-space
+solver of `dynamics_many`).
 
 The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
 the double pendulum, in both modes, with missing readings, and the Kalman step against a numpy reference); a filter that

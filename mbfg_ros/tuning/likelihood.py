@@ -69,8 +69,7 @@ HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a 
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
-# (the C0 fused fits went to 4 ms at a 5-ms sample interval with a tiny density, and the estimator run with
-# that file had a 1σ a tenth of its errors: bench/tune_speed.py --transfer).
+# (docs/decisions.md).
 MIN_TIME_CONSTANT_SAMPLES = 4.0
 # An encoder's σ is searched down to this many decades below its given (or the mechanism file's) value.  Far
 # below it the filter stops filtering: it follows each reading and explains the motion by acceleration noise,
