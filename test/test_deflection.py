@@ -113,3 +113,49 @@ def test_a_deflection_in_the_readings_is_not_read_as_effort(crank_mech, motion):
     clean_small, _ = errors(_config(deflection=0.1 * DEFLECTION_SIGMA), y)
     clean_with, _ = errors(_config(deflection=DEFLECTION_SIGMA), y)
     assert clean_plain <= clean_small < 1.2 * clean_plain < clean_with, (clean_plain, clean_small, clean_with)
+
+
+def _bank_fit(crank_mech, traj, y, start):
+    """The deflection bank (`fit_deflection`) on the crank's readings y, the drift as an estimator that knew the
+    walk would see it (test_tuning_adaptation's protocol)."""
+    from mbfg_ros.dynamics.constrained import forward_dynamics
+    from test_tuning_adaptation import TRUE_DENSITY
+    a = DA.DensityAdaptation(crank_mech, TRUE_DENSITY, 1e-3, sensor_sigmas={"crank": SIGMA}, fit_acceleration=False,
+                             fit_effort=False, hold_start=True, deflection=(start, DEFLECTION_T),
+                             fit_deflection=True)
+    for k, t in enumerate(traj.t):
+        tau = traj.efforts[k]
+        qdd = forward_dynamics(crank_mech, traj.q[k], traj.v[k], crank_mech.generalized_forces(tau))
+        a.observe(float(t), {"crank": float(y[k])}, traj.q[k], traj.v[k], qdd, tau)
+    return a
+
+
+def test_the_fit_finds_a_deflection_where_there_is_one_and_none_where_there_is_none(crank_mech, motion):
+    """The deflection bank over none and 0.1–10 mrad: on readings through a 3-mrad deflection it chooses σ_b
+    within a half decade of it; on the plain readings it keeps none."""
+    traj, y = motion
+    rng = np.random.default_rng(22)
+    deflected = y + gauss_markov(len(y), DEFLECTION_SIGMA, DEFLECTION_T, rng)
+    found = _bank_fit(crank_mech, traj, deflected, 0.0)
+    assert found.released and abs(math.log10(found.deflection_sigma / DEFLECTION_SIGMA)) < 0.5, found.deflection_sigma
+    assert _bank_fit(crank_mech, traj, y, 0.0).deflection_sigma == 0.0
+    assert list(DA.DEFLECTION_GRID)[0] == 0.0 and len(DA.DEFLECTION_GRID) == found.K
+
+
+def test_an_encoder_behind_a_gear_gets_a_deflection_the_fit_sets(tmp_path):
+    """The double pendulum's encoders read geared motors (gear ratio −6): with the densities fitted online (the
+    default) the estimation mode's state has the deflection, starting at none (the floor), and the fit hands its
+    σ_b to the factors; without the fit, in forward dynamics or fused mode there is none; a gearless mechanism
+    has none either."""
+    from mbfg_ros.estimation.deflection import deflection_floor, geared_encoders
+    mech = load_mechanism("double_pendulum_a0")
+    assert geared_encoders(mech) == [s.name for s in mech.sensors if s.kind == "encoder"]
+    est = FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation"))
+    assert est.deflection is not None and est.deflection_fit is not None
+    assert est.sigmas["deflection_sigma"] == deflection_floor(mech)
+    assert "deflection_sigma" in est.fitted_densities()
+    for config in (EstimatorConfig(dt=2e-3, mode="estimation", adapt_densities=False),
+                   EstimatorConfig(dt=2e-3, mode="forward_dynamics"), EstimatorConfig(dt=2e-3, mode="fused")):
+        assert FixedLagEstimator(mech, config).deflection is None
+    crank = load_mechanism("four_bar_crank")
+    assert not geared_encoders(crank) and FixedLagEstimator(crank, EstimatorConfig(mode="estimation")).deflection is None

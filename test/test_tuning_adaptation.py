@@ -218,7 +218,7 @@ def test_the_bank_model_is_exact(T, Tv):
                                                                              / DA.TIME_CONSTANT_STEP)))
     references = {}
     for k in (0, a.K // 2, a.K - 1, a.K - 2):
-        i, j, l = np.unravel_index(k, a.shape)
+        i, j, l, _ = np.unravel_index(k, a.shape)
         Tk = a.time_constant_grid[l]
         if Tk not in references:
             references[Tk] = bank_noise_by_quadrature(H, a.B, a.Sa, Tk, n=2001, Tv=Tv)

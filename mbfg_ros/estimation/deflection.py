@@ -6,7 +6,14 @@ not an acceleration whose integral wanders without bound.  With ``sigmas.deflect
 each encoder's coordinate: rad, m) the state gets a block ``deflection`` with one b per encoder, each a
 first-order Gauss–Markov process of stationary σ_b and time constant T_b = ``sigmas.deflection_time_constant``
 (`factors.GaussMarkov`, exact per step), started at its stationary prior N(0, σ_b) in every window; the encoder
-reads q[c] + b (`factors.Encoder` with a deflection).  0 (the default): no deflection block, no extra work.
+reads q[c] + b (`factors.Encoder` with a deflection).
+
+Where it is (`encoder_deflection`): with σ_b > 0 configured; and in estimation mode where the densities are
+fitted online (``adapt_densities``, the default), on every mechanism with an encoder on a geared actuator's coordinate
+(``gear_ratio`` ≠ ±1: the encoder is the motor's, behind the gear), whose σ_b the fit then chooses among none and
+0.1–10 mrad (`density_adaptation.DEFLECTION_GRID`; "none" in the state: σ_b at `FLOOR_RATIO` of the encoders'
+σ, where it changes nothing) from the start none.  Elsewhere (σ_b 0 and no gear, or the fit off): no deflection
+block, no extra work.
 
 Why (bench/encoder_deflection.py, the DFKI double pendulum, gear ratio 6, motor-side encoders): the readings'
 innovation likelihood prefers this deflection to white acceleration noise alone by 35–350 nats over 5 s on every
@@ -21,7 +28,7 @@ import numpy as np
 
 import mbfg_ros.factors as F
 
-__all__ = ["EncoderDeflection", "encoder_deflection"]
+__all__ = ["EncoderDeflection", "encoder_deflection", "geared_encoders", "deflection_floor", "FLOOR_RATIO"]
 
 
 class EncoderDeflection:
@@ -52,10 +59,31 @@ class EncoderDeflection:
         return [F.Prior("deflection", np.zeros(self.size), self.sigma)]
 
 
-def encoder_deflection(mech, mode: str, sigmas: Dict[str, float]) -> Optional[EncoderDeflection]:
-    """The deflection of the mechanism's encoders when ``deflection_sigma`` > 0 in estimation or fused mode (the
-    modes that read encoders) and the mechanism has encoders; else None."""
-    if not (sigmas.get("deflection_sigma", 0.0) > 0.0 and mode in ("estimation", "fused")):
-        return None
+FLOOR_RATIO = 1e-2     # "no deflection" in a state that has the block: σ_b this share of the encoders' smallest σ
+
+
+def geared_encoders(mech) -> List[str]:
+    """The encoders on the coordinate of an actuator with a gear (|gear_ratio| ≠ 1)."""
+    geared = {int(c) for c, a in zip(mech.actuated, mech.spec.actuators) if abs(float(a.gear_ratio)) != 1.0}
+    return [s.name for s in mech.sensors if s.kind == "encoder" and int(s.coordinate) in geared]
+
+
+def deflection_floor(mech) -> float:
+    """σ_b of "none" in a state with a deflection block (`FLOOR_RATIO` of the encoders' smallest σ)."""
+    return FLOOR_RATIO * min(float(s.sigma) for s in mech.sensors if s.kind == "encoder")
+
+
+def encoder_deflection(mech, mode: str, sigmas: Dict[str, float], fitted: bool) -> Optional[EncoderDeflection]:
+    """The deflection of the mechanism's encoders in estimation or fused mode (the modes that read encoders):
+    with ``deflection_sigma`` > 0, or in estimation mode with `fitted` (the densities fitted online) where an
+    encoder reads a geared actuator (its σ_b then starts at none: `deflection_floor`, set in `sigmas`); else
+    None.  (Not by default in fused mode: there the commands pin the motion down, and the deflection's freedom
+    cost the DFKI runs' shoulder torque up to 45 % and the pendubot's track: docs/decisions.md.)"""
     names = [s.name for s in mech.sensors if s.kind == "encoder"]
-    return EncoderDeflection(names, sigmas) if names else None
+    if mode not in ("estimation", "fused") or not names:
+        return None
+    if not sigmas.get("deflection_sigma", 0.0) > 0.0:
+        if not (fitted and mode == "estimation" and geared_encoders(mech)):
+            return None
+        sigmas["deflection_sigma"] = deflection_floor(mech)
+    return EncoderDeflection(names, sigmas)

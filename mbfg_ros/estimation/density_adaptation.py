@@ -91,6 +91,10 @@ MIN_TIME_CONSTANT_SAMPLES = 2.0   # no disturbance time constant shorter than th
                        # intervals (max(dt, BANK_INTERVAL), dt the estimator's step), which is then itself a grid point: shorter, the
                        # disturbance is white between samples and trades against the acceleration density; a
                        # longer bound held the real motors' fits at it (docs/decisions.md)
+DEFLECTION_REFERENCE = 1e-3   # [rad, m] the middle of the deflection's grid (`fit_deflection`): a gear's play
+DEFLECTION_STEP = 0.5          # [decades] between its points ...
+DEFLECTION_GRID = (0.0,) + tuple(DEFLECTION_REFERENCE * 10.0 ** (DEFLECTION_STEP * k) for k in range(-2, 3))
+                               # ... none, then 0.1–10 mrad (mm)
 RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
                        # until the best grid point's log-likelihood exceeds theirs by ½ χ²ₖ(95 %) nats, k the axes
                        # fitted (a likelihood-ratio test; 3.0 nats for 2 axes, 3.9 for 3): the disturbance's start is the belief of a small, slow correction, which
@@ -185,7 +189,7 @@ class DensityAdaptation:
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
                  actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf,
-                 deflection: Optional[tuple] = None):
+                 deflection: Optional[tuple] = None, fit_deflection: bool = False, fit_effort: bool = True):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -202,8 +206,14 @@ class DensityAdaptation:
         self.actuated = np.array(mech.actuated if actuated is None else actuated, dtype=np.intp)
         self.na = na = len(self.actuated)
         # the encoders' deflection (σ_b, T_b; estimation/deflection.py), where the estimator has one: each filter
-        # carries it too (the readings are z + b), so its densities are those of the estimator's model
+        # carries it too (the readings are z + b; σ_b = 0: none), so its densities are those of the estimator's
+        # model; with `fit_deflection` σ_b is the grid's fourth axis (`DEFLECTION_GRID`, none included)
         self.deflection = None if deflection is None else (float(deflection[0]), float(deflection[1]))
+        if self.deflection is not None and not (self.deflection[0] >= 0 and self.deflection[1] > 0):
+            raise ValueError(f"the deflection's σ must be ≥ 0 and its time constant > 0 s (got {deflection})")
+        if fit_deflection and self.deflection is None:
+            raise ValueError("fitting the deflection needs one (σ_b, T_b)")
+        self.fit_deflection = bool(fit_deflection)
         self.nb = d if self.deflection is not None else 0
         self.nx = 2 * d + 2 * na + self.nb
         self.R = np.diag(sig ** 2)
@@ -221,7 +231,8 @@ class DensityAdaptation:
         if math.isfinite(self.rate_time_constant) and self.time_constant < FOREVER:
             raise ValueError("the efforts' rate is damped only where they are not damped themselves")
         n_side = int(round((FUSED_GRID_DECADES if self.fit_time_constant else GRID_DECADES) / GRID_STEP))
-        self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1)
+        self.log10_grid = self.log10_start + GRID_STEP * np.arange(-n_side, n_side + 1) if fit_effort else \
+            np.array([self.log10_start])
         if fit_acceleration:
             below, above = (int(round(x / ACCELERATION_STEP)) for x in ACCELERATION_DECADES)
             self.log10_acceleration_grid = (self.log10_acceleration_start
@@ -245,18 +256,25 @@ class DensityAdaptation:
             self.time_constant_grid = np.array([self.time_constant])
         self.grid = 10.0 ** self.log10_grid
         self.acceleration_grid = 10.0 ** self.log10_acceleration_grid
-        self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid))
-        self.K = self.shape[0] * self.shape[1] * self.shape[2]
-        self._effort_of_filter = np.repeat(self.grid, self.shape[1] * self.shape[2])
-        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, self.shape[2]), self.shape[0])
-        self._time_index = np.tile(np.arange(self.shape[2]), self.shape[0] * self.shape[1])
+        # the deflection's σ: the grid's (0: none, then whole-to-half decades) or the one given
+        self.deflection_sigma = 0.0 if self.deflection is None else self.deflection[0]
+        self.deflection_grid = np.array(DEFLECTION_GRID if self.fit_deflection else [self.deflection_sigma])
+        self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid),
+                      len(self.deflection_grid))
+        self.K = int(np.prod(self.shape))
+        E, A_, T_, B_ = self.shape
+        self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_)
+        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_), E)
+        self._time_index = np.tile(np.repeat(np.arange(T_), B_), E * A_)
+        self._deflection_of_filter = np.tile(self.deflection_grid, E * A_ * T_)
         prior_t = (((self.log10_time_constant_grid - self.log10_time_constant_start) / PRIOR_DECADES) ** 2
                    if self.fit_time_constant else np.zeros(1))
-        self.log_prior = -0.5 * ((((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2)[:, None, None]
+        # (no prior on the deflection: the readings alone say whether there is one)
+        self.log_prior = -0.5 * ((((self.log10_grid - self.log10_start) / PRIOR_DECADES) ** 2)[:, None, None, None]
                                  + (((self.log10_acceleration_grid - self.log10_acceleration_start)
-                                     / PRIOR_DECADES) ** 2)[None, :, None]
-                                 + prior_t[None, None, :]).reshape(-1)
-        axes = 1 + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1)
+                                     / PRIOR_DECADES) ** 2)[None, :, None, None]
+                                 + prior_t[None, None, :, None] + np.zeros(B_)[None, None, None, :]).reshape(-1)
+        axes = (len(self.grid) > 1) + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1) + (B_ > 1)
         self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
@@ -264,11 +282,14 @@ class DensityAdaptation:
         self.density = float(initial_density)
         self.acceleration_density = float(acceleration_density)
         self.passed_log10 = (self.log10_start, self.log10_acceleration_start,   # the estimates last passed on
-                             self.log10_time_constant_start)
+                             self.log10_time_constant_start, _log10_or_none(self.deflection_sigma))
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
-        self.start = int(np.argmax(self.log_prior))   # the filter of the starting densities
+        # the filter of the starting densities (and of the grid's deflection nearest the starting one)
+        m0 = int(np.argmin(np.abs(self.deflection_grid - self.deflection_sigma)))
+        candidates = np.arange(m0, self.K, B_)
+        self.start = int(candidates[np.argmax(self.log_prior[candidates])])
         self.released = not hold_start            # the data have rejected the starting densities (`release`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
@@ -330,8 +351,7 @@ class DensityAdaptation:
             W[0, 2 * d + na:ne, 2 * d + na:ne] = np.eye(na)      # the deflection's own
             W[1, d:2 * d, d:2 * d] = self.Sa
             if self.nb:
-                sigma_b, T_b = self.deflection
-                W[2, ne:, ne:] = 2.0 * sigma_b * sigma_b / T_b * np.eye(d)
+                W[2, ne:, ne:] = 2.0 / self.deflection[1] * np.eye(d)       # (a unit σ_b: scaled per filter)
             Fs, Qs = [], []
             for T in self.time_constant_grid:
                 A = np.zeros((nx, nx))
@@ -362,7 +382,7 @@ class DensityAdaptation:
             self._H = H
             self._Q = self._effort_of_filter[:, None, None] * Qe + self._acceleration_of_filter[:, None, None] * Qa
             if self.nb:
-                self._Q += Qb
+                self._Q += (self._deflection_of_filter ** 2)[:, None, None] * Qb
         return self._F, self._Ft, self._Q
 
     # -- per estimator step ---------------------------------------------------------------------------------
@@ -443,10 +463,11 @@ class DensityAdaptation:
         P0[d:2 * d, d:2 * d] = np.eye(d) * 1.0
         P0[2 * d:2 * d + na, 2 * d:2 * d + na] = np.eye(na) * 100.0 ** 2
         P0[2 * d + na:2 * d + 2 * na, 2 * d + na:2 * d + 2 * na] = np.eye(na) * 100.0 ** 2
-        if self.nb:
-            P0[2 * d + 2 * na:, 2 * d + 2 * na:] = np.eye(d) * self.deflection[0] ** 2
         self.x = np.repeat(x[None, :], self.K, axis=0)
         self.P = np.repeat(P0[None, :, :], self.K, axis=0)
+        if self.nb:
+            b = np.arange(2 * d + 2 * na, self.nx)
+            self.P[:, b, b] = (self._deflection_of_filter ** 2)[:, None]
         self.t_start = self.t_bank = t
 
     def _step(self, H: float, y: np.ndarray, c: np.ndarray, count: bool):
@@ -517,21 +538,58 @@ class DensityAdaptation:
                 return
             self.released = True
         score = score.reshape(self.shape)
-        i, j, l = np.unravel_index(best, self.shape)
-        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l], i)
-        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l], j)
+        i, j, l, m = np.unravel_index(best, self.shape)
+        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l, m], i)
+        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l, m], j)
         self.density = float(10.0 ** x)
         self.acceleration_density = float(10.0 ** y)
         z = self.log10_time_constant_start
         if self.fit_time_constant:
             # along the time constants' axis the likelihood is far closer to a parabola in the bandwidth 1/T than
             # in log T (a disturbance of 0.2 s on the crank four-bar: 0.21–0.28 s against 0.39–0.48 s)
-            self.time_constant = 1.0 / _vertex(1.0 / self.time_constant_grid, score[i, j, :], l)
+            self.time_constant = 1.0 / _vertex(1.0 / self.time_constant_grid, score[i, j, :, m], l)
             z = math.log10(self.time_constant)
-        px, py, pz = self.passed_log10
-        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE or (self.fit_time_constant and abs(z - pz) >= CHANGE):
-            self.passed_log10 = (x, y, z)
+        if self.fit_deflection:
+            # none (the grid's first point), or along the rest in log σ
+            self.deflection_sigma = 0.0 if m == 0 else float(10.0 ** (
+                math.log10(self.deflection_grid[m]) + DEFLECTION_STEP * _vertex_offset(score[i, j, l, 1:], m - 1)))
+        w = _log10_or_none(self.deflection_sigma)
+        px, py, pz, pw = self.passed_log10
+        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE or (self.fit_time_constant and abs(z - pz) >= CHANGE) \
+                or (w is None) != (pw is None) or (w is not None and abs(w - pw) >= CHANGE):
+            self.passed_log10 = (x, y, z, w)
             self.changed = True
+
+    def set_fixed(self, density: Optional[float] = None, acceleration_density: Optional[float] = None,
+                  time_constant: Optional[float] = None, deflection_sigma: Optional[float] = None):
+        """New values of the axes this bank does not fit (one grid point each: the other bank's estimates,
+        `DeflectionFit`); the filters keep their state and evidence, their noise follows from the next step."""
+        for value, fitted, name in ((density, len(self.grid) > 1, "grid"),
+                                    (acceleration_density, len(self.acceleration_grid) > 1, "acceleration_grid"),
+                                    (time_constant, self.fit_time_constant, "time_constant_grid"),
+                                    (deflection_sigma, self.fit_deflection, "deflection_grid")):
+            if value is None or fitted:
+                continue
+            setattr(self, name, np.array([float(value)]))
+        if density is not None and len(self.grid) == 1:
+            self.density = float(density)
+            self.log10_grid = np.log10(self.grid)
+        if acceleration_density is not None and len(self.acceleration_grid) == 1:
+            self.acceleration_density = float(acceleration_density)
+            self.log10_acceleration_grid = np.log10(self.acceleration_grid)
+        if time_constant is not None and not self.fit_time_constant:
+            self.time_constant = float(time_constant)
+        if deflection_sigma is not None and not self.fit_deflection:
+            self.deflection_sigma = float(deflection_sigma)
+        E, A_, T_, B_ = self.shape
+        self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_)
+        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_), E)
+        self._deflection_of_filter = np.tile(self.deflection_grid, E * A_ * T_)
+        self._H = None
+
+
+def _log10_or_none(x: float) -> Optional[float]:
+    return math.log10(x) if x > 0 else None
 
 
 def _vertex_offset(scores: np.ndarray, i: int) -> float:

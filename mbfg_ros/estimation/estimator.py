@@ -44,7 +44,7 @@ from mbfg_ros import native
 from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
-from mbfg_ros.estimation.deflection import encoder_deflection
+from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection
 from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
@@ -127,7 +127,7 @@ class FixedLagEstimator:
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
                                     overrides=c.actuator_efforts)
-        self.deflection = encoder_deflection(mech, c.mode, self.sigmas)
+        self.deflection = encoder_deflection(mech, c.mode, self.sigmas, fitted=self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
         self.gate = InnovationGate(c)
         self.identification = identification(mech, c.identify, c.mode, c.formulation, c.integrator, self.efforts)
@@ -141,9 +141,17 @@ class FixedLagEstimator:
         self.seeder = Seeder(mech, c, self.sigmas, self.sensors, self.gate, self.factors, self.efforts, self.ctx,
                              self.stepper.threshold, q0, v0)
         self.density_adaptation = self._density_adaptation()
+        self.deflection_fit = self._deflection_fit()
         self.sigma_adaptation = self._sigma_adaptation()
         self.last: Optional[Estimate] = None
         self.reset()
+
+    def _fits_densities(self) -> bool:
+        """Are the process densities fitted online (`adapt_densities`, estimation or fused mode with efforts in
+        the state, one encoder per degree of freedom)?"""
+        c = self.config
+        return bool(c.adapt_densities and c.mode in ("estimation", "fused") and self.efforts.has_state
+                    and encoded_coordinates(self.mech))
 
     def _density_adaptation(self) -> Optional[DensityAdaptation]:
         """The online fit of the process densities (estimation: effort_density, fused: disturbance_density, both
@@ -151,7 +159,7 @@ class FixedLagEstimator:
         freedom; else None (the densities stay as configured)."""
         c = self.config
         layout = encoded_coordinates(self.mech)
-        if not (c.adapt_densities and c.mode in ("estimation", "fused") and self.efforts.has_state and layout):
+        if not self._fits_densities():
             return None
         fused = c.mode == "fused"
         T = self.sigmas["disturbance_time_constant"] if fused else math.inf
@@ -162,6 +170,24 @@ class FixedLagEstimator:
                                  rate_time_constant=Tv,
                                  deflection=None if self.deflection is None else
                                  (self.deflection.sigma, self.deflection.time_constant))
+
+    def _deflection_fit(self) -> Optional[DensityAdaptation]:
+        """The online fit of the encoders' deflection σ (where the state has a deflection and the densities are
+        fitted): a second bank over σ_b (none and `DEFLECTION_GRID`) at the other fit's current densities, the
+        two passing their estimates to each other (a coordinate ascent; the joint grid would multiply the
+        bank's filters by the deflection's points).  It holds "none" until the readings reject it
+        (`hold_start`)."""
+        main = self.density_adaptation
+        if main is None or self.deflection is None:
+            return None
+        c = self.config
+        return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),
+                                 c.sensor_sigmas, time_constant=main.time_constant, fit_acceleration=False,
+                                 fit_effort=False, hold_start=True, actuated=self.efforts.state_coordinates,
+                                 dt=c.dt, rate_time_constant=main.rate_time_constant,
+                                 deflection=(0.0 if self.sigmas["deflection_sigma"] <= deflection_floor(self.mech)
+                                             else self.deflection.sigma, self.deflection.time_constant),
+                                 fit_deflection=True)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
@@ -179,8 +205,9 @@ class FixedLagEstimator:
             self.sensors.set_sigma(name, sigma)
         self.stepper.sensors_changed()
         self.factors.readings_changed()
-        if self.density_adaptation is not None:
-            self.density_adaptation.set_sensor_sigmas(sigmas)
+        for fit in (self.density_adaptation, self.deflection_fit):
+            if fit is not None:
+                fit.set_sensor_sigmas(sigmas)
 
     # -- public API ---------------------------------------------------------------------------
     def reset(self):
@@ -266,10 +293,21 @@ class FixedLagEstimator:
                     # the identified parameters' forces are part of the model's efforts, not innovations
                     tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts),
                                                            est.a)[self.efforts.state_coordinates]
-                if adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
+                changed = adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok")
+                deflection = self.deflection_fit
+                if deflection is not None:
+                    if changed:
+                        deflection.set_fixed(adaptation.density, adaptation.acceleration_density,
+                                             adaptation.time_constant if adaptation.fit_time_constant else None)
+                    if deflection.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
+                        adaptation.set_fixed(deflection_sigma=deflection.deflection_sigma)
+                        changed = True
+                if changed:
                     self.factors.set_process_densities(self._fitted_by(adaptation))
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
+                if self.deflection_fit is not None:
+                    self.deflection_fit.restart()
         est.solve_time = time.perf_counter() - t_start
         return est
 
@@ -294,6 +332,9 @@ class FixedLagEstimator:
                   "acceleration_density": adaptation.acceleration_density}
         if adaptation.fit_time_constant:
             fitted["disturbance_time_constant"] = adaptation.time_constant
+        if self.deflection_fit is not None:
+            # (none: the floor, where a deflection changes nothing)
+            fitted["deflection_sigma"] = max(self.deflection_fit.deflection_sigma, deflection_floor(self.mech))
         return fitted
 
     @property
