@@ -1931,6 +1931,13 @@ eval_dynamics(UNIT_EVAL_ARGS)
     return 0;
 }
 
+/* an angle difference moved by whole turns into [−π, π) (mbfg_ros.factors.priors.wrapped_angle's formula) */
+static inline double
+wrapped_angle(double d)
+{
+    return d - TWO_PI * floor((d + M_PI) / TWO_PI);
+}
+
 /* x[select] − values, each row wrapped to [−π, π) with `wrap` (an angle read in any 2π range)
  *                                        slot x; param values: a float (one row) or dim floats; ints: select (dim) */
 static int
@@ -1946,9 +1953,7 @@ selection(StepKernel *s, const Unit *u, const double *xp, const double *xc, PyOb
     const double *x = slot_block(u, 0, xp, xc);
     for (int i = 0; i < u->dim; i++) {
         double d = x[u->ints[i]] - values[i];
-        if (wrap)
-            d -= TWO_PI * floor((d + M_PI) / TWO_PI);
-        e[i] = d;
+        e[i] = wrap ? wrapped_angle(d) : d;
         if (jac)
             JROW(0, i)[u->ints[i]] += 1.0;
     }
@@ -1979,9 +1984,7 @@ offset_selection(StepKernel *s, const Unit *u, const double *xp, const double *x
     if (unit_param(params, u, &value, NULL, NULL, 0) < 0)
         return -1;
     double d = slot_block(u, 0, xp, xc)[u->ints[0]] + slot_block(u, 1, xp, xc)[u->ints[1]] - value;
-    if (wrap)
-        d -= TWO_PI * floor((d + M_PI) / TWO_PI);
-    e[0] = d;
+    e[0] = wrap ? wrapped_angle(d) : d;
     if (jac) {
         JROW(0, 0)[u->ints[0]] += 1.0;
         JROW(1, 0)[u->ints[1]] += 1.0;
