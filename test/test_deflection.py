@@ -159,3 +159,78 @@ def test_an_encoder_behind_a_gear_gets_a_deflection_the_fit_sets(tmp_path):
         assert FixedLagEstimator(mech, config).deflection is None
     crank = load_mechanism("four_bar_crank")
     assert not geared_encoders(crank) and FixedLagEstimator(crank, EstimatorConfig(mode="estimation")).deflection is None
+
+
+def test_the_tuners_bank_models_the_deflection(crank_mech, motion):
+    """`mbfg tune`'s filter bank with the deflection: a vanishing σ_b gives the likelihood without it; on readings
+    through a 3-mrad deflection the likelihood peaks at it among 1, 3 and 10 mrad, on the plain readings it falls
+    as σ_b grows; the fit recovers σ_b within 30 % (1σ consistent), the file keeps it with its time constant."""
+    from mbfg_ros.tuning import likelihood as tl
+    from mbfg_ros.tuning.filter_bank import ReducedEKFBank
+    from test_tuning_adaptation import TRUE_DENSITY
+    traj, y = motion
+    rng = np.random.default_rng(23)
+    deflected = y + gauss_markov(len(y), DEFLECTION_SIGMA, DEFLECTION_T, rng)
+    c = int(crank_mech.actuated[0])
+    steps = np.diff(traj.t, prepend=traj.t[0])
+
+    def likelihoods(readings, deflection):
+        K = 1 if deflection is None else len(deflection)
+        bank = ReducedEKFBank(crank_mech, [c], [[SIGMA]] * K, [TRUE_DENSITY] * K, acceleration_density=[1e-3] * K,
+                              deflection_sigma=deflection, deflection_time_constant=DEFLECTION_T)
+        for k in range(len(traj.t)):
+            bank.step(np.array([readings[k]]), None, steps[k])
+        return bank.log_likelihood
+
+    grid = [1e-9, 1e-3, 3e-3, 1e-2]
+    plain, with_grid = likelihoods(y, None)[0], likelihoods(y, grid)
+    assert with_grid[0] == pytest.approx(plain, rel=1e-9, abs=1e-6)
+    assert np.all(np.diff(with_grid) < 0)
+    assert int(np.argmax(likelihoods(deflected, grid))) == 2
+
+    rec = tl.Recording(traj.t, deflected[:, None], ["crank"], [c])
+    initial = {**tl.initial_values(crank_mech, {"effort_density": TRUE_DENSITY}, {"crank": SIGMA}),
+               "deflection_sigma": 1e-3, "deflection_time_constant": DEFLECTION_T}
+    result = tl.fit(crank_mech, rec, "estimation", initial, ["deflection_sigma"], max_steps=800)
+    fitted = result.fitted[0]
+    assert abs(result.sigmas["deflection_sigma"] / DEFLECTION_SIGMA - 1.0) < 0.3, fitted.describe()
+    assert abs(math.log10(result.sigmas["deflection_sigma"] / DEFLECTION_SIGMA)) < 3 * fitted.log10_std + 0.05
+    kept = tl.file_values(result, initial["acceleration_density"])
+    assert kept["deflection_sigma"] == result.sigmas["deflection_sigma"]
+    assert kept["deflection_time_constant"] == DEFLECTION_T
+    with pytest.raises(tl.TuningError, match="deflection needs the filter bank"):
+        tl.single_log_likelihood(crank_mech, rec, "estimation", initial)
+
+
+def test_mbfg_tune_fits_the_deflection_where_the_estimator_would(tmp_path):
+    """`mbfg tune` in estimation mode on a geared mechanism (the DFKI double pendulum, 4 s of a real recording)
+    fits the encoders' deflection by default and writes it; `--no-fit-deflection` and fused mode leave it out."""
+    import gzip
+    import subprocess
+    import sys
+    from pathlib import Path
+    from conftest import PACKAGE_PATH
+    root = Path(__file__).resolve().parents[1]
+    source = root / "bench" / "data" / "dfki_double_pendulum" / "design_A.0__20220815__sys_id__trajectory_01.csv.gz"
+    with gzip.open(source, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",", skiprows=1)
+    rows = rows[rows[:, 0] <= 4.0]
+    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
+    np.savetxt(obs, rows[:, :3], delimiter=",", header="t,q1,q2", comments="")
+    np.savetxt(cmd, rows[:, [0, 3, 4]], delimiter=",", header="t,q1,q2", comments="")
+    mech = root / "mechanisms" / "double_pendulum_a0.yaml"
+
+    def tune(*extra):
+        out = tmp_path / f"params{len(list(tmp_path.iterdir()))}.yaml"
+        p = subprocess.run([sys.executable, "-m", "mbfg_ros.cli", "tune", str(mech), "--observations", str(obs),
+                            "--max-steps", "700", "-o", str(out), *extra], capture_output=True, text=True,
+                           timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE_PATH)})
+        assert p.returncode == 0, p.stderr
+        return out.read_text(), p.stdout
+
+    text, stdout = tune("--mode", "estimation")
+    assert "deflection_sigma" in stdout and "deflection_sigma:" in text and "deflection_time_constant:" in text
+    text, _ = tune("--mode", "estimation", "--no-fit-deflection")
+    assert "deflection" not in text
+    text, stdout = tune("--mode", "fused", "--torques", str(cmd))
+    assert "deflection" not in text + stdout

@@ -145,6 +145,28 @@ def test_the_track_monitor_counts_far_readings_in_units_of_sigma_and_of_the_scal
     assert TrackMonitor(crank, config, precise).encoders[0][4] == LOST_TRACK_SCALE
 
 
+def test_the_track_monitor_compares_a_deflected_reading_with_its_coordinate_plus_its_deflection(crank):
+    """An encoder read through a deflection (estimation/deflection.py) is far when its reading is far from the
+    coordinate plus the deflection, not from the coordinate alone."""
+    from mbfg_ros.estimation.deflection import EncoderDeflection
+    config = EstimatorConfig(mode="estimation", max_rejections=1, lost_track_sigmas=30.0)
+    sensors = Sensors(crank, config, {}, EncoderDeflection(["crank"], {"deflection_sigma": 1e-3,
+                                                                      "deflection_time_constant": 0.05}))
+    start = crank.n + 2                  # the deflection block's column in a state laid out past q
+    monitor = TrackMonitor(crank, config, sensors, deflection_start=start)
+    c = crank.coordinate_index("crank")
+    x = np.zeros(crank.n + 3)
+    threshold = max(30.0 * 1e-3, LOST_TRACK_SCALE)
+    x[start] = 2.0 * threshold           # the reading is the coordinate plus this deflection: followed
+    for _ in range(5):
+        monitor.check({"crank": 2.0 * threshold}, x)
+    x[start] = 0.0                       # the same reading without it: far
+    monitor.check({"crank": 2.0 * threshold}, x)
+    with pytest.raises(ReadingsDisagree, match=r"deflected_encoder\(crank\)"):
+        monitor.check({"crank": 2.0 * threshold}, x)
+    assert x[c] == 0.0
+
+
 def test_a_reading_jump_re_initializes_from_the_readings_counted_as_lost_track(crank, driven):
     """The crank's encoder slips by 0.3 rad for good at 1 s (300 σ: every reading refused by the gate): after
     max_rejections refusals the estimator re-initializes from the readings, once, says so in the status and the

@@ -655,7 +655,15 @@ def cmd_tune(args) -> int:
         given = {n: getattr(args, n) for n in DENSITY_OPTIONS if getattr(args, n) is not None}
         encoders = tl.encoder_layout(mech)[0]
         initial = tl.initial_values(mech, given, _sensor_sigma_options(args.sensor_sigma, encoders, "an encoder"))
-        names = tl.parameter_names(mech, args.mode, args.fit_sensor_sigmas, args.fit_acceleration_density)
+        fit_deflection = args.fit_deflection
+        if fit_deflection is None:        # as the estimator's online fit: estimation mode, geared encoders
+            from mbfg_ros.estimation.deflection import geared_encoders
+            fit_deflection = args.mode == "estimation" and bool(geared_encoders(mech))
+        if fit_deflection and not initial["deflection_sigma"] > 0:
+            from mbfg_ros.estimation.density_adaptation import DEFLECTION_REFERENCE
+            initial["deflection_sigma"] = DEFLECTION_REFERENCE
+        names = tl.parameter_names(mech, args.mode, args.fit_sensor_sigmas, args.fit_acceleration_density,
+                                   fit_deflection)
         bar = Progress(tl.evaluations_budget(len(names)), "tune")
         result = tl.fit(mech, rec, args.mode, initial, names, max_steps=args.max_steps, progress=bar.update)
         bar.close()
@@ -884,6 +892,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fit-sensor-sigmas", action="store_true", help="also fit the encoders' σ")
     s.add_argument("--fit-acceleration-density", action="store_true",
                    help="also fit the acceleration density (else held at its default or the given value)")
+    s.add_argument("--fit-deflection", action=argparse.BooleanOptionalAction, default=None,
+                   help="also fit the encoders' deflection σ (its time constant held; default: in estimation mode "
+                        "where an encoder reads a geared actuator, as the estimator's online fit)")
     for name in DENSITY_OPTIONS:
         opt = "--" + name.replace("_", "-")
         s.add_argument(opt, type=_positive(opt), metavar="S",

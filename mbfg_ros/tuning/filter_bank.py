@@ -14,6 +14,9 @@ means with its stages' poses and z̈ (`reduced_rk4`, the kernel's constrained dy
 (docs/decisions.md).  numpy takes the rows the kernel cannot solve (a singular augmented system: the null-space
 solver of `dynamics_many`).
 
+With `deflection_sigma` the filters carry the encoders' deflection (estimation/deflection.py) too, which the single
+`ReducedEKF` does not: a vanishing σ_b gives the likelihood without it (test_deflection.py).
+
 The log-likelihoods agree with `ReducedEKF`'s to rounding (test_tuning_speed.py checks it on the four-bar and
 the double pendulum, in both modes, with missing readings, and the Kalman step against a numpy reference); a filter that
 fails (no assembly of its z, a non-finite number) gets −inf, as `likelihood.log_likelihood` gives for a single
@@ -163,7 +166,8 @@ class ReducedEKFBank:
 
     def __init__(self, mech: Mechanism, z: Sequence[int], encoder_sigma, effort_density, fused: bool = False,
                  acceleration_density=0.0, time_constant=math.inf, effort_sigma0: float = 100.0,
-                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1):
+                 effort_rate_sigma0: float = 100.0, rate_sigma0: float = 0.1, deflection_sigma=None,
+                 deflection_time_constant: float = 0.05):
         self.model = ReducedModelBank(mech, z)
         self.mech, self.fused = mech, bool(fused)
         self.d = d = self.model.z.size
@@ -192,6 +196,24 @@ class ReducedEKFBank:
         self.failed = np.zeros(K, bool)
         self.log_likelihood = np.zeros(K)
         self._command = np.zeros((K, na))
+        # the encoders' deflection (estimation/deflection.py): a Gauss–Markov b per encoder that the readings add
+        # to z.  The motion's state x stays in z (the kernel's layout); the covariance is kept over
+        # x' = (m, ż, e, ė, b) with m = z + b the readings' own coordinate, so the Kalman step reads its first d
+        # entries as before: A' = T A T⁻¹ and W' = T W Tᵀ for T: (z, …, b) ↦ (z + b, …, b)
+        self.deflection = deflection_sigma is not None
+        if self.deflection:
+            sb = np.broadcast_to(np.asarray(deflection_sigma, float), (K,)).copy()
+            if not (np.all(sb >= 0) and deflection_time_constant > 0):
+                raise ValueError("ReducedEKFBank: the deflection's σ must be ≥ 0 and its time constant > 0")
+            self.deflection_time_constant = float(deflection_time_constant)
+            n1 = nx + d
+            self.T = np.eye(n1)
+            self.T[:d, nx:] = np.eye(d)
+            self.T_inv = np.eye(n1)
+            self.T_inv[:d, nx:] = -np.eye(d)
+            self.deflection_noise = (2.0 * sb * sb / self.deflection_time_constant)[:, None] * np.ones(d)
+            self.deflection_var = (sb * sb)[:, None] * np.ones(d)
+            self.b: Optional[np.ndarray] = None
 
     # -- the model ---------------------------------------------------------------------------------------
     def _efforts(self, x, command):
@@ -257,6 +279,13 @@ class ReducedEKFBank:
         self.x[:, :d] = y
         self.P = np.broadcast_to(self.P0, (K, self.nx, self.nx)).copy()
         self.P[:, :d, :d] = self.R
+        if self.deflection:
+            # over x' (the readings' coordinate m known to R, the deflection to its stationary σ)
+            nx, P = self.nx, self.P
+            self.P = np.zeros((K, nx + d, nx + d))
+            self.P[:, :nx, :nx] = P
+            self.P[:, np.arange(nx, nx + d), np.arange(nx, nx + d)] = self.deflection_var
+            self.b = np.zeros((K, d))
         pose = np.asarray(ReducedModel(self.mech, self.model.z).positions(y), float)
         self.pose = np.broadcast_to(pose, (K, pose.size)).copy()
         self.pose_jacobian = np.broadcast_to(self.mech.constraints.jacobian(pose), (K, self.mech.m, pose.size)).copy()
@@ -280,13 +309,39 @@ class ReducedEKFBank:
                                                * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
         self.x = self._rk4(f, float(dt))
         # the covariance prediction and the readings' update of every filter, in C
-        native.module().kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
-                                    np.ascontiguousarray(y), self.R, self.log_likelihood)
+        if self.deflection:
+            self._deflected_kalman_step(A, float(dt), y)
+        else:
+            native.module().kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
+                                        np.ascontiguousarray(y), self.R, self.log_likelihood)
         self._command = np.array(command)
         q, J, R = self._solve(self.x[:, :d])
         keep = ~self.failed
         self.pose[keep], self.pose_jacobian[keep], self.basis[keep] = q[keep], J[keep], R[keep]
         self._quarantine()
+
+    def _deflected_kalman_step(self, A, h: float, y):
+        """The Kalman step over x' (see `__init__`): the motion's A and noise extended by the deflection's
+        −1/T_b and its noise, moved to x' by T; the motion's predicted mean (z) and the deflection's (b e^{−h/T_b})
+        as m = z + b; after the update z = m − b again."""
+        d, nx, K = self.d, self.nx, self.K
+        n1 = nx + d
+        A1 = np.zeros((K, n1, n1))
+        A1[:, :nx, :nx] = A
+        A1[:, np.arange(nx, n1), np.arange(nx, n1)] = -1.0 / self.deflection_time_constant
+        W1 = np.zeros((K, n1, n1))
+        W1[:, :nx, :nx] = self.noise
+        W1[:, np.arange(nx, n1), np.arange(nx, n1)] = self.deflection_noise
+        A1 = self.T @ A1 @ self.T_inv
+        W1 = self.T @ W1 @ self.T.T
+        b = self.b * math.exp(-h / self.deflection_time_constant)
+        x1 = np.concatenate((self.x, b), axis=1)
+        x1[:, :d] += b
+        native.module().kalman_step(np.ascontiguousarray(A1), np.ascontiguousarray(W1), h, DISCRETIZATION_ORDER,
+                                    self.P, x1, np.ascontiguousarray(y), self.R, self.log_likelihood)
+        self.b = x1[:, nx:].copy()
+        self.x = x1[:, :nx].copy()
+        self.x[:, :d] -= self.b
 
     def _rk4(self, k1, h):
         """Every filter's mean after one Runge–Kutta step over h (`rk4_step`, the previous command held; k1: the
@@ -316,7 +371,10 @@ class ReducedEKFBank:
         if good.size:
             g = good[0]
             self.x[bad], self.P[bad] = self.x[g], self.P[g]
+            if self.deflection:
+                self.b[bad] = self.b[g]
             self.pose[bad], self.pose_jacobian[bad], self.basis[bad] = self.pose[g], self.pose_jacobian[g], self.basis[g]
         else:
             self.x[bad] = np.where(np.isfinite(self.x[bad]), self.x[bad], 0.0)
-            self.P[bad] = self.P0
+            self.P[bad] = 0.0
+            self.P[np.ix_(np.nonzero(bad)[0], np.arange(self.nx), np.arange(self.nx))] = self.P0

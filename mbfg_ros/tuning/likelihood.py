@@ -207,19 +207,28 @@ def file_values(result: "TuningResult", default_acceleration_density: float) -> 
             out[k] = float(default_acceleration_density) if undetermined else v
         elif k == density_name(result.mode) or (k == "disturbance_time_constant" and k in fitted and v < 1e15):
             out[k] = v
+        elif k == "deflection_sigma" and k in fitted:
+            f = fitted[k]
+            # none where the recording does not determine it (a flat log-likelihood down to the search's bound)
+            if not (f.at_bound or not math.isfinite(f.log10_std) or f.log10_std > 3.0):
+                out[k] = v
+                out["deflection_time_constant"] = result.sigmas["deflection_time_constant"]
     return out
 
 
-def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acceleration_density: bool):
+def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acceleration_density: bool,
+                    fit_deflection: bool = False):
     """What `mbfg tune` fits: the effort density (estimation), or the disturbance's density and time constant
     (fused: together they are its prior, stationary σ √(S T³/4); on the four-bar with a mismatched actuator the
-    likelihood peaks near T = 0.3 s, and so does the error), optionally the acceleration density and the
-    encoders' σ."""
+    likelihood peaks near T = 0.3 s, and so does the error), optionally the acceleration density, the encoders'
+    deflection σ (estimation/deflection.py; its time constant held) and the encoders' σ."""
     names = [density_name(mode)]
     if mode == "fused":
         names.append("disturbance_time_constant")
     if fit_acceleration_density:
         names.append("acceleration_density")
+    if fit_deflection:
+        names.append("deflection_sigma")
     if fit_sensor_sigmas:
         names += [f"sensor_sigmas.{n}" for n in encoder_layout(mech)[0]]
     return names
@@ -242,10 +251,14 @@ def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequ
     steps = np.diff(rec.t, prepend=rec.t[0])
     try:
         with np.errstate(all="ignore"):       # a failing filter's numbers are flagged by the bank, not raised
+            deflected = any(v.get("deflection_sigma", 0.0) > 0.0 for v in candidates)
             bank = ReducedEKFBank(mech, rec.coordinates, sigma, [v[density_name(mode)] for v in candidates],
                                   fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
                                   time_constant=[v["disturbance_time_constant"] if fused else math.inf
-                                                 for v in candidates])
+                                                 for v in candidates],
+                                  deflection_sigma=[v.get("deflection_sigma", 0.0) for v in candidates]
+                                  if deflected else None,
+                                  deflection_time_constant=candidates[0].get("deflection_time_constant", 0.05))
             settled = np.zeros(len(candidates))
             settle = settling_steps(len(rec.t))
             for k in range(len(rec.t)):
@@ -266,7 +279,11 @@ def log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str,
 
 def single_log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Dict[str, float]) -> float:
     """The same likelihood by one `ReducedEKF` (the reference the bank is checked against, and the fallback for
-    constraints the bank cannot evaluate in batches)."""
+    constraints the bank cannot evaluate in batches; without the encoders' deflection, which only the bank
+    models)."""
+    if values.get("deflection_sigma", 0.0) > 0.0:
+        raise TuningError("fitting the encoders' deflection needs the filter bank, which this mechanism's "
+                          "constraints are beyond")
     sigma = [values[f"sensor_sigmas.{n}"] for n in rec.encoders]
     ekf = ReducedEKF(mech, rec.coordinates, rec.dt, sigma, values[density_name(mode)], fused=mode == "fused",
                      acceleration_density=values["acceleration_density"],
@@ -502,7 +519,7 @@ def initial_values(mech: Mechanism, sigmas: Optional[Dict[str, float]] = None,
     d = default_sigmas(mech.spec)
     d.update(sigmas or {})
     out = {k: float(d[k]) for k in ("acceleration_density", "effort_density", "disturbance_density",
-                                    "disturbance_time_constant")}
+                                    "disturbance_time_constant", "deflection_sigma", "deflection_time_constant")}
     names, _, sig = encoder_layout(mech)
     ss = dict(sensor_sigmas or {})
     for n, s in zip(names, sig):

@@ -44,7 +44,9 @@ def format_params(mode: str, sigmas: Dict[str, float], sensor_sigmas: Dict[str, 
     descriptions = {"acceleration_density": "unmodelled accelerations [rad²/s³ on angles, m²/s³ on points]",
                     "effort_density": "estimation: unknown efforts' second derivative [(N·m)²/s³ or N²/s³]",
                     "disturbance_density": "fused: disturbance's second derivative [(N·m)²/s³ or N²/s³]",
-                    "disturbance_time_constant": "fused: the disturbance's prior returns to 0 over this [s]"}
+                    "disturbance_time_constant": "fused: the disturbance's prior returns to 0 over this [s]",
+                    "deflection_sigma": "the encoders' deflection behind a gear, stationary σ [rad, m]",
+                    "deflection_time_constant": "the encoders' deflection's time constant [s]"}
     lines = [f"# {h}".rstrip() for h in header]
     lines += [f"/**/{NODE_NAME}:", "  ros__parameters:"]
     if mechanism:
