@@ -132,8 +132,8 @@ def run_tune(repo: Path, mech: Path, obs: Path, cmd: Path, mode: str, params: Pa
     fitted = {}
     for line in proc.stdout.splitlines():
         m = re.match(r"\s+(\S+)\s+(\S+) (.*)$", line)
-        if m and (m.group(1).endswith("density") or m.group(1).startswith("sensor_sigmas")
-                  or m.group(1).endswith("time_constant")):
+        if m and (m.group(1).endswith(("density", "time_constant", "deflection_sigma"))
+                  or m.group(1).startswith("sensor_sigmas")):
             fitted[m.group(1)] = {"value": float(m.group(2)), "describe": m.group(3)}
     ll = re.search(r"log-likelihood (\S+), (\d+) evaluations", proc.stdout)
     return {"wall": wall, "cpu": cpu, "load": load, "log_likelihood": float(ll.group(1)), "evaluations": int(ll.group(2)),
