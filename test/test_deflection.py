@@ -234,3 +234,15 @@ def test_mbfg_tune_fits_the_deflection_where_the_estimator_would(tmp_path):
     assert "deflection" not in text
     text, stdout = tune("--mode", "fused", "--torques", str(cmd))
     assert "deflection" not in text + stdout
+
+
+def test_a_tuned_file_keeps_the_given_encoder_sigma_where_the_fit_below_it_is_undetermined():
+    """With the deflection fitted beside it an encoder's white σ can be barely determined: the file then keeps the
+    given σ (the resolution's) rather than one below it; a determined fit, or one above the given σ, is kept."""
+    from mbfg_ros.tuning import likelihood as tl
+    fitted = [tl.FittedValue("sensor_sigmas.a", 8e-6, 0.82), tl.FittedValue("sensor_sigmas.b", 1e-5, 0.03),
+              tl.FittedValue("sensor_sigmas.c", 2e-4, 0.9), tl.FittedValue("sensor_sigmas.d", 1e-6, 0.1, True)]
+    result = tl.TuningResult("estimation", fitted, {}, {"a": 8e-6, "b": 1e-5, "c": 2e-4, "d": 1e-6}, 0.0, 0, 0,
+                             0.0, 1)
+    given = {"a": 5.5e-5, "b": 5.5e-5, "c": 5.5e-5, "d": 5.5e-5}
+    assert tl.file_sensor_sigmas(result, given) == {"a": 5.5e-5, "b": 1e-5, "c": 2e-4, "d": 5.5e-5}

@@ -681,8 +681,14 @@ def cmd_tune(args) -> int:
     held = [k for k in list(kept) + [f"sensor_sigmas.{n}" for n in result.sensor_sigmas] if k not in names]
     if held:
         header.append(f"held at their given/default values: {', '.join(held)}")
+    given = {n: initial[f"sensor_sigmas.{n}"] for n in result.sensor_sigmas}
+    sensor_sigmas = tl.file_sensor_sigmas(result, given)
+    kept_given = [n for n in sensor_sigmas if sensor_sigmas[n] != result.sensor_sigmas[n]]
+    if kept_given:
+        header.append(f"written at their given value, the fit below it undetermined: "
+                      f"{', '.join(f'sensor_sigmas.{n}' for n in kept_given)}")
     # fitted densities are used as fitted (the estimator's online fit would start from them and move)
-    text = format_params(args.mode, kept, result.sensor_sigmas, header, adapt_densities=False)
+    text = format_params(args.mode, kept, sensor_sigmas, header, adapt_densities=False)
     try:
         with open(args.output, "w") as f:
             f.write(text)

@@ -216,6 +216,26 @@ def file_values(result: "TuningResult", default_acceleration_density: float) -> 
     return out
 
 
+#: a fitted encoder σ below the given one is kept only where the recording determines it to this (1σ of log10)
+SENSOR_SIGMA_DETERMINED = 0.5
+
+
+def file_sensor_sigmas(result: "TuningResult", given: Dict[str, float]) -> Dict[str, float]:
+    """The encoders' σ a parameter file gets: the fitted ones, but the given σ (the mechanism file's, typically
+    the resolution's) where the fit went below it without the recording determining it (1σ over
+    `SENSOR_SIGMA_DETERMINED` decades, or at the search's bound): with the encoders' deflection fitted beside it,
+    the white σ of motor encoders is barely determined (the DFKI shoulder's 8e-6 rad ×/÷ 6.6 against a
+    quantization of 5.5e-5), and a file must not make the estimator trust its readings below their resolution."""
+    fitted = {f.name: f for f in result.fitted}
+    out = {}
+    for name, value in result.sensor_sigmas.items():
+        f = fitted.get(f"sensor_sigmas.{name}")
+        undetermined = f is not None and (f.at_bound or not math.isfinite(f.log10_std)
+                                          or f.log10_std > SENSOR_SIGMA_DETERMINED)
+        out[name] = float(given[name]) if undetermined and name in given and value < given[name] else value
+    return out
+
+
 def parameter_names(mech: Mechanism, mode: str, fit_sensor_sigmas: bool, fit_acceleration_density: bool,
                     fit_deflection: bool = False):
     """What `mbfg tune` fits: the effort density (estimation), or the disturbance's density and time constant
