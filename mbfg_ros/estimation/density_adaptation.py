@@ -555,8 +555,10 @@ class DensityAdaptation:
                 math.log10(self.deflection_grid[m]) + DEFLECTION_STEP * _vertex_offset(score[i, j, l, 1:], m - 1)))
         w = _log10_or_none(self.deflection_sigma)
         px, py, pz, pw = self.passed_log10
-        if abs(x - px) >= CHANGE or abs(y - py) >= CHANGE or (self.fit_time_constant and abs(z - pz) >= CHANGE) \
-                or (w is None) != (pw is None) or (w is not None and abs(w - pw) >= CHANGE):
+        # (only the axes this bank fits: a value set from outside, `set_fixed`, is not news to pass back)
+        if (len(self.grid) > 1 and abs(x - px) >= CHANGE) or (len(self.acceleration_grid) > 1 and abs(y - py) >= CHANGE) \
+                or (self.fit_time_constant and abs(z - pz) >= CHANGE) \
+                or (self.fit_deflection and ((w is None) != (pw is None) or (w is not None and abs(w - pw) >= CHANGE))):
             self.passed_log10 = (x, y, z, w)
             self.changed = True
 
