@@ -2,7 +2,7 @@
 """Real-hardware bench: the estimator on recordings of the DFKI Underactuated Lab double pendulum.
 
     PYTHONPATH=. python bench/real_hardware.py [--recording NAME ...] [--seconds T] [--params PARAMS.yaml]
-                                               [--passive] [--data DIR] [--json OUT.json]
+                                               [--passive] [--without-deflection] [--data DIR] [--json OUT.json]
     PYTHONPATH=. python bench/real_hardware.py --make-excerpt SOURCE_DIR      # rebuild bench/data/ from the source
 
 Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every recording of the source set, cut to
@@ -384,6 +384,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  adapt_densities=settings.get("adapt_densities",
                                                                    config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
+                                 adapt_deflection=settings.get("adapt_deflection", config.adapt_deflection),
                                  actuator_efforts=kinds)
     est = FixedLagEstimator(mech, config)
     cols = [mech.coordinate_index(j) for j in JOINTS]
@@ -608,7 +609,7 @@ def identified_row(rec: Recording, truth: Truth, out: Output, params: Dict[str, 
 
 
 def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: Optional[Path] = None,
-                    passive: bool = False, identify: bool = False) -> dict:
+                    passive: bool = False, identify: bool = False, without_deflection: bool = False) -> dict:
     """Every estimator on one recording, scored (`tuning`: the recording the EKF is tuned on; `params_file`: a
     parameter file for two more rows, the estimator with its settings in both modes; `passive`: on a run with a
     passive joint (`PASSIVE_JOINT`), three more rows with its actuator declared passive or commanded)."""
@@ -629,6 +630,9 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
 
     timed("mbfg_ros estimation, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "estimation")))
     timed("mbfg_ros fused, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "fused")))
+    if without_deflection:      # the estimation defaults without the encoders' deflection (`adapt_deflection`)
+        timed("mbfg_ros estimation, no deflection",
+              lambda: score(rec, truth, run_mbfg(mech, rec, "estimation", {"adapt_deflection": False})))
     joint = PASSIVE_JOINT.get(rec.name) if passive else None
     if joint is not None:
         for mode, kind in (("estimation", "passive"), ("fused", "passive"), ("estimation", "commanded")):
@@ -764,6 +768,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--passive", action="store_true",
                     help="on the pendubot and acrobot runs, also the estimator with the passive joint's actuator "
                          "declared passive (estimation, fused) and commanded (estimation)")
+    ap.add_argument("--without-deflection", action="store_true",
+                    help="also estimation mode without the encoders' deflection (adapt_deflection false: the "
+                         "acceleration noise alone takes the gear's play)")
     ap.add_argument("--identify", action="store_true",
                     help="also fused mode on the mechanism without friction, with and without each joint's viscous "
                          "and Coulomb friction identified online (IDENTIFY), and a table of the identified values "
@@ -793,7 +800,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rec = load_recording(name, args.data).cut(args.seconds)
         tuning = load_recording(TUNING_RUN[name], args.data).cut(args.seconds)
         results.append(bench_recording(rec, tuning, log=lambda s: print(s, file=sys.stderr, flush=True),
-                                       params_file=args.params, passive=args.passive, identify=args.identify))
+                                       params_file=args.params, passive=args.passive, identify=args.identify,
+                                       without_deflection=args.without_deflection))
     print(f"Recordings ({os.uname().machine}, load {os.getloadavg()[0]:.1f}):\n")
     print(recordings_table(results))
     print("\nEstimates, scored from 0.5 s:\n")

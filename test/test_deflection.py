@@ -159,6 +159,22 @@ def test_an_encoder_behind_a_gear_gets_a_deflection_the_fit_sets(tmp_path):
         assert FixedLagEstimator(mech, config).deflection is None
     crank = load_mechanism("four_bar_crank")
     assert not geared_encoders(crank) and FixedLagEstimator(crank, EstimatorConfig(mode="estimation")).deflection is None
+    # adapt_deflection false: none on the geared encoders, unless a σ is set, then held; true with a σ set (any
+    # mechanism): fitted from there
+    assert FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation", adapt_deflection=False)).deflection is None
+    held = FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation", adapt_deflection=False,
+                                                   sigmas={"deflection_sigma": 2e-3}))
+    assert held.deflection is not None and held.deflection_fit is None and held.deflection.sigma == 2e-3
+    fitted = FixedLagEstimator(crank, EstimatorConfig(mode="estimation", sigmas={"deflection_sigma": 2e-3}))
+    assert fitted.deflection_fit is not None and fitted.deflection_fit.deflection_sigma == 2e-3
+    # the parameter file and `mbfg estimate` take it
+    from mbfg_ros.tuning.params_file import ParamsFileError, read_params
+    path = tmp_path / "p.yaml"
+    path.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    adapt_deflection: false\n")
+    assert read_params(path, mech)["adapt_deflection"] is False
+    path.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    adapt_deflection: 0\n")
+    with pytest.raises(ParamsFileError, match="adapt_deflection must be true or false"):
+        read_params(path, mech)
 
 
 def test_the_tuners_bank_models_the_deflection(crank_mech, motion):

@@ -454,6 +454,9 @@ def cmd_estimate(args) -> int:
     adapt_sigmas = args.adapt_sensor_sigmas
     if adapt_sigmas is None:
         adapt_sigmas = from_file.get("adapt_sensor_sigmas", EstimatorConfig.adapt_sensor_sigmas)
+    adapt_deflection = args.adapt_deflection
+    if adapt_deflection is None:
+        adapt_deflection = from_file.get("adapt_deflection", EstimatorConfig.adapt_deflection)
     kinds = _actuator_effort_options(args.actuator_effort, mech)
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
@@ -472,6 +475,7 @@ def cmd_estimate(args) -> int:
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
+                             adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
     try:
         from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -864,6 +868,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit each encoder's σ online from its readings' scatter, never below its stated σ "
                         "(--sensor-sigma, the --params file's or the mechanism file's) (default: on, unless the "
                         "--params file says adapt_sensor_sigmas: false)")
+    s.add_argument("--adapt-deflection", action=argparse.BooleanOptionalAction, default=None,
+                   help="estimation with --adapt-densities: a deflection state for each encoder on a geared actuator, "
+                        "its σ fitted online (default: on, unless the --params file says adapt_deflection: false)")
     s.add_argument("--std", action="store_true",
                    help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")

@@ -38,6 +38,10 @@ class EstimatorConfig:
                                            # starting from sigmas' values) by the innovation likelihood of the
                                            # encoders (one per degree of freedom; else they stay fixed):
                                            # estimation/density_adaptation.py
+    adapt_deflection: bool = True          # estimation mode with adapt_densities: a deflection state for each
+                                           # encoder on a geared actuator, its σ fitted online (and, where
+                                           # sigmas.deflection_sigma > 0 is set, the fit starts there); false: a
+                                           # deflection only where that σ is set, held: estimation/deflection.py
     adapt_sensor_sigmas: bool = True      # estimation and fused modes: fit each encoder's σ online from its
                                            # readings' scatter, never below the stated σ (sensor_sigmas or the
                                            # mechanism file's): estimation/sigma_adaptation.py

@@ -127,7 +127,8 @@ class FixedLagEstimator:
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
                                     overrides=c.actuator_efforts)
-        self.deflection = encoder_deflection(mech, c.mode, self.sigmas, fitted=self._fits_densities())
+        self.deflection = encoder_deflection(mech, c.mode, self.sigmas,
+                                             fitted=c.adapt_deflection and self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
         self.gate = InnovationGate(c)
         self.identification = identification(mech, c.identify, c.mode, c.formulation, c.integrator, self.efforts)
@@ -178,7 +179,7 @@ class FixedLagEstimator:
         bank's filters by the deflection's points).  It holds "none" until the readings reject it
         (`hold_start`)."""
         main = self.density_adaptation
-        if main is None or self.deflection is None:
+        if main is None or self.deflection is None or not self.config.adapt_deflection:
             return None
         c = self.config
         return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),

@@ -306,6 +306,12 @@ def declare_parameters(node) -> StartupParameters:
                     "one encoder per degree of freedom, else the densities stay fixed); false: they are used as "
                     "given",
         read_only=True)).value
+    adapt_deflection = d("adapt_deflection", bool(defaults.adapt_deflection), PD(
+        description="estimation mode with adapt_densities: give each encoder on a geared actuator (gear_ratio not "
+                    "±1) a deflection state, the gear's play between the motor's encoder and the link, and fit its "
+                    "sigma online (from sigmas.deflection_sigma where set > 0, else from none); false: a deflection "
+                    "only where sigmas.deflection_sigma > 0, held",
+        read_only=True)).value
     adapt_sensor_sigmas = d("adapt_sensor_sigmas", bool(defaults.adapt_sensor_sigmas), PD(
         description="estimation and fused modes: fit each encoder's sigma online from its readings' scatter about "
                     "a local cubic in time, never below sensor_sigmas.<encoder> (the floor); false: "
@@ -351,6 +357,7 @@ def declare_parameters(node) -> StartupParameters:
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
+                               adapt_deflection=bool(adapt_deflection),
                                compute_covariance=bool(publish_stddev),
                                adapt_densities=bool(adapt_densities), actuator_efforts=efforts,
                                identify=identify)

@@ -19,7 +19,7 @@ NODE_ONLY_KEYS = frozenset((
     "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "lost_track_sigmas", "use_sim_time"))
 #: the keys `mbfg estimate --params` applies
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_densities",
-                "adapt_sensor_sigmas")
+                "adapt_sensor_sigmas", "adapt_deflection")
 
 
 class ParamsFileError(ValueError):
@@ -119,7 +119,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
-        elif name in ("adapt_densities", "adapt_sensor_sigmas"):
+        elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
             out[name] = value
