@@ -16,8 +16,8 @@ fitted online (``adapt_densities``, the default), on every mechanism with an enc
 block, no extra work.
 
 Why (bench/encoder_deflection.py, the DFKI double pendulum, gear ratio 6, motor-side encoders): the readings'
-innovation likelihood prefers this deflection to white acceleration noise alone by 35–350 nats over 5 s on every
-run, and without acceleration noise the shoulder torque's lag below 5 Hz falls from 94–104 ms to 6–16 ms.
+innovation likelihood prefers this deflection to white acceleration noise alone by 25–220 nats over 5 s on every
+run, and the shoulder torque's lag below 5 Hz falls from 98–110 ms to 0–32 ms (docs/decisions.md).
 """
 
 from __future__ import annotations

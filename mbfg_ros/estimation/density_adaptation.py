@@ -263,10 +263,8 @@ class DensityAdaptation:
                       len(self.deflection_grid))
         self.K = int(np.prod(self.shape))
         E, A_, T_, B_ = self.shape
-        self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_)
-        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_), E)
         self._time_index = np.tile(np.repeat(np.arange(T_), B_), E * A_)
-        self._deflection_of_filter = np.tile(self.deflection_grid, E * A_ * T_)
+        self._spread_over_filters()
         prior_t = (((self.log10_time_constant_grid - self.log10_time_constant_start) / PRIOR_DECADES) ** 2
                    if self.fit_time_constant else np.zeros(1))
         # (no prior on the deflection: the readings alone say whether there is one)
@@ -565,7 +563,8 @@ class DensityAdaptation:
     def set_fixed(self, density: Optional[float] = None, acceleration_density: Optional[float] = None,
                   time_constant: Optional[float] = None, deflection_sigma: Optional[float] = None):
         """New values of the axes this bank does not fit (one grid point each: the other bank's estimates,
-        `DeflectionFit`); the filters keep their state and evidence, their noise follows from the next step."""
+        `FixedLagEstimator._deflection_fit`); the filters keep their state and evidence, their noise follows from
+        the next step."""
         for value, fitted, name in ((density, len(self.grid) > 1, "grid"),
                                     (acceleration_density, len(self.acceleration_grid) > 1, "acceleration_grid"),
                                     (time_constant, self.fit_time_constant, "time_constant_grid"),
@@ -583,11 +582,16 @@ class DensityAdaptation:
             self.time_constant = float(time_constant)
         if deflection_sigma is not None and not self.fit_deflection:
             self.deflection_sigma = float(deflection_sigma)
+        self._spread_over_filters()
+        self._H = None
+
+    def _spread_over_filters(self):
+        """Each filter's effort density, acceleration density and deflection σ from the grid's axes (filter k =
+        ((i Kₐ + j) K_T + l) K_b + m)."""
         E, A_, T_, B_ = self.shape
         self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_)
         self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_), E)
         self._deflection_of_filter = np.tile(self.deflection_grid, E * A_ * T_)
-        self._H = None
 
 
 def _log10_or_none(x: float) -> Optional[float]:

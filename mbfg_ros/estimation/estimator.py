@@ -159,9 +159,9 @@ class FixedLagEstimator:
         with acceleration_density) with `adapt_densities`, when the mechanism has one encoder per degree of
         freedom; else None (the densities stay as configured)."""
         c = self.config
-        layout = encoded_coordinates(self.mech)
         if not self._fits_densities():
             return None
+        layout = encoded_coordinates(self.mech)
         fused = c.mode == "fused"
         T = self.sigmas["disturbance_time_constant"] if fused else math.inf
         Tv = math.inf if fused else self.sigmas["effort_rate_time_constant"]

@@ -2074,6 +2074,26 @@ static const UnitKind unit_kinds[] = {
 };
 #define N_UNIT_KINDS ((int)(sizeof(unit_kinds) / sizeof(unit_kinds[0])))
 
+/* what is wrong with np_ identified parameters of a mechanism of n coordinates (per parameter its kind, coordinate
+ * and actuator in par, its θ₀, v_s, v_d in doubles, then per payload 2 + 2n more: ndoubles in all), or NULL */
+static const char *
+identified_parameters_problem(int n, int np_, const int *par, const double *doubles, Py_ssize_t ndoubles)
+{
+    Py_ssize_t payloads = 0;
+    for (int j = 0; j < np_; j++) {
+        const int *p = par + 3 * j;
+        if (p[0] < 0 || p[0] >= N_PARAMETER_KINDS || p[1] < 0 || p[1] >= n || p[2] < 0)
+            return "a parameter's kind, coordinate or actuator is out of range";
+        payloads += p[0] == PARAMETER_PAYLOAD_MASS;
+    }
+    if (ndoubles != 3 * np_ + payloads * (2 + 2 * n))
+        return "it needs 3 doubles per parameter and 2 + 2n more per payload";
+    for (int j = 0; j < np_; j++)
+        if (par[3 * j] == PARAMETER_COULOMB_FRICTION && !(doubles[3 * j + 1] > 0.0 && doubles[3 * j + 2] >= 0.0))
+            return "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
+    return NULL;
+}
+
 /* identified_dynamics' integers: na = the tau slot's width, na coordinates, per parameter a kind (ParameterCode), a
  * coordinate and an actuator (≥ 0); slots q, v, a n wide */
 static int
@@ -2089,19 +2109,8 @@ identified_check(const Unit *u, int n)
     for (int t = 0; t < na && !bad; t++)
         if (u->ints[1 + t] < 0 || u->ints[1 + t] >= n)
             bad = "an actuated coordinate is out of range";
-    int payloads = 0;
-    for (int j = 0; j < u->width[4] && !bad; j++) {
-        const int *p = u->ints + 1 + na + 3 * j;
-        if (p[0] < 0 || p[0] >= N_PARAMETER_KINDS || p[1] < 0 || p[1] >= n || p[2] < 0)
-            bad = "a parameter's kind, coordinate or actuator is out of range";
-        payloads += p[0] == PARAMETER_PAYLOAD_MASS;
-    }
-    if (!bad && u->ndoubles != 3 * u->width[4] + payloads * (2 + 2 * n))
-        bad = "it needs 3 doubles per parameter and 2 + 2n more per payload";
-    for (int j = 0; j < u->width[4] && !bad; j++)
-        if (u->ints[1 + na + 3 * j] == PARAMETER_COULOMB_FRICTION &&
-            !(u->doubles[3 * j + 1] > 0.0 && u->doubles[3 * j + 2] >= 0.0))
-            bad = "a Coulomb friction's rates must be v_s > 0, v_d >= 0";
+    if (!bad)
+        bad = identified_parameters_problem(n, u->width[4], u->ints + 1 + na, u->doubles, u->ndoubles);
     if (bad) {
         PyErr_Format(PyExc_ValueError, "StepKernel: an identified_dynamics unit: %s", bad);
         return -1;
@@ -2992,20 +3001,12 @@ py_identified_forces(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                                           "as many values as the mechanism has coordinates");
         goto done;
     }
-    Py_ssize_t npay = 0;
-    for (int j = 0; j < np_; j++) {
-        int kind = par[3 * j], col = par[3 * j + 1], act = par[3 * j + 2];
-        if (kind < 0 || kind >= N_PARAMETER_KINDS || col < 0 || col >= n ||
-            (kind == PARAMETER_GAIN && (act < 0 || act >= nu))) {
-            PyErr_Format(PyExc_ValueError, "identified_forces: parameter %d: kind, coordinate or actuator out of "
-                         "range", j);
-            goto done;
-        }
-        npay += kind == PARAMETER_PAYLOAD_MASS;
-    }
-    if (b[0].view.len / 8 != 3 * np_ + npay * (2 + 2 * n)) {
-        PyErr_SetString(PyExc_ValueError, "identified_forces: doubles must hold 3 values per parameter and 2 + 2n "
-                                          "per payload");
+    const char *bad = identified_parameters_problem((int)n, np_, par, p[0], b[0].view.len / 8);
+    for (int j = 0; j < np_ && !bad; j++)
+        if (par[3 * j] == PARAMETER_GAIN && par[3 * j + 2] >= nu)
+            bad = "a gain's actuator has no command";
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "identified_forces: %s", bad);
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++)
