@@ -169,3 +169,26 @@ def test_the_passive_rows_declare_the_passive_joint():
     for label in ("mbfg_ros estimation, q1 passive", "mbfg_ros fused, q1 passive"):
         assert rows[label]["effort"][0] == pytest.approx(rows["zero"]["effort"][0]) and rows[label]["lost"] == 0.0
     assert rows["mbfg_ros estimation, q1 commanded"]["effort"][0] == pytest.approx(rows["command"]["effort"][0])
+
+
+def test_lost_track_and_band_coverage_scoring():
+    """An estimate far from a reading that is itself far from the reference (stamped late) has not lost track; one
+    far from both has.  Coverage is counted at full band and ≤ 5 Hz with the same σ."""
+    N = 400
+    t = np.arange(N) * 0.002
+    motion = np.column_stack((np.sin(t), 0.5 * np.cos(t)))
+    readings = motion.copy()
+    readings[100, 0] += 0.05                       # a reading far off the motion
+    rec = rh.Recording("synthetic", "design_A.0", t, readings, np.zeros((N, 2)), np.zeros((N, 2)))
+    scored = np.ones(N, bool)
+    tau = np.zeros((N, 2))
+    truth = rh.Truth(scored, np.zeros((N, 2)), tau, tau, tau, tau, motion)
+    follows = rh.Output(motion.copy(), np.zeros((N, 2)), np.full((N, 2), 0.1), np.full((N, 2), 0.1))
+    assert rh.score(rec, truth, follows)["lost"] == 0.0
+    off = motion.copy()
+    off[200:210, 1] += 0.05                        # ten steps far from readings and reference alike
+    row = rh.score(rec, truth, rh.Output(off, np.zeros((N, 2)), np.full((N, 2), 0.1), np.full((N, 2), 0.1)))
+    assert row["lost"] == pytest.approx(10 / N)
+    assert row["coverage"] == [1.0, 1.0] and row["coverage_band"] == [1.0, 1.0]
+    row = rh.score(rec, truth, rh.Output(motion, np.zeros((N, 2)), np.full((N, 2), 0.1), np.full((N, 2), 0.01)))
+    assert row["coverage"] == [0.0, 0.0]           # errors of 0.1 against a 1σ of 0.01
