@@ -50,6 +50,10 @@ Anchors on the same readings:
   the one of a decade grid, refined by half decades, with the smallest effort RMSE (both joints, full band) on
   ANOTHER recording of the same design (`TUNING_RUN`), scored as above: the best this filter can do, never
   tuned on the scored run (the log also names the density the readings' innovation likelihood would choose);
+* the same EKF smoothed (Rauch–Tung–Striebel over the whole run, its density as tuned): each step's estimate given
+  every reading before and after it, which no causal estimator has; where it is no better than the command or
+  the EKF, that part of the reference is what no estimate consistent with the positions reaches (the measured
+  torque's own error);
 * causal Savitzky–Golay (cubic over the last 0.1 s, real time stamps) + inverse dynamics of the same model;
 * the command itself (tau_con, the controller's friction compensation included); zero.
 
@@ -429,8 +433,10 @@ class TextbookEKF:
     """EKF on `model` (DfkiModel: the mechanism file's) in joint coordinates, state x = (q, q̇, e): e a random walk
     of density `density` [(N·m)²/s], τ = e (estimation) or command + e (fused).  See the module docstring."""
 
-    def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool):
+    def __init__(self, model: DfkiModel, density: float, sigma: float, fused: bool, keep: bool = False):
         self.model, self.S, self.R, self.fused = model, float(density), sigma ** 2 * np.eye(2), fused
+        # with `keep`, per step (F, predicted x, predicted P, updated x, updated P): the smoother's pass
+        self.history: Optional[list] = [] if keep else None
         self.x: Optional[np.ndarray] = None
         self.P = np.diag([sigma ** 2, sigma ** 2, 1.0, 1.0, 1.0, 1.0])
         self.log_likelihood = 0.0
@@ -446,8 +452,11 @@ class TextbookEKF:
     def step(self, h: float, u, z) -> None:
         if self.x is None:
             self.x = np.concatenate([z, np.zeros(4)])
+            if self.history is not None:
+                self.history.append((np.eye(6), self.x, self.P, self.x, self.P))
             return
         x = self.x
+        F = np.eye(6)
         if h > 0:
             k1 = self.f(x, u)
             k2 = self.f(x + 0.5 * h * k1, u)
@@ -466,21 +475,26 @@ class TextbookEKF:
             AQ = A @ Qc
             Qd = Qc * h + (AQ + AQ.T) * (h * h / 2) + A @ Qc @ A.T * (h ** 3 / 3)
             self.P = F @ self.P @ F.T + Qd
+        x_pred, P_pred = x, self.P
         r = z - x[:2]
         S = self.P[:2, :2] + self.R
         K = np.linalg.solve(S, self.H @ self.P).T
         self.x = x + K @ r
         IKH = np.eye(6) - K @ self.H
         self.P = IKH @ self.P @ IKH.T + K @ self.R @ K.T
+        if self.history is not None:
+            self.history.append((F, x_pred, P_pred, self.x, self.P))
         self.log_likelihood += -0.5 * (r @ np.linalg.solve(S, r) + math.log(np.linalg.det(2 * math.pi * S)))
 
     def torques(self, u) -> np.ndarray:
         return self.x[4:6] + (u if self.fused else 0.0)
 
 
-def run_ekf(model: DfkiModel, rec: Recording, density: float, sigma: float, fused: bool) -> tuple:
-    """(Output, log-likelihood of the readings)."""
-    ekf = TextbookEKF(model, density, sigma, fused)
+def run_ekf(model: DfkiModel, rec: Recording, density: float, sigma: float, fused: bool,
+            smoothed: bool = False) -> tuple:
+    """(Output, log-likelihood of the readings); `smoothed`: the Rauch–Tung–Striebel pass over the whole run
+    instead (each step's estimate given every reading, before and after: not causal)."""
+    ekf = TextbookEKF(model, density, sigma, fused, keep=smoothed)
     N = len(rec.t)
     out = Output(*(np.full((N, 2), np.nan) for _ in range(4)))
     for k in range(N):
@@ -490,6 +504,17 @@ def run_ekf(model: DfkiModel, rec: Recording, density: float, sigma: float, fuse
         out.q[k], out.qd[k] = ekf.x[:2], ekf.x[2:4]
         out.tau[k] = ekf.torques(rec.tau_con[k])
         out.tau_std[k] = np.sqrt(np.diagonal(ekf.P)[4:6])
+    if smoothed:
+        # x̂ₖ|N = x̂ₖ|ₖ + Cₖ (x̂ₖ₊₁|N − x̂ₖ₊₁|ₖ), Pₖ|N = Pₖ|ₖ + Cₖ (Pₖ₊₁|N − Pₖ₊₁|ₖ) Cₖᵀ, Cₖ = Pₖ|ₖ Fₖ₊₁ᵀ Pₖ₊₁|ₖ⁻¹
+        x_s, P_s = ekf.history[-1][3], ekf.history[-1][4]
+        for k in range(N - 2, -1, -1):
+            F, x_pred, P_pred = ekf.history[k + 1][:3]
+            x, P = ekf.history[k][3:]
+            C = np.linalg.solve(P_pred, F @ P).T
+            x_s, P_s = x + C @ (x_s - x_pred), P + C @ (P_s - P_pred) @ C.T
+            out.q[k], out.qd[k] = x_s[:2], x_s[2:4]
+            out.tau[k] = x_s[4:6] + (rec.tau_con[k] if fused else 0.0)
+            out.tau_std[k] = np.sqrt(np.clip(np.diagonal(P_s)[4:6], 0.0, None))
     return out, ekf.log_likelihood
 
 
@@ -524,9 +549,10 @@ def ekf_density(tuning: Recording, sigma: float, fused: bool, log=lambda s: None
     return best
 
 
-def tuned_ekf(model: DfkiModel, rec: Recording, tuning: Recording, sigma: float, fused: bool, log=lambda s: None):
+def tuned_ekf(model: DfkiModel, rec: Recording, tuning: Recording, sigma: float, fused: bool, log=lambda s: None,
+              smoothed: bool = False):
     S = ekf_density(tuning, sigma, fused, log)
-    out, _ = run_ekf(model, rec, S, sigma, fused)
+    out, _ = run_ekf(model, rec, S, sigma, fused, smoothed)
     out.note = f"density {S:.3g} (N·m)²/s, tuned on {RECORDINGS[tuning.name][1]}"
     return out
 
@@ -660,6 +686,9 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
                   lambda: score(rec, truth, run_mbfg(mech, rec, mode, settings)))
     timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, False, log)))
     timed("EKF fused", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, True, log)))
+    for fused in (False, True):
+        timed(f"EKF {'fused' if fused else 'estimation'}, smoothed (not causal)",
+              lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, fused, log, smoothed=True)))
     timed("Savitzky–Golay + ID", lambda: score(rec, truth, run_savitzky_golay(model, rec)))
     nan2 = np.full((N, 2), np.nan)
     rows["command"] = score(rec, truth, Output(nan2, nan2, rec.tau_con, nan2), has_rate=False, has_angle=False)

@@ -139,7 +139,8 @@ def test_bench_runs_end_to_end_on_a_short_excerpt():
     result = rh.bench_recording(rec, tuning, log=lambda s: None)
     rows = result["rows"]
     assert set(rows) == {"mbfg_ros estimation, defaults", "mbfg_ros fused, defaults", "EKF estimation",
-                         "EKF fused", "Savitzky–Golay + ID", "command", "zero"}
+                         "EKF fused", "EKF estimation, smoothed (not causal)", "EKF fused, smoothed (not causal)",
+                         "Savitzky–Golay + ID", "command", "zero"}
     for label, row in rows.items():
         for key in ("rate", "effort", "effort_band", "coverage"):
             if row[key] is not None:
@@ -192,3 +193,19 @@ def test_lost_track_and_band_coverage_scoring():
     assert row["coverage"] == [1.0, 1.0] and row["coverage_band"] == [1.0, 1.0]
     row = rh.score(rec, truth, rh.Output(motion, np.zeros((N, 2)), np.full((N, 2), 0.1), np.full((N, 2), 0.01)))
     assert row["coverage"] == [0.0, 0.0]           # errors of 0.1 against a 1σ of 0.01
+
+
+def test_the_smoother_sees_the_whole_run():
+    """The Rauch–Tung–Striebel pass: its last step is the filter's, earlier steps differ (they have seen later
+    readings) and are no less certain; on readings of a smooth motion it follows the motion at least as well."""
+    rec = rh.load_recording("design_A.0__20220815__sys_id__trajectory_00").cut(1.0)
+    model = rh.DfkiModel(rh.dfki_parameters(rec.design))
+    sigma = rh.POSITION_STEP / math.sqrt(12)
+    filtered, _ = rh.run_ekf(model, rec, 1e-3, sigma, False)
+    smoothed, _ = rh.run_ekf(model, rec, 1e-3, sigma, False, smoothed=True)
+    assert np.allclose(smoothed.tau[-1], filtered.tau[-1]) and np.allclose(smoothed.q[-1], filtered.q[-1])
+    assert not np.allclose(smoothed.tau[:-1], filtered.tau[:-1])
+    assert np.all(smoothed.tau_std[10:] <= filtered.tau_std[10:] * (1 + 1e-9))
+    reference = rh.local_polynomial(rec.t, rec.q, rh.REFERENCE_HALF_WIDTH, order=3)[:, 1]
+    inner = slice(50, -50)
+    assert rh.rms((smoothed.qd - reference)[inner]).sum() <= rh.rms((filtered.qd - reference)[inner]).sum()
