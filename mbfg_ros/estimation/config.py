@@ -45,6 +45,9 @@ class EstimatorConfig:
     adapt_sensor_sigmas: bool = True      # estimation and fused modes: fit each encoder's σ online from its
                                            # readings' scatter, never below the stated σ (sensor_sigmas or the
                                            # mechanism file's): estimation/sigma_adaptation.py
+    smoothed_lag: int = 0                  # > 0: each estimate again once the window holds this many steps after
+                                           # it, smoothed by their readings (FixedLagEstimator.smoothed_estimates;
+                                           # < window)
     compute_covariance: bool = False       # the newest state's marginal: Estimate.covariance (q, q̇) and the 1σ
                                            # fields (one more marginal a step: off unless asked for)
     # fixed-lag estimator internals (mbfg_ros.estimation.estimator.FixedLagEstimator)
@@ -79,6 +82,9 @@ class EstimatorConfig:
             problems.append(f"check_interval must be an integer ≥ 1 (got {self.check_interval})")
         if int(self.window) != self.window or self.window < 1:
             problems.append(f"window must be an integer ≥ 1 (got {self.window})")
+        elif int(self.smoothed_lag) != self.smoothed_lag or not 0 <= self.smoothed_lag < self.window:
+            problems.append(f"smoothed_lag must be an integer from 0 to window − 1 = {int(self.window) - 1} (got "
+                            f"{self.smoothed_lag}): the window holds the steps it smooths")
         if not (self.lost_track_sigmas >= 0 and np.isfinite(self.lost_track_sigmas)):
             problems.append(f"lost_track_sigmas must be a finite number ≥ 0 (got {self.lost_track_sigmas})")
         if self.mode not in MODES:

@@ -75,8 +75,10 @@ class Estimates:
         return "{" + ", ".join(f"{n}: {int(m):+d}" for n, m in zip(self.mech.assembly_mode_names, mode)) + "}"
 
     def make(self, t: float, x: np.ndarray, efforts: np.ndarray, status: str, messages: list,
-             window: Optional[FixedLagWindow], k: int, step: int) -> Estimate:
-        """The estimate of state x (step k of `window`, id `step`); `messages` joined into its message."""
+             window: Optional[FixedLagWindow], k: int, step: int, newest: bool = True) -> Estimate:
+        """The estimate of state x (step k of `window`, id `step`); `messages` joined into its message.
+        `newest` false: an earlier step's smoothed estimate (`FixedLagEstimator.smoothed`), which neither
+        checks nor moves what the newest estimates are checked against (the assembly mode, the state's size)."""
         n = self._n
         qva = x[:3 * n].copy()                     # the layout starts with q, q̇, q̈
         q, v, a = qva[:n], qva[n:2 * n], qva[2 * n:]
@@ -89,17 +91,19 @@ class Estimates:
                 tau[i] += (theta[j] - 1.0) * known[i]
         Q = efforts_model.add_efforts(efforts_model.gravity, tau)
         # (a NaN or inf in q or q̇ is caught by the norm of x in `check` before the residual and speed are looked at)
-        residual, self._x_norm2, self._speed, indicators = self.ctx.state_summary(x)
+        residual, x_norm2, speed, indicators = self.ctx.state_summary(x)
         mode = self._mode_arrays.get(indicators)
         if mode is None:
             mode = self._mode_arrays[indicators] = np.array(indicators, dtype=int)
             mode.flags.writeable = False
-        if self.mode is not None and mode is not self.mode and mode.size and mode.tolist() != self.mode.tolist():
+        if newest:
+            self._x_norm2, self._speed = x_norm2, speed
+        if newest and self.mode is not None and mode is not self.mode and mode.size and mode.tolist() != self.mode.tolist():
             if self.requested is not None and not np.array_equal(mode, self.requested):
                 raise StepFailure(f"assembly mode left the requested {self.mode_text(self.requested)} "
                                   f"(now {self.mode_text(mode)})")
             messages.append(f"assembly mode changed from {self.mode_text(self.mode)} to {self.mode_text(mode)}")
-        if mode.size:
+        if newest and mode.size:
             self.mode = mode
         cov = std = efforts_std = disturbance_std = None
         if self._covariance and window is not None:
@@ -116,7 +120,7 @@ class Estimates:
                     disturbance_std = efforts_std.copy()
             except Exception as exc:      # covariance is a by-product: report, do not fail
                 messages.append(f"covariance unavailable ({exc})")
-        if k % COORDINATE_CHECK_INTERVAL == 0:
+        if newest and k % COORDINATE_CHECK_INTERVAL == 0:
             self._check_coordinates(q, messages)
         est = Estimate(t, q, v, a, Q, tau, mode, residual, 0.0, status, "; ".join(messages), cov, step,
                        efforts_model.disturbance(x_tau), std, efforts_std, disturbance_std)

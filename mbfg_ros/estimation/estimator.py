@@ -35,7 +35,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -223,11 +224,17 @@ class FixedLagEstimator:
                 # would otherwise lose up to PARAMETER_CHECKPOINT_STEPS steps of learning); a failing window's
                 # status is not "ok", and its learning stays dropped
                 ident.carry(self.stepper.window, self.stepper.k, self.layout)
+        if hasattr(self, "_pending_smoothed"):
+            self._drain_smoothed()
+        else:
+            self._pending_smoothed: Deque[Tuple[int, Estimate]] = deque()   # estimated, not yet smoothed
+            self._ready_smoothed: List[Estimate] = []
         self.stepper.reset()
         self.sensors.timing.reset()
         self.last = None
         self._last_obs: Dict[str, float] = {}
         self._last_efforts = np.full(self.efforts.na, np.nan)
+        self._step_inputs: Dict[int, tuple] = {}   # estimated step id -> (t, efforts, status): `smoothed`
         self.estimates.reset()
         self.gate.reset()
         self.seeder.pending_q = None
@@ -587,9 +594,71 @@ class FixedLagEstimator:
 
     def _estimate(self, t, x, efforts, status, messages) -> Estimate:
         st = self.stepper
-        est = self.estimates.make(t, x, efforts, status, messages, st.window, st.k, st.first_id + st.k)
+        step = st.first_id + st.k
+        est = self.estimates.make(t, x, efforts, status, messages, st.window, st.k, step)
         st.estimated()
+        # what `smoothed` needs of the estimated steps the window may still hold
+        inputs = self._step_inputs
+        inputs[step] = (t, efforts, status)
+        while len(inputs) > self.config.window + 1:
+            del inputs[next(iter(inputs))]
+        if self.config.smoothed_lag:
+            self._pending_smoothed.append((step, est))
         return est
+
+    def smoothed_estimates(self) -> List[Estimate]:
+        """With `EstimatorConfig.smoothed_lag` L > 0: the estimates, in time order and each once, of the steps now
+        L or more of the window's steps behind the newest (sub-steps count: a gap bridged by them makes the steps
+        before it due at once), each at the window's current values (`smoothed`); a step whose window was replaced
+        (re-initialization, reset) at that window's last values; one that left the window in one leap (a gap of
+        more steps than the window holds) as it was estimated.  Empty with L = 0."""
+        pending = self._pending_smoothed
+        st = self.stepper
+        if pending and st.window is not None:
+            due = st.first_id + st.k - self.config.smoothed_lag
+            while pending and pending[0][0] <= due:
+                step, est = pending.popleft()
+                self._ready_smoothed.append(self.smoothed(step) or est)
+        out, self._ready_smoothed = self._ready_smoothed, []
+        return out
+
+    def flush_smoothed(self) -> List[Estimate]:
+        """`smoothed_estimates` and then every step still pending, at the window's current values (the end of a
+        recording: nothing later will come)."""
+        out = self.smoothed_estimates()
+        self._drain_smoothed()
+        out += self._ready_smoothed
+        self._ready_smoothed = []
+        return out
+
+    def _drain_smoothed(self):
+        """Every pending step's smoothed estimate, now (its window is about to be replaced), for the next
+        `smoothed_estimates`."""
+        pending = self._pending_smoothed
+        while pending:
+            step, est = pending.popleft()
+            try:
+                smoothed = self.smoothed(step)
+            except Exception:      # (a failed window's values: the estimate as made)
+                smoothed = None
+            self._ready_smoothed.append(smoothed or est)
+
+    def smoothed(self, step: int) -> Optional[Estimate]:
+        """The estimate of an earlier step (its `Estimate.step`) at the window's current values: the fixed-lag
+        smoother's, given every reading up to the newest step (later but better: on the real double pendulum,
+        9 steps back the rates' error halves; bench/real_hardware.py).  Its time, commands and status are those
+        of the step; None when the step is no longer (or never was) in the window: marginalized, or dropped by
+        a re-initialization.  It changes nothing of the estimator's."""
+        st = self.stepper
+        record = self._step_inputs.get(int(step))
+        if st.window is None or record is None:
+            return None
+        k = int(step) - st.first_id
+        if k not in st.window.records:
+            return None
+        t, efforts, status = record
+        return self.estimates.make(t, st.window.estimate(k), efforts, status, [], st.window, k, int(step),
+                                   newest=False)
 
     # -- seeding and recovery -------------------------------------------------------------------
     def _initialize(self, t, efforts, obs, seed: Seed, status: str, message: str, carry: bool = True) -> Estimate:
@@ -607,6 +676,7 @@ class FixedLagEstimator:
                 ident.settle(max(self.config.window, round(SETTLE_SECONDS / self.config.dt)))
         self._parameters_reset = False
         window, x = self.seeder.seed(seed, efforts, obs, modes.mode)
+        self._drain_smoothed()         # (the old window's steps, at its last values)
         self.stepper.start(window, x, t)
         modes.switch_pending = False
         messages = [message] if message else []
