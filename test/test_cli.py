@@ -513,3 +513,30 @@ def test_estimate_actuator_effort_declares_a_passive_or_commanded_joint(tmp_path
         rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "--actuator-effort", bad,
                           "-o", tmp_path / "x.csv"], capsys)
         assert rc == 2 and "--actuator-effort" in err and message in err, err
+
+
+def test_estimate_smoothed_lag_writes_every_row_smoothed(tmp_path, capsys):
+    """--smoothed-lag N: one row per input row at its own (jittered) time, each the estimate smoothed by the N
+    steps after it (the crank's rate closer to the truth than the causal rows'); the summary still counts the
+    causal estimates; a lag the window cannot hold is refused naming the option."""
+    t = jittered_times(400)
+    truth = 1.2 * (1 - np.cos(2 * t))
+    crank = truth + 1e-3 * np.random.default_rng(2).standard_normal(t.size)
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, crank]))
+    rates = {}
+    for lag in (0, 9):
+        out = tmp_path / f"est{lag}.csv"
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", out, "--smoothed-lag", lag],
+                         capsys)
+        assert rc == 0, err
+        header, data = read_csv(out)
+        np.testing.assert_allclose(data[:, 0], read_csv(obs)[1][:, 0], rtol=0, atol=1e-7)
+        assert np.all(np.isfinite(data)) and summary_of(err)["steps"] == 400
+        rates[lag] = data[:, header.index("crank_dot")]
+    true_rate = 2.4 * np.sin(2 * t)
+    error = {lag: np.sqrt(np.mean((r[100:] - true_rate[100:]) ** 2)) for lag, r in rates.items()}
+    assert error[9] < 0.9 * error[0], error
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--smoothed-lag", 10], capsys)
+    assert rc != 0 and "--smoothed-lag 10: must be from 0 to the window's steps − 1 = 9" in err

@@ -284,11 +284,16 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     parameters_std = np.full_like(parameters, np.nan) if config.compute_covariance else None
     bar = Progress(N, label)
     cpu_start = time.process_time()
-    for k in range(N):
-        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
-                     observations=None if observations is None else observations(k))
-        if tracking is not None:
-            tracking.add(k, e)
+    row_of = {float(t[k]): k for k in range(N)} if config.smoothed_lag else None
+
+    def smoothed(estimates):
+        # (each row's smoothed estimate replaces its causal one; a row without one keeps the causal)
+        for s in estimates:
+            row = row_of.get(float(s.t))
+            if row is not None:
+                fill(row, s)
+
+    def fill(k, e):
         q[k], v[k], a[k] = e.q, e.v, e.a
         tau[k] = e.efforts if len(e.efforts) == tau.shape[1] else np.nan
         if disturbance is not None and e.disturbance is not None:
@@ -301,7 +306,18 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
             std[k, :3 * mech.n + tau.shape[1]] = np.concatenate((e.std, e.efforts_std))
             if e.disturbance_std is not None:
                 std[k, 3 * mech.n + tau.shape[1]:] = e.disturbance_std
+
+    for k in range(N):
+        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
+                     observations=None if observations is None else observations(k))
+        if tracking is not None:
+            tracking.add(k, e)
+        fill(k, e)
+        if row_of is not None:
+            smoothed(est.smoothed_estimates())
         bar.update(k + 1)
+    if row_of is not None:
+        smoothed(est.flush_smoothed())
     bar.close()
     if tracking is not None:
         tracking.cpu_seconds = time.process_time() - cpu_start
@@ -461,6 +477,9 @@ def cmd_estimate(args) -> int:
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
                         "needs --torques (the commanded efforts)")
+    if not 0 <= args.smoothed_lag < window:
+        raise UserError(f"--smoothed-lag {args.smoothed_lag}: must be from 0 to the window's steps − 1 = {window - 1} "
+                        f"(the window holds the steps it smooths; a longer lag needs a longer --window)")
     prescribed = _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas)
     identify = None
     if args.identify is not None:
@@ -474,6 +493,7 @@ def cmd_estimate(args) -> int:
             raise UserError(f"--identify: {exc}") from None
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
+                             smoothed_lag=args.smoothed_lag,
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
@@ -871,8 +891,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adapt-deflection", action=argparse.BooleanOptionalAction, default=None,
                    help="estimation with --adapt-densities: a deflection state for each encoder on a geared actuator, "
                         "its σ fitted online (default: on, unless the --params file says adapt_deflection: false)")
+    s.add_argument("--smoothed-lag", type=int, default=0, metavar="N",
+                   help="write each row's estimate smoothed by the readings of the N steps after it (the "
+                        "fixed-lag smoother's, 0 < N < --window: later rows sharpen earlier ones; on the real "
+                        "double pendulum N = 9 halves the rates' error) instead of the causal one, which the node "
+                        "publishes at once (default 0: causal)")
     s.add_argument("--std", action="store_true",
-                   help="also write the 1σ of each estimate (its marginal at the newest step): <name>_std, "
+                   help="also write the 1σ of each estimate (its marginal in the window when it is written): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")
     add_gravity_and_outputs(s, cmd_estimate)
 
