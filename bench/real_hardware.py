@@ -16,7 +16,9 @@ estimate` builds it (shipped defaults: window 10, trapezoidal, default densities
 online in estimation mode; the encoder σ of the mechanism file, the readings' quantization, as the floor of
 the σ fitted online from the readings' scatter, both modes).  The core makes one
 factor-graph step of the actual gap when the gap is under 1.5 median steps, else round(gap/dt) equal sub-steps.
-Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.  With `--passive`, the runs
+Fused mode gets the commanded torques `tau_con`; estimation mode gets no torque.  The same runs also give the
+`smoothed` rows: each row's estimate once the window holds `SMOOTHED_LAG` steps after it (`mbfg estimate
+--smoothed-lag`, the node's ~/smoothed/ topics: 18 ms later at 2 ms).  With `--passive`, the runs
 of an underactuated machine (pendubot: elbow passive; acrobot: shoulder passive; `PASSIVE_JOINT`) get three
 more rows with the passive joint's actuator declared (`EstimatorConfig.actuator_efforts`): `passive` (its
 effort known zero) in estimation and fused mode, and `commanded` in estimation mode (its command known: on these
@@ -95,6 +97,7 @@ SETTLE = 0.5                 # [s] scored from here on
 REFERENCE_HALF_WIDTH = 0.025 # [s] the centred local cubic's half-width
 SG_SPAN = 0.1                # [s] the causal Savitzky–Golay window (as bench/estimation_quality.py)
 BAND = 5.0                   # [Hz] the low-pass band of the effort score
+SMOOTHED_LAG = 9              # the smoothed rows' lag [steps]: the default window's longest (10 − 1)
 LOST = 0.01                  # [rad] an estimated angle this far from its reading has lost track
 LAG_LONGEST = 0.3            # [s] the longest delay of an effort estimate looked for (`effort_lag`)
 POSITION_STEP = 12.5 / 65535 # [rad] the recorded positions' quantum
@@ -345,6 +348,7 @@ class Output:
     parameters: Optional[np.ndarray] = None     # (N, p) identified parameters (`identify`), NaN where none
     parameter_names: tuple = ()
     parameters_std: Optional[np.ndarray] = None  # (p,) their final 1σ
+    smoothed: Optional["Output"] = None          # `run_mbfg` with a smoothed lag: each row's smoothed estimate
 
 
 # identified online in the `--identify` rows: each joint's viscous and Coulomb friction, from a prior of 0
@@ -374,12 +378,13 @@ def settling_time(t, x, within: float = WITHIN) -> float:
 
 def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict] = None,
              actuator_efforts: Optional[Dict[str, str]] = None, identify: Optional[tuple] = None,
-             fitted: Optional[dict] = None) -> Output:
+             fitted: Optional[dict] = None, smoothed_lag: int = 0) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
     sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
     effort kind (`mbfg estimate --actuator-effort`); `fitted`: a dict that gets the densities fitted online at the
-    end."""
+    end; `smoothed_lag` > 0: also each row's estimate smoothed by that many steps after it (`Output.smoothed`, its
+    σ the smoothed step's marginal), from the same run (the causal estimates do not depend on it)."""
     dt = float(np.median(np.diff(rec.t)))
     kinds = dict(actuator_efforts or {})
     config = EstimatorConfig(dt=dt, mode=mode, actuator_efforts=kinds, identify=identify)
@@ -394,6 +399,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
                                  adapt_deflection=settings.get("adapt_deflection", config.adapt_deflection),
                                  actuator_efforts=kinds)
+    if smoothed_lag:
+        config = replace(config, smoothed_lag=int(smoothed_lag), compute_covariance=True)
     est = FixedLagEstimator(mech, config)
     cols = [mech.coordinate_index(j) for j in JOINTS]
     N = len(rec.t)
@@ -401,9 +408,21 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
     if est.parameter_names:
         out.parameter_names = est.parameter_names
         out.parameters = np.full((N, len(est.parameter_names)), np.nan)
+    smoothed = Output(*(np.full((N, 2), np.nan) for _ in range(4))) if smoothed_lag else None
+    row_of = {float(t): k for k, t in enumerate(rec.t)}
+
+    def take(estimates):
+        for s in estimates:
+            k = row_of.get(float(s.t))
+            if k is not None:
+                smoothed.q[k], smoothed.qd[k], smoothed.tau[k] = s.q[cols], s.v[cols], s.efforts
+                if s.efforts_std is not None:
+                    smoothed.tau_std[k] = s.efforts_std
     for k in range(N):
         e = est.step(float(rec.t[k]), efforts=rec.tau_con[k] if commands else None,
                      observations={"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
+        if smoothed is not None:
+            take(est.smoothed_estimates())
         if e.status in ("initialized", "recovered") and k > 0:
             out.reinitializations += 1
         if e.status == "waiting":
@@ -426,6 +445,9 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
     if est.parameter_names:
         out.parameters_std = est.parameters()["std"]
     out.note = "; ".join(notes)
+    if smoothed is not None:
+        take(est.flush_smoothed())
+        out.smoothed = smoothed
     return out
 
 
@@ -661,8 +683,16 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         log(f"  {rec.name}: {label} ({time.perf_counter() - t0:.0f} s)")
         rows[label] = row
 
-    timed("mbfg_ros estimation, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "estimation")))
-    timed("mbfg_ros fused, defaults", lambda: score(rec, truth, run_mbfg(mech, rec, "fused")))
+    for mode in ("estimation", "fused"):
+        # (the causal and the smoothed estimates of one run)
+        smoothed = f"mbfg_ros {mode}, defaults, smoothed {SMOOTHED_LAG} steps"
+
+        def both():
+            out = run_mbfg(mech, rec, mode, smoothed_lag=SMOOTHED_LAG)
+            rows[smoothed] = score(rec, truth, out.smoothed)
+            return score(rec, truth, out)
+        timed(f"mbfg_ros {mode}, defaults", both)
+        rows[smoothed] = rows.pop(smoothed)
     if without_deflection:      # the estimation defaults without the encoders' deflection (`adapt_deflection`)
         timed("mbfg_ros estimation, no deflection",
               lambda: score(rec, truth, run_mbfg(mech, rec, "estimation", {"adapt_deflection": False})))

@@ -138,7 +138,9 @@ def test_bench_runs_end_to_end_on_a_short_excerpt():
     tuning = rh.load_recording("design_C.0__20220914__sys_id__trajectory_00").cut(1.0)
     result = rh.bench_recording(rec, tuning, log=lambda s: None)
     rows = result["rows"]
-    assert set(rows) == {"mbfg_ros estimation, defaults", "mbfg_ros fused, defaults", "EKF estimation",
+    assert set(rows) == {"mbfg_ros estimation, defaults", "mbfg_ros fused, defaults",
+                         "mbfg_ros estimation, defaults, smoothed 9 steps", "mbfg_ros fused, defaults, smoothed 9 steps",
+                         "EKF estimation",
                          "EKF fused", "EKF estimation, smoothed (not causal)", "EKF fused, smoothed (not causal)",
                          "Savitzky–Golay + ID", "command", "zero"}
     for label, row in rows.items():
