@@ -46,7 +46,7 @@ demo: $(STAMP)
 
 # The ROS 2 integration tests (real DDS, node subprocesses) run in a pytest process of their own,
 # apart from the ROS-free core tests.
-ROS_TESTS := test/test_node.py test/test_bag_replay.py test/test_four_bar_launch.py test/test_node_inputs.py test/test_node_signals.py test/test_node_angles.py test/test_node_covariance.py test/test_dds_profile.py test/test_node_late_commands.py test/test_node_realtime.py test/test_node_messages.py test/test_sros2_policy.py test/test_node_identification.py test/test_node_prescribed.py
+ROS_TESTS := test/test_node.py test/test_bag_replay.py test/test_four_bar_launch.py test/test_node_inputs.py test/test_node_signals.py test/test_node_angles.py test/test_node_covariance.py test/test_dds_profile.py test/test_node_late_commands.py test/test_node_realtime.py test/test_node_messages.py test/test_sros2_policy.py test/test_node_identification.py test/test_node_prescribed.py test/test_node_smoothed.py
 
 test: $(STAMP)
 	$(TEST_ENV) $(VPY) -m pytest -q test $(addprefix --ignore=,$(ROS_TESTS)) $(PYTEST_ARGS)

@@ -55,6 +55,9 @@ class StubCore:
         _burn(self.prepare_cost)
         return True
 
+    def smoothed_estimates(self):
+        return []              # (no window: nothing is smoothed)
+
     def reinitialize(self, assembly_mode=None):
         return self._template.assembly_mode, 0.0
 

@@ -24,6 +24,10 @@ class EstimatorCore(Protocol):
         """The estimate at time t (seconds since the start) from the efforts (actuator order, NaN: unknown)
         and the readings of that step; raises on a numerical failure it could not recover from."""
 
+    def smoothed_estimates(self) -> List[Estimate]:
+        """With `EstimatorConfig.smoothed_lag` > 0: the earlier steps' estimates now smoothed by that many steps
+        after them, each once, in time order (the node publishes them on ~/smoothed/); else empty."""
+
     def prepare_next_step(self) -> bool:
         """Do now the input-free part of the next step (the node calls it while waiting for the inputs)."""
 

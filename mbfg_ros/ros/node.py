@@ -114,6 +114,7 @@ class EstimatorNode(Node):
         self.last_estimate: Optional[Estimate] = None
         self.last_k: Optional[int] = None
         self._estimate_steps: Dict[int, int] = {}   # grid step -> the core's step id of its estimate
+        self._step_stamps: Dict[int, int] = {}      # the core's step id -> its grid time [ns] (~/smoothed/ stamps)
         self._jump_pending: Optional[str] = None
         self._last_now_ns = 0
         self._branch_applied = None   # a branch ~/set_assembly_mode has applied and now stores as the parameter
@@ -479,6 +480,12 @@ class EstimatorNode(Node):
             del steps[next(iter(steps))]
         diag.last_message = est.message
         self._publish(est, t_k)
+        if self.outputs.pub_smoothed is not None:
+            stamps = self._step_stamps
+            stamps[est.step] = t_k
+            if len(stamps) > LATE_STEPS_KEPT:
+                del stamps[next(iter(stamps))]
+            self._publish_smoothed()
         if self.startup_times is not None:
             self.startup_times.mark("first estimate")
             self.get_logger().info(self.startup_times.summary())
@@ -493,6 +500,15 @@ class EstimatorNode(Node):
         if lat > self.sched.dt_ns:
             ps["late"] += 1
             events["late_steps"] += 1
+
+    def _publish_smoothed(self):
+        """The core's newly smoothed estimates (`smoothed_lag`) on ~/smoothed/, each stamped with its own step's
+        time."""
+        stamps = self._step_stamps
+        for est in self.core.smoothed_estimates():
+            t_k = stamps.get(est.step)
+            if t_k is not None:
+                self.outputs.publish_smoothed(est, t_k)
 
     def _stop_without_readings(self):
         """The next step would be more than max_prediction past the newest readings: stop estimating there (no
@@ -537,6 +553,9 @@ class EstimatorNode(Node):
         except Exception as e:   # a broken core: rebuild it
             self.get_logger().error(f"estimator.reset() failed ({e}); rebuilding the estimator")
             self.core = self.core_factory(self.mech, self.config)
+        if self.outputs.pub_smoothed is not None:
+            self._publish_smoothed()          # (the steps the reset left unsmoothed: at their window's last values)
+        self._step_stamps.clear()
         self.sched.clear(reset_stamp_ns=reset_stamp_ns)
         self.state = "waiting"
         self.last_estimate = None

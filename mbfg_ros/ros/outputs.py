@@ -1,5 +1,6 @@
 """The estimator node's outputs: ~/joint_states, ~/state, ~/markers, ~/disturbance (fused mode) (each
 estimate, written into serialized templates), optionally ~/joint_states_stddev and ~/joint_states_covariance,
+~/smoothed/joint_states and ~/smoothed/state (each estimate again, `smoothed_lag` steps later),
 ~/parameters (the identified actuator parameters, at their own period) and /diagnostics."""
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class Outputs:
         # velocity and effort, so that any JointState plotter shows them
         self.pub_parameters = node.create_publisher(JointState, "~/parameters", OUTPUT_QOS, **qos_overriding)
         self.pub_diag = node.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
+        # with smoothed_lag > 0: each estimate again, smoothed by the readings of that many steps after it, with
+        # the stamp of its own step (the same messages as ~/joint_states and ~/state)
+        self.pub_smoothed = None
+        if settings.smoothed_lag:
+            self.pub_smoothed = (
+                node.create_publisher(JointState, "~/smoothed/joint_states", OUTPUT_QOS, **qos_overriding),
+                node.create_publisher(JointTrajectory, "~/smoothed/state", OUTPUT_QOS, **qos_overriding))
         self.js_coords, self.js_names, self.js_effort_index = joint_state_layout(mech)
         # with publish_covariance: the full covariance of ~/joint_states' angle, rate and effort, asked of the
         # node's current core (`EstimatorCore.joint_covariance`) after each estimate
@@ -149,6 +157,14 @@ class Outputs:
             self.pub_disturbance.publish(disturbance_tpl.fill(t_k, np.asarray(est.disturbance, dtype=float)))
         if markers:
             self.pub_markers.publish(markers_tpl.fill(t_k, self.mech.point_positions(q).ravel()))
+
+    def publish_smoothed(self, est: Estimate, t_k: int):
+        """The smoothed estimate of the step at t_k (ns) on ~/smoothed/joint_states and ~/smoothed/state."""
+        js_tpl, state_tpl = self._templates[0], self._templates[1]
+        c = self.js_coords
+        js, state = self.pub_smoothed
+        js.publish(js_tpl.fill(t_k, np.concatenate((est.q[c], est.v[c], self._joint_efforts(est.efforts)))))
+        state.publish(state_tpl.fill(t_k, np.concatenate((est.q, est.v, est.a, est.Q))))
 
     def _joint_efforts(self, efforts) -> np.ndarray:
         """Per-actuator values (actuator order) on the published joints (0 on an unactuated one)."""

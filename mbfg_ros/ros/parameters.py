@@ -137,6 +137,7 @@ class Settings:
     publish_stddev: bool = False          # read-only: ~/joint_states_stddev (the core computes the marginal)
     publish_covariance: bool = False      # read-only: ~/joint_states_covariance (the core's joint_covariance)
     parameters_period: float = 0.1        # read-only: period of ~/parameters [s] (wall clock)
+    smoothed_lag: int = 0                 # read-only: ~/smoothed/ topics, each estimate again this many steps later
 
 
 @dataclass
@@ -326,6 +327,12 @@ def declare_parameters(node) -> StartupParameters:
                     "angle, rate and effort of ~/joint_states' joints, row-major, labelled in its layout; costs "
                     "a marginal of the newest state a step, ~0.06 ms on the crank four-bar)",
         read_only=True)).value
+    smoothed_lag = d("smoothed_lag", 0, PD(
+        description="Also publish each estimate again on ~/smoothed/joint_states and ~/smoothed/state once the "
+                    "window holds this many steps after it, smoothed by their readings (stamped with its own "
+                    "step's time, this many steps late; on the real double pendulum 9 steps halve the rates' "
+                    "error); 0 = off; less than window",
+        read_only=True, integer_range=[IntegerRange(from_value=0, to_value=9999, step=1)])).value
     parameters_period = d("parameters_period", 0.1, PD(
         description="Period of ~/parameters [s] (wall clock; each costs the hot path a marginal of the window)",
         read_only=True, floating_point_range=_float_range(1e-3, 3600.0))).value
@@ -359,6 +366,7 @@ def declare_parameters(node) -> StartupParameters:
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                adapt_deflection=bool(adapt_deflection),
                                compute_covariance=bool(publish_stddev),
+                               smoothed_lag=int(smoothed_lag),
                                adapt_densities=bool(adapt_densities), actuator_efforts=efforts,
                                identify=identify)
         config = base.validated()
@@ -382,7 +390,8 @@ def declare_parameters(node) -> StartupParameters:
                         thread_priority=int(thread_priority),
                         publish_stddev=bool(publish_stddev),
                         publish_covariance=bool(publish_covariance),
-                        parameters_period=float(parameters_period))
+                        parameters_period=float(parameters_period),
+                        smoothed_lag=int(smoothed_lag))
     return StartupParameters(mechanism_path, mech, config, assembly_mode, settings)
 
 
@@ -397,6 +406,7 @@ def name_params(msg: str) -> str:
     return (msg.replace("noise parameter '", "parameter sigmas.*/sensor_sigmas.* '")
             .replace("dt must", "parameter 'dt' must").replace("window must", "parameter 'window' must")
             .replace("mode must", "parameter 'mode' must")
+            .replace("smoothed_lag must", "parameter 'smoothed_lag' must")
             .replace("formulation must", "parameter 'formulation' must")
             .replace("integrator must", "parameter 'integrator' must"))
 
