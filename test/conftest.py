@@ -66,3 +66,16 @@ def crank():
 def robot():
     """The two-motor pick-and-place parallel robot (mechanisms/pick_and_place_robot.yaml)."""
     return load_mechanism("pick_and_place_robot")
+
+
+def crank_torque(t):
+    """The known crank torque of the `driven` motion [N·m]."""
+    import numpy as np
+    return 20.0 * np.sin(3 * t) + 5.0 * np.cos(7 * t) - 5.0
+
+
+@pytest.fixture(scope="session")
+def driven():
+    """The crank four-bar driven by `crank_torque`, 2 s at 1 kHz (reference_four_bar)."""
+    import reference_four_bar as R
+    return R.simulate(2.0, 1e-3, 9.81, crank_torque)

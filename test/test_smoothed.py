@@ -8,20 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference_four_bar as R
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 
 DT = 1e-3
-
-
-def torque(t):
-    return 20.0 * np.sin(3 * t) + 5.0 * np.cos(7 * t) - 5.0
-
-
-@pytest.fixture(scope="module")
-def driven():
-    return R.simulate(1.5, DT, 9.81, torque)
 
 
 def readings(driven, sigma=1e-3, seed=4):

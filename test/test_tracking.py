@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import mbfg_ros.factors as F
-import reference_four_bar as R
 from mbfg_ros import native
 from mbfg_ros.estimation import reading_timing as RT
 from mbfg_ros.estimation import sigma_adaptation as SA
@@ -23,16 +22,6 @@ from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.estimation.sensors import LOST_TRACK_SCALE, ReadingsDisagree, Sensors, TrackMonitor
 
 DT = 1e-3
-
-
-def torque(t):
-    return 20.0 * np.sin(3 * t) + 5.0 * np.cos(7 * t) - 5.0
-
-
-@pytest.fixture(scope="module")
-def driven():
-    """The crank four-bar driven by a known torque, 2 s at 1 kHz (reference_four_bar)."""
-    return R.simulate(2.0, DT, 9.81, torque)
 
 
 def jittered(t, seed=0):
