@@ -362,18 +362,16 @@ def test_a_held_start_is_kept_until_the_readings_reject_it(crank_mech, motion):
     assert estimator(crank_mech, TRUE_DENSITY).density_adaptation.released is True
 
 
-def test_a_wrong_command_burst_does_not_move_the_fit():
+def test_a_wrong_command_burst_does_not_move_the_fit(driven):
     """Fused mode, the command 300 N·m off for 0.2 s (test_tracking's burst): probable only under the grid's
     largest densities, it would take both fits to the grid's top for the memory's 10 s; each reading's
     normalized innovation enters the likelihood at most at the gate's quantile (`GATE_PROBABILITY`), so no
     density rises above where the readings before it put it (the commands here are right: the fit, released
     from its start before the burst, goes down as the readings show no disturbance), during the burst or
     0.3 s after it."""
-    import test_tracking as T
     crank = load_mechanism("four_bar_crank")
-    driven = T.R.simulate(2.0, T.DT, 9.81, T.torque)
     rng = np.random.default_rng(5)
-    est = FixedLagEstimator(crank, EstimatorConfig(dt=T.DT, mode="fused"))
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=float(driven.t[1] - driven.t[0]), mode="fused"))
     before, fits = None, []
     for k, t in enumerate(driven.t):
         command = driven.tau[k] + (300.0 if 800 <= k < 1000 else 0.0)
