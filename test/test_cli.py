@@ -540,3 +540,12 @@ def test_estimate_smoothed_lag_writes_every_row_smoothed(tmp_path, capsys):
     rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
                       "--smoothed-lag", 10], capsys)
     assert rc != 0 and "--smoothed-lag 10: must be from 0 to the window's steps − 1 = 9" in err
+    # from a node parameter file, unless the option is given
+    params = tmp_path / "p.yaml"
+    params.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    window: 6\n    smoothed_lag: 6\n")
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--params", params], capsys)
+    assert rc != 0 and f"{params}: smoothed_lag 6: must be from 0 to the window's steps − 1 = 5" in err
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--params", params, "--smoothed-lag", 5], capsys)
+    assert rc == 0, err

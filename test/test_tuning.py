@@ -246,6 +246,37 @@ def test_the_node_reads_the_tuned_file(tmp_path):
         rclpy.shutdown(context=ctx)
 
 
+def test_every_node_parameter_is_applied_or_accepted_by_estimate_params(crank, tmp_path):
+    """A node parameter file may hold any parameter the node declares: `mbfg estimate --params` applies its keys
+    (`APPLIED_KEYS`) and accepts the node's own; smoothed_lag is applied, and checked."""
+    pytest.importorskip("rclpy")
+    import rclpy
+    from rclpy.context import Context
+    from mbfg_ros.ros import node as N
+    from mbfg_ros.tuning.params_file import APPLIED_KEYS, NODE_ONLY_KEYS
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ros_helpers import fresh_domain_id
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(REPO / "config" / "four_bar.yaml")], context=ctx,
+               domain_id=fresh_domain_id())
+    try:
+        node = N.EstimatorNode(context=ctx)
+        try:
+            declared = {n.split(".")[0] for n in node._parameters if not n.startswith("qos_overrides.")}
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
+    assert declared - set(APPLIED_KEYS) - set(NODE_ONLY_KEYS) == set()
+    p = tmp_path / "p.yaml"
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    smoothed_lag: 4\n    publish_covariance: true\n"
+                 "    identify: [crank.gain]\n")
+    assert read_params(p, crank) == {"smoothed_lag": 4}
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    smoothed_lag: 1.5\n")
+    with pytest.raises(ParamsFileError, match="smoothed_lag must be an integer ≥ 0"):
+        read_params(p, crank)
+
+
 # --- the command line --------------------------------------------------------------------------------------
 def test_tune_from_a_bag(tmp_path, capsys):
     """A rosbag2 (MCAP) bag of bench/make_bags.py: the fit runs from its topics and writes the file; a missing

@@ -477,8 +477,10 @@ def cmd_estimate(args) -> int:
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
                         "needs --torques (the commanded efforts)")
-    if not 0 <= args.smoothed_lag < window:
-        raise UserError(f"--smoothed-lag {args.smoothed_lag}: must be from 0 to the window's steps − 1 = {window - 1} "
+    smoothed_lag = args.smoothed_lag if args.smoothed_lag is not None else from_file.get("smoothed_lag", 0)
+    if not 0 <= smoothed_lag < window:
+        what = "--smoothed-lag" if args.smoothed_lag is not None else f"{args.params}: smoothed_lag"
+        raise UserError(f"{what} {smoothed_lag}: must be from 0 to the window's steps − 1 = {window - 1} "
                         f"(the window holds the steps it smooths; a longer lag needs a longer --window)")
     prescribed = _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas)
     identify = None
@@ -493,7 +495,7 @@ def cmd_estimate(args) -> int:
             raise UserError(f"--identify: {exc}") from None
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
-                             smoothed_lag=args.smoothed_lag,
+                             smoothed_lag=smoothed_lag,
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
@@ -891,11 +893,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adapt-deflection", action=argparse.BooleanOptionalAction, default=None,
                    help="estimation with --adapt-densities: a deflection state for each encoder on a geared actuator, "
                         "its σ fitted online (default: on, unless the --params file says adapt_deflection: false)")
-    s.add_argument("--smoothed-lag", type=int, default=0, metavar="N",
+    s.add_argument("--smoothed-lag", type=int, default=None, metavar="N",
                    help="write each row's estimate smoothed by the readings of the N steps after it (the "
                         "fixed-lag smoother's, 0 < N < --window: later rows sharpen earlier ones; on the real "
                         "double pendulum N = 9 halves the rates' error) instead of the causal one, which the node "
-                        "publishes at once (default 0: causal)")
+                        "publishes at once (default: the --params file's smoothed_lag, else 0: causal)")
     s.add_argument("--std", action="store_true",
                    help="also write the 1σ of each estimate (its marginal in the window when it is written): <name>_std, "
                         "<name>_dot_std, <name>_ddot_std, tau_<joint>_std (and disturbance_<joint>_std)")

@@ -16,10 +16,12 @@ NODE_ONLY_KEYS = frozenset((
     "mechanism", "dt", "formulation", "independent", "assembly_mode", "sensor_timeout", "max_input_delay",
     "adaptive_input_delay", "startup_wait", "max_input_age", "future_tolerance", "publish_markers",
     "marker_period", "frame_id", "diagnostics_period", "reset_on_time_jump", "max_backlog", "fast_loop",
-    "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "lost_track_sigmas", "use_sim_time"))
-#: the keys `mbfg estimate --params` applies
+    "thread_priority", "publish_stddev", "outlier_gate", "max_rejections", "lost_track_sigmas", "use_sim_time",
+    "max_prediction", "parameters_period", "prescribed_sigma", "publish_covariance", "actuator_efforts", "identify",
+    "start_type_description_service"))
+#: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_densities",
-                "adapt_sensor_sigmas", "adapt_deflection")
+                "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
 
 
 class ParamsFileError(ValueError):
@@ -122,6 +124,10 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
         elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
+            out[name] = value
+        elif name == "smoothed_lag":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ParamsFileError(f"{where} must be an integer ≥ 0 (got {excerpt(repr(value))})")
             out[name] = value
         elif name in APPLIED_KEYS:
             out[name] = value
