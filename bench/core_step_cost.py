@@ -80,6 +80,7 @@ def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf
         timed = w.smoother if w is not None and timed_step else None
         t = time.thread_time()
         est.step((first + k) * dt, efforts=s.efforts, observations=s.readings)
+        est.smoothed_estimates()            # (empty unless smoothed_lag: what the node takes after each step)
         est.prepare_next_step()
         spent = time.thread_time() - t
         # (a step that re-seeds replaces the window: its update is not counted)
@@ -92,9 +93,9 @@ def step_costs(est, samples, dt: float, first: int = 0, budget: float = math.inf
     return step_cpu, update_cpu, estimate_cpu
 
 
-def setup(steps: int, mode: str = "fused", window: int = 10, identify: tuple = ()):
+def setup(steps: int, mode: str = "fused", window: int = 10, identify: tuple = (), smoothed_lag: int = 0):
     """(estimator, samples, dt): the node's four-bar set-up and `steps` samples of the simulated plant (`identify`:
-    actuator parameters identified online, `EstimatorConfig.identify`)."""
+    actuator parameters identified online, `EstimatorConfig.identify`; `smoothed_lag`: the smoothed estimates)."""
     from mbfg_ros.ros.demo import estimator_parameters
     from mbfg_ros.estimation.config import EstimatorConfig
     from mbfg_ros.blas import limit_blas_threads
@@ -107,16 +108,17 @@ def setup(steps: int, mode: str = "fused", window: int = 10, identify: tuple = (
     dt = float(p["dt"])
     cfg = EstimatorConfig(dt=dt, window=window, mode=mode, formulation=p["formulation"],
                           integrator=p["integrator"], sensor_sigmas=dict(p["sensor_sigmas"]), max_substeps=1,
-                          assembly_mode=tuple(p["assembly_mode"]), identify=tuple(identify)).validated()
+                          assembly_mode=tuple(p["assembly_mode"]), identify=tuple(identify),
+                          smoothed_lag=int(smoothed_lag)).validated()
     plant = SimulatedPlant(mech, dt=dt, seed=1, actuator=Actuator.ideal(mech))   # the measured inputs of before
     return FixedLagEstimator(mech, cfg), [plant.step() for _ in range(steps)], dt
 
 
-def run(steps: int, mode: str = "fused", window: int = 10, identify: tuple = ()):
+def run(steps: int, mode: str = "fused", window: int = 10, identify: tuple = (), smoothed_lag: int = 0):
     """(mean, median) step + prepare, (mean, median) update and median estimate reads in µs over the steps after
     the first 200."""
     import numpy as np
-    est, samples, dt = setup(steps, mode, window, identify)
+    est, samples, dt = setup(steps, mode, window, identify, smoothed_lag)
     step_cpu, update_cpu, estimate_cpu = step_costs(est, samples, dt)
     a, b, c = (1e6 * np.array(x[200:]) for x in (step_cpu, update_cpu, estimate_cpu))
     a, b, c = a[a == a], b[b == b], c[c == c]      # (each on its own steps: see `step_costs`)
@@ -197,8 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--identify", nargs="+", default=None, metavar="JOINT.PARAMETER",
                     help="also each case with these actuator parameters identified online (e.g. crank.gain "
                          "crank.viscous_friction), interleaved with the case without")
+    ap.add_argument("--smoothed-lag", type=int, default=0, metavar="N",
+                    help="also each case with the smoothed estimates N steps later (smoothed_lag), interleaved")
     a = ap.parse_args(argv)
-    cases = [()] + ([tuple(a.identify)] if a.identify else [])
+    cases = [((), 0)] + ([(tuple(a.identify), 0)] if a.identify else []) + \
+        ([((), a.smoothed_lag)] if a.smoothed_lag else [])
     if a.steps <= 200:
         ap.error("--steps must be over 200 (the first 200 steps are not counted)")
     print("| run | mode | kernel | identified | step + prepare, mean / median | iSAM2 update, mean / median | "
@@ -207,10 +212,11 @@ def main(argv=None) -> int:
     for i in range(a.repeat):
         for mode in a.mode:
             for kernel in a.kernel:
-                for identify in cases:
+                for identify, lag in cases:
                     with kernel_choice(kernel):
-                        sm, smed, um, umed, emed = run(a.steps, mode, a.window, identify)
-                    print(f"| {i + 1} | {mode} | {kernel} | {', '.join(identify) or 'none'} | {sm:.0f} / {smed:.0f} µs "
+                        sm, smed, um, umed, emed = run(a.steps, mode, a.window, identify, lag)
+                    shown_mode = f"{mode}, smoothed {lag}" if lag else mode
+                    print(f"| {i + 1} | {shown_mode} | {kernel} | {', '.join(identify) or 'none'} | {sm:.0f} / {smed:.0f} µs "
                           f"| {um:.0f} / {umed:.0f} µs | {100 * um / sm:.0f} % | {smed / umed:.2f} | {emed:.1f} µs |",
                           flush=True)
     print(f"\nfour-bar with crank, dt 1 ms, window {a.window}, encoder + gyroscope; thread CPU per step; "
@@ -223,7 +229,9 @@ def main(argv=None) -> int:
         print("|---|---|---|" + "---|" * len(cols))
         for mode in a.mode:
             for kernel in a.kernel:
-                for identify in cases:
+                for identify, lag in cases:
+                    if lag:
+                        continue
                     with kernel_choice(kernel):
                         b = breakdown(a.steps, mode, a.window, identify)
                     print(f"| {mode} | {kernel} | {', '.join(identify) or 'none'} | "
