@@ -617,8 +617,7 @@ class FixedLagEstimator:
         if pending and st.window is not None:
             due = st.first_id + st.k - self.config.smoothed_lag
             while pending and pending[0][0] <= due:
-                step, est = pending.popleft()
-                self._ready_smoothed.append(self.smoothed(step) or est)
+                self._ready_smoothed.append(self._smoothed_or_made(*pending.popleft()))
         out, self._ready_smoothed = self._ready_smoothed, []
         return out
 
@@ -636,12 +635,15 @@ class FixedLagEstimator:
         `smoothed_estimates`."""
         pending = self._pending_smoothed
         while pending:
-            step, est = pending.popleft()
-            try:
-                smoothed = self.smoothed(step)
-            except Exception:      # (a failed window's values: the estimate as made)
-                smoothed = None
-            self._ready_smoothed.append(smoothed or est)
+            self._ready_smoothed.append(self._smoothed_or_made(*pending.popleft()))
+
+    def _smoothed_or_made(self, step: int, est: Estimate) -> Estimate:
+        """`smoothed(step)`, else (no longer in the window, or a window in numerical trouble) `est` as made."""
+        try:
+            smoothed = self.smoothed(step)
+        except Exception:
+            smoothed = None
+        return est if smoothed is None else smoothed
 
     def smoothed(self, step: int) -> Optional[Estimate]:
         """The estimate of an earlier step (its `Estimate.step`) at the window's current values: the fixed-lag
