@@ -354,6 +354,7 @@ class Output:
 # identified online in the `--identify` rows: each joint's viscous and Coulomb friction, from a prior of 0
 IDENTIFY = ("q1.viscous_friction", "q1.coulomb_friction", "q2.viscous_friction", "q2.coulomb_friction")
 WITHIN = 0.2                 # "come within ±20 % of the final value"
+LEARNT = 5.0                 # [s] the `--identify` table's effort error also from here on: after the learning
 
 
 def frictionless(mech: Mechanism) -> Mechanism:
@@ -640,6 +641,8 @@ def score(rec: Recording, truth: Truth, out: Output, has_rate: bool = True, has_
            "effort_band": rms(band[m]).tolist(),
            "coverage": None, "coverage_band": None, "lost": None, "reinitializations": out.reinitializations, "note": out.note}
     row["effort_lag"] = effort_lag(rec.t[m], estimate_band[m], truth.tau_band[m])
+    late = m & (rec.t >= rec.t[0] + LEARNT)
+    row["effort_learnt"] = rms(err[late]).tolist() if late.any() else None
     if np.isfinite(out.tau_std[m]).any():
         row["coverage"] = np.mean(np.abs(err[m]) <= 2 * out.tau_std[m], axis=0).tolist()
         row["coverage_band"] = np.mean(np.abs(band[m]) <= 2 * out.tau_std[m], axis=0).tolist()
@@ -786,6 +789,22 @@ def identified_table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def learnt_table(results: List[dict]) -> str:
+    """The `--identify` rows' effort RMSE from `LEARNT` s on beside from the scoring's start: how much of a row's
+    error is the identification's learning."""
+    labels = ("mbfg_ros fused, no friction", "mbfg_ros fused, friction identified", "mbfg_ros fused, defaults",
+              "EKF fused")
+    lines = ["| run | " + " | ".join(f"{label.replace('mbfg_ros ', '')}: from 0.5 s · from {LEARNT:g} s"
+                                     for label in labels) + " |", "|---|" + "---|" * len(labels)]
+    for r in results:
+        rows = r["rows"]
+        if "mbfg_ros fused, friction identified" not in rows:
+            continue
+        lines.append(f"| {r['short']} | " + " | ".join(
+            f"{_pair(rows[label]['effort'])} · {_pair(rows[label].get('effort_learnt'))}" for label in labels) + " |")
+    return "\n".join(lines)
+
+
 def starts_table(recordings: List[Recording], starts: Sequence[int]) -> str:
     """The shipped defaults on each recording started `starts` rows in, scored as `score` does."""
     lines = ["| run | start row | mode | rate RMSE q̇1 / q̇2 [rad/s] | effort RMSE τ1 / τ2 [N·m] | lost track |",
@@ -880,6 +899,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\nIdentified online (fused, from a prior of 0), final value ± 1σ, DFKI's offline value, time to stay "
               "within ±20 % of the final value:\n")
         print(identified_table(results))
+        print(f"\nEffort RMSE τ1 / τ2 [N·m] from 0.5 s and from {LEARNT:g} s (after the learning):\n")
+        print(learnt_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -211,3 +211,24 @@ def test_the_smoother_sees_the_whole_run():
     reference = rh.local_polynomial(rec.t, rec.q, rh.REFERENCE_HALF_WIDTH, order=3)[:, 1]
     inner = slice(50, -50)
     assert rh.rms((smoothed.qd - reference)[inner]).sum() <= rh.rms((filtered.qd - reference)[inner]).sum()
+
+
+def test_the_learnt_table_scores_from_the_learning_on():
+    """`effort_learnt`: the effort RMSE from `LEARNT` s on (None on a shorter run); the `--identify` table shows it
+    beside the full score for the four fused rows."""
+    N = 4000
+    t = np.arange(N) * 0.002                                 # 8 s
+    motion = np.column_stack((np.sin(t), np.cos(t)))
+    rec = rh.Recording("synthetic", "design_A.0", t, motion, np.zeros((N, 2)), np.zeros((N, 2)))
+    zero = np.zeros((N, 2))
+    truth = rh.Truth(np.ones(N, bool), zero, zero, zero, zero, zero, motion)
+    tau = np.where(t[:, None] < 2.0, 1.0, 0.1) * np.ones((1, 2))     # large while learning, small after
+    row = rh.score(rec, truth, rh.Output(motion, zero, tau, np.full((N, 2), 0.1)))
+    assert row["effort_learnt"] == pytest.approx([0.1, 0.1]) and row["effort"][0] > 0.4
+    short = rh.score(rec.cut(1.0), rh.Truth(np.ones(501, bool), *(np.zeros((501, 2)),) * 5, motion[:501]),
+                     rh.Output(motion[:501], zero[:501], tau[:501], np.full((501, 2), 0.1)))
+    assert short["effort_learnt"] is None
+    rows = {label: row for label in ("mbfg_ros fused, no friction", "mbfg_ros fused, friction identified",
+                                     "mbfg_ros fused, defaults", "EKF fused")}
+    table = rh.learnt_table([{"short": "X", "rows": rows}, {"short": "Y", "rows": {"EKF fused": row}}])
+    assert table.count("\n") == 2 and "| X | " in table and "0.1 / 0.1" in table
