@@ -288,7 +288,11 @@ def test_a_burst_of_readings_whole_turns_off_is_followed_counted_and_left(node, 
     assert len(offsets) > 300
     assert_never_a_turn_away(offsets, "a 50-turn burst")
     d = probe.wait_diag(lambda d: int(d["turn_recoveries"]) - int(d0["turn_recoveries"]) >= 3, 3.0)
-    assert int(d["turn_recoveries"]) - int(d0["turn_recoveries"]) >= 3
+    recoveries = int(d["turn_recoveries"]) - int(d0["turn_recoveries"])
+    # a machine so starved that the node skipped ahead or dropped stale readings re-seeds from the readings that
+    # come next, on their own turn, without a turn recovery: the published crank is on its turn (above) either way
+    starved = any(int(d.get(key, 0)) > int(d0.get(key, 0)) for key in ("overruns", "rejected.stale"))
+    assert recoveries >= (2 if starved else 3), (recoveries, starved)
     assert "turn_recoveries" in est.output() and "turns: single" in est.output()
     assert est.alive()
 
