@@ -146,6 +146,8 @@ class FixedLagEstimator:
         self.deflection_fit = self._deflection_fit()
         self.sigma_adaptation = self._sigma_adaptation()
         self.last: Optional[Estimate] = None
+        self._pending_smoothed: Deque[Tuple[int, Estimate]] = deque()   # estimated, not yet smoothed
+        self._ready_smoothed: List[Estimate] = []
         self.reset()
 
     def _fits_densities(self) -> bool:
@@ -224,11 +226,7 @@ class FixedLagEstimator:
                 # would otherwise lose up to PARAMETER_CHECKPOINT_STEPS steps of learning); a failing window's
                 # status is not "ok", and its learning stays dropped
                 ident.carry(self.stepper.window, self.stepper.k, self.layout)
-        if hasattr(self, "_pending_smoothed"):
-            self._drain_smoothed()
-        else:
-            self._pending_smoothed: Deque[Tuple[int, Estimate]] = deque()   # estimated, not yet smoothed
-            self._ready_smoothed: List[Estimate] = []
+        self._drain_smoothed()
         self.stepper.reset()
         self.sensors.timing.reset()
         self.last = None
@@ -597,12 +595,12 @@ class FixedLagEstimator:
         step = st.first_id + st.k
         est = self.estimates.make(t, x, efforts, status, messages, st.window, st.k, step)
         st.estimated()
-        # what `smoothed` needs of the estimated steps the window may still hold
-        inputs = self._step_inputs
-        inputs[step] = (t, efforts, status)
-        while len(inputs) > self.config.window + 1:
-            del inputs[next(iter(inputs))]
         if self.config.smoothed_lag:
+            # what `smoothed` needs of the estimated steps the window may still hold
+            inputs = self._step_inputs
+            inputs[step] = (t, efforts, status)
+            while len(inputs) > self.config.window + 1:
+                del inputs[next(iter(inputs))]
             self._pending_smoothed.append((step, est))
         return est
 
@@ -650,7 +648,8 @@ class FixedLagEstimator:
         smoother's, given every reading up to the newest step (later but better: on the real double pendulum,
         9 steps back the rates' error halves; bench/real_hardware.py).  Its time, commands and status are those
         of the step; None when the step is no longer (or never was) in the window: marginalized, or dropped by
-        a re-initialization.  It changes nothing of the estimator's."""
+        a re-initialization, and always with `smoothed_lag` 0 (the steps are then not recorded).  It changes
+        nothing of the estimator's."""
         st = self.stepper
         record = self._step_inputs.get(int(step))
         if st.window is None or record is None:
