@@ -54,6 +54,29 @@ _held_domains: "collections.OrderedDict[int, int]" = collections.OrderedDict()  
 from mbfg_ros.ros.demo import ros_env  # noqa: E402  (the demo and the tests start nodes the same way)
 
 
+def start_up_error(*overrides: str) -> str:
+    """The `ConfigError` message of an estimator node built in this process from config/four_bar.yaml with the
+    `-p` overrides (NAME:=VALUE); fails the test if the node starts."""
+    import rclpy
+    from rclpy.context import Context
+    from mbfg_ros.ros import node as N
+    from mbfg_ros.ros.parameters import ConfigError
+    args = ["--ros-args", "--params-file", str(CONFIG)]
+    for override in overrides:
+        args += ["-p", override]
+    ctx = Context()
+    rclpy.init(args=args, context=ctx, domain_id=fresh_domain_id())
+    try:
+        try:
+            node = N.EstimatorNode(context=ctx)
+        except ConfigError as e:
+            return str(e)
+        node.destroy_node()
+        raise AssertionError(f"the node started with {list(overrides)}")
+    finally:
+        rclpy.shutdown(context=ctx)
+
+
 def fresh_domain_id() -> int:
     """A ROS_DOMAIN_ID for one test (1..100; ≤ 101 for localhost): distinct per test in this process, and
     from those of the other test processes on this machine that use this function (reserved: DOMAIN_LOCK_DIR)."""

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from ros_helpers import (CONFIG, STEADY_DT, STEADY_PARAMS, Feeder, fresh_domain_id, rclpy_available,
-                         running_estimator, stamp_ns, wait_until)
+from ros_helpers import (STEADY_DT, STEADY_PARAMS, Feeder, rclpy_available, running_estimator, stamp_ns,
+                         start_up_error, wait_until)
 
 pytestmark = pytest.mark.skipif(not rclpy_available(), reason="rclpy and the ROS 2 message packages are not "
                                                               "installed (pip wheels or a sourced ROS 2)")
@@ -164,28 +164,11 @@ def test_bad_identify_values_are_refused_and_the_node_keeps_running(node, mech, 
 
 
 def test_bad_identify_values_are_refused_at_start_up():
-    import rclpy
-    from rclpy.context import Context
-    from mbfg_ros.ros import node as N
-    from mbfg_ros.ros.parameters import ConfigError
     cases = {"identify:=[crank.friction]": "parameter 'identify': 'crank.friction' is not JOINT.PARAMETER",
              "identify:=[crank.gain,crank.gain]": "'crank.gain' is given twice",
              "identify:=[crank.gain=abc]": "SIGMA must be a positive number"}
     for arg, reason in cases.items():
-        ctx = Context()
-        rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", arg], context=ctx,
-                   domain_id=fresh_domain_id())
-        try:
-            with pytest.raises(ConfigError) as e:
-                N.EstimatorNode(context=ctx)
-            assert reason in str(e.value) and "\n" not in str(e.value), str(e.value)
-        finally:
-            rclpy.shutdown(context=ctx)
-    ctx = Context()
-    rclpy.init(args=["--ros-args", "--params-file", str(CONFIG), "-p", "mode:=forward_dynamics",
-                     "-p", "identify:=[crank.viscous_friction]"], context=ctx, domain_id=fresh_domain_id())
-    try:
-        with pytest.raises(ConfigError, match="needs the estimation or fused mode.*identify to \\['none'\\]"):
-            N.EstimatorNode(context=ctx)
-    finally:
-        rclpy.shutdown(context=ctx)
+        message = start_up_error(arg)
+        assert reason in message and "\n" not in message, message
+    message = start_up_error("mode:=forward_dynamics", "identify:=[crank.viscous_friction]")
+    assert re.search("needs the estimation or fused mode.*identify to \\['none'\\]", message), message
