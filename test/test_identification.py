@@ -160,6 +160,18 @@ def test_with_a_quiet_disturbance_the_gain_and_coulomb_friction_come_within_5_pe
     assert np.all(np.abs(p["values"] - truth) < 3.0 * p["std"]), p
 
 
+def test_the_shipped_densities_keep_what_was_learnt_before_the_first_fit(crank, crank_run):
+    """Where the density fit does not raise the acceleration density a decade (the simulated crank: the model is
+    the truth's), what θ learnt before the fit's first estimate is kept (the real recordings' case, where it is
+    learnt again: test_real_hardware.py)."""
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="fused", identify=_entries(crank, "gain")))
+    names = [s.name for s in crank.sensors]
+    messages = [est.step(crank_run.t[k], crank_run.efforts[k], {n: crank_run.readings[n][k] for n in names}).message
+                for k in range(1000)]
+    assert est.fitted_densities()["disturbance_density"] != 3000.0      # (the fit has passed on its estimate)
+    assert not any("learning again" in m for m in messages)
+
+
 def test_unexcited_parameters_stay_at_their_priors(pendulum):
     """The double pendulum hanging still without commands: no rate, no command, so nothing tells the gains or the
     friction — each stays within 1σ of its prior and keeps its prior σ."""

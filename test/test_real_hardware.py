@@ -232,3 +232,25 @@ def test_the_learnt_table_scores_from_the_learning_on():
                                      "mbfg_ros fused, defaults", "EKF fused")}
     table = rh.learnt_table([{"short": "X", "rows": rows}, {"short": "Y", "rows": {"EKF fused": row}}])
     assert table.count("\n") == 2 and "| X | " in table and "0.1 / 0.1" in table
+
+
+def test_friction_learnt_against_the_configured_densities_is_learnt_again_after_the_first_fit():
+    # A0 sysid 02, fused, the friction identified from 0: the shipped acceleration density is ~80× below what this
+    # machine's readings show, and in the 0.3 s before the density fit's first estimate the elbow's viscous friction
+    # leaps to ~0.2 N·m·s/rad (DFKI: 0.001); that is dropped at the fit, once, and not learnt back
+    rec = rh.load_recording("design_A.0__20220815__sys_id__trajectory_02").cut(1.2)
+    mech = rh.frictionless(rh.design_mechanism("A.0"))
+    est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=float(np.median(np.diff(rec.t))), mode="fused",
+                                                          identify=rh.IDENTIFY))
+    elbow_viscous = rh.IDENTIFY.index("q2.viscous_friction")
+    again, before = [], None
+    for k in range(len(rec.t)):
+        last = est.last
+        e = est.step(float(rec.t[k]), rec.tau_con[k], {"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
+        if "learning again" in e.message:
+            again.append(float(rec.t[k] - rec.t[0]))
+            before = last.parameters
+            assert e.parameters[elbow_viscous] < 0.25 * last.parameters[elbow_viscous]
+    assert len(again) == 1 and 0.4 < again[0] < 0.8, again
+    assert before[elbow_viscous] > 0.1
+    assert est.parameters()["values"][elbow_viscous] < 0.5 * before[elbow_viscous]

@@ -44,6 +44,7 @@ class Identification:
         self.settling = 0            # steps θ is still held while a new window's state settles (`settle`)
         self._walks: Dict[float, F.Factor] = {}
         self._density: Optional[np.ndarray] = None
+        self.learning_start = None   # (mean, σ) when θ last started learning after a hold
         self.generation = 0          # bumped whenever the per-step units change (the step models' caches)
 
     # -- the units -------------------------------------------------------------------------------
@@ -144,6 +145,7 @@ class Identification:
         self.settling -= 1
         if self.settling:
             return False
+        self.learning_start = (self.mean.copy(), self.sigma.copy())
         self._pin = None
         self.generation += 1
         return True
