@@ -25,6 +25,10 @@ Rows:
   latter kept at its default where the recording does not determine it) or, fused, the disturbance's density
   and time constant, by maximum innovation likelihood, the encoder σ held at the mechanism file's; the file
   sets `adapt_densities: false` (the fitted density is used as fitted);
+* fused scenarios, "mbfg_ros, defaults, ... identified": the defaults with each actuator's gain, viscous and
+  Coulomb friction identified online from their priors (1, 0, 0: `EstimatorConfig.identify`), the actuator
+  mismatch learnt while estimating; its effort is what the actuator applies (command + disturbance + the
+  parameters' forces), its NEES effort not reported (the parameters' share is not in the efforts' marginal);
 * "EKF (truth-tuned)": `mbfg_ros.estimation.reduced_ekf.ReducedEKF` on the same exact model, state (z, ż, τ, τ̇) (fused:
   τ = command + d, state (z, ż, d, ḋ): a disturbance observer), the density of τ̈ (or d̈) chosen by a line
   search on a separate run of the scenario scored against its truth (seed 1000): the best this filter can do;
@@ -135,10 +139,22 @@ def estimator_effort_std(e) -> Optional[np.ndarray]:
     return e.efforts_std
 
 
+def applied_effort(est: FixedLagEstimator, e, commands) -> np.ndarray:
+    """The effort an estimate with identified parameters says the actuators apply: the known commands plus the
+    disturbance plus the parameters' forces on their coordinates (gain and friction: what the plant's actuator
+    mismatch applies; the reported `efforts` leave the friction out, a force of its own)."""
+    known = est.efforts.known(commands)
+    forces = est.identification.forces(e.parameters, e.v, known, e.a)
+    return known + est.efforts.scattered(e.disturbance) + forces[est.efforts.state_coordinates]
+
+
 def run_mbfg(sc: Scenario, mech: Mechanism, traj: Trajectory, config: EstimatorConfig) -> Run:
+    """`config`'s estimator on `traj`; with identified parameters the effort scored is `applied_effort` (its σ not
+    reported: the parameters' share is not in the efforts' marginal)."""
     names, z = encoded(mech)
     n = mech.n
     est = FixedLagEstimator(mech, config)
+    identified = est.identification is not None
     rows, cpu = [], []
     for k, t in enumerate(traj.t):
         obs = {nm: float(traj.readings[nm][k]) for nm in names}
@@ -150,8 +166,11 @@ def run_mbfg(sc: Scenario, mech: Mechanism, traj: Trajectory, config: EstimatorC
             sa, sr = np.sqrt(np.diag(P)[z]), np.sqrt(np.diag(P)[[n + i for i in z]])
         else:
             sa = sr = None
-        rows.append(FilterOutput(e.q[z], e.v[z], e.a[z], np.array(e.efforts, float), sa, sr,
-                                 estimator_effort_std(e)))
+        if identified:
+            effort, effort_std = applied_effort(est, e, traj.efforts[k]), None
+        else:
+            effort, effort_std = np.array(e.efforts, float), estimator_effort_std(e)
+        rows.append(FilterOutput(e.q[z], e.v[z], e.a[z], effort, sa, sr, effort_std))
     r = _collect(rows)
     r.cpu_us = 1e6 * float(np.mean(cpu[1:]))
     return r
@@ -292,6 +311,11 @@ def tune_params_file(name: str, sc: Scenario, mech: Mechanism, seconds: float, o
     return path, [dataclasses.replace(f, value=kept.get(f.name, f.value)) for f in result.fitted]
 
 
+def identified_parameters(mech: Mechanism) -> tuple:
+    """Each actuator's gain, viscous and Coulomb friction (the fused scenarios' "identified" row)."""
+    return tuple(f"{j}.{k}" for j in mech.actuator_names for k in ("gain", "viscous_friction", "coulomb_friction"))
+
+
 def fmt(x, scale=1.0, digits=3):
     return "–" if x is None or not math.isfinite(x) else f"{x * scale:.{digits}g}"
 
@@ -317,7 +341,8 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
                      + (f", acceleration density {EKF_ACCELERATION_DENSITY:.3g}" if EKF_ACCELERATION_DENSITY else "")
                      + ")",
               "sg": f"Savitzky–Golay ({window} samples) + ID",
-              "ignore": "mbfg_ros, estimation mode (commands ignored), defaults"}
+              "ignore": "mbfg_ros, estimation mode (commands ignored), defaults",
+              "identified": "mbfg_ros, defaults, " + ", ".join(identified_parameters(mech)) + " identified"}
     tuned_cfg = estimator_config_from_file(params, sc.dt, sc.mode) if params else None
     for seed in seeds:
         traj = simulate(sc, mech, seed, seconds)
@@ -330,6 +355,10 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
             # what the commands are worth: the same readings without them (fused must not be worse)
             runs["ignore"] = run_mbfg(sc, mech, traj, EstimatorConfig(dt=sc.dt, mode="estimation",
                                                                       compute_covariance=True))
+        if sc.mode == "fused":
+            # the actuator mismatch learnt online (from the priors: gain 1, no friction)
+            runs["identified"] = run_mbfg(sc, mech, traj, EstimatorConfig(
+                dt=sc.dt, mode=sc.mode, compute_covariance=True, identify=identified_parameters(mech)))
         runs["ekf"] = run_filter(lambda: make_ekf(sc, mech, z, sigma, density), sc, mech, traj)
         runs["sg"] = run_filter(lambda: CausalSavitzkyGolay(mech, z, sc.dt, window=window), sc, mech, traj)
         for key, r in runs.items():
@@ -347,8 +376,8 @@ def run_scenario(name: str, sc: Scenario, seeds: List[int], seconds: float, para
     head += " NEES angle | NEES rate | NEES effort | CPU µs/step |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for key in ("mbfg", "tuned", "ignore", "ekf", "sg"):
-        if key == "ignore" and not fused:
+    for key in ("mbfg", "tuned", "identified", "ignore", "ekf", "sg"):
+        if key in ("ignore", "identified") and not fused:
             continue
         if key not in rows:
             cells = ["skipped: no --params FILE (e.g. from `mbfg tune`) or --tune"] + [""] * (head.count("|") - 3)

@@ -87,3 +87,26 @@ def test_params_file_in_the_node_format_makes_the_estimator_config(tmp_path):
     bad.write_text("/**/four_bar_sim:\n  ros__parameters:\n    dt: 0.001\n")
     with pytest.raises(SystemExit, match="no 'mbfg_estimator: ros__parameters:' section"):
         B.estimator_config_from_file(str(bad), 1e-3, "estimation")
+
+
+def test_the_identified_row_scores_what_the_actuator_applies():
+    """bench/estimation_quality.py's identified row: command + disturbance + the identified parameters' forces is
+    the effort the plant's mismatched actuator applies (its friction included), nearer it than the reported motor
+    effort (which leaves the friction out) and than the command."""
+    import estimation_quality as B
+    sc = B.SCENARIOS["four_bar_fused"]
+    mech = B.load_mechanism(sc.mechanism)
+    traj = B.simulate(sc, mech, seed=4, seconds=1.5)
+    config = B.EstimatorConfig(dt=sc.dt, mode="fused", identify=B.identified_parameters(mech))
+    assert config.identify == ("crank.gain", "crank.viscous_friction", "crank.coulomb_friction")
+    applied = B.run_mbfg(sc, mech, traj, config)
+    est = B.FixedLagEstimator(mech, config)
+    names, _ = B.encoded(mech)
+    reported = np.array([est.step(float(t), traj.efforts[k], {n: float(traj.readings[n][k]) for n in names}).efforts
+                         for k, t in enumerate(traj.t)])
+    late = traj.t >= 1.0
+    rms = lambda x: float(np.sqrt(np.mean(np.square(x[late]))))  # noqa: E731
+    truth = traj.applied
+    assert np.all(np.isnan(applied.std["effort"]))
+    assert rms(applied.est["effort"] - truth) < 0.5 * rms(reported - truth)
+    assert rms(applied.est["effort"] - truth) < 0.5 * rms(traj.efforts - truth)
