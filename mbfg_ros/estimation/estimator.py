@@ -301,7 +301,7 @@ class FixedLagEstimator:
                     # the identified parameters' forces are part of the model's efforts, not innovations
                     tau = tau + self.identification.forces(est.parameters, est.v, self.efforts.known(efforts),
                                                            est.a)[self.efforts.state_coordinates]
-                changed = adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok")
+                changed = fitted = adaptation.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok")
                 deflection = self.deflection_fit
                 if deflection is not None:
                     if changed:
@@ -313,7 +313,8 @@ class FixedLagEstimator:
                 if changed:
                     before = {name: float(self.factors.sigmas[name]) for name in self._fitted_by(adaptation)}
                     self.factors.set_process_densities(self._fitted_by(adaptation))
-                    self._relearn_parameters(before)
+                    if fitted:      # (the densities' fit, not the deflection's alone)
+                        self._relearn_parameters(before)
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
                 if self.deflection_fit is not None:
