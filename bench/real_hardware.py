@@ -711,6 +711,11 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         timed("mbfg_ros fused, no friction", lambda: score(rec, truth_of(rec, params), run_mbfg(bare, rec, "fused")))
         timed("mbfg_ros fused, friction identified", lambda: identified_row(
             rec, truth_of(rec, params, (True, True)), run_mbfg(bare, rec, "fused", identify=IDENTIFY), params))
+        # (with the efforts unknown too, effort and friction trade off)
+        timed("mbfg_ros estimation, no friction",
+              lambda: score(rec, truth_of(rec, params), run_mbfg(bare, rec, "estimation")))
+        timed("mbfg_ros estimation, friction identified", lambda: score(
+            rec, truth_of(rec, params, (True, True)), run_mbfg(bare, rec, "estimation", identify=IDENTIFY)))
     if params_file is not None:
         from mbfg_ros.tuning.params_file import read_params
         settings = read_params(params_file, mech)
@@ -858,9 +863,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="also estimation mode without the encoders' deflection (adapt_deflection false: the "
                          "acceleration noise alone takes the gear's play)")
     ap.add_argument("--identify", action="store_true",
-                    help="also fused mode on the mechanism without friction, with and without each joint's viscous "
-                         "and Coulomb friction identified online (IDENTIFY), and a table of the identified values "
-                         "against DFKI's")
+                    help="also fused and estimation mode on the mechanism without friction, with and without "
+                         "each joint's viscous and Coulomb friction identified online (IDENTIFY), and a table of "
+                         "the identified values (fused) against DFKI's")
     ap.add_argument("--starts", type=int, nargs="+", metavar="ROWS",
                     help="instead: only the shipped defaults in both modes, each recording started this many rows in "
                          "(how much a score depends on where a run starts)")
