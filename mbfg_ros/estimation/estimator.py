@@ -311,9 +311,12 @@ class FixedLagEstimator:
                         adaptation.set_fixed(deflection_sigma=deflection.deflection_sigma)
                         changed = True
                 if changed:
-                    before = {name: float(self.factors.sigmas[name]) for name in self._fitted_by(adaptation)}
+                    # (the densities' own first estimate, not a change of the deflection's alone)
+                    first = fitted and self.identification is not None and not self._densities_fitted
+                    before = float(self.factors.sigmas["acceleration_density"])
                     self.factors.set_process_densities(self._fitted_by(adaptation))
-                    if fitted:      # (the densities' fit, not the deflection's alone)
+                    if first:
+                        self._densities_fitted = True
                         self._relearn_parameters(before)
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
@@ -322,21 +325,15 @@ class FixedLagEstimator:
         est.solve_time = time.perf_counter() - t_start
         return est
 
-    def _relearn_parameters(self, before: Dict[str, float]):
+    def _relearn_parameters(self, before: float):
         """At the density fit's first estimate: when it raised the acceleration density (how far the model's own
-        q̈ may be off) by RELEARN_DECADES or more, what θ learnt before is dropped and θ learns again from its
-        belief when it started (θ fitted against a model believed more than the data allow takes up the model's
-        errors: on the real double pendulum an elbow's viscous friction went to 0.22 N·m·s/rad in 0.3 s)."""
-        ident = self.identification
-        if ident is None or self._densities_fitted:
-            return
-        self._densities_fitted = True
-        name = "acceleration_density"
-        if ident.held or ident.learning_start is None or name not in before:
-            return
-        raised = math.log10(float(self.factors.sigmas[name]) / before[name]) if before[name] > 0 else 0.0
-        if raised >= RELEARN_DECADES:
-            ident.mean, ident.sigma = (a.copy() for a in ident.learning_start)
+        q̈ may be off) from `before` by RELEARN_DECADES or more, what θ learnt since it started is dropped and θ
+        learns again from its belief then (`Identification.learn_again`; θ fitted against a model believed more
+        than the data allow takes up the model's errors: on the real double pendulum an elbow's viscous friction
+        went to 0.22 N·m·s/rad in 0.3 s)."""
+        after = float(self.factors.sigmas["acceleration_density"])
+        raised = math.log10(after / before) if before > 0 and after > 0 else 0.0
+        if raised >= RELEARN_DECADES and self.identification.learn_again():
             self._parameters_reset = self.window is not None and self.last is not None
             self._parameters_message = (f"identified parameters learning again: the fitted acceleration density is "
                                         f"{raised:.2g} decades above the configured one")

@@ -150,6 +150,14 @@ class Identification:
         self.generation += 1
         return True
 
+    def learn_again(self) -> bool:
+        """Back to the belief θ had when it last started learning after a hold (what it learnt since is dropped);
+        False, changing nothing, while held or before it ever started."""
+        if self.held or self.learning_start is None:
+            return False
+        self.mean, self.sigma = (a.copy() for a in self.learning_start)
+        return True
+
     @property
     def held(self) -> bool:
         """Is θ held (frozen, or settling)?"""
