@@ -173,9 +173,10 @@ def test_the_params_file_says_whether_to_adapt(crank_mech, tmp_path):
         read_params(path, crank_mech)
 
 
-def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001, Tv=math.inf):
+def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001, Tv=math.inf, shares=None):
     """∫₀ᴴ e^{A s} W e^{Aᵀ s} ds of the bank's state (z, ż, τ, τ̇) by the trapezoid rule on e^{A s} from scipy:
-    W the unit efforts' noise on τ̇ (and the damping −τ/T², −2τ̇/T), or the acceleration noise Sa on ż."""
+    W the efforts' noise on τ̇ (unit, or each actuator's share; and the damping −τ/T², −2τ̇/T), or the
+    acceleration noise Sa on ż."""
     from scipy.linalg import expm
     d, na = B.shape
     nx = 2 * d + 2 * na
@@ -189,7 +190,7 @@ def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001, Tv=math.inf):
     elif math.isfinite(Tv):
         A[2 * d + na:, 2 * d + na:] = -np.eye(na) / Tv
     We = np.zeros((nx, nx))
-    We[2 * d + na:, 2 * d + na:] = np.eye(na)
+    We[2 * d + na:, 2 * d + na:] = np.diag(np.ones(na) if shares is None else shares)
     Wa = np.zeros((nx, nx))
     Wa[d:2 * d, d:2 * d] = Sa
     s = np.linspace(0.0, H, n)
@@ -199,13 +200,15 @@ def bank_noise_by_quadrature(H, B, Sa, T=math.inf, n=20001, Tv=math.inf):
     return expm(A * H), quad[0], quad[1]
 
 
-@pytest.mark.parametrize("T, Tv", [(math.inf, math.inf), (5.0, math.inf), (math.inf, 0.1)])
-def test_the_bank_model_is_exact(T, Tv):
-    """The bank's transition and process noise over a step (each filter's effort density × the efforts' noise +
-    its acceleration density × the acceleration noise), estimation (T = ∞; with a configured damping of the
-    efforts' rate, T_v) and fused (damped disturbance), against the matrix exponential and a fine quadrature."""
+@pytest.mark.parametrize("T, Tv, shares", [(math.inf, math.inf, None), (5.0, math.inf, None), (math.inf, 0.1, None),
+                                           (math.inf, math.inf, (4.0, 0.25)), (5.0, math.inf, (0.1, 10.0))])
+def test_the_bank_model_is_exact(T, Tv, shares):
+    """The bank's transition and process noise over a step (each filter's effort density × the efforts' noise,
+    each actuator's at its share, + its acceleration density × the acceleration noise), estimation (T = ∞; with
+    a configured damping of the efforts' rate, T_v) and fused (damped disturbance), against the matrix
+    exponential and a fine quadrature."""
     mech = load_mechanism("double_pendulum_a0")
-    a = DA.DensityAdaptation(mech, 10.0, 0.1, time_constant=T, rate_time_constant=Tv)
+    a = DA.DensityAdaptation(mech, 10.0, 0.1, time_constant=T, rate_time_constant=Tv, shares=shares)
     a.B = np.array([[0.7, -0.2], [0.1, 0.4]])
     a.Sa = np.array([[2.0, 0.3], [0.3, 0.5]])
     a._H = None
@@ -218,10 +221,10 @@ def test_the_bank_model_is_exact(T, Tv):
                                                                              / DA.TIME_CONSTANT_STEP)))
     references = {}
     for k in (0, a.K // 2, a.K - 1, a.K - 2):
-        i, j, l, _ = np.unravel_index(k, a.shape)
+        i, j, l, _, _ = np.unravel_index(k, a.shape)
         Tk = a.time_constant_grid[l]
         if Tk not in references:
-            references[Tk] = bank_noise_by_quadrature(H, a.B, a.Sa, Tk, n=2001, Tv=Tv)
+            references[Tk] = bank_noise_by_quadrature(H, a.B, a.Sa, Tk, n=2001, Tv=Tv, shares=shares)
         F_ref, Qe, Qa = references[Tk]
         assert np.allclose(F if F.ndim == 2 else F[k], F_ref, rtol=1e-12, atol=1e-14)
         ref = a.grid[i] * Qe + a.acceleration_grid[j] * Qa

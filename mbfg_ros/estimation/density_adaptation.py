@@ -95,6 +95,8 @@ DEFLECTION_REFERENCE = 1e-3   # [rad, m] the middle of the deflection's grid (`f
 DEFLECTION_STEP = 0.5          # [decades] between its points ...
 DEFLECTION_GRID = (0.0,) + tuple(DEFLECTION_REFERENCE * 10.0 ** (DEFLECTION_STEP * k) for k in range(-2, 3))
                                # ... none, then 0.1–10 mrad (mm)
+SHARE_DECADES = 1.5    # the efforts' shares (`fit_shares`): each actuator's log10 share on a grid of ± this ...
+SHARE_STEP = 0.25      # ... every quarter decade (13; two actuators: their ratio ± 3 decades every half decade)
 RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
                        # until the best grid point's log-likelihood exceeds theirs by ½ χ²ₖ(95 %) nats, k the axes
                        # fitted (a likelihood-ratio test; 3.0 nats for 2 axes, 3.9 for 3): the disturbance's start is the belief of a small, slow correction, which
@@ -189,7 +191,8 @@ class DensityAdaptation:
                  layout=None, sensor_sigmas: Optional[Dict[str, float]] = None,
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
                  actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf,
-                 deflection: Optional[tuple] = None, fit_deflection: bool = False, fit_effort: bool = True):
+                 deflection: Optional[tuple] = None, fit_deflection: bool = False, fit_effort: bool = True,
+                 shares=None, fit_shares: bool = False):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -214,6 +217,18 @@ class DensityAdaptation:
         if fit_deflection and self.deflection is None:
             raise ValueError("fitting the deflection needs one (σ_b, T_b)")
         self.fit_deflection = bool(fit_deflection)
+        # the efforts' shares: actuator j's density is the density × shares[j] (their geometric mean 1); with
+        # `fit_shares` (two or more actuated efforts) the shares are the grid's fifth axis, one family of points
+        # per actuator but the last (`_share_table`)
+        shares = np.ones(na) if shares is None else np.asarray(shares, dtype=float).reshape(-1)
+        if len(shares) != na or not np.all(np.isfinite(shares) & (shares > 0)):
+            raise ValueError(f"the efforts' shares must be {na} positive finite numbers (got {shares.tolist()})")
+        if fit_shares and na < 2:
+            raise ValueError("fitting the efforts' shares needs two or more actuated efforts")
+        self.fit_shares = bool(fit_shares)
+        self.log10_shares = np.log10(shares) - np.mean(np.log10(shares))
+        self.share_grid = SHARE_STEP * np.arange(-round(SHARE_DECADES / SHARE_STEP),
+                                                 round(SHARE_DECADES / SHARE_STEP) + 1)
         self.nb = d if self.deflection is not None else 0
         self.nx = 2 * d + 2 * na + self.nb
         self.R = np.diag(sig ** 2)
@@ -260,10 +275,10 @@ class DensityAdaptation:
         self.deflection_sigma = 0.0 if self.deflection is None else self.deflection[0]
         self.deflection_grid = np.array(DEFLECTION_GRID if self.fit_deflection else [self.deflection_sigma])
         self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid),
-                      len(self.deflection_grid))
+                      len(self.deflection_grid), (na - 1) * len(self.share_grid) if self.fit_shares else 1)
         self.K = int(np.prod(self.shape))
-        E, A_, T_, B_ = self.shape
-        self._time_index = np.tile(np.repeat(np.arange(T_), B_), E * A_)
+        E, A_, T_, B_, S_ = self.shape
+        self._time_index = np.tile(np.repeat(np.arange(T_), B_ * S_), E * A_)
         self._spread_over_filters()
         prior_t = (((self.log10_time_constant_grid - self.log10_time_constant_start) / PRIOR_DECADES) ** 2
                    if self.fit_time_constant else np.zeros(1))
@@ -272,7 +287,11 @@ class DensityAdaptation:
                                  + (((self.log10_acceleration_grid - self.log10_acceleration_start)
                                      / PRIOR_DECADES) ** 2)[None, :, None, None]
                                  + prior_t[None, None, :, None] + np.zeros(B_)[None, None, None, :]).reshape(-1)
-        axes = (len(self.grid) > 1) + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1) + (B_ > 1)
+        # (the shares' prior: each share's log within PRIOR_DECADES of 1; the same for every filter of the main
+        # bank, whose shares are given)
+        self._axes_prior = self.log_prior
+        self.log_prior = (self._axes_prior[:, None] + self._share_prior()[None, :]).reshape(-1)
+        axes = (len(self.grid) > 1) + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1) + (B_ > 1) + (S_ > 1)
         self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
@@ -284,9 +303,11 @@ class DensityAdaptation:
         self.changed = False
         self.counted = 0                          # readings counted so far (diagnostics, tests)
         self.rejected = 0                         # readings refused by the gate
-        # the filter of the starting densities (and of the grid's deflection nearest the starting one)
+        # the filter of the starting densities (and of the grid's deflection nearest the starting one, and of the
+        # shares given)
         m0 = int(np.argmin(np.abs(self.deflection_grid - self.deflection_sigma)))
-        candidates = np.arange(m0, self.K, B_)
+        s0 = int(np.argmin(np.abs(self.share_grid - self.log10_shares[0]))) if self.fit_shares else 0
+        candidates = np.arange(self.K).reshape(self.shape)[:, :, :, m0, s0].reshape(-1)
         self.start = int(candidates[np.argmax(self.log_prior[candidates])])
         self.released = not hold_start            # the data have rejected the starting densities (`release`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
@@ -345,11 +366,12 @@ class DensityAdaptation:
         if self._H != H:
             d, na, nx = self.d, self.na, self.nx
             ne = 2 * d + 2 * na                       # (the efforts' rate ends here, the deflection follows)
-            W = np.zeros((3, nx, nx))                 # unit densities: the efforts' w, the accelerations' ξ;
-            W[0, 2 * d + na:ne, 2 * d + na:ne] = np.eye(na)      # the deflection's own
-            W[1, d:2 * d, d:2 * d] = self.Sa
+            W = np.zeros((na + 2, nx, nx))            # unit densities: each actuator's w, the accelerations' ξ;
+            for j in range(na):                       # the deflection's own
+                W[j, 2 * d + na + j, 2 * d + na + j] = 1.0
+            W[na, d:2 * d, d:2 * d] = self.Sa
             if self.nb:
-                W[2, ne:, ne:] = 2.0 / self.deflection[1] * np.eye(d)       # (a unit σ_b: scaled per filter)
+                W[na + 1, ne:, ne:] = 2.0 / self.deflection[1] * np.eye(d)       # (a unit σ_b: scaled per filter)
             Fs, Qs = [], []
             for T in self.time_constant_grid:
                 A = np.zeros((nx, nx))
@@ -367,18 +389,21 @@ class DensityAdaptation:
                 F, Qd = discretize(A, W, H)            # (one F, the two noises: W broadcasts over A)
                 Fs.append(F)
                 Qs.append(Qd)
+            effort = self._effort_of_filter[:, None] * self._share_of_filter       # (K, na) densities
             if len(Fs) == 1:
                 F, Qd = Fs[0], Qs[0]
                 self._F, self._Ft = F, np.ascontiguousarray(F.T)
-                Qe, Qa, Qb = Qd[0], Qd[1], Qd[2]
+                Qa, Qb = Qd[na], Qd[na + 1]
+                Q = np.einsum("kj,jab->kab", effort, Qd[:na])
             else:
                 # one transition per filter (its time constant's); the product per filter in `_step`
                 F = np.stack(Fs)[self._time_index]
                 self._F, self._Ft = F, np.ascontiguousarray(F.transpose(0, 2, 1))
                 Qd = np.stack(Qs)
-                Qe, Qa, Qb = Qd[:, 0][self._time_index], Qd[:, 1][self._time_index], Qd[:, 2][self._time_index]
+                Qa, Qb = Qd[:, na][self._time_index], Qd[:, na + 1][self._time_index]
+                Q = np.einsum("kj,kjab->kab", effort, Qd[:, :na][self._time_index])
             self._H = H
-            self._Q = self._effort_of_filter[:, None, None] * Qe + self._acceleration_of_filter[:, None, None] * Qa
+            self._Q = Q + self._acceleration_of_filter[:, None, None] * Qa
             if self.nb:
                 self._Q += (self._deflection_of_filter ** 2)[:, None, None] * Qb
         return self._F, self._Ft, self._Q
@@ -536,22 +561,24 @@ class DensityAdaptation:
                 return
             self.released = True
         score = score.reshape(self.shape)
-        i, j, l, m = np.unravel_index(best, self.shape)
-        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l, m], i)
-        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l, m], j)
+        i, j, l, m, n = np.unravel_index(best, self.shape)
+        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l, m, n], i)
+        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l, m, n], j)
         self.density = float(10.0 ** x)
         self.acceleration_density = float(10.0 ** y)
         z = self.log10_time_constant_start
         if self.fit_time_constant:
             # along the time constants' axis the likelihood is far closer to a parabola in the bandwidth 1/T than
             # in log T (a disturbance of 0.2 s on the crank four-bar: 0.21–0.28 s against 0.39–0.48 s)
-            self.time_constant = 1.0 / _vertex(1.0 / self.time_constant_grid, score[i, j, :, m], l)
+            self.time_constant = 1.0 / _vertex(1.0 / self.time_constant_grid, score[i, j, :, m, n], l)
             z = math.log10(self.time_constant)
         if self.fit_deflection:
             # none (the grid's first point), or along the rest in log σ
             self.deflection_sigma = 0.0 if m == 0 else float(10.0 ** (
-                math.log10(self.deflection_grid[m]) + DEFLECTION_STEP * _vertex_offset(score[i, j, l, 1:], m - 1)))
+                math.log10(self.deflection_grid[m]) + DEFLECTION_STEP * _vertex_offset(score[i, j, l, 1:, n], m - 1)))
         w = _log10_or_none(self.deflection_sigma)
+        if self.fit_shares and self._fit_shares(score[i, j, l, m]):
+            self.changed = True
         px, py, pz, pw = self.passed_log10
         # (only the axes this bank fits: a value set from outside, `set_fixed`, is not news to pass back)
         if (len(self.grid) > 1 and abs(x - px) >= CHANGE) or (len(self.acceleration_grid) > 1 and abs(y - py) >= CHANGE) \
@@ -585,13 +612,69 @@ class DensityAdaptation:
         self._spread_over_filters()
         self._H = None
 
+    def set_shares(self, shares):
+        """New shares of the efforts' density (the other bank's estimate, `FixedLagEstimator._shares_fit`; a bank
+        that fits them keeps its own): the filters keep their state and evidence, their noise follows from the
+        next step."""
+        if self.fit_shares:
+            return
+        log10 = np.log10(np.asarray(shares, dtype=float).reshape(-1))
+        self.log10_shares = log10 - np.mean(log10)
+        self._spread_over_filters()
+        self._H = None
+
+    @property
+    def shares(self) -> np.ndarray:
+        """Each actuated effort's share of the density (the density's multiplier; geometric mean 1)."""
+        return 10.0 ** self.log10_shares
+
+    def _share_table(self) -> np.ndarray:
+        """(the share axis's points, na): the log10 shares of each point.  Without `fit_shares` one point, the
+        shares given.  With it, per actuator f but the last a family along the grid: f's log10 share at each
+        grid point, the others' moved by the opposite over na − 1 each (the geometric mean stays 1; with two
+        actuators the family is the ratio's grid)."""
+        if not self.fit_shares:
+            return self.log10_shares[None, :]
+        na, G = self.na, len(self.share_grid)
+        table = np.repeat(self.log10_shares[None, :], (na - 1) * G, axis=0)
+        for f in range(na - 1):
+            rows = table[f * G:(f + 1) * G]
+            delta = self.share_grid - self.log10_shares[f]
+            rows -= delta[:, None] / (na - 1)
+            rows[:, f] = self.share_grid
+        return table
+
+    def _share_prior(self) -> np.ndarray:
+        return -0.5 * np.sum((self._share_table() / PRIOR_DECADES) ** 2, axis=1)
+
+    def _fit_shares(self, scores: np.ndarray) -> bool:
+        """The shares at the vertex of each family's scores (the last actuator's from the geometric mean);
+        whether one moved by `CHANGE` decades or more (then the families move with them)."""
+        na, G = self.na, len(self.share_grid)
+        new = self.log10_shares.copy()
+        for f in range(na - 1):
+            s = scores[f * G:(f + 1) * G]
+            p = int(np.argmax(s))
+            new[f] = self.share_grid[p] + SHARE_STEP * _vertex_offset(s, p)
+        new[na - 1] = -np.sum(new[:na - 1])
+        if np.max(np.abs(new - self.log10_shares)) < CHANGE:
+            return False
+        self.log10_shares = new
+        if na > 2:
+            # the families' other actuators follow the new shares: their points' noise and prior change
+            self._spread_over_filters()
+            self.log_prior = (self._axes_prior[:, None] + self._share_prior()[None, :]).reshape(-1)
+            self._H = None
+        return True
+
     def _spread_over_filters(self):
-        """Each filter's effort density, acceleration density and deflection σ from the grid's axes (filter k =
-        ((i Kₐ + j) K_T + l) K_b + m)."""
-        E, A_, T_, B_ = self.shape
-        self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_)
-        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_), E)
-        self._deflection_of_filter = np.tile(self.deflection_grid, E * A_ * T_)
+        """Each filter's effort density, acceleration density, deflection σ and efforts' shares from the grid's
+        axes (filter k = (((i Kₐ + j) K_T + l) K_b + m) K_s + n)."""
+        E, A_, T_, B_, S_ = self.shape
+        self._effort_of_filter = np.repeat(self.grid, A_ * T_ * B_ * S_)
+        self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_ * S_), E)
+        self._deflection_of_filter = np.tile(np.repeat(self.deflection_grid, S_), E * A_ * T_)
+        self._share_of_filter = np.tile(10.0 ** self._share_table(), (E * A_ * T_ * B_, 1))
 
 
 def _log10_or_none(x: float) -> Optional[float]:

@@ -106,6 +106,8 @@ class EffortModel:
         self.state_actuators = np.array(state, dtype=np.intp)
         self.state_actuators.flags.writeable = False
         self.n_state = len(state)
+        #: each state effort's share of the density (geometric mean 1), where the estimator fits them; else None
+        self.shares: Optional[np.ndarray] = None
         self.state_coordinates = np.array(mech.actuated, dtype=np.intp)[self.state_actuators]
         self.state_coordinates.flags.writeable = False
         #: the state covers only some actuators: its τ block is scattered into actuator order
@@ -351,8 +353,14 @@ class UnknownEfforts(EffortModel):
         return Q, (self._rate(known, h) if self.rates else None), None
 
     def transition_units(self, h):
-        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name],
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.densities(),
                                        rate_time_constant=self.sigmas["effort_rate_time_constant"])]
+
+    def densities(self):
+        """The density of each state effort's walk: the configured (fitted) one, × its share where the shares
+        are fitted (`FixedLagEstimator._shares_fit`)."""
+        density = self.sigmas[self.density_name]
+        return density if self.shares is None else density * self.shares
 
     def reported(self, x_tau, efforts):
         if not self.partial_state:
@@ -379,7 +387,7 @@ class FusedEfforts(UnknownEfforts):
         # damped back to 0 (the command is right on average): without readings the disturbance's prediction
         # stays bounded instead of following its last rate (an undamped walk drifted over robot steps without
         # readings in bag replays)
-        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.sigmas[self.density_name],
+        return [F.IntegratedRandomWalk("tau", "tau_rate", self.n_state, h, self.densities(),
                                        self.sigmas["disturbance_time_constant"])]
 
     def seed(self, efforts, tau_guess):

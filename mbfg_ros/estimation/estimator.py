@@ -145,6 +145,7 @@ class FixedLagEstimator:
                              self.stepper.threshold, q0, v0)
         self.density_adaptation = self._density_adaptation()
         self.deflection_fit = self._deflection_fit()
+        self.shares_fit = self._shares_fit()
         self.sigma_adaptation = self._sigma_adaptation()
         self.last: Optional[Estimate] = None
         self._pending_smoothed: Deque[Tuple[int, Estimate]] = deque()   # estimated, not yet smoothed
@@ -194,6 +195,25 @@ class FixedLagEstimator:
                                              else self.deflection.sigma, self.deflection.time_constant),
                                  fit_deflection=True)
 
+    def _shares_fit(self) -> Optional[DensityAdaptation]:
+        """The online fit of each actuated effort's share of the effort (disturbance) density, where two or more
+        are in the state and the densities are fitted: a third bank over the shares (per actuator but the last a
+        family of points; with two, their ratio ± `SHARE_DECADES` × 2) at the main fit's densities, passing
+        its estimate back (coordinate ascent, as the deflection's).  One density for every actuator reads the
+        larger efforts' variation into the smaller (the DFKI acrobot's passive shoulder, 0.2 N·m RMS beside its
+        elbow's 1.25: its estimation-mode error 1.8× its own size).  It holds equal shares until the readings
+        reject them (`hold_start`)."""
+        main = self.density_adaptation
+        if main is None or self.config.mode != "estimation" or len(self.efforts.state_coordinates) < 2:
+            return None
+        c = self.config
+        return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),
+                                 c.sensor_sigmas, time_constant=main.time_constant, fit_acceleration=False,
+                                 fit_effort=False, hold_start=True, actuated=self.efforts.state_coordinates,
+                                 dt=c.dt, rate_time_constant=main.rate_time_constant,
+                                 deflection=None if self.deflection is None else
+                                 (self.deflection.sigma, self.deflection.time_constant), fit_shares=True)
+
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
         c = self.config
@@ -210,7 +230,7 @@ class FixedLagEstimator:
             self.sensors.set_sigma(name, sigma)
         self.stepper.sensors_changed()
         self.factors.readings_changed()
-        for fit in (self.density_adaptation, self.deflection_fit):
+        for fit in (self.density_adaptation, self.deflection_fit, self.shares_fit):
             if fit is not None:
                 fit.set_sensor_sigmas(sigmas)
 
@@ -310,6 +330,18 @@ class FixedLagEstimator:
                     if deflection.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                         adaptation.set_fixed(deflection_sigma=deflection.deflection_sigma)
                         changed = True
+                shares = self.shares_fit
+                if shares is not None:
+                    if changed:
+                        shares.set_fixed(adaptation.density, adaptation.acceleration_density,
+                                         adaptation.time_constant if adaptation.fit_time_constant else None,
+                                         adaptation.deflection_sigma if self.deflection is not None else None)
+                    if shares.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
+                        for fit in (adaptation, deflection):
+                            if fit is not None:
+                                fit.set_shares(shares.shares)
+                        self.efforts.shares = shares.shares
+                        changed = True
                 if changed:
                     # (the densities' own first estimate, not a change of the deflection's alone)
                     first = fitted and self.identification is not None and not self._densities_fitted
@@ -320,8 +352,9 @@ class FixedLagEstimator:
                         self._relearn_parameters(before)
             except (ArithmeticError, np.linalg.LinAlgError, ValueError):
                 adaptation.restart()      # numerical trouble in the fit (a diverged estimate): start it again
-                if self.deflection_fit is not None:
-                    self.deflection_fit.restart()
+                for fit in (self.deflection_fit, self.shares_fit):
+                    if fit is not None:
+                        fit.restart()
         est.solve_time = time.perf_counter() - t_start
         return est
 
@@ -351,7 +384,13 @@ class FixedLagEstimator:
         freedom)."""
         if self.density_adaptation is None:
             return None
-        return {name: float(self.factors.sigmas[name]) for name in self._fitted_by(self.density_adaptation)}
+        fitted = {name: float(self.factors.sigmas[name]) for name in self._fitted_by(self.density_adaptation)}
+        if self.efforts.shares is not None:
+            # each actuated effort's own density (the density × its share: `_shares_fit`)
+            density = fitted[self.efforts.density_name]
+            for j, share in zip(self.efforts.state_actuators, self.efforts.shares):
+                fitted[f"{self.efforts.density_name}.{self.mech.actuator_names[j]}"] = density * float(share)
+        return fitted
 
     def _fitted_by(self, adaptation: DensityAdaptation) -> Dict[str, float]:
         """The noise parameters the online fit sets, by name, at its current estimates."""

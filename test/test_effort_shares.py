@@ -1,0 +1,117 @@
+"""Each actuated effort's share of the effort density, fitted online in estimation mode
+(`FixedLagEstimator._shares_fit`, `DensityAdaptation(fit_shares=True)`): one density for every actuator reads
+the larger efforts' variation into the smaller."""
+import math
+
+import numpy as np
+import pytest
+
+from mbfg_ros.estimation import density_adaptation as DA
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.sim.plant import Actuator, SimulatedPlant
+from test_tuning import DT, integrated_random_walk
+
+SIGMA = 1e-4
+SECONDS = 10.0
+
+
+@pytest.fixture(scope="module")
+def pendulum():
+    return load_mechanism("double_pendulum_a0")
+
+
+def _walks(pendulum, densities, seed):
+    """A double pendulum driven by one integrated random walk per actuator (densities), damped back to 0 over 1 s
+    (a bounded swing), and its readings."""
+    rng = np.random.default_rng(seed)
+    n = int(round(SECONDS / DT)) + 1
+    walks = [integrated_random_walk(S, n + 2, rng, time_constant=1.0) for S in densities]
+
+    def law(mech, t, q, v):
+        k = int(round(t / DT))
+        return np.array([w[k] for w in walks])
+    traj = SimulatedPlant(pendulum, dt=DT, seed=seed, profile=law, actuator=Actuator.ideal(pendulum),
+                          sensors=[]).simulate(SECONDS)
+    cols = [int(c) for c in pendulum.actuated]
+    y = traj.q[:, cols] + rng.normal(0.0, SIGMA, (len(traj.t), 2))
+    return traj, y
+
+
+def _fit(pendulum, traj, y, density):
+    names = [s.name for s in pendulum.sensors]
+    a = DA.DensityAdaptation(pendulum, density, 1e-9, sensor_sigmas=dict.fromkeys(names, SIGMA),
+                             fit_effort=False, fit_acceleration=False, hold_start=True, fit_shares=True)
+    for k, t in enumerate(traj.t):
+        a.observe(float(t), dict(zip(names, y[k].tolist())), traj.q[k], traj.v[k], traj.a[k], traj.applied[k])
+    return a
+
+
+def test_the_shares_bank_finds_the_ratio_of_the_actuators_densities(pendulum):
+    """Around the true motion, at the densities' geometric mean: a shoulder walk 100× less dense than the
+    elbow's gives shares whose ratio is within half a decade of 1/100; equal walks keep equal shares (the
+    bank holds them until the readings reject them)."""
+    traj, y = _walks(pendulum, (1e-2, 1.0), seed=3)
+    a = _fit(pendulum, traj, y, 1e-1)
+    assert a.shape[4] == len(DA.SHARE_STEP * np.arange(-6, 7)) and a.released
+    ratio = math.log10(a.shares[0] / a.shares[1])
+    assert abs(ratio + 2.0) < 0.5, a.shares
+    assert abs(np.sum(np.log10(a.shares))) < 1e-12       # (their geometric mean is 1)
+    traj, y = _walks(pendulum, (1e-1, 1e-1), seed=4)
+    even = _fit(pendulum, traj, y, 1e-1)
+    assert abs(math.log10(even.shares[0] / even.shares[1])) < 0.5, even.shares
+
+
+def test_the_main_bank_uses_the_shares_it_is_given(pendulum):
+    """A bank given shares puts each actuator's density × its share on that actuator (the noise of `_matrices`
+    is checked against quadrature in test_tuning_adaptation.py); a bank that fits them keeps its own."""
+    a = DA.DensityAdaptation(pendulum, 10.0, 0.1)
+    a.set_shares([10.0, 0.4])
+    np.testing.assert_allclose(a.shares, [5.0, 0.2])          # (normalized: geometric mean 1)
+    np.testing.assert_allclose(a._share_of_filter, np.tile([5.0, 0.2], (a.K, 1)))
+    fitting = DA.DensityAdaptation(pendulum, 10.0, 0.1, fit_effort=False, fit_acceleration=False, fit_shares=True)
+    fitting.set_shares([10.0, 0.4])
+    np.testing.assert_allclose(fitting.shares, [1.0, 1.0])
+    with pytest.raises(ValueError, match="two or more"):
+        DA.DensityAdaptation(pendulum, 10.0, 0.1, actuated=[int(pendulum.actuated[0])], fit_shares=True)
+    with pytest.raises(ValueError, match="positive finite"):
+        DA.DensityAdaptation(pendulum, 10.0, 0.1, shares=[1.0, -1.0])
+
+
+def test_the_estimator_gives_each_effort_its_own_density_in_estimation_mode(pendulum):
+    """Estimation mode on the walks 100× apart: the estimator's shares fit moves the shoulder's density below
+    the elbow's by more than a decade, the efforts' units use density × share, `fitted_densities` reports each
+    actuator's, and the shoulder's effort error is below what one density for both gives.  Fused mode (a
+    disturbance: a correction of commands, its shares poorly determined) keeps one density."""
+    traj, y = _walks(pendulum, (1e-2, 1.0), seed=3)
+    names = [s.name for s in pendulum.sensors]
+    cols = [int(c) for c in pendulum.actuated]
+
+    def run(shares: bool):
+        est = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="estimation",
+                                                          sensor_sigmas=dict.fromkeys(names, SIGMA)))
+        if not shares:
+            est.shares_fit = None
+        errors = []
+        for k, t in enumerate(traj.t):
+            e = est.step(float(t), observations=dict(zip(names, y[k].tolist())))
+            if t >= 2.0 and e.status == "ok":
+                errors.append(e.efforts - traj.applied[k])
+        return est, np.sqrt(np.mean(np.square(errors), axis=0))
+
+    est, shared = run(True)
+    assert est.shares_fit is not None
+    ratio = est.shares_fit.shares[0] / est.shares_fit.shares[1]
+    assert ratio < 0.1, est.shares_fit.shares
+    np.testing.assert_allclose(est.efforts.shares, est.shares_fit.shares)
+    density = est.factors.sigmas["effort_density"]
+    np.testing.assert_allclose(est.efforts.densities(), density * est.shares_fit.shares)
+    fitted = est.fitted_densities()
+    for j, name in enumerate(pendulum.actuator_names):
+        assert fitted[f"effort_density.{name}"] == pytest.approx(density * est.shares_fit.shares[j])
+    _, one = run(False)
+    assert shared[0] < 0.9 * one[0], (shared, one)
+    fused = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="fused"))
+    assert fused.density_adaptation is not None and fused.shares_fit is None
+    assert cols == [int(c) for c in fused.efforts.state_coordinates]
