@@ -254,3 +254,24 @@ def test_friction_learnt_against_the_configured_densities_is_learnt_again_after_
     assert len(again) == 1 and 0.4 < again[0] < 0.8, again
     assert before[elbow_viscous] > 0.1
     assert est.parameters()["values"][elbow_viscous] < 0.5 * before[elbow_viscous]
+
+
+def test_the_acrobots_passive_shoulder_gets_its_own_effort_density():
+    # the C0 acrobot run, estimation mode, defaults: the shoulder's motor is off (0.2 N·m of friction
+    # compensation), the elbow swings the robot up (1.25 N·m RMS, 3–4 in the last second); one density for both
+    # read the elbow's variation into the shoulder (its error 0.36 N·m, 1.8× its own size).  The shares fit gives
+    # the shoulder a density decades below the elbow's, and its error falls by a third or more
+    rec = rh.load_recording("design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory")
+    mech = rh.design_mechanism("C.0")
+    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
+    shared = rh.run_mbfg(mech, rec, "estimation", fitted=(densities := {}))
+    assert densities["effort_density.q1"] < 0.1 * densities["effort_density.q2"], densities
+    original = rh.FixedLagEstimator._shares_fit
+    try:
+        rh.FixedLagEstimator._shares_fit = lambda self: None
+        one = rh.run_mbfg(mech, rec, "estimation")
+    finally:
+        rh.FixedLagEstimator._shares_fit = original
+    error = {label: rh.rms((out.tau - truth.tau)[truth.scored]) for label, out in (("shared", shared), ("one", one))}
+    assert error["shared"][0] < 0.67 * error["one"][0], error
+    assert error["shared"][1] < 1.05 * error["one"][1], error
