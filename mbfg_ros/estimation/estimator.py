@@ -186,14 +186,9 @@ class FixedLagEstimator:
         main = self.density_adaptation
         if main is None or self.deflection is None or not self.config.adapt_deflection:
             return None
-        c = self.config
-        return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),
-                                 c.sensor_sigmas, time_constant=main.time_constant, fit_acceleration=False,
-                                 fit_effort=False, hold_start=True, actuated=self.efforts.state_coordinates,
-                                 dt=c.dt, rate_time_constant=main.rate_time_constant,
-                                 deflection=(0.0 if self.sigmas["deflection_sigma"] <= deflection_floor(self.mech)
-                                             else self.deflection.sigma, self.deflection.time_constant),
-                                 fit_deflection=True)
+        return self._side_bank(main, deflection=(0.0 if self.sigmas["deflection_sigma"] <= deflection_floor(self.mech)
+                                                 else self.deflection.sigma, self.deflection.time_constant),
+                               fit_deflection=True)
 
     def _shares_fit(self) -> Optional[DensityAdaptation]:
         """The online fit of each actuated effort's share of the effort (disturbance) density, where two or more
@@ -206,13 +201,17 @@ class FixedLagEstimator:
         main = self.density_adaptation
         if main is None or self.config.mode != "estimation" or len(self.efforts.state_coordinates) < 2:
             return None
+        return self._side_bank(main, deflection=None if self.deflection is None else
+                               (self.deflection.sigma, self.deflection.time_constant), fit_shares=True)
+
+    def _side_bank(self, main: DensityAdaptation, **axis) -> DensityAdaptation:
+        """A bank over one more axis (`axis`: the deflection's or the shares'), at the main fit's densities,
+        holding its start until the readings reject it."""
         c = self.config
         return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),
                                  c.sensor_sigmas, time_constant=main.time_constant, fit_acceleration=False,
                                  fit_effort=False, hold_start=True, actuated=self.efforts.state_coordinates,
-                                 dt=c.dt, rate_time_constant=main.rate_time_constant,
-                                 deflection=None if self.deflection is None else
-                                 (self.deflection.sigma, self.deflection.time_constant), fit_shares=True)
+                                 dt=c.dt, rate_time_constant=main.rate_time_constant, **axis)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
