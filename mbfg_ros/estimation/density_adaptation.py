@@ -79,6 +79,7 @@ BANK_INTERVAL = 0.02   # [s] the bank steps at most this often (every m-th estim
 B_REFRESH = 0.1        # [s] ∂z̈/∂τ refreshed this often (it changes with the pose) ...
 SA_REFRESH = 1.0       # [s] ... and the acceleration noise's shape on z this often
 BURN_IN = 0.25         # [s] of readings after a (re)start that update the filters but are not counted
+EARLY = 0.1            # [s] after a (re)start from which the burn-in's readings are `early_evidence`
 MIN_EVIDENCE = 0.25    # [s] of counted readings before the estimate is used
 MAX_GAP = 0.1          # [s] a longer time between the bank's steps restarts it
 GATE_PROBABILITY = 1e-6  # a reading whose normalized innovation is this improbable (χ²) under every filter is
@@ -293,6 +294,8 @@ class DensityAdaptation:
         self.log_prior = (self._axes_prior[:, None] + self._share_prior()[None, :]).reshape(-1)
         axes = (len(self.grid) > 1) + (len(self.acceleration_grid) > 1) + (self.shape[2] > 1) + (B_ > 1) + (S_ > 1)
         self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
+        # (`early_evidence` beyond this: the early readings reject the starting densities at GATE_PROBABILITY)
+        self.early_rejection = 0.5 * chi_square_quantile(GATE_PROBABILITY, max(axes, 1))
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
@@ -334,6 +337,8 @@ class DensityAdaptation:
         self.t_Sa = None            # time the acceleration noise's shape on z was
         self.held = []              # (t, q̈, τ) of the estimates since the bank's last step
         self.rejected_in_a_row = 0
+        self.early_log_likelihood = np.zeros(self.K)   # the burn-in's second half (`early_evidence`) ...
+        self.early_steps = 0                           # ... over this many of the bank's steps
 
     def restart(self):
         """The estimator started a new window (re-initialization, recovery, reset): the filters restart
@@ -430,7 +435,7 @@ class DensityAdaptation:
             y = self._reading(readings)
             if y is not None:
                 c = self._drift_input(t)
-                self._step(t - self.t_bank, y, c, t - self.t_start >= BURN_IN)
+                self._step(t - self.t_bank, y, c, t - self.t_start >= BURN_IN, t - self.t_start >= EARLY)
                 if self.x is None:
                     return self.changed      # the filters lost the motion and restart at the next reading
                 self.t_bank = t
@@ -493,7 +498,7 @@ class DensityAdaptation:
             self.P[:, b, b] = (self._deflection_of_filter ** 2)[:, None]
         self.t_start = self.t_bank = t
 
-    def _step(self, H: float, y: np.ndarray, c: np.ndarray, count: bool):
+    def _step(self, H: float, y: np.ndarray, c: np.ndarray, count: bool, early: bool = False):
         """Predict every filter over H (drift input c), then update with the readings y and, when counted,
         add each filter's innovation log-likelihood.  Written for few µs: d ≤ 2 in closed form."""
         d = self.d
@@ -545,6 +550,9 @@ class DensityAdaptation:
         IKH = self.identity - Kg @ self.Hm
         self.P = IKH @ P @ IKH.transpose(0, 2, 1) + Kg @ self.R @ Kg.transpose(0, 2, 1)
         if not count:
+            if early:
+                self.early_log_likelihood -= 0.5 * (np.minimum(m, self.gate) + logdet)
+                self.early_steps += 1
             return
         forget = math.exp(-H / MEMORY)
         self.log_likelihood = forget * self.log_likelihood - 0.5 * (np.minimum(m, self.gate) + logdet)
@@ -552,6 +560,15 @@ class DensityAdaptation:
         self.counted += 1
         if self.evidence >= MIN_EVIDENCE:
             self._update_estimate()
+
+    def early_evidence(self) -> float:
+        """How far [nats] the best filter's log-likelihood over the burn-in's second half (from `EARLY` s after
+        the filters' start; not counted in the fit) is above the starting densities' filter's: before the fit's
+        first estimate, how clearly the readings already reject the starting densities (0 without such
+        readings)."""
+        if not self.early_steps:
+            return 0.0
+        return float(np.max(self.early_log_likelihood) - self.early_log_likelihood[self.start])
 
     def _update_estimate(self):
         score = self.log_likelihood + self.log_prior

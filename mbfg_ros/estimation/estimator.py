@@ -46,7 +46,7 @@ from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection
-from mbfg_ros.estimation.density_adaptation import DensityAdaptation, encoded_coordinates
+from mbfg_ros.estimation.density_adaptation import MIN_EVIDENCE, DensityAdaptation, encoded_coordinates
 from mbfg_ros.estimation.efforts import effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -65,6 +65,8 @@ __all__ = ["FixedLagEstimator"]
 PARAMETER_CHECKPOINT_STEPS = 500   # steps of a healthy window between checkpoints of the identified parameters
 RELEARN_DECADES = 1.0              # `_relearn_parameters`
 SETTLE_SECONDS = 0.2               # identified parameters held after a fresh start or a failure (`Identification.settle`)
+FIRST_FIT_SECONDS = 1.0            # ... and, where the early readings reject the configured densities, until the
+                                   # density fit's first estimate, at most this long after the hold began
 
 
 def _vector(x, n, what):
@@ -261,6 +263,7 @@ class FixedLagEstimator:
         self._parameters_reset = False
         self._parameters_message = ""
         self._densities_fitted = False
+        self._hold_began: Optional[float] = None   # when θ's last hold began (`_awaiting_first_fit`)
         self._turn_shift = None    # a late reading whole turns from its step's estimate: `Stepper.late_turns`
         self._reseeded = False     # the window was re-seeded on request: the next step says so
         self._retry = None
@@ -635,7 +638,9 @@ class FixedLagEstimator:
         self._last_efforts = efforts
         ident = self.identification
         if ident is not None and status == "ok":
-            if ident.settled_step():
+            if self._awaiting_first_fit(t):
+                pass
+            elif ident.settled_step():
                 # the hold ends: the next step re-seeds the window (its steps hold θ tight) with θ's belief
                 self._parameters_reset = True
                 self._parameters_message = "identified parameters learning (the state has settled)"
@@ -647,6 +652,22 @@ class FixedLagEstimator:
             # at a possibly diverged estimate) must not reset the escalation of `_recover`
             self._failures = 0
         return est
+
+    def _awaiting_first_fit(self, t: float) -> bool:
+        """Is θ's hold, at its last step, kept for the density fit's first estimate?  Until then the window weighs
+        the readings with the configured densities; where the readings already reject those (the fit's bank,
+        over its burn-in's second half: `DensityAdaptation.early_evidence`), they believe the model too much (on
+        the DFKI double pendulum the acceleration density is 40–75× the default) and θ learnt against them takes
+        up the model's errors (an elbow's viscous friction to 0.22 N·m·s/rad in 0.3 s, the reported effort 13 N·m
+        off on C0 sysid 01 at 0.23 s).  Where they do not (a simulation of the model), θ learns at once; nor is
+        it held where the densities are not fitted, or longer than `FIRST_FIT_SECONDS` after the hold began."""
+        fit, ident = self.density_adaptation, self.identification
+        if fit is None or ident.settling != 1 or fit.evidence >= MIN_EVIDENCE \
+                or fit.early_evidence() < fit.early_rejection:
+            return False
+        if self._hold_began is None:
+            self._hold_began = t
+        return t - self._hold_began < FIRST_FIT_SECONDS
 
     def _estimate(self, t, x, efforts, status, messages) -> Estimate:
         st = self.stepper
@@ -733,6 +754,7 @@ class FixedLagEstimator:
             else:
                 # a fresh start or a failed window: θ held until the new window's state has settled
                 ident.settle(max(self.config.window, round(SETTLE_SECONDS / self.config.dt)))
+                self._hold_began = t
         self._parameters_reset = False
         window, x = self.seeder.seed(seed, efforts, obs, modes.mode)
         self._drain_smoothed()         # (the old window's steps, at its last values)
