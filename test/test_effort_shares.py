@@ -115,3 +115,27 @@ def test_the_estimator_gives_each_effort_its_own_density_in_estimation_mode(pend
     fused = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="fused"))
     assert fused.density_adaptation is not None and fused.shares_fit is None
     assert cols == [int(c) for c in fused.efforts.state_coordinates]
+
+
+def test_with_three_actuators_each_family_moves_one_share_and_the_geometric_mean_stays_one(pendulum):
+    """The shares' grid beyond two actuators (its structure only: three of the pendulum's coordinates as the
+    actuated ones): per actuator but the last a family along the grid, the others moved by the opposite; a fit
+    at the families' vertices raises the score and keeps the geometric mean at 1."""
+    a = DA.DensityAdaptation(pendulum, 10.0, 0.1, fit_effort=False, fit_acceleration=False, fit_shares=True,
+                             actuated=[5, 6, 7], shares=[4.0, 1.0, 0.25])
+    G = len(a.share_grid)
+    table = a._share_table()
+    assert table.shape == (2 * G, 3) and a.shape[4] == 2 * G
+    np.testing.assert_allclose(table.sum(axis=1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(table[:G, 0], a.share_grid)
+    np.testing.assert_allclose(table[G:, 1], a.share_grid)
+    np.testing.assert_allclose(table[:G, 1] - table[:G, 2], math.log10(4.0))    # (the others keep their ratio)
+    target = np.array([-0.5, 0.75, -0.25])
+
+    def score(log10_shares):
+        return -np.sum((log10_shares - target) ** 2, axis=-1)
+    before = score(a.log10_shares)
+    assert a._fit_shares(score(table))
+    assert score(a.log10_shares) > before
+    assert abs(np.sum(a.log10_shares)) < 1e-12
+    np.testing.assert_allclose(a._share_of_filter[:, :], np.tile(10.0 ** a._share_table(), (a.K // (2 * G), 1)))
