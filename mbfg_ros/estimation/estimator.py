@@ -193,13 +193,14 @@ class FixedLagEstimator:
                                fit_deflection=True)
 
     def _shares_fit(self) -> Optional[DensityAdaptation]:
-        """The online fit of each actuated effort's share of the effort (disturbance) density, where two or more
-        are in the state and the densities are fitted: a third bank over the shares (per actuator but the last a
+        """The online fit of each estimated effort's share of the effort density (estimation mode), where two or
+        more are in the state and the densities are fitted: a third bank over the shares (per actuator but the last a
         family of points; with two, their ratio ± `SHARE_DECADES` × 2) at the main fit's densities, passing
         its estimate back (coordinate ascent, as the deflection's).  One density for every actuator reads the
         larger efforts' variation into the smaller (the DFKI acrobot's passive shoulder, 0.2 N·m RMS beside its
         elbow's 1.25: its estimation-mode error 1.8× its own size).  It holds equal shares until the readings
-        reject them (`hold_start`)."""
+        reject them (`hold_start`).  Not in fused mode, where the disturbance corrects the commands and its shares
+        are poorly determined (docs/decisions.md)."""
         main = self.density_adaptation
         if main is None or self.config.mode != "estimation" or len(self.efforts.state_coordinates) < 2:
             return None
