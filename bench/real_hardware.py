@@ -382,7 +382,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
              fitted: Optional[dict] = None, smoothed_lag: int = 0) -> Output:
     """The fixed-lag estimator as `mbfg estimate` runs it, one step per recorded row: shipped defaults, or the
     `settings` of a parameter file (`tuning.params_file.read_params`: window, integrator, sigmas,
-    sensor_sigmas, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
+    sensor_sigmas, effort_shares, adapt_densities, adapt_sensor_sigmas; its mode is not used); `actuator_efforts`: joint name →
     effort kind (`mbfg estimate --actuator-effort`); `fitted`: a dict that gets the densities fitted online at the
     end; `smoothed_lag` > 0: also each row's estimate smoothed by that many steps after it (`Output.smoothed`, its
     σ the smoothed step's marginal), from the same run (the causal estimates do not depend on it)."""
@@ -395,6 +395,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  integrator=settings.get("integrator", config.integrator),
                                  sigmas={**config.sigmas, **settings.get("sigmas", {})},
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
+                                 effort_shares=dict(settings.get("effort_shares", {})),
                                  adapt_densities=settings.get("adapt_densities",
                                                                    config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),

@@ -95,7 +95,7 @@ def declared_parameters(make_node, ros_args: List[str], keep=("use_sim_time",)) 
 @needs_rclpy
 def test_every_estimator_parameter_is_documented_with_its_run_time_column():
     """The node built from config/four_bar.yaml in this process: each parameter it declares (sensor_sigmas.*
-    through the `sensor_sigmas.<sensor>` row, qos_overrides.* through theirs) is a row of the parameter table,
+    through the `sensor_sigmas.<sensor>` row, effort_shares.* through `effort_shares.<joint>`, qos_overrides.* through theirs) is a row of the parameter table,
     'no' exactly for the read-only ones; each row is a parameter the node has."""
     from mbfg_ros.ros.node import EstimatorNode
     params = declared_parameters(EstimatorNode, ["--params-file", str(CONFIG), "-p", "publish_markers:=false"])
@@ -107,6 +107,8 @@ def test_every_estimator_parameter_is_documented_with_its_run_time_column():
             return name
         if name.startswith("sensor_sigmas."):
             return "sensor_sigmas.<sensor>"
+        if name.startswith("effort_shares."):
+            return "effort_shares.<joint>"
         if name.startswith("qos_overrides."):
             return "qos_overrides.<topic>.<publisher|subscription>.<policy>"
         raise AssertionError(f"parameter '{name}' of the estimator node is not in docs/ros2_interfaces.md's "

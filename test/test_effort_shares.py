@@ -139,3 +139,81 @@ def test_with_three_actuators_each_family_moves_one_share_and_the_geometric_mean
     assert score(a.log10_shares) > before
     assert abs(np.sum(a.log10_shares)) < 1e-12
     np.testing.assert_allclose(a._share_of_filter[:, :], np.tile(10.0 ** a._share_table(), (a.K // (2 * G), 1)))
+
+
+# --- shares given (EstimatorConfig.effort_shares, the parameter file, the node) -----------------------------------
+
+def test_shares_given_are_used_as_given_or_as_the_online_fit_s_start(pendulum):
+    """`effort_shares` (joint → share, normalized to geometric mean 1, 1 where not given): with the densities
+    held the units' walks use density × share; with the online fit every bank starts there.  A joint whose
+    effort is not a state, or a share that is not a positive finite number, is refused with its name."""
+    held = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="estimation", adapt_densities=False,
+                                                       effort_shares={"q1": 0.01}))
+    np.testing.assert_allclose(held.efforts.shares, [0.1, 10.0])
+    np.testing.assert_allclose(held.efforts.densities(), held.factors.sigmas["effort_density"] * np.array([0.1, 10.0]))
+    fitted = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="estimation", effort_shares={"q2": 4.0}))
+    for bank in (fitted.density_adaptation, fitted.deflection_fit, fitted.shares_fit):
+        np.testing.assert_allclose(bank.shares, [0.5, 2.0])
+    assert fitted.fitted_densities()["effort_density.q2"] == pytest.approx(
+        2.0 * fitted.fitted_densities()["effort_density"])
+    # fused mode: the disturbances' densities take the shares (the online fit keeps them: it fits none there)
+    fused = FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="fused", effort_shares={"q1": 0.25}))
+    np.testing.assert_allclose(fused.density_adaptation.shares, [0.5, 2.0])
+    with pytest.raises(ValueError, match=r"effort_shares: q1 is not an actuator whose effort is estimated .*q2"):
+        FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="estimation", effort_shares={"q1": 2.0},
+                                                    actuator_efforts={"q1": "passive"}))
+    with pytest.raises(ValueError, match="elbow.*not an actuator"):
+        FixedLagEstimator(pendulum, EstimatorConfig(dt=DT, mode="estimation", effort_shares={"elbow": 2.0}))
+    with pytest.raises(ValueError, match=r"effort_shares.q1 must be a positive finite number \(got 0"):
+        EstimatorConfig(dt=DT, mode="estimation", effort_shares={"q1": 0.0}).validated()
+
+
+def test_the_parameter_file_carries_the_shares(pendulum, tmp_path):
+    """`read_params` gives the `effort_shares:` mapping (`mbfg estimate --params` applies it) and names an unknown
+    actuator or a share that is not a number > 0 with the file and key."""
+    from mbfg_ros.tuning.params_file import ParamsFileError, read_params
+    p = tmp_path / "p.yaml"
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    mode: estimation\n"
+                 "    effort_shares: {q1: 0.1, q2: 10.0}\n")
+    assert read_params(p, pendulum) == {"mode": "estimation", "effort_shares": {"q1": 0.1, "q2": 10.0}}
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    effort_shares: {elbow: 2.0}\n")
+    with pytest.raises(ParamsFileError, match=r"p.yaml: .*effort_shares.elbow: unknown actuator of .*q1, q2"):
+        read_params(p, pendulum)
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    effort_shares: {q1: -1.0}\n")
+    with pytest.raises(ParamsFileError, match=r"effort_shares.q1 must be a number > 0"):
+        read_params(p, pendulum)
+
+
+def test_the_node_takes_the_shares_and_refuses_them_where_no_effort_is_estimated(tmp_path):
+    """The node's `effort_shares.<joint>` parameters (default 1: none given) from a parameter file reach the
+    core's config; changed at run time they rebuild it; in a mode without estimated efforts a share ≠ 1 is
+    refused with the reason and the node keeps its parameters."""
+    pytest.importorskip("rclpy")
+    import sys
+    from pathlib import Path
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.parameter import Parameter
+    from mbfg_ros.ros import node as N
+    from mbfg_ros.tuning.params_file import format_params
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ros_helpers import fresh_domain_id
+    p = tmp_path / "tuned.yaml"
+    p.write_text(format_params("estimation", {"effort_density": 10.0}, {}, mechanism="double_pendulum_a0")
+                 + "    effort_shares:\n      q1: 0.1\n")
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "--params-file", str(p), "-p", "publish_markers:=false", "-p", "dt:=0.002"],
+               context=ctx, domain_id=fresh_domain_id())
+    try:
+        node = N.EstimatorNode(context=ctx)
+        try:
+            assert node.config.effort_shares == {"q1": 0.1}
+            assert node.set_parameters([Parameter("effort_shares.q2", value=2.0)])[0].successful
+            assert node.config.effort_shares == {"q1": 0.1, "q2": 2.0}
+            refused = node.set_parameters([Parameter("mode", value="forward_dynamics")])[0]
+            assert not refused.successful and "effort_shares" in refused.reason, refused.reason
+            assert node.config.mode == "estimation"
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)

@@ -495,7 +495,7 @@ def cmd_estimate(args) -> int:
             raise UserError(f"--identify: {exc}") from None
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
-                             smoothed_lag=smoothed_lag,
+                             smoothed_lag=smoothed_lag, effort_shares=dict(from_file.get("effort_shares", {})),
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)

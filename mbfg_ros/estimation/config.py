@@ -26,6 +26,10 @@ class EstimatorConfig:
     # noise parameters by name (`factors.noise`); those not given take the defaults scaled to the mechanism
     sigmas: Dict[str, float] = field(default_factory=dict)
     sensor_sigmas: Dict[str, float] = field(default_factory=dict)   # per-sensor override by sensor name
+    # per actuator (joint name) whose effort (or disturbance) is a state, its share of the density: its walk's
+    # density is the density × the share, the shares normalized to geometric mean 1 (those not given: 1); the
+    # start of the online fit (`adapt_densities`, estimation mode), else used as given
+    effort_shares: Dict[str, float] = field(default_factory=dict)
     assembly_mode: Optional[Tuple[int, ...]] = None                 # requested branch (±1 per indicator)
     # per actuator (joint name) its effort kind, estimated | commanded | passive, over the mechanism's `effort`
     # keys (those not given: the mechanism's, else as the mode says): estimation/efforts.py
@@ -99,6 +103,9 @@ class EstimatorConfig:
                 continue
             if not (s > 0 and (np.isfinite(s) or k in ("disturbance_time_constant", "effort_rate_time_constant"))):
                 problems.append(f"noise parameter '{k}' must be > 0 (got {s})")
+        for name, share in self.effort_shares.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not (share > 0 and np.isfinite(share)):
+                problems.append(f"effort_shares.{name} must be a positive finite number (got {share!r})")
         for name, kind in self.actuator_efforts.items():
             if kind not in EFFORT_KINDS:
                 problems.append(f"actuator '{name}': effort kind must be one of {', '.join(EFFORT_KINDS)} "

@@ -427,3 +427,19 @@ def effort_model(mode: str, mech: Mechanism, sigmas: dict, rates: bool,
     if mode == "estimation":      # no estimated actuator: the rest are known
         return CommandedEfforts(mech, sigmas, rates, ["passive" if k == "passive" else "commanded" for k in kinds])
     return CommandedEfforts(mech, sigmas, rates, kinds)
+
+
+def configured_shares(mech: Mechanism, efforts: "EffortModel", given: Dict[str, float],
+                      mode: str) -> Optional[np.ndarray]:
+    """The state efforts' shares of the density from `EstimatorConfig.effort_shares` (state order, geometric
+    mean 1; 1 where not given), None when none is given; a ValueError naming a joint whose effort is not a
+    state."""
+    if not given:
+        return None
+    names = [mech.actuator_names[j] for j in efforts.state_actuators]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"effort_shares: {', '.join(unknown)} {'is not an actuator' if len(unknown) == 1 else 'are not actuators'}"
+                         f" whose effort is estimated in {mode} mode (those are: {', '.join(names) or 'none'})")
+    log10 = np.log10([float(given.get(n, 1.0)) for n in names])
+    return 10.0 ** (log10 - np.mean(log10))

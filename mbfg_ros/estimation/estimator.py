@@ -47,7 +47,7 @@ from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection
 from mbfg_ros.estimation.density_adaptation import MIN_EVIDENCE, DensityAdaptation, encoded_coordinates
-from mbfg_ros.estimation.efforts import effort_model
+from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
 from mbfg_ros.estimation.joint_covariance import joint_covariance
@@ -131,6 +131,8 @@ class FixedLagEstimator:
         self.ctx = EvalContext(mech)
         self.efforts = effort_model(c.mode, mech, self.sigmas, rates=c.integrator == "hermite",
                                     overrides=c.actuator_efforts)
+        self.configured_shares = configured_shares(mech, self.efforts, c.effort_shares, c.mode)
+        self.efforts.shares = self.configured_shares
         self.deflection = encoder_deflection(mech, c.mode, self.sigmas,
                                              fitted=c.adapt_deflection and self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
@@ -175,7 +177,7 @@ class FixedLagEstimator:
         return DensityAdaptation(self.mech, self.sigmas[self.efforts.density_name],
                                  self.sigmas["acceleration_density"], layout, c.sensor_sigmas, time_constant=T,
                                  hold_start=fused, actuated=self.efforts.state_coordinates, dt=c.dt,
-                                 rate_time_constant=Tv,
+                                 rate_time_constant=Tv, shares=self.configured_shares,
                                  deflection=None if self.deflection is None else
                                  (self.deflection.sigma, self.deflection.time_constant))
 
@@ -214,7 +216,8 @@ class FixedLagEstimator:
         return DensityAdaptation(self.mech, main.density, main.acceleration_density, encoded_coordinates(self.mech),
                                  c.sensor_sigmas, time_constant=main.time_constant, fit_acceleration=False,
                                  fit_effort=False, hold_start=True, actuated=self.efforts.state_coordinates,
-                                 dt=c.dt, rate_time_constant=main.rate_time_constant, **axis)
+                                 dt=c.dt, rate_time_constant=main.rate_time_constant,
+                                 shares=self.configured_shares, **axis)
 
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""

@@ -13,7 +13,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.parameter import Parameter
 
 from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
-from mbfg_ros.estimation.efforts import effort_model, parse_actuator_efforts
+from mbfg_ros.estimation.efforts import configured_shares, effort_model, parse_actuator_efforts
 from mbfg_ros.estimation.identification import identification
 from mbfg_ros.model.identified import parse_identify
 from mbfg_ros.model.spec import BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE
@@ -82,13 +82,18 @@ def parse_identify_parameter(value, mech: Mechanism):
     return tuple(entries)
 
 
-def identification_problem(mech: Mechanism, config: EstimatorConfig) -> Optional[str]:
-    """Why the core of `config` could not identify what it is asked to (None: it can, or nothing is asked): the
-    core would refuse to be built, so the node refuses the parameters instead and keeps running."""
+def core_problem(mech: Mechanism, config: EstimatorConfig) -> Optional[str]:
+    """Why the core of `config` could not identify what it is asked to, or take the efforts' shares it is given
+    (None: it can, or nothing is asked): the core would refuse to be built, so the node refuses the parameters
+    instead and keeps running."""
     try:
         sigmas = {**default_sigmas(mech.spec), **dict(config.sigmas)}
         efforts = effort_model(config.mode, mech, sigmas, rates=config.integrator == "hermite",
                                overrides=config.actuator_efforts)
+        configured_shares(mech, efforts, config.effort_shares, config.mode)
+    except ValueError as e:
+        return shown(f"parameters effort_shares.*: {e}", MAX_LINE)
+    try:
         identification(mech, config.identify, config.mode, config.formulation, config.integrator, efforts)
     except ValueError as e:
         source = ("the mechanism file's identify: section (parameter 'identify' unset)" if config.identify is None
@@ -224,6 +229,16 @@ def declare_parameters(node) -> StartupParameters:
         sensor_sigmas[s.name] = d(f"sensor_sigmas.{s.name}", float(s.sigma), PD(
             description=f"Noise sigma of {s.kind} '{s.name}' (default from the mechanism file)",
             floating_point_range=_float_range(1e-15, 1e15))).value
+    effort_shares = {}
+    for joint in mech.actuator_names:
+        share = d(f"effort_shares.{joint}", 1.0, PD(
+            description=f"The share of the effort (or disturbance) density of actuator '{joint}', where its effort "
+                        f"is a state: its walk's density is the density × the share (the shares normalized to "
+                        f"geometric mean 1; the start of the online fit in estimation mode); > 0; changing one "
+                        f"restarts the estimator",
+            floating_point_range=_float_range(1e-15, 1e15))).value
+        if share != 1.0:           # (1: no information, whatever the effort's kind)
+            effort_shares[joint] = float(share)
     prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
         description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
                     "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
@@ -361,6 +376,7 @@ def declare_parameters(node) -> StartupParameters:
         base = EstimatorConfig(dt=float(dt), window=int(window), mode=str(mode), formulation=str(formulation),
                                integrator=str(integrator), independent=tuple(independent),
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
+                               effort_shares=effort_shares,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
@@ -372,7 +388,7 @@ def declare_parameters(node) -> StartupParameters:
         config = base.validated()
     except ValueError as e:
         raise ConfigError(shown(f"bad estimator parameters: {name_params(str(e))}", MAX_LINE)) from None
-    problem = identification_problem(mech, config)
+    problem = core_problem(mech, config)
     if problem:
         raise ConfigError(problem)
     problem = check_assembly_mode(mech, am)
@@ -471,7 +487,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 rebuild[name] = parse_identify_parameter(value, mech)
             except ValueError as e:
                 return str(e)
-        elif name.startswith("sigmas.") or name.startswith("sensor_sigmas.") or name == "prescribed_sigma":
+        elif name.startswith(("sigmas.", "sensor_sigmas.", "effort_shares.")) or name == "prescribed_sigma":
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
             rebuild[name] = float(value)
@@ -480,23 +496,28 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
             if problem:
                 return f"parameter 'assembly_mode': {problem}"
     if rebuild:
-        sig, ssig = dict(config.sigmas), dict(config.sensor_sigmas)
+        sig, ssig, shares = dict(config.sigmas), dict(config.sensor_sigmas), dict(config.effort_shares)
         for name, value in rebuild.items():
             if name.startswith("sigmas."):
                 sig[name[len("sigmas."):]] = value
+            elif name.startswith("effort_shares."):
+                shares[name[len("effort_shares."):]] = value
+                if value == 1.0:
+                    del shares[name[len("effort_shares."):]]
             elif name.startswith("sensor_sigmas."):
                 ssig[name[len("sensor_sigmas."):]] = value
             elif name == "prescribed_sigma":
                 ssig.update(prescribed_sigmas(mech, value))
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
+                             effort_shares=shares,
                              actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
                              identify=rebuild["identify"] if "identify" in rebuild else config.identify).validated()
         except ValueError as e:
             return name_params(str(e))
-        # a mode or effort kind under which the identified parameters cannot be estimated is refused here: the
-        # core would not be built
-        problem = identification_problem(mech, config)
+        # a mode or effort kind under which the identified parameters cannot be estimated, or the shares given
+        # have no estimated effort, is refused here: the core would not be built
+        problem = core_problem(mech, config)
         if problem:
             return problem
     return ParameterChange(config, tuple(sorted(rebuild)))

@@ -20,7 +20,7 @@ NODE_ONLY_KEYS = frozenset((
     "max_prediction", "parameters_period", "prescribed_sigma", "publish_covariance", "actuator_efforts", "identify",
     "start_type_description_service"))
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
-APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "adapt_densities",
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "adapt_densities",
                 "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
 
 
@@ -98,25 +98,27 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
 
 
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
-    """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas and
-    sensor_sigmas as dicts, checked against the noise parameters and the mechanism's sensors).  Keys the node
+    """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
+    sensor_sigmas and effort_shares as dicts, checked against the noise parameters and the mechanism's sensors
+    and actuators).  Keys the node
     knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
     key, params = node_parameters(path)
     out: Dict[str, object] = {}
     known_sigmas = set(default_sigmas())
     sensors = {s.name for s in mech.sensors}
+    actuators = set(mech.actuator_names)
     for name, value in params.items():
         where = f"{path}: {excerpt(key)}.ros__parameters.{excerpt(name)}"
-        if name in ("sigmas", "sensor_sigmas"):
+        if name in ("sigmas", "sensor_sigmas", "effort_shares"):
             if not isinstance(value, dict):
                 raise ParamsFileError(f"{where} must be a mapping of names to numbers")
-            allowed = known_sigmas if name == "sigmas" else sensors
+            allowed = {"sigmas": known_sigmas, "sensor_sigmas": sensors, "effort_shares": actuators}[name]
+            what = {"sigmas": "noise parameter", "sensor_sigmas": "sensor of " + mech.name,
+                    "effort_shares": "actuator of " + mech.name}[name]
             table = {}
             for k, v in value.items():
                 if k not in allowed:
-                    raise ParamsFileError(
-                        f"{where}.{excerpt(k)}: unknown {'noise parameter' if name == 'sigmas' else 'sensor of ' + mech.name}"
-                        f" (known: {', '.join(sorted(allowed))})")
+                    raise ParamsFileError(f"{where}.{excerpt(k)}: unknown {what} (known: {', '.join(sorted(allowed))})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
