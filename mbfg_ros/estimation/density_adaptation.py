@@ -35,6 +35,14 @@ offline, by the innovation likelihood of its own readings, online:
   and its neighbours (in log density; the time constant's in its bandwidth 1/T) (fused mode: once the readings
   reject the starting values, `RELEASE_PROBABILITY`).
 
+A bank may fit one more axis at the others' current estimates (`FixedLagEstimator` runs them in a coordinate
+ascent): the encoders' deflection σ (`fit_deflection`), the efforts' shares of the density (`fit_shares`), or
+boosts (`boosts`): the efforts' densities are fitted to the motion of the last `MEMORY` s, and a machine that
+turns fast (the DFKI acrobot's last second, its elbow's torque reversing by 10 N·m within 20 ms) outruns them:
+the estimate trails its readings by 10–15 mrad.  The boosts' bank forgets over `BOOST_MEMORY` s and raises one
+actuator's density by 0.5–2 decades while that short evidence rejects the unraised densities (½ χ²₁ at
+`GATE_PROBABILITY`, 12 nats); the estimator multiplies that actuator's density by it (the long fits do not see it).
+
 Robustness: the bank steps at most every `BANK_INTERVAL` s of readings (decimated like `mbfg tune`: the
 densities are continuous-time quantities); a reading whose normalized innovation is improbable (χ² gate) under
 every filter's densities is not counted (outliers; `MAX_REJECTED` in a row restart the filters: they lost the
@@ -96,6 +104,11 @@ DEFLECTION_REFERENCE = 1e-3   # [rad, m] the middle of the deflection's grid (`f
 DEFLECTION_STEP = 0.5          # [decades] between its points ...
 DEFLECTION_GRID = (0.0,) + tuple(DEFLECTION_REFERENCE * 10.0 ** (DEFLECTION_STEP * k) for k in range(-2, 3))
                                # ... none, then 0.1–10 mrad (mm)
+BOOST_MEMORY = 0.5     # [s] the boosts' bank (`boosts`) forgets its evidence this fast: a swing's worth ...
+BOOST_GRID = (0.5, 1.0, 1.5, 2.0)   # ... and puts each actuator's density this many decades above its own;
+BOOST_SETTLED = 2.0    # [s] the estimator applies the boosts once the density fit's evidence spans this (four of the
+                       # boosts' memories: before, the two are as quick; on the simulated slider-crank the boosts
+                       # raised a density the fit was still moving towards, +8 % effort error)
 SHARE_DECADES = 1.5    # the efforts' shares (`fit_shares`): each actuator's log10 share on a grid of ± this ...
 SHARE_STEP = 0.25      # ... every quarter decade (13; two actuators: their ratio ± 3 decades every half decade)
 RELEASE_PROBABILITY = 0.05  # with `hold_start` (fused mode), the starting densities (and time constant) are kept
@@ -193,7 +206,7 @@ class DensityAdaptation:
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
                  actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf,
                  deflection: Optional[tuple] = None, fit_deflection: bool = False, fit_effort: bool = True,
-                 shares=None, fit_shares: bool = False):
+                 shares=None, fit_shares: bool = False, boosts: bool = False):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -227,6 +240,14 @@ class DensityAdaptation:
         if fit_shares and na < 2:
             raise ValueError("fitting the efforts' shares needs two or more actuated efforts")
         self.fit_shares = bool(fit_shares)
+        # the boosts (`boosts`): each filter raises one actuator's density by a point of `BOOST_GRID` (the first
+        # raises none), the evidence forgotten over `BOOST_MEMORY`; `boost` (log10 per actuator) is the best
+        # filter's raise where the last half second rejects none (`_update_boost`)
+        if boosts and fit_shares:
+            raise ValueError("a bank fits the shares or the boosts, not both")
+        self.boosts = bool(boosts)
+        self.memory = BOOST_MEMORY if self.boosts else MEMORY
+        self.boost = np.zeros(na)
         self.log10_shares = np.log10(shares) - np.mean(np.log10(shares))
         self.share_grid = SHARE_STEP * np.arange(-round(SHARE_DECADES / SHARE_STEP),
                                                  round(SHARE_DECADES / SHARE_STEP) + 1)
@@ -276,7 +297,8 @@ class DensityAdaptation:
         self.deflection_sigma = 0.0 if self.deflection is None else self.deflection[0]
         self.deflection_grid = np.array(DEFLECTION_GRID if self.fit_deflection else [self.deflection_sigma])
         self.shape = (len(self.grid), len(self.acceleration_grid), len(self.time_constant_grid),
-                      len(self.deflection_grid), (na - 1) * len(self.share_grid) if self.fit_shares else 1)
+                      len(self.deflection_grid), (na - 1) * len(self.share_grid) if self.fit_shares else
+                      1 + na * len(BOOST_GRID) if self.boosts else 1)
         self.K = int(np.prod(self.shape))
         E, A_, T_, B_, S_ = self.shape
         self._time_index = np.tile(np.repeat(np.arange(T_), B_ * S_), E * A_)
@@ -296,6 +318,8 @@ class DensityAdaptation:
         self.release = 0.5 * chi_square_quantile(RELEASE_PROBABILITY, axes)
         # (`early_evidence` beyond this: the early readings reject the starting densities at GATE_PROBABILITY)
         self.early_rejection = 0.5 * chi_square_quantile(GATE_PROBABILITY, max(axes, 1))
+        # (a boost where the last half second rejects none at GATE_PROBABILITY, one axis: 12 nats)
+        self.boost_rejection = 0.5 * chi_square_quantile(GATE_PROBABILITY, 1)
         self.gate = chi_square_quantile(GATE_PROBABILITY, d)
         self.log_likelihood = np.zeros(self.K)   # forgotten sums of log N(ν; 0, S) per filter
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
@@ -554,7 +578,7 @@ class DensityAdaptation:
                 self.early_log_likelihood -= 0.5 * (np.minimum(m, self.gate) + logdet)
                 self.early_steps += 1
             return
-        forget = math.exp(-H / MEMORY)
+        forget = math.exp(-H / self.memory)
         self.log_likelihood = forget * self.log_likelihood - 0.5 * (np.minimum(m, self.gate) + logdet)
         self.evidence = forget * self.evidence + H
         self.counted += 1
@@ -571,6 +595,9 @@ class DensityAdaptation:
         return float(np.max(self.early_log_likelihood) - self.early_log_likelihood[self.start])
 
     def _update_estimate(self):
+        if self.boosts:
+            self._update_boost()
+            return
         score = self.log_likelihood + self.log_prior
         best = int(np.argmax(score))
         if not self.released:
@@ -602,6 +629,18 @@ class DensityAdaptation:
                 or (self.fit_time_constant and abs(z - pz) >= CHANGE) \
                 or (self.fit_deflection and ((w is None) != (pw is None) or (w is not None and abs(w - pw) >= CHANGE))):
             self.passed_log10 = (x, y, z, w)
+            self.changed = True
+
+    def _update_boost(self):
+        """The best filter's raise of one actuator's density where its log-likelihood over the last
+        `BOOST_MEMORY` s exceeds the unraised filter's by `boost_rejection` nats, else none (no prior: the test
+        is the hold)."""
+        best = int(np.argmax(self.log_likelihood))
+        boost = np.zeros(self.na)
+        if self.log_likelihood[best] - self.log_likelihood[0] > self.boost_rejection:
+            boost = self._share_table()[best] - self.log10_shares
+        if np.max(np.abs(boost - self.boost)) >= CHANGE:
+            self.boost = boost
             self.changed = True
 
     def set_fixed(self, density: Optional[float] = None, acceleration_density: Optional[float] = None,
@@ -649,7 +688,13 @@ class DensityAdaptation:
         """(the share axis's points, na): the log10 shares of each point.  Without `fit_shares` one point, the
         shares given.  With it, per actuator f but the last a family along the grid: f's log10 share at each
         grid point, the others' moved by the opposite over na − 1 each (the geometric mean stays 1; with two
-        actuators the family is the ratio's grid)."""
+        actuators the family is the ratio's grid).  With `boosts`: the shares given, then per actuator the
+        shares with its own raised by each point of `BOOST_GRID`."""
+        if self.boosts:
+            rows = np.repeat(self.log10_shares[None, :], self.shape[4], axis=0)
+            for f in range(self.na):
+                rows[1 + f * len(BOOST_GRID):1 + (f + 1) * len(BOOST_GRID), f] += BOOST_GRID
+            return rows
         if not self.fit_shares:
             return self.log10_shares[None, :]
         na, G = self.na, len(self.share_grid)
@@ -662,6 +707,8 @@ class DensityAdaptation:
         return table
 
     def _share_prior(self) -> np.ndarray:
+        if self.boosts:
+            return np.zeros(self.shape[4])
         return -0.5 * np.sum((self._share_table() / PRIOR_DECADES) ** 2, axis=1)
 
     def _fit_shares(self, scores: np.ndarray) -> bool:
