@@ -106,7 +106,8 @@ class EffortModel:
         self.state_actuators = np.array(state, dtype=np.intp)
         self.state_actuators.flags.writeable = False
         self.n_state = len(state)
-        #: each state effort's share of the density (geometric mean 1), where the estimator fits them; else None
+        #: each state effort's multiplier of the density (its share, geometric mean 1, given or fitted, × its boost:
+        #: the estimator sets it); None: the density alone
         self.shares: Optional[np.ndarray] = None
         self.state_coordinates = np.array(mech.actuated, dtype=np.intp)[self.state_actuators]
         self.state_coordinates.flags.writeable = False
@@ -357,8 +358,8 @@ class UnknownEfforts(EffortModel):
                                        rate_time_constant=self.sigmas["effort_rate_time_constant"])]
 
     def densities(self):
-        """The density of each state effort's walk: the configured (fitted) one, × its share where the shares
-        are fitted (`FixedLagEstimator._shares_fit`)."""
+        """The density of each state effort's walk: the configured (fitted) one, × its multiplier where it has
+        one (its share, given or fitted, and its boost: `FixedLagEstimator._shares_fit`, `_boost_fit`)."""
         density = self.sigmas[self.density_name]
         return density if self.shares is None else density * self.shares
 

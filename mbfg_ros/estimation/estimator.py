@@ -217,7 +217,7 @@ class FixedLagEstimator:
         while it rejects the unraised densities, that actuator's density in the graph is raised (`DensityAdaptation`,
         `boosts`).  A density fitted over 10 s lags a motion that turns faster than the recent past: on the
         DFKI acrobot's last second the estimate trailed its readings by 10–15 mrad and the elbow's torque by ~35 ms.
-        Not in fused mode, where its time constant would be a grid axis too."""
+        Not in fused mode, where the commands pin the motion down (measured: docs/decisions.md)."""
         main = self.density_adaptation
         if main is None or self.config.mode != "estimation":
             return None
@@ -421,14 +421,17 @@ class FixedLagEstimator:
     def fitted_densities(self) -> Optional[Dict[str, float]]:
         """The process densities the online fit has handed to the factors (the steps added from now on use them):
         {effort_density (estimation) or disturbance_density (fused), acceleration_density, and in fused mode
-        disturbance_time_constant (unless configured undamped)}; None when they are
+        disturbance_time_constant (unless configured undamped), deflection_sigma where fitted, and
+        effort_density.<joint> (disturbance_density.<joint>) where the efforts have their own: shares or
+        boosts}; None when they are
         not fitted online (forward_dynamics mode, `adapt_densities` false, not one encoder per degree of
         freedom)."""
         if self.density_adaptation is None:
             return None
         fitted = {name: float(self.factors.sigmas[name]) for name in self._fitted_by(self.density_adaptation)}
         if self.efforts.shares is not None:
-            # each actuated effort's own density (the density × its share: `_shares_fit`)
+            # each actuated effort's own density (the density × its share, `_shares_fit`, given or fitted, × its
+            # boost, `_boost_fit`)
             density = fitted[self.efforts.density_name]
             for j, share in zip(self.efforts.state_actuators, self.efforts.shares):
                 fitted[f"{self.efforts.density_name}.{self.mech.actuator_names[j]}"] = density * float(share)
