@@ -63,7 +63,7 @@ def test_the_boosts_bank_raises_the_density_of_the_effort_that_turns_faster(pend
 
 def test_the_boosts_table_raises_one_actuator_at_a_time(pendulum):
     """Each filter of the bank: the shares given, then per actuator its own raised by each grid point; no prior;
-    the shares follow the shares' fit (`set_shares`); a bank fits the shares or the boosts, not both."""
+    the shares follow the shares' fit (`set_shares`); the bank fits nothing else."""
     bank = DA.DensityAdaptation(pendulum, 10.0, 0.1, fit_effort=False, fit_acceleration=False, boosts=True,
                                 shares=[4.0, 0.25])
     G = len(DA.BOOST_GRID)
@@ -75,8 +75,10 @@ def test_the_boosts_table_raises_one_actuator_at_a_time(pendulum):
     assert np.all(bank.log_prior == bank.log_prior[0])
     bank.set_shares([1.0, 1.0])
     np.testing.assert_allclose(bank._share_table()[0], [0.0, 0.0])
-    with pytest.raises(ValueError, match="shares or the boosts"):
-        DA.DensityAdaptation(pendulum, 10.0, 0.1, fit_shares=True, boosts=True)
+    for other in (dict(fit_shares=True), dict(fit_effort=True), dict(fit_acceleration=True), dict(time_constant=0.1)):
+        with pytest.raises(ValueError, match="holds every other axis at one point"):
+            DA.DensityAdaptation(pendulum, 10.0, 0.1, **{"fit_effort": False, "fit_acceleration": False, "boosts": True,
+                                                         **other})
 
 
 def test_the_estimator_applies_the_boosts_once_its_density_fit_has_settled(pendulum):

@@ -243,8 +243,9 @@ class DensityAdaptation:
         # the boosts (`boosts`): each filter raises one actuator's density by a point of `BOOST_GRID` (the first
         # raises none), the evidence forgotten over `BOOST_MEMORY`; `boost` (log10 per actuator) is the best
         # filter's raise where the last half second rejects none (`_update_boost`)
-        if boosts and fit_shares:
-            raise ValueError("a bank fits the shares or the boosts, not both")
+        if boosts and (fit_shares or fit_deflection or fit_effort or fit_acceleration or time_constant < FOREVER):
+            raise ValueError("the boosts' bank holds every other axis at one point (the shares, deflection, "
+                             "densities and time constant given), and fits none of them")
         self.boosts = bool(boosts)
         self.memory = BOOST_MEMORY if self.boosts else MEMORY
         self.boost = np.zeros(na)
