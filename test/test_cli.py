@@ -549,3 +549,20 @@ def test_estimate_smoothed_lag_writes_every_row_smoothed(tmp_path, capsys):
     rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
                       "--params", params, "--smoothed-lag", 5], capsys)
     assert rc == 0, err
+
+
+def test_estimate_takes_the_efforts_shares_from_the_params_file(tmp_path, capsys):
+    """`effort_shares:` of a `--params` file reaches the estimator (each effort's density × its share); on an
+    actuator whose effort is not estimated it is an error naming the file."""
+    t = np.arange(0.0, 0.2, 1e-3)
+    obs = tmp_path / "obs.csv"
+    obs.write_text("t,crank\n" + "".join(f"{float(a)!r},{0.1 * float(np.sin(a))!r}\n" for a in t))
+    params = tmp_path / "p.yaml"
+    params.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    mode: estimation\n"
+                      "    effort_shares: {crank: 2.0}\n")
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--params", params], capsys)
+    assert rc == 0, err
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--params", params, "--actuator-effort", "crank=passive"], capsys)
+    assert rc == 2 and f"{params}: effort_shares: crank is not an actuator whose effort is estimated" in err, err

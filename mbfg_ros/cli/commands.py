@@ -503,7 +503,9 @@ def cmd_estimate(args) -> int:
         from mbfg_ros.estimation.estimator import FixedLagEstimator
         FixedLagEstimator(mech, config)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        # (the shares come only from a parameter file: name it)
+        where = f"{args.params}: " if str(exc).startswith("effort_shares") else ""
+        raise UserError(where + str(exc)) from None
 
     def readings(k):
         out = {name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])}
