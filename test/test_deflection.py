@@ -144,16 +144,15 @@ def test_the_fit_finds_a_deflection_where_there_is_one_and_none_where_there_is_n
 
 def test_an_encoder_behind_a_gear_gets_a_deflection_the_fit_sets(tmp_path):
     """The double pendulum's encoders read geared motors (gear ratio −6): with the densities fitted online (the
-    default) the estimation mode's state has the deflection, its fit starting at none (the window at the grid's
-    middle until the fit's estimates are used), and the fit hands its σ_b to the factors; without the fit, in forward dynamics or fused mode there is none; a gearless mechanism
+    default) the estimation mode's state has the deflection, starting at none (the floor), and the fit hands its
+    σ_b to the factors; without the fit, in forward dynamics or fused mode there is none; a gearless mechanism
     has none either."""
     from mbfg_ros.estimation.deflection import deflection_floor, geared_encoders
     mech = load_mechanism("double_pendulum_a0")
     assert geared_encoders(mech) == [s.name for s in mech.sensors if s.kind == "encoder"]
     est = FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation"))
     assert est.deflection is not None and est.deflection_fit is not None
-    # (the fit starts at none; the window, until the fit's estimates are used, at the grid's middle)
-    assert est.deflection_fit.deflection_sigma == 0.0 and est.sigmas["deflection_sigma"] == DA.DEFLECTION_REFERENCE
+    assert est.sigmas["deflection_sigma"] == deflection_floor(mech)
     assert "deflection_sigma" in est.fitted_densities()
     for config in (EstimatorConfig(dt=2e-3, mode="estimation", adapt_densities=False),
                    EstimatorConfig(dt=2e-3, mode="forward_dynamics"), EstimatorConfig(dt=2e-3, mode="fused")):
