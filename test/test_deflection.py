@@ -144,15 +144,16 @@ def test_the_fit_finds_a_deflection_where_there_is_one_and_none_where_there_is_n
 
 def test_an_encoder_behind_a_gear_gets_a_deflection_the_fit_sets(tmp_path):
     """The double pendulum's encoders read geared motors (gear ratio −6): with the densities fitted online (the
-    default) the estimation mode's state has the deflection, starting at none (the floor), and the fit hands its
-    σ_b to the factors; without the fit, in forward dynamics or fused mode there is none; a gearless mechanism
+    default) the estimation mode's state has the deflection, its fit starting at none (the window at the grid's
+    middle until the fit's estimates are used), and the fit hands its σ_b to the factors; without the fit, in forward dynamics or fused mode there is none; a gearless mechanism
     has none either."""
     from mbfg_ros.estimation.deflection import deflection_floor, geared_encoders
     mech = load_mechanism("double_pendulum_a0")
     assert geared_encoders(mech) == [s.name for s in mech.sensors if s.kind == "encoder"]
     est = FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation"))
     assert est.deflection is not None and est.deflection_fit is not None
-    assert est.sigmas["deflection_sigma"] == deflection_floor(mech)
+    # (the fit starts at none; the window, until the fit's estimates are used, at the grid's middle)
+    assert est.deflection_fit.deflection_sigma == 0.0 and est.sigmas["deflection_sigma"] == DA.DEFLECTION_REFERENCE
     assert "deflection_sigma" in est.fitted_densities()
     for config in (EstimatorConfig(dt=2e-3, mode="estimation", adapt_densities=False),
                    EstimatorConfig(dt=2e-3, mode="forward_dynamics"), EstimatorConfig(dt=2e-3, mode="fused")):
@@ -262,3 +263,20 @@ def test_a_tuned_file_keeps_the_given_encoder_sigma_where_the_fit_below_it_is_un
                              0.0, 1)
     given = {"a": 5.5e-5, "b": 5.5e-5, "c": 5.5e-5, "d": 5.5e-5}
     assert tl.file_sensor_sigmas(result, given) == {"a": 5.5e-5, "b": 1e-5, "c": 2e-4, "d": 5.5e-5}
+
+
+def test_the_gate_scales_an_encoder_read_through_the_deflection():
+    """The outlier gate measures a geared encoder's residual at the prediction against √(σ² + σ_b²): with σ alone
+    (5.5e-5 rad on the DFKI motors) 100σ was 5.5 mrad, and a start through a 1-mrad deflection re-initialized the
+    acrobot 11 times; an encoder without a deflection keeps its σ."""
+    mech = load_mechanism("double_pendulum_a0")
+    est = FixedLagEstimator(mech, EstimatorConfig(dt=2e-3, mode="estimation"))
+    units = [u for u in est.sensors.units.values() if isinstance(u, F.Encoder)]
+    assert units and all(u.deflection is not None for u in units)
+    sigma_b = est.deflection.sigma
+    for u in units:
+        s = float(u.sigmas[0])
+        assert est.gate._through_deflection(u) == pytest.approx(s / math.sqrt(s * s + sigma_b ** 2), rel=1e-12)
+    crank = load_mechanism("four_bar_crank")
+    plain = FixedLagEstimator(crank, EstimatorConfig(mode="estimation"))
+    assert all(plain.gate._through_deflection(u) == 1.0 for u in plain.sensors.units.values())

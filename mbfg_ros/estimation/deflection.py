@@ -12,7 +12,9 @@ Where it is (`encoder_deflection`): with σ_b > 0 configured; and in estimation 
 fitted online (``adapt_densities``, the default), on every mechanism with an encoder on a geared actuator's coordinate
 (``gear_ratio`` ≠ ±1: the encoder is the motor's, behind the gear), whose σ_b the fit then chooses among none and
 0.1–10 mrad (`density_adaptation.DEFLECTION_GRID`; "none" in the state: σ_b at `FLOOR_RATIO` of the encoders'
-σ, where it changes nothing) from the start none.  Elsewhere (σ_b 0 and no gear, or the fit off): no deflection
+σ, where it changes nothing) from the start none; the window itself starts at the grid's middle, 1 mrad, until
+the density fit's estimates are used (`FixedLagEstimator._cautious_deflection`: from none, the configured densities
+read a real gear's wobble as effort).  Elsewhere (σ_b 0 and no gear, or the fit off): no deflection
 block, no extra work.
 
 Why (bench/encoder_deflection.py, the DFKI double pendulum, gear ratio 6, motor-side encoders): the readings'
@@ -76,7 +78,7 @@ def deflection_floor(mech) -> float:
 def encoder_deflection(mech, mode: str, sigmas: Dict[str, float], fitted: bool) -> Optional[EncoderDeflection]:
     """The deflection of the mechanism's encoders in estimation or fused mode (the modes that read encoders):
     with ``deflection_sigma`` > 0, or in estimation mode with `fitted` (the densities fitted online) where an
-    encoder reads a geared actuator (its σ_b then starts at none: `deflection_floor`, set in `sigmas`); else
+    encoder reads a geared actuator (its σ_b's fit then starts at none: `deflection_floor`, set in `sigmas`); else
     None.  (Not by default in fused mode: there the commands pin the motion down, and the deflection's freedom
     cost the DFKI runs' shoulder torque up to 45 % and the pendubot's track: docs/decisions.md.)"""
     names = [s.name for s in mech.sensors if s.kind == "encoder"]

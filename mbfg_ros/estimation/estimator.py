@@ -46,7 +46,8 @@ from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection
-from mbfg_ros.estimation.density_adaptation import BOOST_SETTLED, MIN_EVIDENCE, DensityAdaptation, encoded_coordinates
+from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, DEFLECTION_REFERENCE, MIN_EVIDENCE,
+                                                     DensityAdaptation, encoded_coordinates)
 from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -136,7 +137,7 @@ class FixedLagEstimator:
         self.deflection = encoder_deflection(mech, c.mode, self.sigmas,
                                              fitted=c.adapt_deflection and self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
-        self.gate = InnovationGate(c)
+        self.gate = InnovationGate(c, self.deflection)
         self.identification = identification(mech, c.identify, c.mode, c.formulation, c.integrator, self.efforts)
         self.factors = step_factors(mech, c, self.sigmas, self.efforts, self.ctx, self.identification,
                                     self.deflection)
@@ -152,6 +153,13 @@ class FixedLagEstimator:
         self.shares_fit = self._shares_fit()
         self.boost_fit = self._boost_fit()
         self._boosting = False          # the boosts apply (`BOOST_SETTLED`)
+        # the deflection's fit starts at none; until the density fit's estimates are used (`MIN_EVIDENCE`), the
+        # window reads geared encoders through the deflection grid's middle (`DEFLECTION_REFERENCE`): from none,
+        # a real gear's wobble was read as effort at the configured densities (the DFKI acrobot's first 0.1 s:
+        # 24 N·m off at a 1σ of 0.7)
+        self._cautious_deflection = self.deflection_fit is not None and self.deflection_fit.deflection_sigma == 0.0
+        if self._cautious_deflection:
+            self.sigmas["deflection_sigma"] = DEFLECTION_REFERENCE
         self.sigma_adaptation = self._sigma_adaptation()
         self.last: Optional[Estimate] = None
         self._pending_smoothed: Deque[Tuple[int, Estimate]] = deque()   # estimated, not yet smoothed
@@ -378,6 +386,9 @@ class FixedLagEstimator:
                     if settled != self._boosting:
                         self._boosting = settled
                         changed = True
+                if self._cautious_deflection and adaptation.evidence >= MIN_EVIDENCE:
+                    self._cautious_deflection = False
+                    changed = True          # (the fit's deflection, none until its bank rejects none)
                 if changed and (shares is not None or boost is not None):
                     base = shares.shares if shares is not None else self.configured_shares
                     raised = boost is not None and self._boosting and bool(np.any(boost.boost))

@@ -211,9 +211,13 @@ class InnovationGate:
     Late readings (`screen_late`) go through the same gate and bookkeeping: a sensor read late is not
     silent, and refusals count towards ``max_rejections``, but they never re-initialize by themselves."""
 
-    def __init__(self, config: EstimatorConfig):
+    def __init__(self, config: EstimatorConfig, deflection=None):
         self.gate = config.outlier_gate
         self.enabled = bool(self.gate)           # 0: off
+        # an encoder read through the deflection (`estimation.deflection`): its residual at the prediction has
+        # the deflection's σ_b beside its own σ (with the encoder's σ alone, 100σ was 5.5 mrad against a fitted
+        # σ_b of ~1 mrad on the DFKI motors)
+        self.deflection = deflection
         self.max_rejections = config.max_rejections
         self.outage_steps = config.outage_steps
         self.reset()
@@ -239,20 +243,23 @@ class InnovationGate:
             name = u.name
             w = whitened(u)
             m = abs(w.item()) if w.size == 1 else float(_max(np.abs(w)))      # (one row: a plain float)
+            m *= self._through_deflection(u)
             since = k - seen.get(name, k)
             seen[name] = k
             if m > gate:
                 if since > self.outage_steps:
                     rejections.clear()
                     raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ "
-                                           f"({m * float(u.sigmas[0]):.3g}) after {since} steps without a reading")
+                                           f"({m * float(u.sigmas[0]) / self._through_deflection(u):.3g}) after "
+                                           f"{since} steps without a reading")
                 limit = self.max_rejections
                 if name in unconfirmed:
                     limit = min(limit, UNCONFIRMED_REJECTIONS)
                 if rejections.get(name, 0) >= limit:
                     rejections.clear()
                     raise ReadingsDisagree(f"{name} disagreed with the prediction by {m:.3g} σ "
-                                           f"({m * float(u.sigmas[0]):.3g}) for {limit + 1} steps"
+                                           f"({m * float(u.sigmas[0]) / self._through_deflection(u):.3g}) for "
+                                           f"{limit + 1} steps"
                                            + (" (the start was a guess)" if name in unconfirmed else ""))
                 rejections[name] = rejections.get(name, 0) + 1
                 self.rejected.append(f"{name} ({m:.3g} σ)")
@@ -262,6 +269,14 @@ class InnovationGate:
             kept.append(u)
         return kept
 
+    def _through_deflection(self, u) -> float:
+        """σ / √(σ² + σ_b²) for an encoder read through the deflection (its whitened residual to the gate's
+        scale), else 1."""
+        if self.deflection is None or getattr(u, "deflection", None) is None:
+            return 1.0
+        sigma = float(u.sigmas[0])
+        return sigma / math.sqrt(sigma * sigma + self.deflection.sigma ** 2)
+
     def screen_late(self, units: list, whitened: np.ndarray, j: int) -> List[bool]:
         """Which of the late readings of step j pass (`whitened`: their stacked whitened residual rows at
         the estimate of step j, in the order of `units`)."""
@@ -270,7 +285,7 @@ class InnovationGate:
         for u in units:
             block = whitened[row:row + u.dim]
             row += u.dim
-            if gate and float(_max(np.abs(block))) > gate:
+            if gate and float(_max(np.abs(block))) * self._through_deflection(u) > gate:
                 rejections[u.name] = rejections.get(u.name, 0) + 1
                 passed.append(False)
             else:
