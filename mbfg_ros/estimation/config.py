@@ -68,7 +68,7 @@ class EstimatorConfig:
     max_substeps: int = 10000              # longest time gap (in dt) bridged by integrating; longer: re-initialize
     blas_threads: int = 1                  # limit OpenBLAS threads of this process (0 = leave alone)
     outlier_gate: float = 100.0            # reject a reading whose residual at the prediction exceeds this many
-                                           # sigmas (0 = off) ...
+                                           # sigmas (0 = off; through a deflection √(σ² + σ_b²)) ...
     max_rejections: int = 10               # ... unless it was rejected this many consecutive steps (then the
                                            # window is re-initialized from the readings: the estimate lost track)
     lost_track_sigmas: float = 30.0        # an encoder's reading farther than this many of its σ (and than 1e-3
