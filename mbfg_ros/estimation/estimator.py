@@ -242,6 +242,14 @@ class FixedLagEstimator:
                                  dt=c.dt, rate_time_constant=main.rate_time_constant,
                                  shares=self.configured_shares, **axis)
 
+    def _follow_main(self, bank: DensityAdaptation):
+        """A side bank takes the main fit's current estimates of the axes it does not fit (`set_fixed` leaves
+        its own axis alone)."""
+        main = self.density_adaptation
+        bank.set_fixed(main.density, main.acceleration_density,
+                       main.time_constant if main.fit_time_constant else None,
+                       main.deflection_sigma if self.deflection is not None else None)
+
     def _sigma_adaptation(self) -> Optional[SensorSigmaAdaptation]:
         """The online fit of the encoders' σ (estimation and fused modes with `adapt_sensor_sigmas`), else None."""
         c = self.config
@@ -354,30 +362,23 @@ class FixedLagEstimator:
                 deflection = self.deflection_fit
                 if deflection is not None:
                     if changed:
-                        deflection.set_fixed(adaptation.density, adaptation.acceleration_density,
-                                             adaptation.time_constant if adaptation.fit_time_constant else None)
+                        self._follow_main(deflection)
                     if deflection.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                         adaptation.set_fixed(deflection_sigma=deflection.deflection_sigma)
                         changed = True
                 shares = self.shares_fit
                 if shares is not None:
                     if changed:
-                        shares.set_fixed(adaptation.density, adaptation.acceleration_density,
-                                         adaptation.time_constant if adaptation.fit_time_constant else None,
-                                         adaptation.deflection_sigma if self.deflection is not None else None)
+                        self._follow_main(shares)
                     if shares.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
-                        for fit in (adaptation, deflection):
+                        for fit in (adaptation, deflection, self.boost_fit):
                             if fit is not None:
                                 fit.set_shares(shares.shares)
                         changed = True
                 boost = self.boost_fit
                 if boost is not None:
                     if changed:
-                        boost.set_fixed(adaptation.density, adaptation.acceleration_density,
-                                        deflection_sigma=adaptation.deflection_sigma if self.deflection is not None
-                                        else None)
-                        if shares is not None:
-                            boost.set_shares(shares.shares)
+                        self._follow_main(boost)
                     if boost.observe(t, obs, est.q, est.v, est.a, tau, est.status != "ok"):
                         changed = True
                     # (only once the density fit's evidence is older than the boosts': before, the two are as
