@@ -90,6 +90,8 @@ class FixedLagWindow:
     SCOPES = ("newest", "ends", "window")
     CHECK_MARGIN = 0.05          # skip only when the bound is 20× below the threshold
     CURVATURE_MEMORY = 16        # the bound uses the largest curvature of this many recent checks
+    CONTRACTION = 0.5            # a relinearization that does not shrink the mismatch this much is halved,
+    FAR = 100.0                  # where the mismatch is more than this many thresholds
 
     def __init__(self, layout: StateLayout, lag_steps: int, ctx: EvalContext, relinearize_threshold: float = 1e-3,
                  max_relinearizations: int = 3, factorization: str = "QR", scope: str = "newest",
@@ -329,7 +331,11 @@ class FixedLagWindow:
                 self._curvature = max(curv)
             if not m > thr or self.max_relinearizations < 1:
                 return x_est
-        for round_ in range(self.max_relinearizations + 1):
+        previous: Dict[int, float] = {}       # each checked step's mismatch in the round before
+        rounds = self.max_relinearizations
+        round_ = -1
+        while round_ < rounds:
+            round_ += 1
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
             stale = []
             for rec in self._checked():
@@ -345,9 +351,19 @@ class FixedLagWindow:
                         x_prev = cache[k - 1] = calc(k - 1)
                 rec.mismatch = self.mismatch(rec, x_prev, x_cur)
                 thr = self.threshold if rec.threshold is None else rec.threshold
-                if rec.mismatch > thr and round_ < self.max_relinearizations:
+                if rec.mismatch > thr and round_ < rounds:
                     if rec.x_prev is not None and x_prev is None:
                         x_prev = cache[k - 1] = calc(k - 1)
+                    before, previous[k] = previous.get(k), rec.mismatch
+                    if (before is not None and rec.mismatch > self.CONTRACTION * before
+                            and rec.mismatch > self.FAR * thr):
+                        # Far off and not contracting: the estimate jumps across a steep stretch of a row (a
+                        # smooth Coulomb sign near zero speed) and back; halfway between it and the point the
+                        # row was linearized at, the iteration settles where the full step oscillates.  (Near
+                        # the threshold the full step is kept: there the mismatch is rounding's floor.)
+                        x_cur = 0.5 * (x_cur + rec.x_cur)
+                        if x_prev is not None and rec.x_prev is not None:
+                            x_prev = 0.5 * (x_prev + rec.x_prev)
                     rec.x_prev, rec.x_cur = x_prev, x_cur
                     stale.append(rec)
             if not stale:
