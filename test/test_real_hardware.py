@@ -271,10 +271,13 @@ def test_the_parameters_wait_for_the_density_fit_where_the_first_readings_reject
 
 def test_the_settling_alone_would_let_the_friction_leap_and_the_density_fit_drops_it(monkeypatch):
     # A0 sysid 02 with the wait for the density fit off (FIRST_FIT_SECONDS 0: θ learns after the 0.2-s settling,
-    # against the configured densities): the elbow's viscous friction leaps to ~0.2 N·m·s/rad (DFKI: 0.001); the
-    # fit's first estimate raises the acceleration density by more than a decade, and what θ learnt is dropped
-    # once and not learnt back (`_relearn_parameters`, the fallback where the early readings do not reject the
-    # configured densities)
+    # against the configured densities) and the geared encoders read with their own σ from the start (fused
+    # mode's widened start, the default, keeps this leap to ~0.05): the elbow's viscous friction leaps to ~0.2
+    # N·m·s/rad (DFKI: 0.001); the fit's first estimate raises the acceleration density by more than a decade,
+    # and what θ learnt is dropped once and not learnt back (`_relearn_parameters`, the fallback where the early
+    # readings do not reject the configured densities)
+    import mbfg_ros.estimation.estimator as estimator
+    monkeypatch.setattr(estimator, "geared_encoders", lambda mech: [])
     rec, _, parameters, messages, est = _identify_friction("design_A.0__20220815__sys_id__trajectory_02", 1.2,
                                                            0.0, monkeypatch)
     elbow_viscous = rh.IDENTIFY.index("q2.viscous_friction")
@@ -385,3 +388,35 @@ def test_the_relinearization_settles_across_the_elbows_friction_at_its_reversals
     lost = {label: np.mean((np.abs(out.q - rec.q) > rh.LOST)[truth.scored].any(axis=1))
             for label, out in (("halved", halved), ("full", full))}
     assert lost["halved"] <= lost["full"] + 1e-3, lost
+
+
+@pytest.mark.parametrize("run", ["design_A.0__20220815__sys_id__trajectory_00",
+                                 "design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory"])
+def test_the_fused_start_reads_the_geared_encoders_widened(run):
+    # fused mode, defaults: until the density fit's estimates are used, the window reads the motor encoders with
+    # σ² + (1 mrad)², the deflection grid's middle as white noise; with their quantization's σ the gear's wobble
+    # went into the disturbance (the acrobot's first 0.1 s: 24.6 N·m off the measured torque, 58 of its own σ)
+    rec = rh.load_recording(run).cut(0.6)
+    mech = rh.design_mechanism(rec.design)
+    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
+    cols = [mech.coordinate_index(j) for j in rh.JOINTS]
+    dt = float(np.median(np.diff(rec.t)))
+
+    def worst(widened: bool):
+        est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=dt, mode="fused"))
+        assert set(est._encoder_sigmas) == {"q1", "q2"}
+        if not widened:
+            est._widen_encoders(False)
+        error = z = 0.0
+        for k in range(len(rec.t)):
+            e = est.step(float(rec.t[k]), rec.tau_con[k], {"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
+            if rec.t[k] - rec.t[0] < 0.1 and e.status != "waiting":
+                sd = np.sqrt(np.diagonal(est.joint_covariance(cols))[4:6])
+                error = max(error, float(np.max(np.abs(e.efforts - truth.tau[k]))))
+                z = max(z, float(np.max(np.abs(e.efforts - truth.tau[k]) / sd)))
+        # (the fit's first estimate, within the 0.6 s, ends the widening)
+        assert not est._encoder_sigmas
+        assert est.sensors.sigma("q1") == pytest.approx(est.fitted_sensor_sigmas().get("q1", mech.sensors[0].sigma))
+        return error, z
+    (error, z), (plain_error, plain_z) = worst(True), worst(False)
+    assert error < 0.3 * plain_error and z < 0.6 * plain_z, (error, z, plain_error, plain_z)
