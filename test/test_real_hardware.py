@@ -342,32 +342,40 @@ def test_the_boosts_keep_the_acrobots_fastest_second_on_its_readings():
     assert np.all(rate["boosted"] < 0.9 * rate["plain"]), rate
 
 
+def _worst_start(run: str, mode: str, seconds: float, start: float, adjust=None):
+    """The largest |effort error| [N·m] and |effort error| / the estimate's own σ over a run's first `start` s,
+    defaults (`adjust(est)`: a change of the estimator first), the run cut to `seconds`; and the estimator."""
+    rec = rh.load_recording(run).cut(seconds)
+    mech = rh.design_mechanism(rec.design)
+    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
+    cols = [mech.coordinate_index(j) for j in rh.JOINTS]
+    est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=float(np.median(np.diff(rec.t))), mode=mode))
+    if adjust is not None:
+        adjust(est)
+    error = z = 0.0
+    for k in range(len(rec.t)):
+        e = est.step(float(rec.t[k]), rec.tau_con[k] if mode == "fused" else None,
+                     {"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
+        if rec.t[k] - rec.t[0] < start and e.status != "waiting":
+            off = np.abs(e.efforts - truth.tau[k])
+            error = max(error, float(np.max(off)))
+            z = max(z, float(np.max(off / np.sqrt(np.diagonal(est.joint_covariance(cols))[4:6]))))
+    return error, z, est
+
+
 @pytest.mark.parametrize("run", ["design_A.0__20220815__sys_id__trajectory_00",
                                  "design_C.0__20220914__sys_id__trajectory_01"])
 def test_the_start_reads_the_geared_encoders_through_a_deflection(run):
     # estimation mode, defaults: until the density fit's estimates are used, the window reads the motor encoders
     # through the deflection grid's middle (1 mrad), not none: at the configured densities a real gear's wobble was
     # read as effort, 9–17 of the estimate's own σ off the measured torque in the first 0.25 s; now within 4σ
-    rec = rh.load_recording(run).cut(0.5)
-    mech = rh.design_mechanism(rec.design)
-    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
-    cols = [mech.coordinate_index(j) for j in rh.JOINTS]
-    dt = float(np.median(np.diff(rec.t)))
-
-    def worst_z(cautious: bool) -> float:
-        est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=dt, mode="estimation"))
+    def without(est):
         assert est._cautious_deflection
-        if not cautious:
-            est._cautious_deflection = False
-            est.sigmas["deflection_sigma"] = deflection_floor(mech)
-        worst = 0.0
-        for k in range(len(rec.t)):
-            e = est.step(float(rec.t[k]), observations={"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
-            if rec.t[k] - rec.t[0] < 0.25 and e.status != "waiting":
-                sd = np.sqrt(np.diagonal(est.joint_covariance(cols))[4:6])
-                worst = max(worst, float(np.max(np.abs(e.efforts - truth.tau[k]) / sd)))
-        return worst
-    assert worst_z(True) < 4.0 < 8.0 < worst_z(False)
+        est._cautious_deflection = False
+        est.sigmas["deflection_sigma"] = deflection_floor(est.mech)
+    _, cautious, _ = _worst_start(run, "estimation", 0.5, 0.25)
+    _, plain, _ = _worst_start(run, "estimation", 0.5, 0.25, without)
+    assert cautious < 4.0 < 8.0 < plain
 
 
 def test_the_relinearization_settles_across_the_elbows_friction_at_its_reversals(monkeypatch):
@@ -396,27 +404,14 @@ def test_the_fused_start_reads_the_geared_encoders_widened(run):
     # fused mode, defaults: until the density fit's estimates are used, the window reads the motor encoders with
     # σ² + (1 mrad)², the deflection grid's middle as white noise; with their quantization's σ the gear's wobble
     # went into the disturbance (the acrobot's first 0.1 s: 24.6 N·m off the measured torque, 58 of its own σ)
-    rec = rh.load_recording(run).cut(0.6)
-    mech = rh.design_mechanism(rec.design)
-    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
-    cols = [mech.coordinate_index(j) for j in rh.JOINTS]
-    dt = float(np.median(np.diff(rec.t)))
+    error, z, est = _worst_start(run, "fused", 0.6, 0.1)
+    # (the fit's first estimate, within the 0.6 s, ends the widening: the encoders' own σ again)
+    assert not est._encoder_sigmas
+    own = est.fitted_sensor_sigmas()
+    assert est.sensors.sigma("q1") == pytest.approx(own.get("q1", est.mech.sensors[0].sigma))
 
-    def worst(widened: bool):
-        est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=dt, mode="fused"))
+    def without(est):
         assert set(est._encoder_sigmas) == {"q1", "q2"}
-        if not widened:
-            est._widen_encoders(False)
-        error = z = 0.0
-        for k in range(len(rec.t)):
-            e = est.step(float(rec.t[k]), rec.tau_con[k], {"q1": float(rec.q[k, 0]), "q2": float(rec.q[k, 1])})
-            if rec.t[k] - rec.t[0] < 0.1 and e.status != "waiting":
-                sd = np.sqrt(np.diagonal(est.joint_covariance(cols))[4:6])
-                error = max(error, float(np.max(np.abs(e.efforts - truth.tau[k]))))
-                z = max(z, float(np.max(np.abs(e.efforts - truth.tau[k]) / sd)))
-        # (the fit's first estimate, within the 0.6 s, ends the widening)
-        assert not est._encoder_sigmas
-        assert est.sensors.sigma("q1") == pytest.approx(est.fitted_sensor_sigmas().get("q1", mech.sensors[0].sigma))
-        return error, z
-    (error, z), (plain_error, plain_z) = worst(True), worst(False)
+        est._widen_encoders(False)
+    plain_error, plain_z, _ = _worst_start(run, "fused", 0.6, 0.1, without)
     assert error < 0.3 * plain_error and z < 0.6 * plain_z, (error, z, plain_error, plain_z)
