@@ -712,6 +712,10 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         timed("mbfg_ros fused, no friction", lambda: score(rec, truth_of(rec, params), run_mbfg(bare, rec, "fused")))
         timed("mbfg_ros fused, friction identified", lambda: identified_row(
             rec, truth_of(rec, params, (True, True)), run_mbfg(bare, rec, "fused", identify=IDENTIFY), params))
+        # the file's friction (DFKI's offline values) as the prior, refined online: a model from a data sheet or an
+        # offline identification, the node's usual start
+        timed("mbfg_ros fused, DFKI's friction refined", lambda: identified_row(
+            rec, truth, run_mbfg(mech, rec, "fused", identify=IDENTIFY), params))
         # (with the efforts unknown too, effort and friction trade off)
         timed("mbfg_ros estimation, no friction",
               lambda: score(rec, truth_of(rec, params), run_mbfg(bare, rec, "estimation")))
@@ -799,7 +803,7 @@ def learnt_table(results: List[dict]) -> str:
     """The `--identify` rows' effort RMSE from `LEARNT` s on beside from the scoring's start: how much of a row's
     error is the identification's learning."""
     labels = ("mbfg_ros fused, no friction", "mbfg_ros fused, friction identified", "mbfg_ros fused, defaults",
-              "EKF fused")
+              "mbfg_ros fused, DFKI's friction refined", "EKF fused")
     lines = ["| run | " + " | ".join(f"{label.replace('mbfg_ros ', '')}: from 0.5 s · from {LEARNT:g} s"
                                      for label in labels) + " |", "|---|" + "---|" * len(labels)]
     for r in results:
@@ -865,8 +869,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "acceleration noise alone takes the gear's play)")
     ap.add_argument("--identify", action="store_true",
                     help="also fused and estimation mode on the mechanism without friction, with and without "
-                         "each joint's viscous and Coulomb friction identified online (IDENTIFY), and a table of "
-                         "the identified values (fused) against DFKI's")
+                         "each joint's viscous and Coulomb friction identified online (IDENTIFY), fused mode with "
+                         "them identified from DFKI's values (the shipped file's), and a table of the values "
+                         "identified from 0 (fused) against DFKI's")
     ap.add_argument("--starts", type=int, nargs="+", metavar="ROWS",
                     help="instead: only the shipped defaults in both modes, each recording started this many rows in "
                          "(how much a score depends on where a run starts)")

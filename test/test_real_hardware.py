@@ -230,7 +230,8 @@ def test_the_learnt_table_scores_from_the_learning_on():
                      rh.Output(motion[:501], zero[:501], tau[:501], np.full((501, 2), 0.1)))
     assert short["effort_learnt"] is None
     rows = {label: row for label in ("mbfg_ros fused, no friction", "mbfg_ros fused, friction identified",
-                                     "mbfg_ros fused, defaults", "EKF fused")}
+                                     "mbfg_ros fused, defaults", "mbfg_ros fused, DFKI's friction refined",
+                                     "EKF fused")}
     table = rh.learnt_table([{"short": "X", "rows": rows}, {"short": "Y", "rows": {"EKF fused": row}}])
     assert table.count("\n") == 2 and "| X | " in table and "0.1 / 0.1" in table
 
