@@ -50,17 +50,22 @@ def test_each_estimate_comes_again_smoothed_with_its_own_stamp(tmp_path):
     assert est.proc.returncode == 0, est.output()[-3000:]
     stamps = [m.header.stamp.sec * 10 ** 9 + m.header.stamp.nanosec for m in smoothed]
     assert stamps == sorted(set(stamps))                          # each step once, in time order
-    assert set(stamps) <= set(causal)                             # the stamps of estimates published before
+    # on the node's grid (the feeder's stamps), and nearly all the stamps of estimates the probe saw published
+    # before: on a busy machine its subscription to the causal topic may be matched a few steps after the
+    # smoothed topic's (discovery is per topic), and it misses their first estimates
+    dt_ns = int(round(dt * 1e9))
+    sample = {s: round((s - f.stamps[0]) / dt_ns) for s in stamps}
+    assert all(abs(s - f.stamps[0] - sample[s] * dt_ns) < dt_ns // 10 for s in stamps)
+    published = [s for s in stamps if s in causal]
+    assert len(published) >= 0.9 * len(stamps)
     assert len(smoothed) >= 0.9 * (len(causal) - LAG)
     assert [m.header.stamp for m in states[:50]] == [m.header.stamp for m in smoothed[:50]]
-    assert list(smoothed[0].name) == list(causal[stamps[0]].name)
+    assert list(smoothed[0].name) == list(causal[published[0]].name)
     # the readings after each step moved it: the smoothed rate is nearer the truth than the causal one
-    dt_ns = int(round(dt * 1e9))
-    sample = {s: round((s - f.stamps[0]) / dt_ns) for s in stamps}      # (the node's grid: the feeder's stamps)
     c = next(int(u.coordinate) for u in mech.sensors if u.kind == "encoder")
     j = list(smoothed[0].name).index(next(u.name for u in mech.sensors if u.kind == "encoder"))
     pairs = [(m.velocity[j], causal[s].velocity[j], traj.v[sample[s], c])
-             for m, s in zip(smoothed, stamps) if 0 <= sample[s] < len(traj.t)][50:]
+             for m, s in zip(smoothed, stamps) if s in causal and 0 <= sample[s] < len(traj.t)][50:]
     assert len(pairs) > 150
     err = np.array(pairs)
     smoothed_rms = np.sqrt(np.mean((err[:, 0] - err[:, 2]) ** 2))
