@@ -333,9 +333,7 @@ class FixedLagWindow:
                 return x_est
         previous: Dict[int, float] = {}       # each checked step's mismatch in the round before
         rounds = self.max_relinearizations
-        round_ = -1
-        while round_ < rounds:
-            round_ += 1
+        for round_ in range(rounds + 1):
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
             stale = []
             for rec in self._checked():
