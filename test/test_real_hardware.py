@@ -383,20 +383,29 @@ def test_the_relinearization_settles_across_the_elbows_friction_at_its_reversals
     # the A0 pendubot run, estimation mode, defaults: the elbow swings ±2 rad/s at ~16 Hz, reversing within a
     # step or two, and DFKI's Coulomb friction changes sign over ±0.01 rad/s (atan(100 q̇)).  A step whose
     # velocity lands near zero went back and forth across that stretch (the estimate at 0.11, −0.02, 0.05 rad/s
-    # …) until the step failed and the window was re-seeded (10 times in the first 10.5 s); relinearizing halfway
-    # when the mismatch does not shrink settles those steps
+    # …) until the step failed and the window was re-seeded (10 times in the first 10.5 s).  Relinearizing halfway
+    # when the mismatch does not shrink settles most of those steps; the few left are off only in their dynamics
+    # rows, by less than the accelerations' own noise, and are kept
+    import mbfg_ros.estimation.stepping as stepping
     import mbfg_ros.graph.window as window
     rec = rh.load_recording("design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory").cut(10.5)
     mech = rh.design_mechanism(rec.design)
-    halved = rh.run_mbfg(mech, rec, "estimation")
-    monkeypatch.setattr(window.FixedLagWindow, "CONTRACTION", math.inf)
-    full = rh.run_mbfg(mech, rec, "estimation")
+    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
+    kept = rh.run_mbfg(mech, rec, "estimation")
+    with monkeypatch.context() as patch:
+        patch.setattr(stepping, "FAILURE_NOISE", 0.0)          # every step left unsettled fails, re-seeding
+        halved = rh.run_mbfg(mech, rec, "estimation")
+        patch.setattr(window.FixedLagWindow, "CONTRACTION", math.inf)
+        full = rh.run_mbfg(mech, rec, "estimation")
+    assert kept.reinitializations == 0
     assert halved.reinitializations <= 2 and full.reinitializations >= 6, (halved.reinitializations,
                                                                             full.reinitializations)
-    truth = rh.truth_of(rec, rh.dfki_parameters(rec.design), rh.friction_modelled(mech))
     lost = {label: np.mean((np.abs(out.q - rec.q) > rh.LOST)[truth.scored].any(axis=1))
-            for label, out in (("halved", halved), ("full", full))}
-    assert lost["halved"] <= lost["full"] + 1e-3, lost
+            for label, out in (("kept", kept), ("halved", halved), ("full", full))}
+    assert lost["kept"] <= lost["halved"] <= lost["full"] + 1e-3, lost
+    m = truth.scored & np.isfinite(halved.tau).all(axis=1)
+    effort = {label: rh.rms((out.tau - truth.tau)[m]) for label, out in (("kept", kept), ("halved", halved))}
+    assert np.all(effort["kept"] < 1.05 * effort["halved"]), effort
 
 
 @pytest.mark.parametrize("run", ["design_A.0__20220815__sys_id__trajectory_00",

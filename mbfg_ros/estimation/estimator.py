@@ -99,7 +99,8 @@ class FixedLagEstimator:
       [q, q̇] marginal covariance when ``compute_covariance``.
 
     Numerical failures (GTSAM exceptions, NaN, |Φ| > ``max_constraint_residual``, |q̇| > ``max_speed``,
-    a linearization that does not converge, leaving a requested assembly mode) never raise: the window is
+    a linearization that does not converge — beyond its dynamics rows' being off by less than the accelerations'
+    own noise, `stepping.FAILURE_NOISE` —, leaving a requested assembly mode) never raise: the window is
     re-seeded at the last good estimate and integrated forward (``status='recovered'``, ``message``).
 
     ``reinitialize(assembly_mode=None) -> (mode, max |Φ|)`` re-solves the position problem on the

@@ -38,6 +38,7 @@ from mbfg_ros.graph.window import FixedLagWindow
 __all__ = ["Stepper"]
 
 TWO_PI = 2.0 * math.pi
+FAILURE_NOISE = 5.0     # a step's dynamics rows may be off by this many of the accelerations' per-step σ
 
 
 class Stepper:
@@ -164,12 +165,38 @@ class Stepper:
         rec = window.last
         self.relinearizations = window.total_relinearizations
         # (more than max(1e3 × the threshold, 1e3): the usual step stops at the first comparison)
-        if rec.mismatch > 1e3 and rec.mismatch > 1e3 * (rec.threshold or self.threshold):
+        if rec.mismatch > 1e3 and rec.mismatch > 1e3 * (rec.threshold or self.threshold) \
+                and not self._within_acceleration_noise(rec, h, k, x):
             raise StepFailure(f"linearization did not converge at step {k} (mismatch {rec.mismatch:.3g} after "
                               f"{rec.relinearizations} relinearizations)")
         if obs and self.monitor is not None:
             self.monitor.check(obs, x)
         self.k, self.x = k, x
+
+    def _within_acceleration_noise(self, rec, h: float, k: int, x: np.ndarray) -> bool:
+        """Is a step whose relinearization did not settle off only in its dynamics rows, and there by less than
+        `FAILURE_NOISE` of the per-step σ of the accelerations' white noise (2 √(S/h), S the acceleration density:
+        the velocity rows' σ √(S h) over h/2)?  The dynamics rows' σ is a numerical tolerance; their mismatch, in
+        accelerations, is a model error the white noise already admits."""
+        if not self.efforts.has_state:
+            return False
+        model, window = rec.model, self.window
+        x_prev = window.estimate(k - 1) if rec.x_prev is not None else None
+        lin = rec.A_cur.dot(x - rec.x_cur) + rec.r
+        if rec.A_prev is not None:
+            lin += rec.A_prev.dot(x_prev - rec.x_prev)
+        off = np.abs(lin - model.check_residual(x_prev, x, self.ctx, params=rec.params))
+        if model.check_weights is not None:
+            off *= model.check_weights
+        limit = 1e3 * (rec.threshold or self.threshold)
+        noise = FAILURE_NOISE * 2.0 * math.sqrt(self.factors.sigmas["acceleration_density"] / h)
+        for u, _, _, a, b, _ in model._check_plan:
+            if u is self.factors.dynamics:
+                if np.any(off[a:b] * u.sigmas > noise):
+                    return False
+            elif np.any(off[a:b] > limit):
+                return False
+        return True
 
     def _timing_spreads(self, obs: Dict[str, float], xp: np.ndarray) -> Optional[Dict[str, float]]:
         """The encoders of this step's readings stamped late (`reading_timing`): name → the 1σ that adds at the
