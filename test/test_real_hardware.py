@@ -406,6 +406,11 @@ def test_the_relinearization_settles_across_the_elbows_friction_at_its_reversals
     m = truth.scored & np.isfinite(halved.tau).all(axis=1)
     effort = {label: rh.rms((out.tau - truth.tau)[m]) for label, out in (("kept", kept), ("halved", halved))}
     assert np.all(effort["kept"] < 1.05 * effort["halved"]), effort
+    # the steps kept unsettled say so in their estimate's message
+    est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=float(np.median(np.diff(rec.t))), mode="estimation"))
+    notes = [e.message for e in (est.step(float(t), None, {"q1": float(q[0]), "q2": float(q[1])})
+                                 for t, q in zip(rec.t, rec.q)) if "left unsettled" in e.message]
+    assert 1 <= len(notes) <= 10 and "the accelerations' noise" in notes[0], notes
 
 
 @pytest.mark.parametrize("run", ["design_A.0__20220815__sys_id__trajectory_00",

@@ -88,6 +88,7 @@ class Stepper:
         self.k = -1
         self.t: Optional[float] = None
         self.relinearizations = 0       # of the current window
+        self._unsettled: Optional[str] = None   # a note on a step kept unsettled (`_within_acceleration_noise`)
         self._prediction = None         # (x, h, q̈ before, (prediction, offset)) made by `prepare_next`
         self.a_prev, self.h_prev = None, self.dt
         # a late multi-turn encoder reading whole turns from its step's estimate: (name, reading, turns, coordinate)
@@ -130,6 +131,9 @@ class Stepper:
                 messages.append(f"ignored unknown observations {unknown}")
         if self.gate.rejected:
             messages.append(f"rejected outlier readings {self.gate.take_rejected()}")
+        if self._unsettled is not None:
+            messages.append(self._unsettled)
+            self._unsettled = None
 
     def advance(self, h: float, efforts: np.ndarray, obs: Dict[str, float]):
         """One step h after the newest."""
@@ -190,12 +194,16 @@ class Stepper:
             off *= model.check_weights
         limit = 1e3 * (rec.threshold or self.threshold)
         noise = FAILURE_NOISE * 2.0 * math.sqrt(self.factors.sigmas["acceleration_density"] / h)
-        for u, _, _, a, b, _ in model._check_plan:
+        worst = 0.0
+        for u, a, b in model.check_blocks:
             if u is self.factors.dynamics:
-                if np.any(off[a:b] * u.sigmas > noise):
+                worst = max(worst, float(np.max(off[a:b] * u.sigmas)))
+                if worst > noise:
                     return False
             elif np.any(off[a:b] > limit):
                 return False
+        self._unsettled = (f"linearization left unsettled (its dynamics rows {worst:.3g} off: under "
+                           f"{FAILURE_NOISE:g}× the accelerations' noise, {noise / FAILURE_NOISE:.3g} a step)")
         return True
 
     def _timing_spreads(self, obs: Dict[str, float], xp: np.ndarray) -> Optional[Dict[str, float]]:

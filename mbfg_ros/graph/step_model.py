@@ -7,7 +7,7 @@ these factors."""
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -333,6 +333,11 @@ class StepModel:
             if self._J_raw_prev is not None:
                 mul(self._J_raw_prev, self._w_dyn_col, out=A_prev[rs:])
         return A_prev, A_cur, r
+
+    @property
+    def check_blocks(self) -> List[Tuple[Factor, int, int]]:
+        """(unit, first, end) of each checked unit's rows in `check_residual`'s output."""
+        return [(u, a, b) for u, _, _, a, b, _ in self._check_plan]
 
     def check_residual(self, x_prev: Optional[np.ndarray], x_cur: np.ndarray, ctx: Optional[EvalContext] = None, *,
                        params: list):
