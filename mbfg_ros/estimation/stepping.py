@@ -184,18 +184,12 @@ class Stepper:
         accelerations, is a model error the white noise already admits."""
         if not self.efforts.has_state:
             return False
-        model, window = rec.model, self.window
-        x_prev = window.estimate(k - 1) if rec.x_prev is not None else None
-        lin = rec.A_cur.dot(x - rec.x_cur) + rec.r
-        if rec.A_prev is not None:
-            lin += rec.A_prev.dot(x_prev - rec.x_prev)
-        off = np.abs(lin - model.check_residual(x_prev, x, self.ctx, params=rec.params))
-        if model.check_weights is not None:
-            off *= model.check_weights
+        window = self.window
+        off = window.row_mismatches(rec, window.estimate(k - 1) if rec.x_prev is not None else None, x)
         limit = 1e3 * (rec.threshold or self.threshold)
         noise = FAILURE_NOISE * 2.0 * math.sqrt(self.factors.sigmas["acceleration_density"] / h)
         worst = 0.0
-        for u, a, b in model.check_blocks:
+        for u, a, b in rec.model.check_blocks:
             if u is self.factors.dynamics:
                 worst = max(worst, float(np.max(off[a:b] * u.sigmas)))
                 if worst > noise:

@@ -282,19 +282,23 @@ class FixedLagWindow:
             if m != m:
                 raise FloatingPointError("non-finite residual at the estimate")
             return m
+        m = float(_max(self.row_mismatches(rec, x_prev, x_cur)))
+        if m != m:
+            raise FloatingPointError("non-finite residual at the estimate")
+        return m
+
+    def row_mismatches(self, rec: StepRecord, x_prev: Optional[np.ndarray], x_cur: np.ndarray) -> np.ndarray:
+        """Per checked row (`StepModel.check_blocks`), the weighted |nonlinear − linear model| at (x_prev, x_cur)."""
         lin = rec.A_cur.dot(x_cur - rec.x_cur)
         lin += rec.r
         if rec.A_prev is not None:
             lin += rec.A_prev.dot(x_prev - rec.x_prev)
-        diff = model.check_residual(x_prev, x_cur, self.ctx, params=rec.params)
-        lin -= diff
+        model = rec.model
+        lin -= model.check_residual(x_prev, x_cur, self.ctx, params=rec.params)
         np.abs(lin, out=lin)
         if model.check_weights is not None:
             lin *= model.check_weights
-        m = float(_max(lin))
-        if m != m:
-            raise FloatingPointError("non-finite residual at the estimate")
-        return m
+        return lin
 
     def _checked(self):
         newest = self.last
@@ -332,8 +336,7 @@ class FixedLagWindow:
             if not m > thr or self.max_relinearizations < 1:
                 return x_est
         previous: Dict[int, float] = {}       # each checked step's mismatch in the round before
-        rounds = self.max_relinearizations
-        for round_ in range(rounds + 1):
+        for round_ in range(self.max_relinearizations + 1):
             cache: Dict[int, np.ndarray] = {newest.k: x_est} if x_est is not None else {}
             stale = []
             for rec in self._checked():
@@ -349,7 +352,7 @@ class FixedLagWindow:
                         x_prev = cache[k - 1] = calc(k - 1)
                 rec.mismatch = self.mismatch(rec, x_prev, x_cur)
                 thr = self.threshold if rec.threshold is None else rec.threshold
-                if rec.mismatch > thr and round_ < rounds:
+                if rec.mismatch > thr and round_ < self.max_relinearizations:
                     if rec.x_prev is not None and x_prev is None:
                         x_prev = cache[k - 1] = calc(k - 1)
                     before, previous[k] = previous.get(k), rec.mismatch
