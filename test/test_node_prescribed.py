@@ -141,7 +141,11 @@ def test_the_prescribed_actuators_effort_follows_the_applied_one_and_bad_set_poi
         same = np.nonzero(np.abs(traj.efforts[:k + 1, 0] - effort) <= 1e-9)[0]
         lag.append(k - same[-1] if same.size else -1)
     lag = np.array(lag)
-    assert (lag >= 0).all(), p[lag < 0][:5]
+    # (until the node has a command of motor1 it counts 0: on a busy machine its subscription can be matched after
+    # the first commands were sent, discovery being per topic; never once a command has arrived)
+    first = int(np.argmax(lag >= 0)) if (lag >= 0).any() else len(lag)
+    none_yet = (p[:, 2] == 0.0) & (np.arange(len(lag)) < first)
+    assert ((lag >= 0) | none_yet).all(), p[(lag < 0) & ~none_yet][:5]
     assert (lag == 0).mean() > 0.5, np.bincount(lag)
     assert est.alive()
 
