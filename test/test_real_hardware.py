@@ -112,6 +112,27 @@ def test_local_polynomial_is_exact_on_a_cubic_with_jittery_time_stamps(causal):
     assert np.allclose(d[:, :, 1], -d[:, :, 0])
 
 
+def test_the_reference_leaves_out_readings_stamped_late_and_nothing_else():
+    """`reference_polynomial`: a sine motion read with quantization-sized noise at jittery stamps; a few
+    readings are stamped 3 ms after they were taken (the acrobot's logger after an overrun).  Those, and only
+    those, are left out, and the reference at their stamps is the motion's (the plain fit is bent by them)."""
+    rng = np.random.default_rng(7)
+    t = np.cumsum(rng.uniform(0.0012, 0.0015, 4000))
+    motion = lambda s: np.column_stack([2.5 * np.sin(4 * s), -1.5 * np.cos(6 * s)])   # up to 10 rad/s
+    late = np.zeros(len(t), bool)
+    late[rng.choice(np.arange(100, len(t) - 100), 25, replace=False)] = True
+    taken = np.where(late, t - 0.003, t)
+    q = motion(taken) + rng.normal(0, rh.POSITION_STEP / math.sqrt(12), (len(t), 2))
+    d, left_out = rh.reference_polynomial(t, q)
+    assert np.array_equal(left_out, late)
+    inner = slice(40, -40)
+    assert np.max(np.abs(d[inner, 0] - motion(t)[inner])) < 5e-4
+    plain = rh.local_polynomial(t, q, rh.REFERENCE_HALF_WIDTH, order=3)
+    assert np.max(np.abs(plain[inner, 0] - motion(t)[inner])) > 2e-3
+    clean, none = rh.reference_polynomial(t, motion(t) + rng.normal(0, rh.POSITION_STEP / math.sqrt(12), (len(t), 2)))
+    assert not none.any()
+
+
 def test_low_pass_keeps_the_band_and_removes_fast_motion():
     rng = np.random.default_rng(5)
     t = np.cumsum(rng.uniform(0.0019, 0.0021, 5000))
