@@ -566,3 +566,82 @@ def test_estimate_takes_the_efforts_shares_from_the_params_file(tmp_path, capsys
     rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
                       "--params", params, "--actuator-effort", "crank=passive"], capsys)
     assert rc == 2 and f"{params}: effort_shares: crank is not an actuator whose effort is estimated" in err, err
+
+
+# -- a logger's own files: --time-column, --reading, --command, gzip ------------------------------------------------
+def _logger_file(tmp_path, rows=300):
+    """The first `rows` of a DFKI recording as its logger wrote them (one gzip file: time, positions, commands and
+    measured torques under the logger's names, the time not first), and the same data as `mbfg` names them."""
+    import gzip
+    data = np.loadtxt(ROOT / "bench" / "data" / "dfki_double_pendulum" /
+                      "design_A.0__20220815__sys_id__trajectory_00.csv.gz", delimiter=",", skiprows=1)[:rows]
+    logger = tmp_path / "logger.csv.gz"
+    with gzip.open(logger, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["pos_meas1", "pos_meas2", "time", "tau_con1", "tau_con2", "tau_meas1"])
+        for r in data:
+            w.writerow([repr(float(x)) for x in (r[1], r[2], r[0], r[3], r[4], r[5])])
+    write_csv(tmp_path / "obs.csv", ["t", "q1", "q2"], data[:, :3])
+    write_csv(tmp_path / "cmd.csv", ["t", "q1", "q2"], data[:, [0, 3, 4]])
+    return logger
+
+
+@pytest.mark.parametrize("command", ["estimate", "identify", "tune"])
+def test_a_loggers_columns_are_read_by_name_without_renaming(tmp_path, capsys, command):
+    """One gzip file with the logger's column names, the time column not first: --time-column, --reading and
+    --command read exactly what the renamed files hold (the outputs are identical), the other columns ignored."""
+    logger = _logger_file(tmp_path)
+    named = ["--time-column", "time", "--reading", "q1=pos_meas1", "--reading", "q2=pos_meas2",
+             "--command", "q1=tau_con1,q2=tau_con2"]
+    out = {"estimate": "est.csv", "identify": "mech.yaml", "tune": "tuned.yaml"}[command]
+    extra = {"estimate": ["--mode", "fused"], "identify": ["--identify", "q1.viscous_friction"],
+             "tune": ["--mode", "fused", "--max-steps", "100"]}[command]
+    results = []
+    for label, files in (("logger", ["--observations", logger, "--torques", logger] + named),
+                         ("renamed", ["--observations", tmp_path / "obs.csv", "--torques", tmp_path / "cmd.csv"])):
+        target = tmp_path / f"{label}_{out}"
+        rc, stdout, err = run([command, "double_pendulum_a0", *files, *extra, "--output", target], capsys)
+        assert rc == 0, err
+        # (the outputs name the files they were made from and written to)
+        named_files = lambda text: (text.replace(str(logger), "IN").replace(str(tmp_path / "obs.csv"), "IN")
+                                    .replace(str(target), "OUT"))
+        results.append((named_files(target.read_text()), named_files(stdout)))
+    assert results[0] == results[1]
+
+
+T = ["--time-column", "time"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (T + ["--reading", "q3=pos_meas1"], "--reading q3=pos_meas1: 'q3' is not a sensor of the mechanism (q1, q2)"),
+    (T + ["--reading", "q1"], "--reading takes NAME=COLUMN"),
+    (T + ["--reading", "q1=pos_meas1,q1=pos_meas2"], "sensor 'q1' is given twice"),
+    (T + ["--reading", "q1=nope"], "no column 'nope' (for sensor q1; columns: pos_meas1, pos_meas2, tau_con1"),
+    (T + ["--reading", "q1=pos_meas1,q2=pos_meas2", "--torques", "{logger}", "--command", "q1=tau_con1"],
+     "--command: no column given for actuator(s) q2"),
+    (T + ["--reading", "q1=pos_meas1,q2=pos_meas2", "--torques", "{logger}"], "name it: --command q1=COLUMN"),
+    (T + ["--reading", "q1=pos_meas1", "--command", "q1=tau_con1"], "names columns of the --torques file"),
+    (["--time-column", "stamp"], "no time column 'stamp' in the header (columns: pos_meas1"),
+    ([], "the first column of the header must be 't' (got 'pos_meas1'; another time column: --time-column"),
+    (T, "unknown sensor column(s) pos_meas1, pos_meas2, tau_con1, tau_con2, tau_meas1 (sensors: q1, q2; a "
+        "logger's own names: --reading SENSOR=COLUMN)"),
+])
+def test_column_options_name_what_is_wrong(tmp_path, capsys, options, message):
+    logger = _logger_file(tmp_path, rows=20)
+    options = [str(logger) if o == "{logger}" else o for o in options]
+    rc, _, err = run(["estimate", "double_pendulum_a0", "--observations", logger, *options,
+                      "--output", tmp_path / "x.csv"], capsys)
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_tune_from_a_bag_refuses_csv_column_options(tmp_path, capsys):
+    rc, _, err = run(["tune", "double_pendulum_a0", "--bag", tmp_path, "--mode", "fused", "--reading", "q1=a",
+                      "--output", tmp_path / "x.yaml"], capsys)
+    assert rc == 2 and "--reading name CSV columns: they go with --observations, not --bag" in err
+
+
+def test_a_gzip_file_that_is_not_gzip_is_named(tmp_path, capsys):
+    (tmp_path / "obs.csv.gz").write_text("t,q1,q2\n0,0,0\n")
+    rc, _, err = run(["estimate", "double_pendulum_a0", "--observations", tmp_path / "obs.csv.gz",
+                      "--output", tmp_path / "x.csv"], capsys)
+    assert rc == 2 and "obs.csv.gz: not a gzip-compressed file (its name ends in .gz)" in err, err

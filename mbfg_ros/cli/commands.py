@@ -189,11 +189,19 @@ def _plot(path, mech, t, q, v, tau, title: str, reference=None) -> None:
         plt.close(fig)
 
 
-def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
+def _efforts_from_csv(mech, path, t: np.ndarray, time_column: Optional[str] = None,
+                      columns: Optional[Dict[str, str]] = None) -> np.ndarray:
     """(len(t), n_actuators) efforts from a CSV with `t` and one column per actuator joint
-    (`<joint>` or `tau_<joint>`), linearly interpolated.  A missing cell (empty or nan) leaves that actuator's
-    effort unknown at its row: the rows of the actuator that have one are interpolated over it."""
-    table = csvio.read_table(path)
+    (`<joint>` or `tau_<joint>`), linearly interpolated; or, with `columns` (joint → column, every actuator's:
+    `--command`), from those columns, the file's others ignored.  A missing cell (empty or nan) leaves that
+    actuator's effort unknown at its row: the rows of the actuator that have one are interpolated over it."""
+    table = csvio.read_table(path, time_column)
+    if columns:
+        missing = [j for j in mech.actuator_names if j not in columns]
+        if missing:
+            raise UserError(f"--command: no column given for actuator(s) {', '.join(missing)} (give JOINT=COLUMN "
+                            f"for each of {', '.join(mech.actuator_names)})")
+        table = table.select({j: columns[j] for j in mech.actuator_names}, "actuator")
     names = []
     for joint in mech.actuator_names:
         if table.has(f"tau_{joint}"):      # first: a joint may share its name with a coordinate column
@@ -201,8 +209,8 @@ def _efforts_from_csv(mech, path, t: np.ndarray) -> np.ndarray:
         elif table.has(joint):
             names.append(joint)
         else:
-            raise CsvError(f"{path}: no column for actuator '{joint}' (expected '{joint}' or 'tau_{joint}'; "
-                           f"columns: {excerpts(table.columns)})")
+            raise CsvError(f"{path}: no column for actuator '{joint}' (expected '{joint}' or 'tau_{joint}', or "
+                           f"name it: --command {joint}=COLUMN; columns: {excerpts(table.columns)})")
     known = set(csvio.state_header(mech.coordinate_names, mech.actuator_names)) | set(mech.actuator_names)
     unknown = [c for c in table.columns if c not in known]
     if unknown:
@@ -444,7 +452,8 @@ def cmd_estimate(args) -> int:
     integrator = args.integrator or from_file.get("integrator", "trapezoidal")
     sensor_sigmas = dict(from_file.get("sensor_sigmas", {}))
     sensor_sigmas.update(_sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor"))
-    table = csvio.read_table(args.observations)
+    _check_column_options(args)
+    table = _observations_table(args, mech)
     names = [s.name for s in mech.sensors]
     cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols and mode == "estimation":
@@ -456,7 +465,7 @@ def cmd_estimate(args) -> int:
     dt = args.dt if args.dt is not None else csvio.median_step(table)
     efforts = None
     if args.torques:
-        efforts = _efforts_from_csv(mech, args.torques, t)
+        efforts = _commands_from_csv(args, mech, t)
     elif mode == "fused" and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
     sigmas = dict(from_file.get("sigmas", {}))     # (the rest: the defaults scaled to the mechanism)
@@ -541,7 +550,8 @@ def cmd_identify(args) -> int:
     elif not mech.spec.identify:
         raise UserError(f"nothing to identify: mechanism '{mech.name}' has no identify: section; give --identify "
                         "JOINT.PARAMETER (PARAMETER: gain, viscous_friction, coulomb_friction)")
-    table = csvio.read_table(args.observations)
+    _check_column_options(args)
+    table = _observations_table(args, mech)
     cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols:
         raise CsvError(f"{args.observations}: no sensor columns (sensors: "
@@ -549,7 +559,7 @@ def cmd_identify(args) -> int:
     t = table.t
     if len(t) < 2:
         raise CsvError(f"{args.observations}: need at least 2 rows")
-    efforts = _efforts_from_csv(mech, args.torques, t) if args.torques else None
+    efforts = _commands_from_csv(args, mech, t) if args.torques else None
     if args.mode == "fused" and efforts is None and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
     sensor_sigmas = _sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor")
@@ -595,9 +605,14 @@ def _tuning_recording(args, mech):
     if args.bag:
         if args.torques:
             raise UserError("--torques goes with --observations; with --bag use --torques-topic")
+        given = [opt for opt, value in (("--time-column", args.time_column), ("--reading", args.reading_columns),
+                                        ("--command", args.command_columns)) if value]
+        if given:
+            raise UserError(f"{', '.join(given)} name CSV columns: they go with --observations, not --bag")
         return recording_from_bag(mech, args.bag, args.observations_topic, args.torques_topic if fused else None)
+    _check_column_options(args)
     names, coords, _ = encoder_layout(mech)
-    table = csvio.read_table(args.observations)
+    table = _observations_table(args, mech)
     cols = csvio.sensor_columns(table, InputLimits(mech))
     missing = [n for n in names if n not in cols]
     if missing:
@@ -609,7 +624,7 @@ def _tuning_recording(args, mech):
     if fused:
         if not args.torques:
             raise UserError("--mode fused needs --torques (the commanded efforts)")
-        commands = _efforts_from_csv(mech, args.torques, table.t)
+        commands = _commands_from_csv(args, mech, table.t)
     return Recording(table.t, y, names, coords, commands, str(args.observations))
 
 
@@ -632,6 +647,44 @@ def _sensor_sigma_options(items, names: Sequence[str], what: str) -> dict:
         out[name] = sigma
     return out
 
+
+def _column_options(items, option: str, names: Sequence[str], what: str) -> Dict[str, str]:
+    """`option` NAME=COLUMN (repeatable or comma-separated) as {name: column}; NAME must be one of `names` (`what`
+    says which kind, for the error), each once."""
+    out: Dict[str, str] = {}
+    for item in (e for entry in items for e in entry.split(",") if e.strip()):
+        name, eq, column = (x.strip() for x in item.partition("="))
+        if not (eq and name and column):
+            raise UserError(f"{option} takes NAME=COLUMN: {what} NAME read from the CSV column COLUMN (got "
+                            f"'{excerpt(item)}')")
+        if name not in names:
+            raise UserError(f"{option} {excerpt(item)}: '{excerpt(name)}' is not {what} of the mechanism "
+                            f"({', '.join(names) or 'none'})")
+        if name in out:
+            raise UserError(f"{option}: {what} '{name}' is given twice ('{out[name]}' and '{excerpt(column)}')")
+        out[name] = column
+    return out
+
+
+def _observations_table(args, mech) -> "csvio.Table":
+    """The --observations file, its time column --time-column's; with --reading SENSOR=COLUMN only those columns,
+    each as its sensor."""
+    table = csvio.read_table(args.observations, args.time_column)
+    readings = _column_options(args.reading_columns, "--reading", [s.name for s in mech.sensors], "a sensor")
+    return table.select(readings, "sensor") if readings else table
+
+
+def _commands_from_csv(args, mech, t: np.ndarray) -> np.ndarray:
+    """The --torques file's commands at the rows' times `t` (`_efforts_from_csv`, with --time-column and
+    --command)."""
+    return _efforts_from_csv(mech, args.torques, t, args.time_column,
+                             _column_options(args.command_columns, "--command", mech.actuator_names, "an actuator"))
+
+
+def _check_column_options(args):
+    """--command is about a --torques file."""
+    if args.command_columns and not args.torques:
+        raise UserError("--command JOINT=COLUMN names columns of the --torques file: give --torques")
 
 
 def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, np.ndarray]:
@@ -810,6 +863,21 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("mechanism", metavar="MECH", help="mechanism YAML file or shipped name")
         return sp
 
+    def add_column_options(sp):
+        """Which columns of a logger's CSV files hold what (its own names: no renaming by the user)."""
+        sp.add_argument("--time-column", metavar="NAME", default=None,
+                        help="the time column [s] of the CSV files, anywhere in the header (default: the first, "
+                             "named t)")
+        sp.add_argument("--reading", action="append", default=[], metavar="SENSOR=COLUMN", dest="reading_columns",
+                        help="read sensor SENSOR from column COLUMN of OBS.csv (repeatable or comma-separated); "
+                             "given, only these columns are read and the file's others are ignored (default: "
+                             "every column but the time is a sensor's, by name)")
+        sp.add_argument("--command", action="append", default=[], metavar="JOINT=COLUMN", dest="command_columns",
+                        help="read actuator JOINT's command from column COLUMN of the --torques file, one for "
+                             "every actuator (repeatable or comma-separated; the same file as OBS.csv may hold "
+                             "them); given, the file's other columns are ignored (default: by name, JOINT or "
+                             "tau_JOINT)")
+
     def add_gravity_and_outputs(sp, func, plot_help="also save a plot"):
         """The options every computing sub-command shares, after its own."""
         sp.add_argument("--gravity", nargs="+", type=float, metavar="G",
@@ -843,6 +911,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("estimate")
     s.add_argument("--observations", required=True, metavar="OBS.csv")
     s.add_argument("--torques", metavar="CSV", help="commanded efforts (required by --mode fused)")
+    add_column_options(s)
     s.add_argument("--params", metavar="PARAMS.yaml",
                    help="estimator parameters from a node parameter file (e.g. written by 'mbfg tune'): its mode, "
                         "window, integrator, sigmas and sensor_sigmas; options given here win")
@@ -908,6 +977,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("identify")
     s.add_argument("--observations", required=True, metavar="OBS.csv", help="the recording's readings (as for estimate)")
     s.add_argument("--torques", metavar="CMD.csv", help="the commanded efforts (needed in fused mode)")
+    add_column_options(s)
     s.add_argument("--mode", choices=("estimation", "fused"), default="fused",
                    help="fused (default): applied effort = command (× gain) + disturbance; estimation: efforts "
                         "unknown (only a passive joint's friction is then determined)")
@@ -925,6 +995,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--observations", metavar="OBS.csv", help="the recording's encoder readings (as for estimate)")
     src.add_argument("--bag", metavar="DIR", help="a rosbag2 bag (MCAP or SQLite) instead of CSV files")
     s.add_argument("--torques", metavar="CMD.csv", help="the commanded efforts (fused mode, with --observations)")
+    add_column_options(s)
     s.add_argument("--observations-topic", default="joint_observations", metavar="TOPIC",
                    help="with --bag: sensor_msgs/JointState readings (default joint_observations)")
     s.add_argument("--torques-topic", default="commanded_effort", metavar="TOPIC",

@@ -10,7 +10,9 @@ Output columns (see `state_header`): ``t``, every coordinate by name, ``<name>_d
 from __future__ import annotations
 
 import csv
+import gzip
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -42,9 +44,20 @@ class Table:
     def has(self, name: str) -> bool:
         return name in self.columns
 
+    def select(self, columns: Dict[str, str], what: str) -> "Table":
+        """The table of the named columns only, each under its new name: `columns` maps a name (a sensor's, an
+        actuator's: `what` says which) to the column holding it; CsvError naming a column the file lacks."""
+        missing = [(name, col) for name, col in columns.items() if col not in self.columns]
+        if missing:
+            raise CsvError(f"{self.source}: no column {', '.join(repr(excerpt(c)) for _, c in missing)} (for "
+                           f"{what} {', '.join(name for name, _ in missing)}; columns: {excerpts(self.columns)})")
+        return Table(self.source, self.t, list(columns),
+                     self.data[:, [self.columns.index(col) for col in columns.values()]].copy())
 
-def read_table(path) -> Table:
-    """Read a CSV file with a header row whose first column is ``t`` (seconds, strictly increasing).
+
+def read_table(path, time_column: Optional[str] = None) -> Table:
+    """Read a CSV file (gzip-compressed where its name ends in ``.gz``) with a header row whose first column is
+    ``t`` (seconds, strictly increasing), or with a column named `time_column` anywhere in the header.
 
     Cells must be numbers; an empty cell or ``nan`` (any case: numpy's and pandas' spelling) is a missing
     value (NaN in `data`; what it means is up to the reader: a missing reading, an unknown command), ``inf``
@@ -52,18 +65,30 @@ def read_table(path) -> Table:
     """
     source = str(path)
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        opened = gzip.open(path, "rt", newline="", encoding="utf-8-sig") if source.endswith(".gz") else \
+            open(path, newline="", encoding="utf-8-sig")
+        with opened as f:
             lines = [row for row in csv.reader(line for line in f if not line.lstrip().startswith("#"))]
+    except gzip.BadGzipFile:
+        raise CsvError(f"{source}: not a gzip-compressed file (its name ends in .gz)") from None
     except OSError as exc:
         raise CsvError(f"{source}: cannot read file: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
+    except (UnicodeDecodeError, csv.Error, EOFError, zlib.error) as exc:
         raise CsvError(f"{source}: not a readable CSV file ({excerpt(exc, 120)})") from None
     lines = [row for row in lines if any(cell.strip() for cell in row)]
     if not lines:
-        raise CsvError(f"{source}: the file is empty (expected a header row starting with 't')")
+        raise CsvError(f"{source}: the file is empty (expected a header row starting with '{time_column or 't'}')")
     header = [h.strip() for h in lines[0]]
-    if not header or header[0] != "t":
-        raise CsvError(f"{source}: the first column of the header must be 't' (got '{excerpt(header[0]) if header else ''}')")
+    if time_column is None:
+        if not header or header[0] != "t":
+            raise CsvError(f"{source}: the first column of the header must be 't' (got "
+                           f"'{excerpt(header[0]) if header else ''}'; another time column: --time-column NAME)")
+        when = 0
+    elif time_column in header:
+        when = header.index(time_column)
+    else:
+        raise CsvError(f"{source}: no time column '{excerpt(time_column)}' in the header (columns: "
+                       f"{excerpts(header)})")
     if any(not h for h in header):
         raise CsvError(f"{source}: header has an empty column name (column {header.index('') + 1})")
     dup = sorted({h for h in header if header.count(h) > 1})
@@ -78,10 +103,11 @@ def read_table(path) -> Table:
         if len(row) != len(header):
             raise CsvError(f"{source}: row {line_no} has {len(row)} cells, the header has {len(header)}")
         for j, cell in enumerate(row):
-            data[i, j] = _cell(source, line_no, header[j], cell.strip(), time=j == 0)
-    t = data[:, 0].copy()
+            data[i, j] = _cell(source, line_no, header[j], cell.strip(), time=j == when)
+    t = data[:, when].copy()
     check_time(source, t)
-    return Table(source, t, header[1:], data[:, 1:].copy())
+    rest = [j for j in range(len(header)) if j != when]
+    return Table(source, t, [header[j] for j in rest], data[:, rest].copy())
 
 
 def _cell(source: str, line_no: int, column: str, cell: str, time: bool) -> float:
@@ -196,7 +222,7 @@ def sensor_columns(table: Table, limits: InputLimits) -> Dict[str, np.ndarray]:
     unknown = [c for c in table.columns if c not in sensor_names]
     if unknown:
         raise CsvError(f"{table.source}: unknown sensor column(s) {excerpts(unknown)} "
-                       f"(sensors: {', '.join(sensor_names) or 'none'})")
+                       f"(sensors: {', '.join(sensor_names) or 'none'}; a logger's own names: --reading SENSOR=COLUMN)")
     for c in table.columns:
         check_cells(table, c, lambda value, name=c: limits.reading_problem(name, value))
     return {c: table.column(c) for c in table.columns}
