@@ -645,3 +645,17 @@ def test_a_gzip_file_that_is_not_gzip_is_named(tmp_path, capsys):
     rc, _, err = run(["estimate", "double_pendulum_a0", "--observations", tmp_path / "obs.csv.gz",
                       "--output", tmp_path / "x.csv"], capsys)
     assert rc == 2 and "obs.csv.gz: not a gzip-compressed file (its name ends in .gz)" in err, err
+
+
+@pytest.mark.parametrize("scale, unit", [(1e9, "nanoseconds"), (1e3, "milliseconds")])
+def test_a_time_column_not_in_seconds_is_named(tmp_path, capsys, scale, unit):
+    """Rows farther apart than the mechanism's time scale √(reach/g) (0.23 s for the double pendulum) follow
+    nothing of its motion: a time column in ns or ms is named as such, not estimated through."""
+    t = (np.arange(50) * 0.002 + 1.7e9) * scale
+    write_csv(tmp_path / "obs.csv", ["stamp", "q1", "q2"], np.column_stack([t, np.zeros(50), np.zeros(50)]))
+    for command, extra in (("estimate", []), ("identify", ["--identify", "q1.viscous_friction"]),
+                           ("tune", ["--mode", "estimation"])):
+        rc, _, err = run([command, "double_pendulum_a0", "--observations", tmp_path / "obs.csv", "--time-column",
+                          "stamp", *extra, "--output", tmp_path / "x"], capsys)
+        assert rc == 2 and "is the time column in seconds?" in err and unit in err, (command, err)
+        assert f"apart (the median), longer than the mechanism's time scale √(reach/g) = 0.226 s" in err

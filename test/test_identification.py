@@ -120,6 +120,37 @@ def test_identification_is_refused_where_it_cannot_run(crank):
         FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="estimation", identify=_entries(crank, "gain")))
 
 
+def test_friction_of_an_estimated_effort_is_named_as_confounded(crank, tmp_path, capsys):
+    """Friction identified on an actuator whose effort is estimated: the effort (a random walk) takes it in as well;
+    the core names those parameters (`confounded_note`), `mbfg estimate` says so on stderr, once; fused mode, a
+    passive or a commanded joint, and a gain are not confounded."""
+    joint = crank.actuator_names[0]
+    friction = (f"{joint}.viscous_friction", f"{joint}.coulomb_friction")
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="estimation", identify=friction))
+    assert est.identification.confounded == friction
+    note = est.identification.confounded_note()
+    assert note.startswith(f"{friction[0]}, {friction[1]}: the actuator's effort is estimated") and "fused" in note
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="fused", identify=friction))
+    assert est.identification.confounded == () and est.identification.confounded_note() == ""
+    acrobot = load_mechanism("double_pendulum_c0")        # the shoulder passive or commanded, the elbow estimated
+    for kind in ("passive", "commanded"):
+        est = FixedLagEstimator(acrobot, EstimatorConfig(dt=DT, mode="estimation", actuator_efforts={"q1": kind},
+                                                         identify=("q1.viscous_friction", "q2.viscous_friction")))
+        assert est.identification.confounded == ("q2.viscous_friction",), kind
+    est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="fused", identify=_entries(crank, "gain")))
+    assert est.identification.confounded == ()
+    from mbfg_ros.cli.commands import main
+    obs = tmp_path / "obs.csv"
+    t = np.arange(50) * DT
+    np.savetxt(obs, np.column_stack([t, np.zeros(50)]), delimiter=",", header="t,crank", comments="")
+    for mode, said in (("estimation", 1), ("fused", 0)):
+        commands = ["--torques", str(obs)] if mode == "fused" else []
+        assert main(["estimate", "four_bar_crank", "--observations", str(obs), *commands, "--mode", mode,
+                     "--identify", ",".join(friction), "-o", str(tmp_path / "out.csv")]) == 0
+        assert capsys.readouterr().err.count("mbfg: note: crank.viscous_friction, crank.coulomb_friction: the "
+                                             "actuator's effort is estimated") == said, mode
+
+
 def test_nothing_to_identify_costs_nothing(crank):
     est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="fused"))
     assert "theta" not in est.layout and est.identification is None and est.parameters() is None

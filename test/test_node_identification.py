@@ -160,6 +160,13 @@ def test_bad_identify_values_are_refused_and_the_node_keeps_running(node, mech, 
     assert probe.set_params({"identify": ["none"]})[0].successful
     for res in (_set_bool(probe, "freeze_parameters", True), _trigger(probe, "reset_parameters")):
         assert not res.success and "nothing is identified" in res.message and "'identify'" in res.message
+    # friction of an actuator whose effort is estimated: the rebuilt core identifies it, and the log says that
+    # the effort takes it in as well (not said in fused mode, above)
+    warning = "identify: crank.viscous_friction: the actuator's effort is estimated and takes in its friction"
+    assert warning not in est.output()
+    assert all(r.successful for r in probe.set_params({"mode": "estimation"}))
+    assert all(r.successful for r in probe.set_params({"identify": ["crank.viscous_friction"]}))
+    assert wait_until(lambda: warning in est.output(), 10, 0.05), est.output()[-3000:]
     assert est.alive()
 
 

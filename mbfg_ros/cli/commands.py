@@ -283,6 +283,7 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
     except ValueError as exc:
         raise UserError(str(exc)) from None
     est = FixedLagEstimator(mech, config)
+    _note_confounded(est)
     N = len(t)
     q, v, a = (np.empty((N, mech.n)) for _ in range(3))
     tau = np.empty((N, len(mech.actuated)))
@@ -569,6 +570,7 @@ def cmd_identify(args) -> int:
         est = FixedLagEstimator(mech, config.validated())
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    _note_confounded(est)
     est.identification.hold_constant()
     bar = Progress(len(t), "identify")
     for k in range(len(t)):
@@ -648,6 +650,13 @@ def _sensor_sigma_options(items, names: Sequence[str], what: str) -> dict:
     return out
 
 
+def _note_confounded(est):
+    """Tell the user (stderr) where friction is identified of an actuator whose effort is estimated."""
+    note = est.identification.confounded_note() if est.identification is not None else ""
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+
+
 def _column_options(items, option: str, names: Sequence[str], what: str) -> Dict[str, str]:
     """`option` NAME=COLUMN (repeatable or comma-separated) as {name: column}; NAME must be one of `names` (`what`
     says which kind, for the error), each once."""
@@ -670,6 +679,13 @@ def _observations_table(args, mech) -> "csvio.Table":
     """The --observations file, its time column --time-column's; with --reading SENSOR=COLUMN only those columns,
     each as its sensor."""
     table = csvio.read_table(args.observations, args.time_column)
+    if len(table.t) >= 2:
+        from mbfg_ros.model.plausibility import mechanism_scale
+        step, scale = csvio.median_step(table), mechanism_scale(mech.spec)[1]
+        if step > scale:       # (a step longer than the motion's own time scale follows nothing: a unit)
+            raise CsvError(f"{args.observations}: its rows are {step:.6g} s apart (the median), longer than the "
+                           f"mechanism's time scale √(reach/g) = {scale:.3g} s: is the time column in seconds? "
+                           "(nanoseconds: divide by 1e9; milliseconds: by 1e3)")
     readings = _column_options(args.reading_columns, "--reading", [s.name for s in mech.sensors], "a sensor")
     return table.select(readings, "sensor") if readings else table
 

@@ -32,10 +32,12 @@ class Identification:
     """The identified parameters of one estimator (see the module docstring): `parameters` (immutable),
     the belief carried into the next window (`mean`, `sigma`), and whether they are frozen."""
 
-    def __init__(self, parameters: IdentifiedParameters):
+    def __init__(self, parameters: IdentifiedParameters, confounded: Sequence[str] = ()):
         self.parameters = P = parameters
         self.size = P.size
         self.names = P.names
+        # friction of an actuator whose effort is estimated: the effort takes it in as well (`confounded_note`)
+        self.confounded = tuple(confounded)
         self.mean = P.prior_mean.copy()
         self.sigma = P.prior_sigma.copy()
         self.frozen = False
@@ -163,6 +165,17 @@ class Identification:
         """Is θ held (frozen, or settling)?"""
         return self._pin is not None
 
+    def confounded_note(self) -> str:
+        """What a user is told when friction of an actuator whose effort is estimated is identified ('' where none
+        is): an estimated effort is a random walk that takes in the friction as well, and only its smoothness tells
+        the two apart (on the DFKI recordings in estimation mode, identified friction gave 0.87–1.9× the effort error
+        of none: docs/benchmarks.md)."""
+        if not self.confounded:
+            return ""
+        return (f"{', '.join(self.confounded)}: the actuator's effort is estimated and takes in its friction as well "
+                f"(only the effort's smoothness tells them apart, weakly: the effort error may grow); identify "
+                f"friction where the effort is known: fused mode, a commanded or passive joint")
+
 
 def identification(mech: Mechanism, entries: Optional[Sequence[str]], mode: str, formulation: str, integrator: str,
                    efforts) -> Optional[Identification]:
@@ -183,4 +196,6 @@ def identification(mech: Mechanism, entries: Optional[Sequence[str]], mode: str,
         if kind == "gain" and not efforts.takes_command(i):
             raise ValueError(f"identifying {name}: the command of actuator '{mech.actuator_names[i]}' does not "
                              f"enter the estimate (its effort is {efforts.kinds[i]} in {mode} mode), so it has no gain")
-    return Identification(P)
+    confounded = [name for name, kind, i in zip(P.names, P.kinds, P.actuators.tolist())
+                  if kind in ("viscous_friction", "coulomb_friction") and efforts.kinds[i] == "estimated"]
+    return Identification(P, confounded)

@@ -125,6 +125,14 @@ class EstimatorNode(Node):
             f"{self.mech.name}: mode={self.config.mode} formulation={self.config.formulation} "
             f"integrator={self.config.integrator} dt={self.config.dt} window={self.config.window}; "
             f"sensors {[s.name for s in self.mech.sensors]}, actuators {list(self.mech.actuator_names)}")
+        self._note_confounded()
+
+    def _note_confounded(self):
+        """Warn where the core identifies friction of an actuator whose effort it estimates (the effort takes it in)."""
+        ident = getattr(self.core, "identification", None)
+        note = ident.confounded_note() if ident is not None else ""
+        if note:
+            self.get_logger().warning(f"identify: {note}")
 
     def _set_config(self, config):
         self.config = config
@@ -719,6 +727,7 @@ class EstimatorNode(Node):
             if change.rebuild:
                 self.core = self.core_factory(self.mech, self.config)
                 self.reset_estimation(f"parameters {list(change.rebuild)} changed: estimator rebuilt")
+                self._note_confounded()
             return SetParametersResult(successful=True)
 
     # --------------------------------------------------------------------------- diagnostics
