@@ -101,6 +101,7 @@ def test_parameters_are_published_frozen_reset_and_reported(node, mech, traj):
                             and d.get("identification") == "learning", 10)
         assert d is not None, probe.wait_diag(lambda d: True, 3)
         assert all(DIAGNOSTIC_VALUE.match(d[f"parameter.{n}"]) for n in NAMES), d
+        assert "identification.confounded" not in d, d          # fused mode: the friction is not confounded
 
         # frozen: every later message carries the values held at the freeze
         res = _set_bool(probe, "freeze_parameters", True)
@@ -167,6 +168,13 @@ def test_bad_identify_values_are_refused_and_the_node_keeps_running(node, mech, 
     assert all(r.successful for r in probe.set_params({"mode": "estimation"}))
     assert all(r.successful for r in probe.set_params({"identify": ["crank.viscous_friction"]}))
     assert wait_until(lambda: warning in est.output(), 10, 0.05), est.output()[-3000:]
+    feeder = Feeder(probe, traj.head(int(1.0 / DT)), DT, mech).start()
+    try:
+        t = time.time_ns()
+        assert wait_until(lambda: (probe.latest_diag(t) or {}).get("identification.confounded", "").startswith(
+            "crank.viscous_friction (the actuator's effort is estimated"), 20, 0.05), probe.latest_diag(t)
+    finally:
+        feeder.stop()
     assert est.alive()
 
 

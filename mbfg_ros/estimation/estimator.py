@@ -493,7 +493,9 @@ class FixedLagEstimator:
     def parameters(self) -> Optional[Dict[str, object]]:
         """The identified parameters now: {'names', 'values' (the newest estimate), 'std' (their marginal 1σ; NaN
         where the window cannot give it), 'prior_std', 'excitation' (1 − σ/σ_prior, clipped to [0, 1]: how much
-        the motion so far has told about each), 'frozen', 'settling' (held while a new window settles)}; None without identified parameters."""
+        the motion so far has told about each), 'frozen', 'settling' (held while a new window settles), 'confounded'
+        (the names of friction parameters whose actuator's effort is estimated: `Identification.confounded`)}; None
+        without identified parameters."""
         ident = self.identification
         if ident is None:
             return None
@@ -511,7 +513,7 @@ class FixedLagEstimator:
                 std = np.full(ident.size, np.nan)
         return {"names": ident.names, "values": values, "std": std, "prior_std": P.prior_sigma.copy(),
                 "excitation": np.clip(1.0 - std / P.prior_sigma, 0.0, 1.0), "frozen": ident.frozen,
-                "settling": ident.settling > 0}
+                "settling": ident.settling > 0, "confounded": ident.confounded}
 
     def freeze_parameters(self, frozen: bool) -> bool:
         """Hold the identified parameters at their newest estimates (`frozen`) or let them learn again; False

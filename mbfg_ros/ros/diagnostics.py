@@ -83,7 +83,9 @@ def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
 
 def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
     """The diagnostics of the identified parameters (`EstimatorCore.parameters`): `parameter.<name>` =
-    "<value> ± <σ> (excitation <e>)" each, and `identification` = learning | settling | frozen; {} when nothing is identified."""
+    "<value> ± <σ> (excitation <e>)" each, `identification` = learning | settling | frozen, and where friction is
+    identified of an actuator whose effort is estimated `identification.confounded` naming it; {} when nothing is
+    identified."""
     if not parameters:
         return {}
     kv = {f"parameter.{name}": f"{value:.6g} ± {std:.3g} (excitation {excitation:.2f})"
@@ -91,6 +93,9 @@ def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
                                                   parameters["excitation"])}
     kv["identification"] = ("frozen" if parameters["frozen"] else
                             "settling" if parameters.get("settling") else "learning")
+    if parameters.get("confounded"):
+        kv["identification.confounded"] = (f"{', '.join(parameters['confounded'])} (the actuator's effort is "
+                                           "estimated and takes in its friction as well: weakly determined)")
     return kv
 
 
