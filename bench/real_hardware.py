@@ -330,8 +330,7 @@ def reference_polynomial(t, q, rounds: int = 8) -> tuple:
     """The reference: `local_polynomial` centred over ±`REFERENCE_HALF_WIDTH`, fitted again without the samples
     farther from the fit than `OUTLIER` times the local scatter (1.4826 × the median absolute residual of the
     samples kept within the window, at least a position quantum; the worst within the window a round), for a few
-    `rounds`; returns (its (N, 3, 2)
-    values, the left-out samples (N bools)).  The acrobot's logger stamps the reading after each of its 2.7×
+    `rounds`; returns (its (N, 3, 2) values, the left-out samples (N bools)).  The acrobot's logger stamps the reading after each of its 2.7×
     gaps ~3 ms after it was taken (its residual grows with the speed: 7 mrad at 2 rad/s, 73 at 22): such a reading
     would bend the cubic by ~10 mrad over its neighbours, and estimates that follow the motion, not the stamp,
     would be scored against that bend.  Left out: 130 of the acrobot's 5953 readings (126 of them after a gap

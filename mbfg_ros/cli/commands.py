@@ -453,7 +453,6 @@ def cmd_estimate(args) -> int:
     integrator = args.integrator or from_file.get("integrator", "trapezoidal")
     sensor_sigmas = dict(from_file.get("sensor_sigmas", {}))
     sensor_sigmas.update(_sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor"))
-    _check_column_options(args)
     table = _observations_table(args, mech)
     names = [s.name for s in mech.sensors]
     cols = csvio.sensor_columns(table, InputLimits(mech))
@@ -551,7 +550,6 @@ def cmd_identify(args) -> int:
     elif not mech.spec.identify:
         raise UserError(f"nothing to identify: mechanism '{mech.name}' has no identify: section; give --identify "
                         "JOINT.PARAMETER (PARAMETER: gain, viscous_friction, coulomb_friction)")
-    _check_column_options(args)
     table = _observations_table(args, mech)
     cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols:
@@ -612,7 +610,6 @@ def _tuning_recording(args, mech):
         if given:
             raise UserError(f"{', '.join(given)} name CSV columns: they go with --observations, not --bag")
         return recording_from_bag(mech, args.bag, args.observations_topic, args.torques_topic if fused else None)
-    _check_column_options(args)
     names, coords, _ = encoder_layout(mech)
     table = _observations_table(args, mech)
     cols = csvio.sensor_columns(table, InputLimits(mech))
@@ -677,7 +674,9 @@ def _column_options(items, option: str, names: Sequence[str], what: str) -> Dict
 
 def _observations_table(args, mech) -> "csvio.Table":
     """The --observations file, its time column --time-column's; with --reading SENSOR=COLUMN only those columns,
-    each as its sensor."""
+    each as its sensor (and --command only with a --torques file to name columns of)."""
+    if args.command_columns and not args.torques:
+        raise UserError("--command JOINT=COLUMN names columns of the --torques file: give --torques")
     table = csvio.read_table(args.observations, args.time_column)
     if len(table.t) >= 2:
         from mbfg_ros.model.plausibility import mechanism_scale
@@ -695,12 +694,6 @@ def _commands_from_csv(args, mech, t: np.ndarray) -> np.ndarray:
     --command)."""
     return _efforts_from_csv(mech, args.torques, t, args.time_column,
                              _column_options(args.command_columns, "--command", mech.actuator_names, "an actuator"))
-
-
-def _check_column_options(args):
-    """--command is about a --torques file."""
-    if args.command_columns and not args.torques:
-        raise UserError("--command JOINT=COLUMN names columns of the --torques file: give --torques")
 
 
 def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, np.ndarray]:

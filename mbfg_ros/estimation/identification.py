@@ -21,8 +21,11 @@ import mbfg_ros.factors as F
 from mbfg_ros.model.identified import IdentifiedParameters, parse_identify
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["Identification", "identification"]
+__all__ = ["Identification", "identification", "CONFOUNDED"]
 
+# why a friction parameter of an actuator whose effort is estimated is weakly determined (`confounded_note`, the
+# node's diagnostics)
+CONFOUNDED = "the actuator's effort is estimated and takes in its friction as well"
 FROZEN_SIGMA_RATIO = 1e-9      # a frozen parameter's per-step prior σ, relative to its prior σ
 CONSTANT_SIGMA_RATIO = 1e-6    # `hold_constant`: the random walk's σ over one second, relative to the prior σ
 SIGMA_FLOOR_RATIO = 1e-6       # the smallest σ carried into a new window, relative to the prior σ
@@ -172,7 +175,7 @@ class Identification:
         of none: docs/benchmarks.md)."""
         if not self.confounded:
             return ""
-        return (f"{', '.join(self.confounded)}: the actuator's effort is estimated and takes in its friction as well "
+        return (f"{', '.join(self.confounded)}: {CONFOUNDED} "
                 f"(only the effort's smoothness tells them apart, weakly: the effort error may grow); identify "
                 f"friction where the effort is known: fused mode, a commanded or passive joint")
 

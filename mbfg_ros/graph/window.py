@@ -278,11 +278,8 @@ class FixedLagWindow:
         model = rec.model
         m = model.native_mismatch(self.ctx, rec.params, rec.A_cur, rec.r, rec.A_prev, rec.x_cur, rec.x_prev, x_cur,
                                   x_prev)
-        if m is not None:
-            if m != m:
-                raise FloatingPointError("non-finite residual at the estimate")
-            return m
-        m = float(_max(self.row_mismatches(rec, x_prev, x_cur)))
+        if m is None:
+            m = float(_max(self.row_mismatches(rec, x_prev, x_cur)))
         if m != m:
             raise FloatingPointError("non-finite residual at the estimate")
         return m

@@ -14,6 +14,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from mbfg_ros import native
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_kinds
+from mbfg_ros.estimation.identification import CONFOUNDED
 from mbfg_ros.model.mechanism import Mechanism
 from mbfg_ros.model.plausibility import KINDS
 from mbfg_ros.ros.parameters import Settings
@@ -94,8 +95,7 @@ def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
     kv["identification"] = ("frozen" if parameters["frozen"] else
                             "settling" if parameters.get("settling") else "learning")
     if parameters.get("confounded"):
-        kv["identification.confounded"] = (f"{', '.join(parameters['confounded'])} (the actuator's effort is "
-                                           "estimated and takes in its friction as well: weakly determined)")
+        kv["identification.confounded"] = f"{', '.join(parameters['confounded'])} ({CONFOUNDED}: weakly determined)"
     return kv
 
 
