@@ -869,11 +869,12 @@ class FixedLagEstimator:
         self._reseeded = True
 
     def _reseed_and_advance(self, t, efforts, obs, status, message, shift=None, carry=True,
-                            theta_from=None) -> Estimate:
+                            theta_from=None, resync=False) -> Estimate:
         """Re-seed the window AT the last good estimate (same time, so no extrapolation error; priors on
         its q, q̇ projected on the constraints) and integrate to t as usual; `shift` (coordinate, turns): that
         angle moved by whole turns (the same pose); `theta_from`: the identified parameters' values in the old
-        window, the new one's starting from their belief (`_efforts_for_parameters`)."""
+        window, the new one's starting from their belief (`_efforts_for_parameters`); `resync`: readings that
+        disagree with the prediction at t re-initialize from them (`_advance_to`)."""
         last = self.last
         efforts_prior = effort_marginal(self.window, self.stepper.k, self.factors)
         if theta_from is not None:
@@ -883,9 +884,14 @@ class FixedLagEstimator:
             q = last.q.copy()
             q[shift[0]] += 2.0 * math.pi * shift[1]
             seed = replace(seed, q=q)
+        seen = list(self.gate.seen)
         self._initialize(last.t, self._last_efforts, {}, seed, status, "", carry)
+        # the sensors read up to the last estimate were read at the new window's first step at the latest: the
+        # steps integrated from there to t are an outage of theirs, as in the old window (a reading after a
+        # long gap that the prediction drifted from re-initializes, `InnovationGate.screen`)
+        self.gate.seen.update(dict.fromkeys(seen, 0))
         if t - self.stepper.t > 1e-9 * self.config.dt:
-            return self._advance_to(t, efforts, obs, status, [message])
+            return self._advance_to(t, efforts, obs, status, [message], resync=resync)
         est = self.last
         est.message = message
         return est
@@ -938,10 +944,12 @@ class FixedLagEstimator:
             for attempt in attempts:
                 try:
                     if attempt == "reseed":
+                        # (integrated again from it: readings that disagree with that prediction re-initialize
+                        # from them, as after a usual step; a gap's drift would otherwise be taken for outliers)
                         return self._reseed_and_advance(
                             t, efforts, obs, "recovered",
                             f"numerical failure ({reason}): re-seeded at the last good estimate (t={last.t:.6g})",
-                            carry=False)
+                            carry=False, resync=True)
                     if attempt == "extrapolated":
                         est = self._initialize(t, efforts, obs, Seed.extrapolated(last, t), "recovered",
                                                carry=False, message=f"numerical failure ({reason})"
