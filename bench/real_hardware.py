@@ -8,7 +8,9 @@
 Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every recording of the source set, cut to
 time, measured positions, commanded and measured torques).  Mechanisms: `mechanisms/double_pendulum_a0.yaml`,
 `..._c0.yaml` (DFKI's identified rigid-body parameters, gear ratio and rotor inertia; DFKI's joint angles q1, q2 —
-q2 relative to link 1 — as joint-angle coordinates, actuated by τ1, τ2 and read by the encoders).
+q2 relative to link 1 — as joint-angle coordinates, actuated by τ1, τ2 and read by the encoders; the motors'
+latency, each command applied 5.5 ms after its row: 3 rows, the delay after which the commands come closest to the
+measured torque where they move fast enough to time it, `command_delay`, the recordings table's last column).
 
 How the recordings are fed: one `FixedLagEstimator.step(t, ...)` per recorded row at the row's own time stamp (as
 recorded: jittery, with overruns), `EstimatorConfig(dt=<median step>, mode=...)` and nothing else, as `mbfg
@@ -58,7 +60,9 @@ Anchors on the same readings:
   the EKF, that part of the reference is what no estimate consistent with the positions reaches (the measured
   torque's own error);
 * causal Savitzky–Golay (cubic over the last 0.1 s, real time stamps) + inverse dynamics of the same model;
-* the command itself (tau_con, the controller's friction compensation included); zero.
+* the command itself (tau_con, the controller's friction compensation included), as the model applies it (after
+  the actuators' delay) and as logged; zero.
+The anchors' model is the mechanism file's, its commands applied after the actuators' delay too.
 
 Left out of the model: the friction of a joint whose actuator has no friction keys (none in the shipped files);
 the recordings table gives the friction's and the rotor-inertia torques' size on each run (at the reference
@@ -89,6 +93,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from mbfg_ros.dynamics import constrained, kinematics  # noqa: E402
+from mbfg_ros.estimation.actuator_delay import delayed_commands  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
@@ -103,6 +108,8 @@ BAND = 5.0                   # [Hz] the low-pass band of the effort score
 SMOOTHED_LAG = 9              # the smoothed rows' lag [steps]: the default window's longest (10 − 1)
 LOST = 0.01                  # [rad] an estimated angle this far from its reading has lost track
 LAG_LONGEST = 0.3            # [s] the longest delay of an effort estimate looked for (`effort_lag`)
+DELAY_LONGEST = 0.015        # [s] the longest motor latency looked for (`command_delay`), ...
+DELAY_STEP = 0.0005          # ... on this grid
 POSITION_STEP = 12.5 / 65535 # [rad] the recorded positions' quantum
 TORQUE_STEP = 12.0 / 4095    # [N·m] the recorded measured torques' quantum
 COLUMNS = ("t", "pos_meas1", "pos_meas2", "tau_con1", "tau_con2", "tau_meas1", "tau_meas2")
@@ -165,6 +172,23 @@ class Recording:
 
     def cut(self, seconds: Optional[float]) -> "Recording":
         return self if seconds is None else self.rows(self.t <= self.t[0] + seconds)
+
+    def as_applied(self, mech: Mechanism) -> "Recording":
+        """The recording with its commands as the mechanism's actuators apply them (each `delay` later: the
+        anchors' model, as the estimator applies them)."""
+        return replace(self, tau_con=delayed_commands(self.t, self.tau_con, mech.actuator_delays))
+
+
+def command_delay(rec: Recording, longest: float = DELAY_LONGEST, step: float = DELAY_STEP) -> tuple:
+    """Per joint, the delay after which the command (held from its row on, `delayed_commands`) is closest to the
+    measured torque (RMS from `SETTLE`, the shortest such on a grid of `step` up to `longest`), and that RMS as a
+    fraction of the undelayed command's: the motor's latency, where the command moves fast enough to time it
+    (a fraction well under 1)."""
+    scored = rec.t >= rec.t[0] + SETTLE
+    delays = np.arange(0.0, longest + step / 2, step)
+    errors = np.array([rms((rec.tau_meas - delayed_commands(rec.t, rec.tau_con, [d, d]))[scored]) for d in delays])
+    best = np.argmin(errors, axis=0)
+    return delays[best].tolist(), (errors[best, [0, 1]] / errors[0]).tolist()
 
 
 def load_recording(name: str, data: Path = DATA) -> Recording:
@@ -430,6 +454,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  sigmas={**config.sigmas, **settings.get("sigmas", {})},
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
                                  effort_shares=dict(settings.get("effort_shares", {})),
+                                 actuator_delays=dict(settings.get("actuator_delays", {})),
                                  adapt_densities=settings.get("adapt_densities",
                                                                    config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
@@ -762,14 +787,19 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
         for mode in ("estimation", "fused"):
             timed(f"mbfg_ros {mode}, --params {params_file.name}",
                   lambda: score(rec, truth, run_mbfg(mech, rec, mode, settings)))
-    timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, False, log)))
-    timed("EKF fused", lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, True, log)))
+    # (the anchors' model is the mechanism file's: its commands applied after the actuators' delay too)
+    applied, tuning = rec.as_applied(mech), tuning.as_applied(mech)
+    timed("EKF estimation", lambda: score(rec, truth, tuned_ekf(model, applied, tuning, sigma, False, log)))
+    timed("EKF fused", lambda: score(rec, truth, tuned_ekf(model, applied, tuning, sigma, True, log)))
     for fused in (False, True):
         timed(f"EKF {'fused' if fused else 'estimation'}, smoothed (not causal)",
-              lambda: score(rec, truth, tuned_ekf(model, rec, tuning, sigma, fused, log, smoothed=True)))
+              lambda: score(rec, truth, tuned_ekf(model, applied, tuning, sigma, fused, log, smoothed=True)))
     timed("Savitzky–Golay + ID", lambda: score(rec, truth, run_savitzky_golay(model, rec)))
     nan2 = np.full((N, 2), np.nan)
-    rows["command"] = score(rec, truth, Output(nan2, nan2, rec.tau_con, nan2), has_rate=False, has_angle=False)
+    rows["command"] = score(rec, truth, Output(nan2, nan2, applied.tau_con, nan2), has_rate=False, has_angle=False)
+    if np.any(mech.actuator_delays):
+        rows["command as logged"] = score(rec, truth, Output(nan2, nan2, rec.tau_con, nan2), has_rate=False,
+                                          has_angle=False)
     rows["zero"] = score(rec, truth, Output(nan2, np.zeros((N, 2)), np.zeros((N, 2)), nan2), has_angle=False)
     m = truth.scored
     dt = np.diff(rec.t)
@@ -781,6 +811,7 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
             "reading_residual_rms": rms((rec.q - truth.position)[m]).tolist(),
             "readings_off": float(np.mean((np.abs(rec.q - truth.position) > LOST)[m].any(axis=1))),
             "left_out": int(np.sum(truth.left_out))}
+    info["command_delay"], info["command_delay_ratio"] = command_delay(rec)
     return {"recording": rec.name, "short": RECORDINGS[rec.name][1], "info": info, "rows": rows}
 
 
@@ -811,14 +842,16 @@ def results_table(results: List[dict]) -> str:
 def recordings_table(results: List[dict]) -> str:
     lines = ["| run | steps | s | median step [ms] | steps off > 10 % | longest step | effort RMS τ1 / τ2 "
              "[N·m] | rate RMS [rad/s] | friction RMS [N·m] | rotor inertia RMS [N·m] | readings about "
-             "the reference, RMS [mrad] | readings > 0.01 rad off it | readings left out of it |", "|---" * 13 + "|"]
+             "the reference, RMS [mrad] | readings > 0.01 rad off it | readings left out of it | measured torque "
+             "after the command τ1 / τ2 [ms] (RMS × the undelayed) |", "|---" * 14 + "|"]
     for r in results:
         i = r["info"]
         lines.append(f"| {r['short']} | {i['steps']} | {i['seconds']:.1f} | {1e3 * i['dt_median']:.2f} | "
                      f"{100 * i['off_steps']:.1f} % | {i['longest_step']:.1f}× | {_pair(i['effort_rms'])} | "
                      f"{_pair(i['rate_rms'])} | {_pair(i['friction_rms'])} | {_pair(i['rotor_rms'])} | "
                      f"{_pair(i['reading_residual_rms'], scale=1e3)} | {100 * i['readings_off']:.1f} % | "
-                     f"{i['left_out']} |")
+                     f"{i['left_out']} | {_pair(i['command_delay'], '{:.1f}', 1e3)} "
+                     f"({_pair(i['command_delay_ratio'], '{:.2f}')}) |")
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import mbfg_ros.factors as F
+from mbfg_ros.estimation.actuator_delay import delayed_commands
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.efforts import CommandedEfforts, FusedEfforts, UnknownEfforts, effort_kinds, effort_model
 from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -161,7 +162,9 @@ def test_commanded_and_passive_in_estimation_mode_are_the_known_efforts(pendulum
                     actuator_efforts={"q1": "commanded", "q2": "estimated"})
     assert type(est.efforts) is UnknownEfforts and est.efforts.state_actuators.tolist() == [1]
     E = np.array([e.efforts for e in out])
-    np.testing.assert_array_equal(E[:, 0], np.where(np.isfinite(commands[:, 0]), commands[:, 0], 0.0))
+    # (each applied after the motors' delay, as the mechanism file says: estimation/actuator_delay.py)
+    applied = delayed_commands(pendubot.t[:len(out)], commands[:len(out)], pendulum.actuator_delays)
+    np.testing.assert_array_equal(E[:, 0], np.where(np.isfinite(applied[:, 0]), applied[:, 0], 0.0))
     assert out[-1].efforts_std[0] == 0.0 and out[-1].efforts_std[1] > 0
     # the elbow's effort (truly 0) is estimated near 0
     assert _effort_rmse(pendubot, out)[1] < 0.05

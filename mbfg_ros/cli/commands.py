@@ -245,11 +245,12 @@ def cmd_info(args) -> int:
                                               f"{mo['rotor_inertia']:g} kg·m²")
                      + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
                                               f"{fr['coulomb_velocity']:g})")
-                     + ("" if kind is None else f", effort {kind}") + ")"
-                     for c, j, limit, unit, fr, mo, kind in zip(info["actuated"], info["actuator_joints"],
-                                                                info["effort_limits"], info["effort_units"],
-                                                                info["actuator_friction"], info["actuator_motor"],
-                                                                info["actuator_efforts"])) or "none"
+                     + ("" if kind is None else f", effort {kind}")
+                     + ("" if not delay else f", applies a command {1e3 * delay:g} ms after it is given") + ")"
+                     for c, j, limit, unit, fr, mo, kind, delay in zip(
+                         info["actuated"], info["actuator_joints"], info["effort_limits"], info["effort_units"],
+                         info["actuator_friction"], info["actuator_motor"], info["actuator_efforts"],
+                         info["actuator_delays"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
@@ -505,6 +506,7 @@ def cmd_estimate(args) -> int:
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
                              smoothed_lag=smoothed_lag, effort_shares=dict(from_file.get("effort_shares", {})),
+                             actuator_delays=dict(from_file.get("actuator_delays", {})),
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)

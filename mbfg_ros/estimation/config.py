@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.model.spec import EFFORT_KINDS
+from mbfg_ros.model.spec import EFFORT_KINDS, MAX_ACTUATOR_DELAY
 
 MODES = ("forward_dynamics", "estimation", "fused")
 FORMULATIONS = ("dependent", "independent")
@@ -34,6 +34,9 @@ class EstimatorConfig:
     # per actuator (joint name) its effort kind, estimated | commanded | passive, over the mechanism's `effort`
     # keys (those not given: the mechanism's, else as the mode says): estimation/efforts.py
     actuator_efforts: Dict[str, str] = field(default_factory=dict)
+    # per actuator (joint name) the time [s] from a command to its application, over the mechanism's `delay`
+    # keys (estimation/actuator_delay.py)
+    actuator_delays: Dict[str, float] = field(default_factory=dict)
     # actuator parameters identified online, JOINT.PARAMETER[=SIGMA] entries (PARAMETER: gain, viscous_friction,
     # coulomb_friction); None: the mechanism's `identify:` section; (): none (estimation/identification.py)
     identify: Optional[Tuple[str, ...]] = None
@@ -110,6 +113,10 @@ class EstimatorConfig:
             if kind not in EFFORT_KINDS:
                 problems.append(f"actuator '{name}': effort kind must be one of {', '.join(EFFORT_KINDS)} "
                                 f"(got {kind!r})")
+        for name, delay in self.actuator_delays.items():
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < MAX_ACTUATOR_DELAY:
+                problems.append(f"actuator_delays.{name} must be a time in seconds, >= 0 and under "
+                                f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:
             problems.append(f"unknown noise parameter names {sorted(unknown)} (known: {sorted(default_sigmas())})")

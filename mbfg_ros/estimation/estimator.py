@@ -48,6 +48,7 @@ from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection, geared_encoders
 from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, DEFLECTION_REFERENCE, MIN_EVIDENCE,
                                                      DensityAdaptation, encoded_coordinates)
+from mbfg_ros.estimation.actuator_delay import actuator_delay, configured_delays
 from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -135,6 +136,7 @@ class FixedLagEstimator:
                                     overrides=c.actuator_efforts)
         self.configured_shares = configured_shares(mech, self.efforts, c.effort_shares, c.mode)
         self.efforts.shares = self.configured_shares
+        self.delay = actuator_delay(configured_delays(mech, c.actuator_delays), c.dt, c.window)
         self.deflection = encoder_deflection(mech, c.mode, self.sigmas,
                                              fitted=c.adapt_deflection and self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)
@@ -308,6 +310,8 @@ class FixedLagEstimator:
                 ident.carry(self.stepper.window, self.stepper.k, self.layout)
         self._drain_smoothed()
         self.stepper.reset()
+        if self.delay is not None:
+            self.delay.reset()
         self.sensors.timing.reset()
         self.last = None
         self._last_obs: Dict[str, float] = {}
@@ -360,12 +364,16 @@ class FixedLagEstimator:
         t_start = time.perf_counter()
         t = float(t)
         efforts = self.efforts.efforts_in(efforts)
+        if self.delay is not None:
+            efforts = self.delay.applied(t, efforts)
         obs = observations_in(observations)
         self.sensors.timing.observe(t, obs)
         try:
             est = self._step(t, efforts, obs)
         except Exception as exc:          # numerical failure: never escapes
             est = self._recover(t, efforts, obs, exc)
+        if self.delay is not None:
+            self.delay.assign(est.step)
         fit = self.sigma_adaptation
         if fit is not None and obs:
             changed = fit.observe(t, obs)
@@ -642,6 +650,8 @@ class FixedLagEstimator:
         hermite integrator: rates over three steps), and none for steps no longer (or never) in the window.
         Efforts of the wrong length: ValueError."""
         corrections = [(int(step), self.efforts.efforts_in(efforts)) for step, efforts in corrections]
+        if self.delay is not None:          # (the steps that apply them, after the delay)
+            corrections = self.delay.correct(corrections)
         done = self.stepper.correct_commands(corrections)
         newest = self.stepper.first_id + self.stepper.k
         for step, efforts in corrections:

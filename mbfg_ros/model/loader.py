@@ -22,9 +22,10 @@ import yaml
 
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, evaluate
-from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, ActuatorSpec, AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec,
-                   GyroscopeSpec, IdentifySpec, JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
-                   RelativeAngleSpec)
+from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY, ActuatorSpec,
+                                 AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec, GyroscopeSpec, IdentifySpec,
+                                 JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
+                                 RelativeAngleSpec)
 
 __all__ = ["load_spec", "load_spec_from_string", "coordinate_names", "MechanismError",
            "DEFAULT_GRAVITY", "RESERVED_NAMES"]
@@ -49,7 +50,7 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "gear_ratio", "rotor_inertia", "viscous_friction",
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "gear_ratio", "rotor_inertia", "viscous_friction",
                   "coulomb_friction", "coulomb_velocity", "effort")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
@@ -658,7 +659,7 @@ class _Builder:
             gear, rotor, stator = self.motor(entry, path, coord, relative, joints_by_name)
             out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
                                     rotor_inertia=rotor, stator_angle=stator, effort=self.effort_kind(entry, path),
-                                    **self.actuator_friction(entry, path)))
+                                    delay=self.actuator_delay(entry, path), **self.actuator_friction(entry, path)))
         return out
 
     def identify(self, doc: Dict[str, Any], actuators: List[ActuatorSpec], bodies: List[BodySpec]
@@ -718,6 +719,16 @@ class _Builder:
             self.fail(f"{path}.effort", f"expected one of {', '.join(EFFORT_KINDS)}; got {_type_name(kind)} "
                                         f"{_show(kind)}")
         return kind
+
+    def actuator_delay(self, entry: Dict[str, Any], path: str) -> float:
+        """An actuator's `delay` [s] from a command to its application: 0 ≤ delay < MAX_ACTUATOR_DELAY."""
+        if "delay" not in entry:
+            return 0.0
+        x = self.expr(entry["delay"], f"{path}.delay")
+        if not 0.0 <= x < MAX_ACTUATOR_DELAY:
+            self.fail(f"{path}.delay", f"must be a time in seconds, >= 0 and under {_fmt(MAX_ACTUATOR_DELAY)} "
+                                       f"(got {_fmt(x)}; a driver's latency of 5 ms is 0.005)")
+        return x
 
     def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:
         """The friction keys of an actuator (`model.friction`): b, c ≥ 0; v_s > 0, only with a Coulomb friction."""

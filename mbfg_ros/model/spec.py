@@ -85,6 +85,9 @@ class MobileSliderSpec:
     line_points: Tuple[int, int]
 
 
+MAX_ACTUATOR_DELAY = 1.0    # [s] an actuator's `delay` is a driver's latency (ms): a second or more is a unit's mistake
+
+
 @dataclass(frozen=True)
 class ActuatorSpec:
     """A commanded generalized force (torque on an angle, force on a point coordinate) on `coordinate`."""
@@ -105,6 +108,9 @@ class ActuatorSpec:
     # one of EFFORT_KINDS, or None: as the estimator's mode says (estimation: estimated; fused, forward dynamics:
     # commanded); `estimation.efforts.effort_kinds`
     effort: Optional[str] = None
+    # [s] the actuator applies a command this long after it is given (a driver's latency on its bus:
+    # `estimation.actuator_delay`)
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)

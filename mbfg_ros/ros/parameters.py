@@ -16,7 +16,7 @@ from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, Estimat
 from mbfg_ros.estimation.efforts import configured_shares, effort_model, parse_actuator_efforts
 from mbfg_ros.estimation.identification import identification
 from mbfg_ros.model.identified import parse_identify
-from mbfg_ros.model.spec import BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE
+from mbfg_ros.model.spec import BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
@@ -239,6 +239,15 @@ def declare_parameters(node) -> StartupParameters:
             floating_point_range=_float_range(1e-15, 1e15))).value
         if share != 1.0:           # (1: no information, whatever the effort's kind)
             effort_shares[joint] = float(share)
+    actuator_delays = {}
+    for joint, declared in zip(mech.actuator_names, mech.actuator_delays):
+        delay = d(f"actuator_delays.{joint}", float(declared), PD(
+            description=f"The time [s] after which actuator '{joint}' applies a command (its driver's latency; "
+                        f"default from the mechanism file's 'delay'): each step applies the command in force that "
+                        f"long before it; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts the estimator",
+            floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
+        if delay != declared:
+            actuator_delays[joint] = float(delay)
     prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
         description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
                     "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
@@ -376,7 +385,7 @@ def declare_parameters(node) -> StartupParameters:
         base = EstimatorConfig(dt=float(dt), window=int(window), mode=str(mode), formulation=str(formulation),
                                integrator=str(integrator), independent=tuple(independent),
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
-                               effort_shares=effort_shares,
+                               effort_shares=effort_shares, actuator_delays=actuator_delays,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
@@ -487,6 +496,10 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 rebuild[name] = parse_identify_parameter(value, mech)
             except ValueError as e:
                 return str(e)
+        elif name.startswith("actuator_delays."):
+            if value is None or not 0.0 <= float(value) < MAX_ACTUATOR_DELAY:
+                return f"parameter '{name}' must be a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}"
+            rebuild[name] = float(value)
         elif name.startswith(("sigmas.", "sensor_sigmas.", "effort_shares.")) or name == "prescribed_sigma":
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
@@ -497,8 +510,11 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 return f"parameter 'assembly_mode': {problem}"
     if rebuild:
         sig, ssig, shares = dict(config.sigmas), dict(config.sensor_sigmas), dict(config.effort_shares)
+        delays = dict(config.actuator_delays)
         for name, value in rebuild.items():
-            if name.startswith("sigmas."):
+            if name.startswith("actuator_delays."):
+                delays[name[len("actuator_delays."):]] = value
+            elif name.startswith("sigmas."):
                 sig[name[len("sigmas."):]] = value
             elif name.startswith("effort_shares."):
                 shares[name[len("effort_shares."):]] = value
@@ -510,7 +526,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 ssig.update(prescribed_sigmas(mech, value))
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
-                             effort_shares=shares,
+                             effort_shares=shares, actuator_delays=delays,
                              actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
                              identify=rebuild["identify"] if "identify" in rebuild else config.identify).validated()
         except ValueError as e:

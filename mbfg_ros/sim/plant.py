@@ -7,7 +7,8 @@ so the crank swings widely but can never run away), sampled and held once per dt
 controller.  The commanded effort reaches the mechanism through an `Actuator` (gain, Coulomb and
 viscous friction, bias), by default a realistic mismatch (`Actuator.default_mismatch`: 0.9 × command
 minus friction), since no real motor applies exactly what it is told; `Actuator.ideal` applies the
-command exactly.  Each step yields a `PlantSample` with the truth (q, q̇, q̈, the commanded efforts
+command exactly; an actuator with a `delay` (the mechanism's) acts on the command given that long before.  Each
+step yields a `PlantSample` with the truth (q, q̇, q̈, the commanded efforts
 `efforts`, the `applied` efforts, Q) and noisy sensor readings (σ from the mechanism's sensors, seeded
 RNG).
 
@@ -36,6 +37,7 @@ from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.dynamics import kinematics
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.estimation.actuator_delay import actuator_delay
 
 
 @dataclass
@@ -250,6 +252,7 @@ class SimulatedPlant:
         if self.actuator.gain.shape != (len(mech.actuated),):
             raise ValueError(f"the actuator model has {self.actuator.gain.size} actuators, {mech.name} has "
                              f"{len(mech.actuated)}")
+        self.delay = actuator_delay(mech.actuator_delays, self.dt, 0)
         self.noise = noise
         self.rng = np.random.default_rng(seed)
         names = [s.name for s in mech.sensors]
@@ -291,7 +294,9 @@ class SimulatedPlant:
         that acted over the step and q̈_k = f(q_k, q̇_k, τ_applied,k)."""
         q, v, t = self.q, self.v, self.t
         command = np.asarray(self.profile(self.mech, t, q, v), dtype=float)
-        applied = self.actuator.applied(command, v[self.mech.actuated])
+        # (an actuator with a `delay` acts on the command given that long before: estimation/actuator_delay.py)
+        given = command if self.delay is None else self.delay.applied(t, command)
+        applied = self.actuator.applied(given, v[self.mech.actuated])
         Q = self.mech.generalized_forces(applied)
         a = self._accel(q, v, Q)
         sample = PlantSample(t, q.copy(), v.copy(), a, command, Q, self.measure(q, v), applied)

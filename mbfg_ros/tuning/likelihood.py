@@ -31,6 +31,9 @@ freedom); gyroscopes are left out and keep their sigmas.  The filter steps by ea
 samples (stamps that jitter or drift are taken as they are) and updates with the readings present (a missing
 one, NaN, adds nothing to the likelihood); it starts at the first sample where every encoder reads.
 
+Commands are applied as the mechanism's actuators apply them, each its `delay` after it is given
+(`Recording.as_applied`, the estimator's rule).
+
 Long recordings are decimated (every m-th reading, the commands averaged over each interval) to at most
 `max_steps` filter steps: the densities are continuous-time quantities (per second, not per step) and the
 encoder σ is per reading, so a coarser grid estimates the same numbers, with less information about the fastest
@@ -47,6 +50,7 @@ import numpy as np
 
 from mbfg_ros.blas import single_threaded_blas
 from mbfg_ros.dynamics.kinematics import AssemblyError
+from mbfg_ros.estimation.actuator_delay import delayed_commands
 from mbfg_ros.estimation.reduced_ekf import ReducedEKF
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank, ReducedModelBank
 from mbfg_ros.factors.noise import default_sigmas
@@ -118,6 +122,14 @@ class Recording:
             return self
         return Recording(self.t[k:], self.readings[k:], self.encoders, self.coordinates,
                          None if self.commands is None else self.commands[k:], self.source)
+
+    def as_applied(self, mech: Mechanism) -> "Recording":
+        """The recording with its commands as the mechanism's actuators apply them (each its `delay` after it is
+        given: `estimation.actuator_delay`, as the estimator applies them)."""
+        if self.commands is None or not any(mech.actuator_delays):
+            return self
+        return Recording(self.t, self.readings, self.encoders, self.coordinates,
+                         delayed_commands(self.t, self.commands, mech.actuator_delays), self.source)
 
     def head(self, n: int) -> "Recording":
         """The first n samples."""
@@ -262,6 +274,7 @@ def settling_steps(n_samples: int) -> int:
 
 def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
     """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
+    `rec`'s commands as applied: `Recording.as_applied`, which `fit` calls;
     as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank; −inf where a
     filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
     if not ReducedModelBank.supports(mech):
@@ -331,7 +344,7 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
         raise TuningError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     if mode == "fused" and rec.commands is None:
         raise TuningError("--mode fused needs the commanded efforts")
-    rec = rec.from_first_complete_reading()
+    rec = rec.as_applied(mech).from_first_complete_reading()
     if len(rec.t) < 10:
         raise TuningError(f"{rec.source}: need at least 10 samples to fit (got {len(rec.t)})")
     if not np.all(np.diff(rec.t) > 0):

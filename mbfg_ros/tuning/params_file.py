@@ -9,6 +9,7 @@ from typing import Dict, Iterable, Optional, Tuple
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
+from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY
 
 NODE_NAME = "mbfg_estimator"
 #: the node's own parameters (ros/parameters.py): valid in the file, no meaning to `mbfg estimate`
@@ -20,7 +21,8 @@ NODE_ONLY_KEYS = frozenset((
     "max_prediction", "parameters_period", "prescribed_sigma", "publish_covariance", "actuator_efforts", "identify",
     "start_type_description_service"))
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
-APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "adapt_densities",
+APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "actuator_delays",
+                "adapt_densities",
                 "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
 
 
@@ -99,8 +101,8 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
 
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
     """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
-    sensor_sigmas and effort_shares as dicts, checked against the noise parameters and the mechanism's sensors
-    and actuators).  Keys the node
+    sensor_sigmas, effort_shares and actuator_delays as dicts, checked against the noise parameters and the
+    mechanism's sensors and actuators).  Keys the node
     knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
     key, params = node_parameters(path)
     out: Dict[str, object] = {}
@@ -121,6 +123,19 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{excerpt(k)}: unknown {what} (known: {', '.join(sorted(allowed))})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
+                table[k] = float(v)
+            out[name] = table
+        elif name == "actuator_delays":
+            if not isinstance(value, dict):
+                raise ParamsFileError(f"{where} must be a mapping of actuator joints to seconds")
+            table = {}
+            for k, v in value.items():
+                if k not in actuators:
+                    raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
+                                          f"{', '.join(sorted(actuators))})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < MAX_ACTUATOR_DELAY:
+                    raise ParamsFileError(f"{where}.{excerpt(k)} must be a time in seconds, >= 0 and under "
+                                          f"{MAX_ACTUATOR_DELAY:g} (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
         elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):

@@ -1,0 +1,250 @@
+"""Actuators that apply a command some time after it is given (`actuators: delay:`,
+estimation/actuator_delay.py): the zero-order hold of the commands at t − delay, the same in the estimator, in
+`mbfg tune` and in the bench's anchors; a late command corrects the steps that apply it; the format, the
+configuration and the node's parameters refuse what is not a latency."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from mbfg_ros.estimation.actuator_delay import ActuatorDelay, configured_delays, delayed_commands
+from mbfg_ros.estimation.config import EstimatorConfig
+from mbfg_ros.estimation.estimator import FixedLagEstimator
+from mbfg_ros.model.mechanism import Mechanism, load_mechanism
+from mbfg_ros.model.loader import load_spec_from_string
+from mbfg_ros.model.spec import MechanismError
+from mbfg_ros.sim.plant import SimulatedPlant
+
+STEPS = 160
+DELAY = 0.0025          # [s] on the crank's 1-ms steps: the command given 3 steps before
+ROWS = 3
+LATE_AT = 100
+JUMP = 20.0
+
+
+def jittered_times(n, dt=0.002, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.cumsum(np.r_[0.0, dt * (1 + rng.uniform(-0.2, 0.2, n - 1))])
+
+
+def test_the_command_in_force_a_delay_earlier_is_applied():
+    """On 2-ms stamps jittering by ±20 %, a 5-ms delay applies the command 3 rows back (held from its row until
+    the next), the first one before any; each actuator its own delay; no delay: the commands as given; the
+    estimator's bookkeeping gives the same as the columns' rule (`mbfg tune`, the bench)."""
+    t = jittered_times(400)
+    c = np.column_stack([np.arange(400.0), -np.arange(400.0)])
+    out = delayed_commands(t, c, [0.005, 0.0])
+    np.testing.assert_array_equal(out[3:, 0], c[:-3, 0])
+    np.testing.assert_array_equal(out[:3, 0], c[0, 0])
+    np.testing.assert_array_equal(out[:, 1], c[:, 1])
+    np.testing.assert_array_equal(delayed_commands(t, c, [0.0, 0.0]), c)
+    # a delay across an overrun: a gap of 5.4 ms before row 200 applies row 199's command at row 200
+    t2 = t.copy()
+    t2[200:] += 0.0034
+    out2 = delayed_commands(t2, c, [0.005, 0.005])
+    assert out2[200, 0] == c[199, 0] and out2[201, 0] == c[199, 0] and out2[203, 0] == c[200, 0]
+    book = ActuatorDelay([0.005, 0.0], keep=64)
+    applied = np.array([book.applied(float(tk), ck) for tk, ck in zip(t2, c)])
+    np.testing.assert_array_equal(applied, delayed_commands(t2, c, [0.005, 0.0]))
+
+
+def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(crank):
+    """The plant of a mechanism whose actuator has a delay (as the estimator applies it): its applied efforts are
+    those of the commands given that long before."""
+    delayed = Mechanism(dataclasses.replace(crank.spec, actuators=tuple(dataclasses.replace(a, delay=DELAY)
+                                                                        for a in crank.spec.actuators)))
+    from mbfg_ros.sim.plant import Actuator
+    run = SimulatedPlant(delayed, dt=1e-3, seed=2, actuator=Actuator.ideal(delayed)).simulate(0.1)
+    commanded, applied = np.asarray(run.efforts, float), np.asarray(run.applied, float)
+    np.testing.assert_array_equal(applied, delayed_commands(run.t, commanded, [DELAY]))
+    assert np.abs(applied - commanded).max() > 0.01
+
+
+def test_time_going_back_starts_the_history_over():
+    book = ActuatorDelay([0.005], keep=64)
+    for k in range(10):
+        book.applied(0.002 * k, np.array([float(k)]))
+    assert book.applied(0.001, np.array([42.0]))[0] == 42.0      # (a reset or a clock jump: the first one)
+
+
+@pytest.fixture(scope="module")
+def motion(crank):
+    """The crank four-bar driven by its plant (the actuator does not apply its command exactly), 1 kHz."""
+    return SimulatedPlant(crank, dt=1e-3, seed=2).simulate(STEPS * 1e-3)
+
+
+def commands(motion):
+    c = np.array(motion.efforts, dtype=float).reshape(STEPS + 1, -1)[:STEPS].copy()
+    c[LATE_AT:] += JUMP
+    return c
+
+
+def run(mech, motion, config, handed, correct=None):
+    """(q, q̇, efforts) per step with the commands `handed` to each step; `correct`: (after step k, [(step j,
+    command)]) late commands given after step k."""
+    est = FixedLagEstimator(mech, config)
+    out, ids, done = [], [], None
+    for k in range(STEPS):
+        obs = {name: float(v[k]) for name, v in motion.readings.items()}
+        e = est.step(float(motion.t[k]), efforts=handed[k], observations=obs)
+        ids.append(e.step)
+        if correct is not None and k == correct[0]:
+            done = est.correct_commands([(ids[j], c) for j, c in correct[1]])
+        out.append(np.concatenate([e.q, e.v, e.efforts]))
+    return np.array(out), ids, done
+
+
+FUSED = EstimatorConfig(window=10, mode="fused")
+
+
+def shifted(c, rows):
+    out = np.empty_like(c)
+    out[rows:], out[:rows] = c[:-rows], c[0]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fused", "forward_dynamics"])
+def test_a_delayed_actuator_is_estimated_as_its_commands_given_that_much_later(crank, motion, mode):
+    """The crank's actuator delayed by 2.5 ms (the configuration's override of the mechanism's none): the
+    estimates are exactly those of an undelayed actuator handed each command 3 steps later, and differ from
+    the undelayed actuator's given the same commands."""
+    config = dataclasses.replace(FUSED, mode=mode)
+    cmd = commands(motion)
+    delayed, _, _ = run(crank, motion, dataclasses.replace(config, actuator_delays={"crank": DELAY}), cmd)
+    later, _, _ = run(crank, motion, config, shifted(cmd, ROWS))
+    plain, _, _ = run(crank, motion, config, cmd)
+    np.testing.assert_array_equal(delayed, later)
+    assert np.abs(delayed[LATE_AT:, -1] - plain[LATE_AT:, -1]).max() > 1.0
+
+
+def test_a_late_command_corrects_the_step_that_applies_it(crank, motion):
+    """Step LATE_AT's command comes late (the previous one held in its place).  Given before the step that
+    applies it (LATE_AT + 3) is estimated, nothing is corrected and the estimates are exactly those of the
+    command in time; given after, that step is corrected (the only one: the others apply other commands) to
+    within 1e-6 of them, where uncorrected they are off by > 1e-3."""
+    config = dataclasses.replace(FUSED, actuator_delays={"crank": DELAY})
+    cmd = commands(motion)
+    reference, ids, _ = run(crank, motion, config, cmd)
+    held = cmd.copy()
+    held[LATE_AT] = cmd[LATE_AT - 1]
+    early, _, done = run(crank, motion, config, held, (LATE_AT + 1, [(LATE_AT, cmd[LATE_AT])]))
+    assert done == []
+    np.testing.assert_array_equal(early, reference)
+    late, ids, done = run(crank, motion, config, held, (LATE_AT + 5, [(LATE_AT, cmd[LATE_AT])]))
+    assert done == [ids[LATE_AT + ROWS]]
+    stale, _, _ = run(crank, motion, config, held)
+    after = slice(LATE_AT + 6, None)
+    scale = np.abs(reference[after]).max(axis=0) + 1.0
+    off = (np.abs(late[after] - reference[after]) / scale).max()
+    off_stale = (np.abs(stale[after] - reference[after]) / scale).max()
+    assert off < 1e-6 and off_stale > 1e-3, (off, off_stale)
+
+
+CRANK = """
+name: delayed_crank
+points:
+  - {x: 0, y: 0, fixed: true}
+  - {x: 1, y: 0}
+planar_bodies:
+  - {points: [0, 1], length: 1, mass: 1, I0: 0.3, cog: [0.5, 0]}
+actuators:
+  - {coordinate: x1, %s}
+"""
+
+
+def test_the_format_takes_a_delay_in_seconds_and_refuses_what_is_not_one():
+    mech = Mechanism(load_spec_from_string(CRANK % "delay: 5e-3"))
+    assert mech.actuator_delays == (0.005,) and mech.describe()["actuator_delays"] == [0.005]
+    assert Mechanism(load_spec_from_string(CRANK % "effort_limit: 10")).actuator_delays == (0.0,)
+    for bad, why in (("-0.001", ">= 0"), ("5", "a driver's latency of 5 ms is 0.005"), ("'soon'", "delay")):
+        with pytest.raises(MechanismError, match=r"actuators\[0\]\.delay") as err:
+            load_spec_from_string(CRANK % f"delay: {bad}")
+        assert why in str(err.value), str(err.value)
+
+
+def test_the_configuration_overrides_the_mechanisms_delays_by_joint(crank):
+    dp = load_mechanism("double_pendulum_a0")
+    assert configured_delays(dp) == [0.0055, 0.0055]
+    assert configured_delays(dp, {"q2": 0.0}) == [0.0055, 0.0]
+    with pytest.raises(ValueError, match=r"unknown actuator joint\(s\) 'elbow' \(known: q1, q2\)"):
+        configured_delays(dp, {"elbow": 0.001})
+    with pytest.raises(ValueError, match=r"actuator_delays.crank must be a time in seconds, >= 0 and under 1"):
+        EstimatorConfig(actuator_delays={"crank": -1.0}).validated()
+    with pytest.raises(ValueError, match="unknown actuator joint"):
+        FixedLagEstimator(crank, EstimatorConfig(mode="fused", actuator_delays={"elbow": 0.001}))
+    # none: nothing kept, nothing done
+    assert FixedLagEstimator(crank, EstimatorConfig(mode="fused")).delay is None
+
+
+def test_tune_fits_the_commands_as_the_actuators_apply_them():
+    """`mbfg tune`'s likelihood on a mechanism with delayed actuators is that of the same mechanism without the
+    delays handed the delayed commands (`Recording.as_applied`)."""
+    from mbfg_ros.tuning.likelihood import Recording, encoder_layout, initial_values, log_likelihood
+    dp = load_mechanism("double_pendulum_a0")
+    undelayed = Mechanism(dataclasses.replace(dp.spec, actuators=tuple(dataclasses.replace(a, delay=0.0)
+                                                                       for a in dp.spec.actuators)))
+    names, coords, _ = encoder_layout(dp)
+    t = jittered_times(500)
+    y = np.column_stack([0.3 * np.sin(2 * np.pi * t), 0.2 * np.sin(3 * np.pi * t)])
+    c = np.column_stack([0.5 * np.sin(40 * t), 0.2 * np.cos(30 * t)])
+    rec = Recording(t, y, names, coords, c, "sim")
+    applied = rec.as_applied(dp)
+    np.testing.assert_array_equal(applied.commands, delayed_commands(t, c, [0.0055, 0.0055]))
+    assert rec.as_applied(undelayed) is rec
+    values = initial_values(dp)
+    ll = log_likelihood(undelayed, applied, "fused", values)
+    assert np.isfinite(ll) and log_likelihood(undelayed, rec, "fused", values) != ll
+    from mbfg_ros.tuning.likelihood import fit
+    names = ["disturbance_density"]
+    assert fit(dp, rec, "fused", values, names).sigmas == fit(undelayed, applied, "fused", values, names).sigmas
+
+
+def test_the_node_takes_the_delays_as_parameters(tmp_path):
+    """`actuator_delays.<joint>` (default: the mechanism file's) reach the core; changed at run time they
+    rebuild it; a negative one is refused with the reason and the node keeps its parameters."""
+    pytest.importorskip("rclpy")
+    import sys
+    from pathlib import Path
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.parameter import Parameter
+    from mbfg_ros.ros import node as N
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ros_helpers import fresh_domain_id
+    ctx = Context()
+    rclpy.init(args=["--ros-args", "-p", "mechanism:=double_pendulum_a0", "-p", "mode:=fused", "-p", "dt:=0.002",
+                     "-p", "publish_markers:=false"], context=ctx, domain_id=fresh_domain_id())
+    try:
+        node = N.EstimatorNode(context=ctx)
+        try:
+            assert node.config.actuator_delays == {}
+            assert node.get_parameter("actuator_delays.q1").value == 0.0055
+            assert list(node.core.delay.delays) == [0.0055, 0.0055]
+            assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
+            assert node.config.actuator_delays == {"q2": 0.0}
+            assert list(node.core.delay.delays) == [0.0055, 0.0]
+            refused = node.set_parameters([Parameter("actuator_delays.q1", value=-0.001)])[0]
+            assert not refused.successful and "actuator_delays.q1" in refused.reason, refused.reason
+            assert node.config.actuator_delays == {"q2": 0.0}
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
+
+
+def test_a_parameter_file_sets_the_delays_for_mbfg_estimate(tmp_path):
+    """`actuator_delays` of a node parameter file (the node's `actuator_delays.<joint>`) is applied by `mbfg
+    estimate --params`; an unknown actuator or a value that is not a latency is an error naming the key."""
+    from mbfg_ros.tuning.params_file import ParamsFileError, read_params
+    dp = load_mechanism("double_pendulum_a0")
+    p = tmp_path / "p.yaml"
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      q2: 0.0\n")
+    assert read_params(p, dp) == {"actuator_delays": {"q2": 0.0}}
+    for body, match in (("elbow: 0.001", r"actuator_delays.elbow: unknown actuator of double_pendulum_a0 "
+                                         r"\(known: q1, q2\)"),
+                        ("q1: 5", r"actuator_delays.q1 must be a time in seconds, >= 0 and under 1 \(got 5\)"),
+                        ("q1: -0.001", r"actuator_delays.q1 must be a time in seconds")):
+        p.write_text(f"/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      {body}\n")
+        with pytest.raises(ParamsFileError, match=match):
+            read_params(p, dp)
