@@ -93,7 +93,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from mbfg_ros.dynamics import constrained, kinematics  # noqa: E402
-from mbfg_ros.estimation.actuator_delay import delayed_commands  # noqa: E402
+from mbfg_ros.estimation.actuator_delay import command_latency, delayed_commands  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
@@ -108,8 +108,6 @@ BAND = 5.0                   # [Hz] the low-pass band of the effort score
 SMOOTHED_LAG = 9              # the smoothed rows' lag [steps]: the default window's longest (10 − 1)
 LOST = 0.01                  # [rad] an estimated angle this far from its reading has lost track
 LAG_LONGEST = 0.3            # [s] the longest delay of an effort estimate looked for (`effort_lag`)
-DELAY_LONGEST = 0.015        # [s] the longest motor latency looked for (`command_delay`), ...
-DELAY_STEP = 0.0005          # ... on this grid
 POSITION_STEP = 12.5 / 65535 # [rad] the recorded positions' quantum
 TORQUE_STEP = 12.0 / 4095    # [N·m] the recorded measured torques' quantum
 COLUMNS = ("t", "pos_meas1", "pos_meas2", "tau_con1", "tau_con2", "tau_meas1", "tau_meas2")
@@ -179,16 +177,11 @@ class Recording:
         return replace(self, tau_con=delayed_commands(self.t, self.tau_con, mech.actuator_delays))
 
 
-def command_delay(rec: Recording, longest: float = DELAY_LONGEST, step: float = DELAY_STEP) -> tuple:
-    """Per joint, the delay after which the command (held from its row on, `delayed_commands`) is closest to the
-    measured torque (RMS from `SETTLE`, the shortest such on a grid of `step` up to `longest`), and that RMS as a
-    fraction of the undelayed command's: the motor's latency, where the command moves fast enough to time it
-    (a fraction well under 1)."""
-    scored = rec.t >= rec.t[0] + SETTLE
-    delays = np.arange(0.0, longest + step / 2, step)
-    errors = np.array([rms((rec.tau_meas - delayed_commands(rec.t, rec.tau_con, [d, d]))[scored]) for d in delays])
-    best = np.argmin(errors, axis=0)
-    return delays[best].tolist(), (errors[best, [0, 1]] / errors[0]).tolist()
+def command_delay(rec: Recording) -> tuple:
+    """Per joint, `command_latency` of the commands against the measured torque from `SETTLE`: the delay after
+    which the command comes closest to it, and that RMS over the undelayed command's (the motor's latency where
+    the command moves fast enough to time it: a fraction well under 1)."""
+    return command_latency(rec.t, rec.tau_con, rec.tau_meas, rows=rec.t >= rec.t[0] + SETTLE)
 
 
 def load_recording(name: str, data: Path = DATA) -> Recording:

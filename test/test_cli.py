@@ -86,6 +86,7 @@ def test_info_names_each_actuators_gear_rotor_and_friction(capsys):
     assert actuated.count("gear ratio -6, rotor inertia") == 2 and actuated.count("friction") == 2
     rc, out, _ = run(["info", "four_bar_crank", "--json"], capsys)
     assert json.loads(out)["actuator_motor"] == [None]
+    assert actuated.count("applies a command 5.5 ms after it is given") == 2
 
 
 def test_simulate_free_fall_matches_closed_form_start(tmp_path, capsys):
@@ -659,3 +660,43 @@ def test_a_time_column_not_in_seconds_is_named(tmp_path, capsys, scale, unit):
                           "stamp", *extra, "--output", tmp_path / "x"], capsys)
         assert rc == 2 and "is the time column in seconds?" in err and unit in err, (command, err)
         assert f"apart (the median), longer than the mechanism's time scale √(reach/g) = 0.226 s" in err
+
+
+# -- an actuator's latency from its measured effort: mbfg identify --measured ----------------------------------------
+PENDUBOT = ROOT / "bench" / "data" / "dfki_double_pendulum" / "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory.csv.gz"
+PENDUBOT_COLUMNS = ["--reading", "q1=pos_meas1,q2=pos_meas2", "--command", "q1=tau_con1,q2=tau_con2"]
+
+
+def test_identify_times_an_actuators_latency_from_its_measured_effort(tmp_path, capsys):
+    """On the DFKI pendubot run (its shoulder's command moves fast, its elbow's motor is off) with the latency
+    left out of the mechanism: the shoulder's measured torque follows its command by 5.5 ms (the shipped files'
+    value), written as its delay; the elbow's is not timed and keeps its delay; with nothing else to identify
+    only the latency is written, and the file loads."""
+    import yaml
+    doc = yaml.safe_load((ROOT / "mechanisms" / "double_pendulum_a0.yaml").read_text())
+    for a in doc["actuators"]:
+        a.pop("delay")
+    mech = tmp_path / "a0.yaml"
+    mech.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    out = tmp_path / "timed.yaml"
+    rc, stdout, err = run(["identify", mech, "--observations", PENDUBOT, "--torques", PENDUBOT, *PENDUBOT_COLUMNS,
+                           "--measured", "q1=tau_meas1,q2=tau_meas2", "-o", out], capsys)
+    assert rc == 0, err
+    assert "q1.delay = 0.0055 s" in stdout and "RMS 0.39×" in stdout
+    assert "q2: latency not timed" in err and "delay left as it is" in err
+    timed = load_mechanism(out)
+    assert timed.actuator_delays == (0.0055, 0.0)
+    assert "identify" not in yaml.safe_load(out.read_text())
+
+
+def test_identify_measured_errors_name_what_is_wrong(tmp_path, capsys):
+    base = ["identify", "double_pendulum_a0", "--observations", PENDUBOT, *PENDUBOT_COLUMNS[:2], "-o",
+            tmp_path / "o.yaml", "--mode", "estimation"]
+    for extra, message in (
+            (["--measured", "q1=tau_meas1"], "--measured JOINT=COLUMN names measured efforts of the --torques file"),
+            (["--torques", PENDUBOT, *PENDUBOT_COLUMNS[2:], "--measured", "elbow=tau_meas2"],
+             "--measured elbow=tau_meas2: 'elbow' is not an actuator of the mechanism (q1, q2)"),
+            (["--torques", PENDUBOT, *PENDUBOT_COLUMNS[2:], "--measured", "q1=current1"],
+             "no column 'current1' (for measured effort q1")):
+        rc, _, err = run(base + extra, capsys)
+        assert rc == 2 and message in err, err

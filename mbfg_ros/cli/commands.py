@@ -533,12 +533,12 @@ def cmd_estimate(args) -> int:
 
 def cmd_identify(args) -> int:
     """Offline identification: the estimator over the whole recording with the parameters held constant, its final
-    estimate and 1σ written into the mechanism's `identify:` section (the priors the node starts from)."""
+    estimate and 1σ written into the mechanism's `identify:` section (the priors the node starts from); with
+    --measured, first each named actuator's latency from its commanded to its measured effort, written as its
+    `delay` (and used by the identification)."""
     from pathlib import Path
 
     import yaml
-    from mbfg_ros.estimation.config import EstimatorConfig
-    from mbfg_ros.estimation.estimator import FixedLagEstimator
     from mbfg_ros.model.identified import parse_identify
     from mbfg_ros.model.mechanism import resolve_mechanism_path
     mech = _load(args.mechanism)
@@ -549,9 +549,10 @@ def cmd_identify(args) -> int:
             parse_identify(entries, mech)
         except ValueError as exc:
             raise UserError(f"--identify: {exc}") from None
-    elif not mech.spec.identify:
+    elif not mech.spec.identify and not args.measured_columns:
         raise UserError(f"nothing to identify: mechanism '{mech.name}' has no identify: section; give --identify "
-                        "JOINT.PARAMETER (PARAMETER: gain, viscous_friction, coulomb_friction)")
+                        "JOINT.PARAMETER (PARAMETER: gain, viscous_friction, coulomb_friction), or --measured "
+                        "JOINT=COLUMN for an actuator's latency")
     table = _observations_table(args, mech)
     cols = csvio.sensor_columns(table, InputLimits(mech))
     if not cols:
@@ -563,9 +564,63 @@ def cmd_identify(args) -> int:
     efforts = _commands_from_csv(args, mech, t) if args.torques else None
     if args.mode == "fused" and efforts is None and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
+    delays = _latencies(args, mech, t, efforts)
+    source = resolve_mechanism_path(args.mechanism)
+    doc = yaml.safe_load(Path(source).read_text())
+    for joint, delay in delays.items():
+        doc["actuators"][mech.actuator_names.index(joint)]["delay"] = delay
+    if entries is not None or mech.spec.identify:
+        doc["identify"] = _identified(args, mech, entries, table, cols, efforts, delays)
+    what = ", ".join(filter(None, ["its identify: section set to the parameters identified offline (value, 1σ): "
+                                   "the priors the estimator starts from" if "identify" in doc and
+                                   (entries is not None or mech.spec.identify) else "",
+                                   f"the latency of {', '.join(delays)} (delay)" if delays else ""]))
+    header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
+              f"# {source} with {what or 'nothing changed'}, from {args.observations}.  (YAML comments of the source "
+              "are not kept.)\n")
+    Path(args.output).write_text(header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, float]:
+    """--measured JOINT=COLUMN: each named actuator's latency (`command_latency` of its command against the
+    measured effort in that column of the --torques file), printed; {joint: delay} of those it times."""
+    from mbfg_ros.estimation.actuator_delay import LATENCY_TIMED, command_latency, latency_timed
+    if not args.measured_columns:
+        return {}
+    columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
+    if commands is None:
+        raise UserError("--measured JOINT=COLUMN names measured efforts of the --torques file, beside the "
+                        "commands: give --torques")
+    table = csvio.read_table(args.torques, args.time_column).select(columns, "measured effort")
+    measured = csvio.interpolate(table, list(columns), t)
+    out = {}
+    for k, joint in enumerate(columns):
+        j = mech.actuator_names.index(joint)
+        (delay,), (ratio,) = command_latency(t, commands[:, [j]], measured[:, [k]])
+        if not math.isfinite(delay):
+            print(f"{joint}: no row with both its command and its measured effort", file=sys.stderr)
+        elif latency_timed(delay, ratio):
+            out[joint] = delay
+            print(f"{joint}.delay = {delay:.6g} s (its measured effort follows the command by it: RMS {ratio:.2f}× "
+                  f"the undelayed command's)")
+        else:
+            print(f"{joint}: latency not timed (the command held {1e3 * delay:g} ms comes only {ratio:.2f}× as close "
+                  f"to the measured effort, at least {LATENCY_TIMED:g}× needed: its commands move too slowly, or "
+                  f"the latency is longer than the grid's): delay left as it is", file=sys.stderr)
+    return out
+
+
+def _identified(args, mech, entries, table, cols, efforts, delays) -> list:
+    """The identify: section: the estimator over the recording with the parameters held constant (and the
+    actuators' `delays`), their final values and 1σ, printed."""
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    t = table.t
     sensor_sigmas = _sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor")
     config = EstimatorConfig(dt=csvio.median_step(table), window=args.window, mode=args.mode,
-                             sensor_sigmas=sensor_sigmas, identify=entries)
+                             sensor_sigmas=sensor_sigmas, identify=entries, actuator_delays=dict(delays))
     try:
         est = FixedLagEstimator(mech, config.validated())
     except ValueError as exc:
@@ -581,22 +636,13 @@ def cmd_identify(args) -> int:
     p = est.parameters()
     for name, value, std, prior in zip(p["names"], p["values"], p["std"], p["prior_std"]):
         print(f"{name} = {value:.6g} ± {std:.3g} (prior σ {prior:.3g})")
-    source = resolve_mechanism_path(args.mechanism)
-    doc = yaml.safe_load(Path(source).read_text())
     P = est.identification.parameters
-    doc["identify"] = []
+    out = []
     for spec, v, s, density in zip(P.specs, p["values"], p["std"], P.density.tolist()):
         where = ({"joint": spec.joint} if spec.body is None else
                  {"body": mech.spec.bodies[spec.body].name or spec.body, "at": [float(x) for x in spec.at]})
-        doc["identify"].append({**where, "parameter": spec.parameter, "value": float(v), "sigma": float(s),
-                                "density": density})
-    header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
-              f"# {source} with its identify: section set to the parameters identified offline from "
-              f"{args.observations} (value, 1σ): the priors the estimator starts from.  (YAML comments of the source "
-              "are not kept.)\n")
-    Path(args.output).write_text(header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
-    print(f"wrote {args.output}", file=sys.stderr)
-    return 0
+        out.append({**where, "parameter": spec.parameter, "value": float(v), "sigma": float(s), "density": density})
+    return out
 
 
 def _tuning_recording(args, mech):
@@ -994,6 +1040,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "unknown (only a passive joint's friction is then determined)")
     s.add_argument("--identify", action="append", default=None, metavar="JOINT.PARAMETER[=SIGMA]",
                    help="the parameters (as estimate --identify; default: the mechanism file's identify: section)")
+    s.add_argument("--measured", action="append", default=[], metavar="JOINT=COLUMN", dest="measured_columns",
+                   help="actuator JOINT's measured effort (a torque sensor's, or the driver's current × its torque "
+                        "constant) in column COLUMN of the --torques file (repeatable or comma-separated): its "
+                        "latency, the delay after which its command comes closest to it, is written as the "
+                        "actuator's delay (where its commands move fast enough to time it) and used by the "
+                        "identification")
     s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
                    help="a sensor's σ in its units (repeatable; default: the mechanism file's)")
     s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N", help="(default 10)")
