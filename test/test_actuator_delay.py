@@ -201,8 +201,8 @@ def test_tune_fits_the_commands_as_the_actuators_apply_them():
 
 
 def test_the_node_takes_the_delays_as_parameters(tmp_path):
-    """`actuator_delays.<joint>` (default: the mechanism file's) reach the core; changed at run time they
-    rebuild it; a negative one is refused with the reason and the node keeps its parameters."""
+    """`actuator_delays.<joint>` (default: the mechanism file's) reach the core and the diagnostics; changed at run
+    time they rebuild it; a negative one is refused with the reason and the node keeps its parameters."""
     pytest.importorskip("rclpy")
     import sys
     from pathlib import Path
@@ -224,6 +224,7 @@ def test_the_node_takes_the_delays_as_parameters(tmp_path):
             assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
             assert node.config.actuator_delays == {"q2": 0.0}
             assert list(node.core.delay.delays) == [0.0055, 0.0]
+            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=5.5 ms, q2=0 ms"
             refused = node.set_parameters([Parameter("actuator_delays.q1", value=-0.001)])[0]
             assert not refused.successful and "actuator_delays.q1" in refused.reason, refused.reason
             assert node.config.actuator_delays == {"q2": 0.0}

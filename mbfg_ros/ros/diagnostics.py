@@ -12,6 +12,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from mbfg_ros import native
+from mbfg_ros.estimation.actuator_delay import configured_delays
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import effort_kinds
 from mbfg_ros.estimation.identification import CONFOUNDED
@@ -174,6 +175,9 @@ class Diagnostics:
         if self.mech.actuator_names:
             kinds = effort_kinds(config.mode, self.mech, config.actuator_efforts)
             kv["actuator_efforts"] = ", ".join(f"{n}={k}" for n, k in zip(self.mech.actuator_names, kinds))
+            delays = configured_delays(self.mech, config.actuator_delays)
+            if any(delays):
+                kv["actuator_delays"] = ", ".join(f"{n}={1e3 * d:g} ms" for n, d in zip(self.mech.actuator_names, delays))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)
