@@ -249,3 +249,41 @@ def test_a_parameter_file_sets_the_delays_for_mbfg_estimate(tmp_path):
         p.write_text(f"/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      {body}\n")
         with pytest.raises(ParamsFileError, match=match):
             read_params(p, dp)
+
+
+def test_mbfg_estimate_takes_a_delay_option(tmp_path, capsys):
+    """`mbfg estimate --actuator-delay NAME=SECONDS` wins over the mechanism file's delay: 0 gives the estimate of
+    the mechanism without it; a bad value or an unknown actuator is an error naming it."""
+    import yaml
+    from mbfg_ros.cli import commands as cli
+    rec = "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory.csv.gz"
+    from pathlib import Path
+    source = Path(__file__).resolve().parents[1] / "bench" / "data" / "dfki_double_pendulum" / rec
+    data = tmp_path / "run.csv"            # (its first 2 s)
+    header = "t,pos_meas1,pos_meas2,tau_con1,tau_con2,tau_meas1,tau_meas2"
+    np.savetxt(data, np.loadtxt(source, delimiter=",", skiprows=1, max_rows=800), delimiter=",", header=header,
+               comments="")
+    doc = yaml.safe_load(Path(load_mechanism("double_pendulum_a0").spec.source).read_text())
+    for a in doc["actuators"]:
+        a.pop("delay")
+    undelayed = tmp_path / "a0.yaml"
+    undelayed.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    columns = ["--observations", data, "--reading", "q1=pos_meas1,q2=pos_meas2", "--torques", data,
+               "--command", "q1=tau_con1,q2=tau_con2", "--mode", "fused"]
+
+    def estimate(mech, *extra):
+        out = tmp_path / "e.csv"
+        rc = cli.main([str(a) for a in ["estimate", mech, *columns, *extra, "-o", out]])
+        err = capsys.readouterr().err
+        return rc, (np.loadtxt(out, delimiter=",", skiprows=1, max_rows=400) if rc == 0 else None), err
+
+    rc, zero, _ = estimate("double_pendulum_a0", "--actuator-delay", "q1=0,q2=0")
+    assert rc == 0
+    rc, plain, _ = estimate(undelayed)
+    np.testing.assert_array_equal(zero, plain)
+    rc, shipped, _ = estimate("double_pendulum_a0")
+    assert np.abs(shipped - plain).max() > 1e-3
+    for bad, message in (("q1=5", "0 <= SECONDS < 1 (a latency of 5 ms is 0.005; got 'q1=5')"),
+                         ("elbow=0.001", "'elbow' is not an actuator of the mechanism (q1, q2)")):
+        rc, _, err = estimate("double_pendulum_a0", "--actuator-delay", bad)
+        assert rc == 2 and message in err, err

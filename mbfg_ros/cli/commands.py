@@ -506,7 +506,8 @@ def cmd_estimate(args) -> int:
     config = EstimatorConfig(dt=dt, window=window, mode=mode, integrator=integrator, sigmas=sigmas,
                              sensor_sigmas=sensor_sigmas, compute_covariance=args.std,
                              smoothed_lag=smoothed_lag, effort_shares=dict(from_file.get("effort_shares", {})),
-                             actuator_delays=dict(from_file.get("actuator_delays", {})),
+                             actuator_delays={**from_file.get("actuator_delays", {}),
+                                              **_actuator_delay_options(args.actuator_delay, mech)},
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
@@ -776,6 +777,27 @@ def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, n
     return out
 
 
+def _actuator_delay_options(items, mech) -> Dict[str, float]:
+    """--actuator-delay NAME=SECONDS (repeatable or comma-separated) as {actuator joint: s}; UserError naming what
+    is wrong."""
+    from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY
+    out: Dict[str, float] = {}
+    for item in (e for entry in items for e in entry.split(",") if e.strip()):
+        name, eq, value = (x.strip() for x in item.partition("="))
+        try:
+            delay = float(value) if eq else math.nan
+        except ValueError:
+            delay = math.nan
+        if not 0.0 <= delay < MAX_ACTUATOR_DELAY:
+            raise UserError(f"--actuator-delay takes NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (a latency "
+                            f"of 5 ms is 0.005; got '{excerpt(item)}')")
+        if name not in mech.actuator_names:
+            raise UserError(f"--actuator-delay {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
+                            f"({', '.join(mech.actuator_names) or 'none'})")
+        out[name] = delay
+    return out
+
+
 def _actuator_effort_options(items, mech) -> Dict[str, str]:
     """--actuator-effort NAME=KIND (repeatable) as {actuator joint name: kind}; UserError naming what is wrong."""
     from mbfg_ros.estimation.efforts import parse_actuator_efforts
@@ -989,6 +1011,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "zero, an underactuated joint; commanded: its --torques column is a known force); "
                         "repeatable; wins over the mechanism file's 'effort' keys (default: the file's, else as "
                         "the mode says)")
+    s.add_argument("--actuator-delay", action="append", default=[], metavar="NAME=SECONDS",
+                   help="actuator NAME applies a command SECONDS after it is given (its driver's latency: each row "
+                        "applies the command in force that long before it); repeatable or comma-separated; wins "
+                        "over the --params file's actuator_delays and the mechanism file's 'delay' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "
                         "and one column per such joint, in the coordinate's unit; their efforts are estimated")
