@@ -570,11 +570,11 @@ def cmd_identify(args) -> int:
     doc = yaml.safe_load(Path(source).read_text())
     for joint, delay in delays.items():
         doc["actuators"][mech.actuator_names.index(joint)]["delay"] = delay
-    if entries is not None or mech.spec.identify:
+    identifying = entries is not None or bool(mech.spec.identify)
+    if identifying:
         doc["identify"] = _identified(args, mech, entries, table, cols, efforts, delays)
     what = ", ".join(filter(None, ["its identify: section set to the parameters identified offline (value, 1σ): "
-                                   "the priors the estimator starts from" if "identify" in doc and
-                                   (entries is not None or mech.spec.identify) else "",
+                                   "the priors the estimator starts from" if identifying else "",
                                    f"the latency of {', '.join(delays)} (delay)" if delays else ""]))
     header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
               f"# {source} with {what or 'nothing changed'}, from {args.observations}.  (YAML comments of the source "
@@ -780,7 +780,7 @@ def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, n
 def _actuator_delay_options(items, mech) -> Dict[str, float]:
     """--actuator-delay NAME=SECONDS (repeatable or comma-separated) as {actuator joint: s}; UserError naming what
     is wrong."""
-    from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY
+    from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay
     out: Dict[str, float] = {}
     for item in (e for entry in items for e in entry.split(",") if e.strip()):
         name, eq, value = (x.strip() for x in item.partition("="))
@@ -788,7 +788,7 @@ def _actuator_delay_options(items, mech) -> Dict[str, float]:
             delay = float(value) if eq else math.nan
         except ValueError:
             delay = math.nan
-        if not 0.0 <= delay < MAX_ACTUATOR_DELAY:
+        if not is_actuator_delay(delay):
             raise UserError(f"--actuator-delay takes NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (a latency "
                             f"of 5 ms is 0.005; got '{excerpt(item)}')")
         if name not in mech.actuator_names:

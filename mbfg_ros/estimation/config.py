@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.model.spec import EFFORT_KINDS, MAX_ACTUATOR_DELAY
+from mbfg_ros.model.spec import EFFORT_KINDS, MAX_ACTUATOR_DELAY, is_actuator_delay
 
 MODES = ("forward_dynamics", "estimation", "fused")
 FORMULATIONS = ("dependent", "independent")
@@ -114,7 +114,7 @@ class EstimatorConfig:
                 problems.append(f"actuator '{name}': effort kind must be one of {', '.join(EFFORT_KINDS)} "
                                 f"(got {kind!r})")
         for name, delay in self.actuator_delays.items():
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < MAX_ACTUATOR_DELAY:
+            if not is_actuator_delay(delay):
                 problems.append(f"actuator_delays.{name} must be a time in seconds, >= 0 and under "
                                 f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
         unknown = set(self.sigmas) - set(default_sigmas())

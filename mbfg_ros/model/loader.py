@@ -25,7 +25,7 @@ from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, ev
 from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY, ActuatorSpec,
                                  AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec, GyroscopeSpec, IdentifySpec,
                                  JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
-                                 RelativeAngleSpec)
+                                 RelativeAngleSpec, is_actuator_delay)
 
 __all__ = ["load_spec", "load_spec_from_string", "coordinate_names", "MechanismError",
            "DEFAULT_GRAVITY", "RESERVED_NAMES"]
@@ -725,7 +725,7 @@ class _Builder:
         if "delay" not in entry:
             return 0.0
         x = self.expr(entry["delay"], f"{path}.delay")
-        if not 0.0 <= x < MAX_ACTUATOR_DELAY:
+        if not is_actuator_delay(x):
             self.fail(f"{path}.delay", f"must be a time in seconds, >= 0 and under {_fmt(MAX_ACTUATOR_DELAY)} "
                                        f"(got {_fmt(x)}; a driver's latency of 5 ms is 0.005)")
         return x

@@ -88,6 +88,11 @@ class MobileSliderSpec:
 MAX_ACTUATOR_DELAY = 1.0    # [s] an actuator's `delay` is a driver's latency (ms): a second or more is a unit's mistake
 
 
+def is_actuator_delay(value) -> bool:
+    """Is `value` an actuator's `delay`: a number of seconds (not a bool), 0 ≤ value < MAX_ACTUATOR_DELAY?"""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value < MAX_ACTUATOR_DELAY
+
+
 @dataclass(frozen=True)
 class ActuatorSpec:
     """A commanded generalized force (torque on an angle, force on a point coordinate) on `coordinate`."""

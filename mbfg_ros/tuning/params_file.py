@@ -9,7 +9,7 @@ from typing import Dict, Iterable, Optional, Tuple
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
-from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY
+from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay
 
 NODE_NAME = "mbfg_estimator"
 #: the node's own parameters (ros/parameters.py): valid in the file, no meaning to `mbfg estimate`
@@ -133,7 +133,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                 if k not in actuators:
                     raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
                                           f"{', '.join(sorted(actuators))})")
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < MAX_ACTUATOR_DELAY:
+                if not is_actuator_delay(v):
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a time in seconds, >= 0 and under "
                                           f"{MAX_ACTUATOR_DELAY:g} (got {excerpt(repr(v))})")
                 table[k] = float(v)
