@@ -16,11 +16,11 @@ from mbfg_ros.model.loader import load_spec_from_string
 from mbfg_ros.model.spec import MechanismError
 from mbfg_ros.sim.plant import SimulatedPlant
 
-STEPS = 160
+# the crank four-bar's plant and its commands with a jump at LATE_AT (as the late commands' tests use them)
+from test_late_commands import LATE_AT, STEPS, commands, motion  # noqa: F401  (fixture)
+
 DELAY = 0.0025          # [s] on the crank's 1-ms steps: the command given 3 steps before
 ROWS = 3
-LATE_AT = 100
-JUMP = 20.0
 
 
 def jittered_times(n, dt=0.002, seed=0):
@@ -55,9 +55,9 @@ def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(cran
     delayed = Mechanism(dataclasses.replace(crank.spec, actuators=tuple(dataclasses.replace(a, delay=DELAY)
                                                                         for a in crank.spec.actuators)))
     from mbfg_ros.sim.plant import Actuator
-    run = SimulatedPlant(delayed, dt=1e-3, seed=2, actuator=Actuator.ideal(delayed)).simulate(0.1)
-    commanded, applied = np.asarray(run.efforts, float), np.asarray(run.applied, float)
-    np.testing.assert_array_equal(applied, delayed_commands(run.t, commanded, [DELAY]))
+    traj = SimulatedPlant(delayed, dt=1e-3, seed=2, actuator=Actuator.ideal(delayed)).simulate(0.1)
+    commanded, applied = np.asarray(traj.efforts, float), np.asarray(traj.applied, float)
+    np.testing.assert_array_equal(applied, delayed_commands(traj.t, commanded, [DELAY]))
     assert np.abs(applied - commanded).max() > 0.01
 
 
@@ -66,18 +66,6 @@ def test_time_going_back_starts_the_history_over():
     for k in range(10):
         book.applied(0.002 * k, np.array([float(k)]))
     assert book.applied(0.001, np.array([42.0]))[0] == 42.0      # (a reset or a clock jump: the first one)
-
-
-@pytest.fixture(scope="module")
-def motion(crank):
-    """The crank four-bar driven by its plant (the actuator does not apply its command exactly), 1 kHz."""
-    return SimulatedPlant(crank, dt=1e-3, seed=2).simulate(STEPS * 1e-3)
-
-
-def commands(motion):
-    c = np.array(motion.efforts, dtype=float).reshape(STEPS + 1, -1)[:STEPS].copy()
-    c[LATE_AT:] += JUMP
-    return c
 
 
 def run(mech, motion, config, handed, correct=None):
