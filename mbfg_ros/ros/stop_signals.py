@@ -18,7 +18,6 @@ A signal that was ignored when the process started (`nohup` ignores SIGHUP) stay
 from __future__ import annotations
 
 import signal
-import threading
 from typing import List, Optional
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -31,7 +30,11 @@ class StopRequest:
     KEPT = 8
 
     def __init__(self):
-        self._event = threading.Event()
+        # a plain attribute, not a `threading.Event`: `Event.set()` takes a lock, and a second signal that
+        # arrives while the main thread is inside the first handler's `set()` runs its handler nested there,
+        # which then waits for the lock its own thread holds (a storm of signals recursed until the
+        # interpreter gave up: exit −2 and "Exception ignored").  Assigning a bool takes no lock.
+        self._requested = False
         self.received: List[str] = []
         self.handled: List[signal.Signals] = []
 
@@ -46,10 +49,10 @@ class StopRequest:
     def _on_signal(self, signum, frame) -> None:   # the main thread, between two bytecodes: only set a flag
         if len(self.received) < self.KEPT:
             self.received.append(signal.Signals(signum).name)
-        self._event.set()
+        self._requested = True
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def reason(self) -> str:
         return ", ".join(self.received) if self.received else "no signal"
