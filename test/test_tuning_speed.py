@@ -308,3 +308,65 @@ def test_the_fit_is_the_maximum_nelder_mead_finds_on_the_same_likelihood(crank, 
     assert -nm.fun <= result.log_likelihood + 0.05
     assert np.all(np.abs(nm.x - x_fit) <= 0.2 * std), (nm.x, x_fit, std)
     assert std_from_hessian(np.diag(1.0 / std ** 2)) == pytest.approx(std)
+
+
+def test_the_candidates_are_split_into_banks_of_consecutive_candidates():
+    from mbfg_ros.tuning.likelihood import MAX_BANK_THREADS, MIN_BANK_SIZE, bank_groups
+    assert bank_groups(31, threads=1) == [range(0, 31)]
+    assert bank_groups(31, threads=2) == [range(0, 16), range(16, 31)]
+    assert bank_groups(2 * MIN_BANK_SIZE - 1, threads=2) == [range(0, 2 * MIN_BANK_SIZE - 1)]   # too few for two
+    many = bank_groups(1000, threads=64)
+    assert len(many) == MAX_BANK_THREADS and many[0].start == 0 and many[-1].stop == 1000
+    assert all(a.stop == b.start for a, b in zip(many[:-1], many[1:]))
+
+
+@pytest.mark.parametrize("mode", ["estimation", "fused"])
+def test_banks_in_threads_give_the_one_banks_likelihoods_exactly(monkeypatch, mode):
+    """The candidates of a batch split over banks in threads (their compiled loops without the GIL, side by
+    side) get the same numbers, to the last digit, as in one bank: each filter's arithmetic is its own."""
+    import mbfg_ros.tuning.likelihood as tl
+    mech, rec = dfki_recording(1.0)
+    rec.readings[5, 1] = np.nan
+    base = candidates(mech, mode)
+    values = [dict(v, deflection_sigma=s) for s in (1e-3, 3e-3) for v in base for _ in range(3)]  # 18 candidates
+    monkeypatch.setattr(tl, "available_processors", lambda: 1)
+    one = log_likelihoods(mech, rec, mode, values)
+    monkeypatch.setattr(tl, "available_processors", lambda: 3)
+    assert len(tl.bank_groups(len(values))) == 2
+    threaded = log_likelihoods(mech, rec, mode, values)
+    assert np.all(np.isfinite(one))
+    np.testing.assert_array_equal(threaded, one)
+
+
+def test_one_kernel_called_from_two_threads_at_once_gives_each_its_own_numbers(crank):
+    """A kernel's methods that run their rows without the GIL hold its lock: threads calling one kernel at once
+    (its work buffers shared) get what each gets alone (the four-bar: its poses solved by Gauss–Newton)."""
+    import threading
+    from mbfg_ros.tuning.filter_bank import ReducedModelBank
+    _, coords, _ = encoder_layout(crank)
+    model = ReducedModelBank(crank, coords)
+    rng = np.random.default_rng(5)
+    K, n, m, d = 64, crank.n, crank.constraints.m, len(coords)
+    z = rng.uniform(-3, 3, (K, d))
+    guess = rng.uniform(-1, 1, (K, n))
+
+    def positions():
+        q, J, R, ok = np.empty((K, n)), np.empty((K, m, n)), np.empty((K, n, d)), np.empty(K)
+        model.kernel.reduced_positions(z, guess, None, model.z_index, model.free_index, 1e-12, 30, q, J, R, ok)
+        return q, ok
+
+    alone = positions()
+    assert alone[1].sum() > K / 2                      # most poses solved: the rows do work
+    results = [[] for _ in range(4)]
+
+    def run(i):
+        for _ in range(30):
+            results[i].append(positions())
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for q, ok in (r for each in results for r in each):
+        np.testing.assert_array_equal(ok, alone[1])
+        np.testing.assert_array_equal(q[ok == 1.0], alone[0][ok == 1.0])

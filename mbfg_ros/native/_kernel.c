@@ -219,6 +219,10 @@ is_sane(const double *x, int n)
 }
 
 /* ============================================================================================ MechanismKernel */
+/* A loop over rows that touches no Python object runs without the GIL (another thread's filter bank runs meanwhile),
+ * holding its kernel's `busy` lock */
+#define KERNEL_LOOP_BEGIN(k) Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock((k)->busy, WAIT_LOCK);
+#define KERNEL_LOOP_END(k) PyThread_release_lock((k)->busy); Py_END_ALLOW_THREADS
 typedef struct {
     PyObject_HEAD
     int n, m, ne, r, N;        /* coordinates, constraint rows, extended coordinates, independent rows, n + r */
@@ -252,6 +256,10 @@ typedef struct {
      * values (q̈, ∂q̈/∂q, ∂q̈/∂q̇, ∂q̈/∂Q, λ: n + 3n² + m); `missed` the last such point without one (3n) */
     int nsup, supnext, missed;
     double *sup_key, *sup_val, *miss;
+    /* held, without the GIL, by the methods that release it for their loop over rows (the tuner's filter banks run
+     * in threads, each with a kernel of its own; the lock keeps two such calls on one kernel from sharing its work
+     * buffers: a kernel's methods are for one caller at a time) */
+    PyThread_type_lock busy;
 } MechanismKernel;
 
 #define SUPPLIED 8
@@ -264,6 +272,9 @@ mech_free_arrays(MechanismKernel *k)
                     k->fb, k->fg, k->fvs, k->sup_key, k->sup_val, k->miss};
     for (size_t i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++)
         PyMem_Free(arrs[i]);
+    if (k->busy)
+        PyThread_free_lock(k->busy);
+    k->busy = NULL;
 }
 
 static void
@@ -286,6 +297,10 @@ mech_init(MechanismKernel *k, PyObject *args, PyObject *kw)
         return -1;
     mech_free_arrays(k);
     memset(((char *)k) + sizeof(PyObject), 0, sizeof(MechanismKernel) - sizeof(PyObject));
+    if (!(k->busy = PyThread_allocate_lock())) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (n < 1) {
         PyErr_SetString(PyExc_ValueError, "MechanismKernel: n must be positive");
         return -1;
@@ -1296,6 +1311,7 @@ mk_py_reduced_positions(MechanismKernel *k, PyObject *const *args, Py_ssize_t na
         PyErr_NoMemory();
         goto done;
     }
+    KERNEL_LOOP_BEGIN(k)
     for (Py_ssize_t row = 0; row < N; row++) {
         double *Jr = J + row * m * n, *Rr = R + row * n * d;
         int solved = reduced_pose(k, z + row * d, guess + row * n, basis ? basis + row * n * d : NULL, zi, (int)d,
@@ -1307,6 +1323,7 @@ mk_py_reduced_positions(MechanismKernel *k, PyObject *const *args, Py_ssize_t na
                 Jr[i] = NAN;
         ok[row] = solved ? 1.0 : 0.0;
     }
+    KERNEL_LOOP_END(k)
     ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(G), PyMem_Free(rhs), PyMem_Free(piv);
@@ -1421,6 +1438,7 @@ mk_py_reduced_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t na
     double *v = work, *Q = v + n, *acc = Q + n, *da_dq = acc + n, *da_dv = da_dq + nn, *da_dQ = da_dv + nn;
     double *lam = da_dQ + nn, *G = lam + m, *dv = G + (size_t)f * f, *JdR = dv + (size_t)n * d;
     double *rhs = JdR + (size_t)m * d;
+    KERNEL_LOOP_BEGIN(k)
     for (Py_ssize_t row = 0; row < N; row++) {
         const double *Rr = R + row * n * d;
         double *ar = a + row * d, *dzr = dz + row * d * d, *dzdr = dzdot + row * d * d, *der = de + row * d * na;
@@ -1478,6 +1496,7 @@ mk_py_reduced_linearize(MechanismKernel *k, PyObject *const *args, Py_ssize_t na
         }
         ok[row] = 1.0;
     }
+    KERNEL_LOOP_END(k)
     ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(work), PyMem_Free(piv);
@@ -1542,6 +1561,7 @@ mk_py_reduced_rk4(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
     double *G = work + 5 * nx, *rhs = G + (size_t)f * f, *q = rhs + mx, *v = q + n, *Q = v + n, *acc = Q + n;
     double *R = acc + n, *tau = R + (size_t)n * d;
     double half = 0.5 * h, sixth = h / 6.0;
+    KERNEL_LOOP_BEGIN(k)
     for (Py_ssize_t row = 0; row < K; row++) {
         const double *xr = x + row * nx;
         double w = damping[row];
@@ -1577,6 +1597,7 @@ mk_py_reduced_rk4(MechanismKernel *k, PyObject *const *args, Py_ssize_t nargs)
         pose_ok[row] = posed ? 1.0 : 0.0;
         dyn_ok[row] = dynamic ? 1.0 : 0.0;
     }
+    KERNEL_LOOP_END(k)
     ret = Py_NewRef(Py_None);
 done:
     PyMem_Free(zi), PyMem_Free(fr), PyMem_Free(work), PyMem_Free(piv);
@@ -2879,6 +2900,7 @@ py_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (isfinite(y[i]))
             read[nr++] = i;
     double log2pi = log(2.0 * M_PI);
+    Py_BEGIN_ALLOW_THREADS      /* plain numbers from here (another thread's filter bank runs meanwhile) */
     for (Py_ssize_t k = 0; k < K; k++) {
         double *Pk = P + k * pp, *xk = x + k * p;
         const double *Rk = R + k * r * r;
@@ -2953,6 +2975,7 @@ py_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         memcpy(Pk, F, pp * sizeof(double));
     }
+    Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
     discretize_free(&w);

@@ -43,6 +43,8 @@ effort variations.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -70,6 +72,8 @@ HEAD_FRACTIONS = (8, 4, 2)   # the first searches run on the first eighth, quart
 MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
 HEAD_BATCHES = 6         # ... for at most this many batches ...
 HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
+MAX_BANK_THREADS = 4    # the filter banks of one batch of candidates run in this many threads at most ...
+MIN_BANK_SIZE = 8       # ... each of at least this many candidates
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
@@ -275,16 +279,48 @@ def settling_steps(n_samples: int) -> int:
 def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
     """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
     `rec`'s commands as applied: `Recording.as_applied`, which `fit` calls;
-    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank; −inf where a
-    filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
+    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank per thread
+    (`bank_groups`); −inf where a filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
     if not ReducedModelBank.supports(mech):
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
+    deflected = any(v.get("deflection_sigma", 0.0) > 0.0 for v in candidates)
+    groups = bank_groups(len(candidates))
+    if len(groups) == 1:
+        return _bank_log_likelihoods(mech, rec, mode, candidates, deflected)
+    # each group a bank of its own (its own compiled kernel: a kernel's work buffers are one caller's) in a thread
+    # of its own; the kernels run their rows without the GIL, so the banks' compiled parts run side by side
+    with ThreadPoolExecutor(len(groups)) as pool:
+        parts = list(pool.map(lambda g: _bank_log_likelihoods(mech, rec, mode, [candidates[i] for i in g], deflected),
+                              groups))
+    return np.concatenate(parts)
+
+
+def bank_groups(k: int, threads: Optional[int] = None) -> List[range]:
+    """The candidates 0..k−1 split into consecutive groups, one filter bank and thread each: as many as the
+    processors this process may run on (at most `MAX_BANK_THREADS`), each of at least `MIN_BANK_SIZE` filters
+    (a smaller bank's per-step Python costs more than its filters)."""
+    if threads is None:
+        threads = available_processors()
+    count = max(1, min(threads, MAX_BANK_THREADS, k // MIN_BANK_SIZE))
+    edges = [round(i * k / count) for i in range(count + 1)]
+    return [range(a, b) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def available_processors() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                    # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+def _bank_log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]],
+                          deflected: bool) -> np.ndarray:
+    """`log_likelihoods` of `candidates` by one `ReducedEKFBank`."""
     fused = mode == "fused"
     sigma = np.array([[v[f"sensor_sigmas.{n}"] for n in rec.encoders] for v in candidates])
     steps = np.diff(rec.t, prepend=rec.t[0])
     try:
         with np.errstate(all="ignore"):       # a failing filter's numbers are flagged by the bank, not raised
-            deflected = any(v.get("deflection_sigma", 0.0) > 0.0 for v in candidates)
             bank = ReducedEKFBank(mech, rec.coordinates, sigma, [v[density_name(mode)] for v in candidates],
                                   fused=fused, acceleration_density=[v["acceleration_density"] for v in candidates],
                                   time_constant=[v["disturbance_time_constant"] if fused else math.inf
