@@ -368,6 +368,7 @@ def test_tune_from_a_bag_with_jittered_stamps_and_missing_readings(tmp_path, cap
     ("no_encoder", "one encoder per degree of freedom"),
     ("bag_and_csv", "not allowed with argument"),
     ("missing_bag", "no such bag"),
+    ("no_threads", "--threads"),
 ])
 def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys, case, expected):
     t = np.arange(20) * DT
@@ -390,6 +391,8 @@ def test_tune_bad_inputs_are_one_line_errors(tmp_path, capsys, case, expected):
         args += ["--bag", str(tmp_path)]
     elif case == "missing_bag":
         args = ["--bag", str(tmp_path / "nope"), "--mode", "estimation"]
+    elif case == "no_threads":
+        args += ["--threads", "0"]
     assert main(["tune", mech] + args + ["-o", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mbfg: error: ") and err.count("\n") == 1 and expected in err, err

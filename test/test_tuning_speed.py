@@ -321,7 +321,7 @@ def test_the_candidates_are_split_into_banks_of_consecutive_candidates():
 
 
 @pytest.mark.parametrize("mode", ["estimation", "fused"])
-def test_banks_in_threads_give_the_one_banks_likelihoods_exactly(monkeypatch, mode):
+def test_banks_in_threads_give_the_one_banks_likelihoods_exactly(mode):
     """The candidates of a batch split over banks in threads (their compiled loops without the GIL, side by
     side) get the same numbers, to the last digit, as in one bank: each filter's arithmetic is its own."""
     import mbfg_ros.tuning.likelihood as tl
@@ -329,11 +329,9 @@ def test_banks_in_threads_give_the_one_banks_likelihoods_exactly(monkeypatch, mo
     rec.readings[5, 1] = np.nan
     base = candidates(mech, mode)
     values = [dict(v, deflection_sigma=s) for s in (1e-3, 3e-3) for v in base for _ in range(3)]  # 18 candidates
-    monkeypatch.setattr(tl, "available_processors", lambda: 1)
     one = log_likelihoods(mech, rec, mode, values)
-    monkeypatch.setattr(tl, "available_processors", lambda: 3)
-    assert len(tl.bank_groups(len(values))) == 2
-    threaded = log_likelihoods(mech, rec, mode, values)
+    assert len(tl.bank_groups(len(values), 3)) == 2
+    threaded = log_likelihoods(mech, rec, mode, values, threads=3)
     assert np.all(np.isfinite(one))
     np.testing.assert_array_equal(threaded, one)
 
@@ -370,3 +368,28 @@ def test_one_kernel_called_from_two_threads_at_once_gives_each_its_own_numbers(c
     for q, ok in (r for each in results for r in each):
         np.testing.assert_array_equal(ok, alone[1])
         np.testing.assert_array_equal(q[ok == 1.0], alone[0][ok == 1.0])
+
+
+def test_a_fit_in_threads_is_the_fit_in_one_bank():
+    """However many threads `fit` is offered, it ends at the same values."""
+    from mbfg_ros.tuning.likelihood import bank_threads, parameter_names
+    mech, rec = dfki_recording(2.0, decimate=4)
+    initial = initial_values(mech)
+    names = parameter_names(mech, "fused", True, True, False)
+    one = fit(mech, rec, "fused", initial, names, threads=1)
+    offered = fit(mech, rec, "fused", initial, names, threads=2)
+    assert one.threads == 1 and offered.threads == 2
+    assert [f.value for f in offered.fitted] == [f.value for f in one.fitted]
+    assert offered.log_likelihood == one.log_likelihood and offered.evaluations == one.evaluations
+    few = candidates(mech, "fused")            # too few candidates for two banks
+    assert bank_threads(mech, rec, few, 2) == 1
+
+
+def test_a_one_degree_of_freedom_mechanism_is_fitted_in_one_bank(crank):
+    """The four-bar's filters (4 states) cost less than a bank's Python: two threads would be slower."""
+    from mbfg_ros.tuning.likelihood import bank_threads
+    t, y, u = synthetic(crank, "fused", 300.0, 3e-4, 1.0, seed=3)
+    names, coords, _ = encoder_layout(crank)
+    rec = Recording(t, y[:, None], names, coords, u, "four-bar")
+    assert bank_threads(crank, rec, candidates(crank, "fused") * 10, 4) == 1
+    assert fit(crank, rec, "fused", initial_values(crank), ["disturbance_density"], threads=4).threads == 1

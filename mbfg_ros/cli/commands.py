@@ -825,7 +825,8 @@ def cmd_tune(args) -> int:
         names = tl.parameter_names(mech, args.mode, args.fit_sensor_sigmas, args.fit_acceleration_density,
                                    fit_deflection)
         bar = Progress(tl.evaluations_budget(len(names)), "tune")
-        result = tl.fit(mech, rec, args.mode, initial, names, max_steps=args.max_steps, progress=bar.update)
+        result = tl.fit(mech, rec, args.mode, initial, names, max_steps=args.max_steps, progress=bar.update,
+                        threads=args.threads)
         bar.close()
     except tl.TuningError as exc:
         raise UserError(str(exc)) from None
@@ -860,7 +861,8 @@ def cmd_tune(args) -> int:
     for f in result.fitted:
         print(f"  {f.name:<{width}}  {f.describe()}")
     print("  (1σ from the curvature of the log-likelihood)")
-    print(f"  log-likelihood {result.log_likelihood:.6g}, {result.evaluations} evaluations -> {args.output}")
+    threads = f" ({result.threads} threads)" if result.threads > 1 else ""
+    print(f"  log-likelihood {result.log_likelihood:.6g}, {result.evaluations} evaluations{threads} -> {args.output}")
     return 0
 
 
@@ -1106,6 +1108,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-steps", type=_positive("--max-steps", int), default=2000, metavar="N",
                    help="decimate a longer recording to at most N filter steps per likelihood evaluation "
                         "(default 2000; a batch of candidates costs ~1 ms a step)")
+    s.add_argument("--threads", type=_positive("--threads", int), default=None, metavar="N",
+                   help="run the likelihood's filter banks in at most N threads (default: the processors this "
+                        "process may run on; more than one only for two or more degrees of freedom; the same "
+                        "fit either way)")
     s.add_argument("--output", "-o", required=True, metavar="PARAMS.yaml")
     s.set_defaults(func=cmd_tune)
     return p

@@ -73,7 +73,8 @@ MIN_HEAD_STEPS = 100     # ... when that has this many steps, ...
 HEAD_BATCHES = 6         # ... for at most this many batches ...
 HEAD_GAIN_TOLERANCE = 0.5   # ... or until its quadratic promises under this (a step of 1σ of the head's fit)
 MAX_BANK_THREADS = 4    # the filter banks of one batch of candidates run in this many threads at most ...
-MIN_BANK_SIZE = 8       # ... each of at least this many candidates
+MIN_BANK_SIZE = 8       # ... each of at least this many candidates, ...
+MIN_THREADED_STATES = 6  # ... where a filter has this many states (`bank_threads`)
 FAILED = 1e300           # the cost of a candidate whose filter fails
 # The disturbance's time constant is searched from this many (decimated) sample intervals up: one shorter
 # makes the disturbance white between samples, where its density and time constant trade against the sensor σ
@@ -206,6 +207,7 @@ class TuningResult:
     dt: float                           # their step
     decimation: int
     held: Dict[str, float] = field(default_factory=dict)   # the values held fixed during the fit
+    threads: int = 1                    # the threads its filter banks ran in (`bank_threads`)
 
 
 def file_values(result: "TuningResult", default_acceleration_density: float) -> Dict[str, float]:
@@ -276,15 +278,17 @@ def settling_steps(n_samples: int) -> int:
     return min(SETTLING_STEPS, n_samples // 4)
 
 
-def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]]) -> np.ndarray:
+def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]],
+                    threads: int = 1) -> np.ndarray:
     """log p(readings | values) by the EKF's innovations for each of `candidates` (every value the filter needs,
     `rec`'s commands as applied: `Recording.as_applied`, which `fit` calls;
-    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank per thread
-    (`bank_groups`); −inf where a filter fails (a density so wrong that the mean leaves the mechanism's workspace)."""
+    as `initial_values` gives them) after its first `settling_steps`, in one pass of a filter bank, or of one per
+    thread (`bank_groups` of `threads`: the same numbers); −inf where a filter fails (a density so wrong that the
+    mean leaves the mechanism's workspace)."""
     if not ReducedModelBank.supports(mech):
         return np.array([single_log_likelihood(mech, rec, mode, v) for v in candidates])
     deflected = any(v.get("deflection_sigma", 0.0) > 0.0 for v in candidates)
-    groups = bank_groups(len(candidates))
+    groups = bank_groups(len(candidates), threads)
     if len(groups) == 1:
         return _bank_log_likelihoods(mech, rec, mode, candidates, deflected)
     # each group a bank of its own (its own compiled kernel: a kernel's work buffers are one caller's) in a thread
@@ -295,12 +299,9 @@ def log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequ
     return np.concatenate(parts)
 
 
-def bank_groups(k: int, threads: Optional[int] = None) -> List[range]:
-    """The candidates 0..k−1 split into consecutive groups, one filter bank and thread each: as many as the
-    processors this process may run on (at most `MAX_BANK_THREADS`), each of at least `MIN_BANK_SIZE` filters
-    (a smaller bank's per-step Python costs more than its filters)."""
-    if threads is None:
-        threads = available_processors()
+def bank_groups(k: int, threads: int) -> List[range]:
+    """The candidates 0..k−1 split into consecutive groups, one filter bank and thread each: `threads` of them (at
+    most `MAX_BANK_THREADS`), each of at least `MIN_BANK_SIZE` filters."""
     count = max(1, min(threads, MAX_BANK_THREADS, k // MIN_BANK_SIZE))
     edges = [round(i * k / count) for i in range(count + 1)]
     return [range(a, b) for a, b in zip(edges[:-1], edges[1:])]
@@ -311,6 +312,19 @@ def available_processors() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:                    # pragma: no cover (not Linux)
         return os.cpu_count() or 1
+
+
+def bank_threads(mech: Mechanism, rec: Recording, candidates: Sequence[Dict[str, float]], threads: int) -> int:
+    """How many threads `fit` runs its banks in: `threads` (at most `MAX_BANK_THREADS`) where each filter has
+    at least `MIN_THREADED_STATES` states (z, ż and the efforts' two per actuator), else 1.  The banks' Python
+    runs one thread at a time and only their compiled loops side by side, whose cost per filter grows with the
+    cube of its states: on two processors two threads take the double pendulum's fits (8 states) in 0.55–0.6×
+    the wall time, the four-bar's (4 states) in ~2× (bench/tune_speed.py).  The numbers are the same either
+    way."""
+    states = 2 * len(rec.coordinates) + 2 * len(mech.actuated)
+    if states < MIN_THREADED_STATES:
+        return 1
+    return len(bank_groups(len(candidates), min(threads, MAX_BANK_THREADS)))
 
 
 def _bank_log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]],
@@ -373,9 +387,12 @@ def single_log_likelihood(mech: Mechanism, rec: Recording, mode: str, values: Di
 
 
 def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], names: Sequence[str],
-        max_steps: int = 2000, progress: Optional[Callable[[int], None]] = None) -> TuningResult:
+        max_steps: int = 2000, progress: Optional[Callable[[int], None]] = None,
+        threads: Optional[int] = None) -> TuningResult:
     """Maximize the innovation log-likelihood over log10 of `names` (keys of `initial`, which holds every
-    value the filter needs: the densities by name and 'sensor_sigmas.<encoder>'); the others stay fixed."""
+    value the filter needs: the densities by name and 'sensor_sigmas.<encoder>'); the others stay fixed.
+    `threads`: at most this many threads for the filter banks (default: the processors this process may run
+    on; `bank_threads` decides)."""
     if mode not in MODES:
         raise TuningError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     if mode == "fused" and rec.commands is None:
@@ -418,7 +435,7 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
                     values = dict(initial)
                     values.update({n: 10.0 ** v for n, v in zip(names, key)})
                     candidates.append(values)
-                ll = log_likelihoods(mech, rec, mode, candidates)
+                ll = log_likelihoods(mech, rec, mode, candidates, chosen_threads)
                 for key, v in zip(new, ll):
                     cache[key] = -float(v) if math.isfinite(v) else FAILED
                 evaluations += len(new)
@@ -429,6 +446,8 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
 
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
+        first = [dict(initial, **{n: 10.0 ** v for n, v in zip(names, p)}) for p in stencil(x0)]
+        chosen_threads = bank_threads(mech, rec, first, available_processors() if threads is None else threads)
         start, probe = x0, True
         for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
@@ -453,7 +472,7 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     sensor = {k[len("sensor_sigmas."):]: v for k, v in values.items() if k.startswith("sensor_sigmas.")}
     held = {k: v for k, v in initial.items() if k not in names}
     return TuningResult(mode, fitted, sigmas, sensor, -best, evaluations, len(rec.t), rec.dt,
-                        max(1, full_len // len(rec.t)), held)
+                        max(1, full_len // len(rec.t)), held, chosen_threads)
 
 
 def stencil(x: np.ndarray, h: float = CURVATURE_STEP) -> np.ndarray:
