@@ -314,9 +314,9 @@ def available_processors() -> int:
         return os.cpu_count() or 1
 
 
-def bank_threads(mech: Mechanism, rec: Recording, candidates: Sequence[Dict[str, float]], threads: int) -> int:
-    """How many threads `fit` runs its banks in: `threads` (at most `MAX_BANK_THREADS`) where each filter has
-    at least `MIN_THREADED_STATES` states (z, ż and the efforts' two per actuator), else 1.  The banks' Python
+def bank_threads(mech: Mechanism, rec: Recording, k: int, threads: int) -> int:
+    """How many threads `fit` runs its banks of `k` candidates in: `threads` (`bank_groups`) where each filter
+    has at least `MIN_THREADED_STATES` states (z, ż and the efforts' two per actuator), else 1.  The banks' Python
     runs one thread at a time and only their compiled loops side by side, whose cost per filter grows with the
     cube of its states: on two processors two threads take the double pendulum's fits (8 states) in 0.63–0.86×
     the wall time, the four-bar's (4 states) in ~2× (bench/tune_speed.py).  The numbers are the same either
@@ -324,7 +324,7 @@ def bank_threads(mech: Mechanism, rec: Recording, candidates: Sequence[Dict[str,
     states = 2 * len(rec.coordinates) + 2 * len(mech.actuated)
     if states < MIN_THREADED_STATES:
         return 1
-    return len(bank_groups(len(candidates), min(threads, MAX_BANK_THREADS)))
+    return len(bank_groups(k, threads))
 
 
 def _bank_log_likelihoods(mech: Mechanism, rec: Recording, mode: str, candidates: Sequence[Dict[str, float]],
@@ -446,8 +446,9 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
 
     costs = batch_costs(rec)
     with single_threaded_blas():      # BLAS worker threads on 8×8 matrices cost more than the arithmetic
-        first = [dict(initial, **{n: 10.0 ** v for n, v in zip(names, p)}) for p in stencil(x0)]
-        chosen_threads = bank_threads(mech, rec, first, available_processors() if threads is None else threads)
+        # (a batch is the stencil and a few trial points)
+        chosen_threads = bank_threads(mech, rec, len(stencil(x0)),
+                                      available_processors() if threads is None else threads)
         start, probe = x0, True
         for fraction in HEAD_FRACTIONS:
             # near the optimum first on the recording's first part (a fraction of the cost, the same steps: the
