@@ -6,6 +6,7 @@ on another.
     python bench/tune_speed.py --case "A0 pendubot" --seconds 20   # the 20-s pendubot swing-up run
     python bench/tune_speed.py --transfer [--seconds T]      # tune on run A, score on run B (real_hardware.py)
     python bench/tune_speed.py --reference [--case ...]      # the same maximum as the search before
+    python bench/tune_speed.py --bank-step [--repo DIR]      # what a step of the filter bank costs
 
 Each case is a 10-s recording written as `mbfg` CSVs (encoder readings; fused mode: the commanded efforts):
 the DFKI double-pendulum runs of bench/data/dfki_double_pendulum (the mechanism files' coordinates, actuators and
@@ -22,6 +23,10 @@ evaluations, the log-likelihood and the fitted values with their 1σ as `mbfg tu
 
 `--reference`: this checkout's fit against the search `mbfg tune` used before (Nelder–Mead, one likelihood
 evaluation at a time) on the same likelihood: the same maximum, in units of the fit's own 1σ.
+
+`--bank-step`: the CPU time of one step of a filter bank (`tuning.filter_bank.ReducedEKFBank`, of the checkout
+`--repo`) on the double pendulum (A0 sysid 00, its first 6 s at 6 ms), with 8 and with 64 filters, in each mode and
+with the encoders' deflection: the step's fixed part and its part per filter, the best of 3 passes each.
 
 `--transfer`: the tuned parameter files of run A applied to run B through bench/real_hardware.py's estimator
 runs (`run_mbfg` with the file's settings, as its `--params`), next to the shipped defaults, scored as its table
@@ -261,6 +266,65 @@ def reference(args) -> List[dict]:
     return rows
 
 
+BANK_STEP_PROGRAM = r"""
+import json, sys, time
+import numpy as np
+from mbfg_ros.blas import single_threaded_blas
+from mbfg_ros.model.mechanism import load_mechanism
+from mbfg_ros.tuning.filter_bank import ReducedEKFBank
+data = np.load(sys.argv[1])
+mech = load_mechanism(sys.argv[2])
+t, readings, commands, coordinates = data["t"], data["readings"], data["commands"], data["coordinates"]
+steps = np.diff(t, prepend=t[0])
+rows = []
+for mode, deflection in (("estimation", None), ("fused", None), ("estimation", 1e-3)):
+    cost = {}
+    for K in (8, 64):
+        best = float("inf")
+        for _ in range(3):
+            bank = ReducedEKFBank(mech, coordinates, encoder_sigma=[[3e-4, 3e-4]] * K,
+                                  effort_density=np.linspace(1.0, 100.0, K), fused=mode == "fused",
+                                  acceleration_density=0.5, time_constant=0.1 if mode == "fused" else np.inf,
+                                  deflection_sigma=None if deflection is None else [deflection] * K)
+            with single_threaded_blas():
+                start = time.process_time()
+                for k in range(len(t)):
+                    bank.step(readings[k], commands[k] if mode == "fused" else None, steps[k])
+                best = min(best, (time.process_time() - start) / len(t))
+        cost[K] = best
+    per_filter = (cost[64] - cost[8]) / 56
+    rows.append({"mode": mode, "deflection": deflection is not None, "steps": len(t),
+                 "fixed_us": 1e6 * (cost[8] - 8 * per_filter), "per_filter_us": 1e6 * per_filter})
+print(json.dumps(rows))
+"""
+
+
+def bank_step(args) -> List[dict]:
+    """`--bank-step`: see the module docstring."""
+    from mbfg_ros.tuning.likelihood import encoder_layout
+    rec = rh.load_recording(DFKI_CASES["A0 sysid 00"]).cut(6.0)
+    mech_file = ROOT.parent / "mechanisms" / "double_pendulum_a0.yaml"
+    mech = rh.design_mechanism(rec.design)
+    _, coordinates, _ = encoder_layout(mech)
+    rows = slice(None, None, 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "recording.npz"
+        np.savez(data, t=rec.t[rows], readings=rec.q[rows], commands=rec.tau_con[rows],
+                 coordinates=np.asarray(coordinates))
+        env = dict(os.environ, PYTHONPATH=str(args.repo))
+        out = subprocess.run([sys.executable, "-c", BANK_STEP_PROGRAM, str(data), str(mech_file)], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    print(f"A step of the filter bank, {args.repo} (A0 sysid 00, {result[0]['steps']} steps at 6 ms, CPU, best of 3):")
+    print()
+    print("| mode | fixed [µs] | per filter [µs] |")
+    print("|---|---|---|")
+    for r in result:
+        print(f"| {r['mode']}{', deflection' if r['deflection'] else ''} | {r['fixed_us']:.0f} | "
+              f"{r['per_filter_us']:.1f} |")
+    return result
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", choices=CASES,
@@ -271,10 +335,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--transfer", action="store_true", help="tune on one run, score on another")
     ap.add_argument("--reference", action="store_true",
                     help="the fit against Nelder–Mead (the search before) on the same likelihood")
+    ap.add_argument("--bank-step", action="store_true", help="what a step of the filter bank costs")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     args.repo = args.repo.resolve()
-    rows = transfer(args) if args.transfer else reference(args) if args.reference else speed(args)
+    rows = (transfer(args) if args.transfer else reference(args) if args.reference else
+            bank_step(args) if args.bank_step else speed(args))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -15,7 +15,7 @@ import pytest
 from scipy.linalg import expm
 from scipy.optimize import minimize
 
-from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedEKF, discretize
+from mbfg_ros.estimation.reduced_ekf import DISCRETIZATION_ORDER, ReducedEKF, discretize, encoded_acceleration_noise
 from mbfg_ros import native
 from mbfg_ros.tuning.filter_bank import ReducedEKFBank
 from mbfg_ros.tuning.likelihood import (FAILED, STEP_TOLERANCE, Recording, encoder_layout, fit, initial_values, log_likelihoods,
@@ -111,11 +111,21 @@ def test_the_closed_form_jacobian_equals_the_single_filters_central_differences(
     assert rates == pytest.approx(bank._f_solving(bank.x, bank._command), rel=1e-12, abs=1e-12)
 
 
-def _reference_kalman_step(bank, A, y, dt, P, x, log_likelihood):
+def _reference_noise(bank):
+    """The bank's noise densities with the z̈ block each filter's pose gives (encoded_acceleration_noise, in
+    numpy), as the compiled step sets it."""
+    W, d = bank.noise.copy(), bank.d
+    for k in range(bank.K):
+        W[k, d:2 * d, d:2 * d] = encoded_acceleration_noise(bank.mech, bank.pose[k], bank.model.z,
+                                                            bank.acceleration_density[k])
+    return W
+
+
+def _reference_kalman_step(bank, A, y, dt, P, x, log_likelihood, W=None):
     """The covariance prediction and the readings' update of every filter of `bank` in numpy (what the kernel's
     kalman_step does per filter): (P, x, log-likelihood) after it."""
-    K, nx = bank.K, bank.nx
-    F, Qd = discretize(A, bank.noise, dt)
+    K, nx = P.shape[0], P.shape[1]
+    F, Qd = discretize(A, bank.noise if W is None else W, dt)
     P = F @ P @ np.swapaxes(F, 1, 2) + Qd
     read = np.nonzero(np.isfinite(y))[0]
     P_rx = P[:, read, :]
@@ -151,6 +161,75 @@ def test_the_compiled_kalman_step_is_the_reference_update(mode):
                                     bank.R, ll)
         for got, ref in zip((P, x, ll), want):
             assert got == pytest.approx(ref, rel=1e-9, abs=1e-12 * np.abs(ref).max())
+        # the acceleration noise at each filter's pose, set by the kernel from the pose's tangents
+        P, x, ll = bank.P.copy(), bank.x.copy(), bank.log_likelihood.copy()
+        want = _reference_kalman_step(bank, A, y, 1e-3, P, x, ll, W=_reference_noise(bank))
+        native.module().kalman_step(A, bank.noise, 1e-3, DISCRETIZATION_ORDER, P, x, np.ascontiguousarray(y),
+                                    bank.R, ll, bank.acceleration_density, bank.basis)
+        for got, ref in zip((P, x, ll), want):
+            assert got == pytest.approx(ref, rel=1e-9, abs=1e-12 * np.abs(ref).max())
+    assert not np.allclose(_reference_noise(bank), bank.noise)      # the block is not W's own
+
+
+def _reference_deflected_kalman_step(bank, A, y, dt, P, x, b, log_likelihood):
+    """The Kalman step over x' = (z + b, ż, e, ė, b) in numpy: the motion's A and noise extended by the
+    deflection's −1/T_b and its noise and moved to x' by T: (z, …, b) ↦ (z + b, …, b); (P, x, b, log-likelihood)
+    after it."""
+    K, d, nx = bank.K, bank.d, bank.nx
+    n1, tb = nx + d, bank.deflection_time_constant
+    T, T_inv = np.eye(n1), np.eye(n1)
+    T[:d, nx:], T_inv[:d, nx:] = np.eye(d), -np.eye(d)
+    A1, W1 = np.zeros((K, n1, n1)), np.zeros((K, n1, n1))
+    A1[:, :nx, :nx], W1[:, :nx, :nx] = A, _reference_noise(bank)
+    A1[:, np.arange(nx, n1), np.arange(nx, n1)] = -1.0 / tb
+    W1[:, np.arange(nx, n1), np.arange(nx, n1)] = bank.deflection_noise
+    b = b * math.exp(-dt / tb)
+    x1 = np.concatenate((x, b), axis=1)
+    x1[:, :d] += b
+    P, x1, log_likelihood = _reference_kalman_step(bank, T @ A1 @ T_inv, y, dt, P, x1, log_likelihood,
+                                                   W=T @ W1 @ T.T)
+    x = x1[:, :nx].copy()
+    x[:, :d] -= x1[:, nx:]
+    return P, x, x1[:, nx:], log_likelihood
+
+
+def test_the_compiled_deflected_kalman_step_is_the_reference_update():
+    """The kernel's Kalman step with the encoders' deflection against its numpy form, with a reading missing."""
+    mech, rec = dfki_recording(1.0)
+    bank = ReducedEKFBank(mech, rec.coordinates, encoder_sigma=[[1e-3, 2e-3]] * 3, effort_density=[1.0, 2.0, 3.0],
+                          acceleration_density=[0.5, 0.05, 5.0], deflection_sigma=[1e-3, 3e-4, 3e-3])
+    for k in range(20):
+        bank.step(rec.readings[k], None, 1e-3)
+    assert np.abs(bank.b).max() > 0
+    A, _ = bank._jacobian(bank.x, bank._command)
+    for y in (rec.readings[20], np.array([np.nan, rec.readings[20][1]])):
+        P, x, b, ll = bank.P.copy(), bank.x.copy(), bank.b.copy(), bank.log_likelihood.copy()
+        want = _reference_deflected_kalman_step(bank, A, y, 1e-3, P, x, b, ll)
+        native.module().deflected_kalman_step(A, bank.noise, 1e-3, DISCRETIZATION_ORDER, P, x,
+                                              np.ascontiguousarray(y), bank.R, ll, b, bank.deflection_time_constant,
+                                              bank.deflection_noise, bank.acceleration_density, bank.basis)
+        for got, ref in zip((P, x, b, ll), want):
+            assert got == pytest.approx(ref, rel=1e-9, abs=1e-12 * np.abs(ref).max())
+
+
+def test_a_singular_pose_tangent_fails_only_its_filter():
+    """Tangents of no rank (a lost pose) give that filter NaN noise, hence a NaN log-likelihood; the others are
+    untouched."""
+    mech, rec = dfki_recording(1.0)
+    bank = ReducedEKFBank(mech, rec.coordinates, encoder_sigma=[[1e-3, 2e-3]] * 2, effort_density=[1.0, 1.0],
+                          acceleration_density=0.5)
+    for k in range(5):
+        bank.step(rec.readings[k], None, 1e-3)
+    A, _ = bank._jacobian(bank.x, bank._command)
+    basis = bank.basis.copy()
+    basis[1] = 0.0
+    P, x, ll = bank.P.copy(), bank.x.copy(), bank.log_likelihood.copy()
+    native.module().kalman_step(A, bank.noise, 1e-3, DISCRETIZATION_ORDER, P, x, np.ascontiguousarray(rec.readings[5]),
+                                bank.R, ll, bank.acceleration_density, basis)
+    assert math.isfinite(ll[0]) and math.isnan(ll[1])
+    with pytest.raises(TypeError, match="9 or 11 arguments"):      # the density and the tangents come together
+        native.module().kalman_step(A, bank.noise, 1e-3, DISCRETIZATION_ORDER, P, x,
+                                    np.ascontiguousarray(rec.readings[5]), bank.R, ll, bank.acceleration_density)
 
 
 def test_the_series_discretization_equals_the_van_loan_exponential():

@@ -2646,9 +2646,10 @@ py_scaled_distance2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return ret;
 }
 
-/* C = A B (p × p, row-major) */
+/* C = A B (p × p, row-major), row by row (each C[i][j] sums over l in order); skip_zeros: A's zeros left out (a
+ * NaN or infinity in B then spreads only where A reaches it) */
 static void
-matmul_square(const double *A, const double *B, int p, double *C)
+matmul_rows(const double *A, const double *B, int p, double *C, int skip_zeros)
 {
     for (int i = 0; i < p; i++) {
         double *Ci = C + (size_t)i * p;
@@ -2656,13 +2657,30 @@ matmul_square(const double *A, const double *B, int p, double *C)
             Ci[j] = 0.0;
         for (int l = 0; l < p; l++) {
             double a = A[(size_t)i * p + l];
-            if (a == 0.0)
+            if (skip_zeros && a == 0.0)
                 continue;
             const double *Bl = B + (size_t)l * p;
             for (int j = 0; j < p; j++)
                 Ci[j] += a * Bl[j];
         }
     }
+}
+
+static void
+matmul_square(const double *A, const double *B, int p, double *C)
+{
+    matmul_rows(A, B, p, C, 1);
+}
+
+/* C = A Bᵀ (p × p, row-major), Bᵀ first written to Bt (p × p): each C[i][j] sums A[i][l] B[j][l] over l in order,
+ * as the plain dot product does, in rows the compiler can vectorize */
+static void
+times_transposed(const double *A, const double *B, int p, double *C, double *Bt)
+{
+    for (int i = 0; i < p; i++)
+        for (int j = 0; j < p; j++)
+            Bt[(size_t)j * p + i] = B[(size_t)i * p + j];
+    matmul_rows(A, Bt, p, C, 0);
 }
 
 /* C = A B with A sparse (a filter's model Jacobian is mostly zeros and identities): A's non-zeros by row, as
@@ -2699,9 +2717,9 @@ times_sparse(const double *B, const int *start, const int *col, const double *va
     }
 }
 
-/* The work of discretize_one for p × p matrices: 5 p² doubles, p² + p + 1 ints. */
+/* The work of discretize_one for p × p matrices: 6 p² doubles, p² + p + 1 ints (Bt: times_transposed's). */
 typedef struct {
-    double *At, *tF, *tQ, *tmp, *val;
+    double *At, *tF, *tQ, *tmp, *val, *Bt;
     int *start, *col;
 } DiscretizeWork;
 
@@ -2709,14 +2727,14 @@ static int
 discretize_work(DiscretizeWork *w, int p)
 {
     size_t pp = (size_t)p * p;
-    w->At = PyMem_Calloc(5 * pp + 1, sizeof(double));
+    w->At = PyMem_Calloc(6 * pp + 1, sizeof(double));
     w->start = PyMem_Calloc(pp + p + 2, sizeof(int));
     if (!w->At || !w->start) {
         PyMem_Free(w->At), PyMem_Free(w->start);
         PyErr_NoMemory();
         return -1;
     }
-    w->tF = w->At + pp, w->tQ = w->tF + pp, w->tmp = w->tQ + pp, w->val = w->tmp + pp;
+    w->tF = w->At + pp, w->tQ = w->tF + pp, w->tmp = w->tQ + pp, w->val = w->tmp + pp, w->Bt = w->val + pp;
     w->col = w->start + p + 1;
     return 0;
 }
@@ -2787,14 +2805,9 @@ discretize_one(const double *A, const double *W, double h, long order, int p, do
     for (int t = 0; t < squarings; t++) {
         /* Q ← F Q Fᵀ + Q, F ← F F */
         matmul_square(F, Q, p, tmp);
-        for (int i = 0; i < p; i++)
-            for (int j = 0; j < p; j++) {
-                double v = 0.0;
-                for (int l = 0; l < p; l++)
-                    v += tmp[(size_t)i * p + l] * F[(size_t)j * p + l];
-                w->tQ[(size_t)i * p + j] = v + Q[(size_t)i * p + j];
-            }
-        memcpy(Q, w->tQ, pp * sizeof(double));
+        times_transposed(tmp, F, p, w->tQ, w->Bt);
+        for (size_t i = 0; i < pp; i++)
+            Q[i] += w->tQ[i];
         matmul_square(F, F, p, tmp);
         memcpy(F, tmp, pp * sizeof(double));
     }
@@ -2843,145 +2856,334 @@ done:
     return ret;
 }
 
-/* kalman_step(A, W, h, order, P, x, y, R, log_likelihood)
+/* The work of kalman_one for p states and r readings: F, Qd, a product, I − GH; S and its LU, ν, S⁻¹ν, S⁻¹ P_yx,
+ * the gain G (p × n_read), R_yy Gᵀ. */
+typedef struct {
+    double *F, *Qd, *T, *IKH, *S, *nu, *wnu, *X, *G;
+    int *read, *piv;
+    int nr;
+    double *mem;
+    int *imem;
+} KalmanWork;
+
+static int
+kalman_work(KalmanWork *kw, Py_ssize_t p, Py_ssize_t r, const double *y)
+{
+    size_t pp = (size_t)p * p;
+    kw->mem = PyMem_Calloc(4 * pp + 2 * (size_t)r * r + 3 * (size_t)r + 2 * (size_t)r * p + 1, sizeof(double));
+    kw->imem = PyMem_Calloc(2 * (size_t)r + 1, sizeof(int));
+    if (!kw->mem || !kw->imem) {
+        PyMem_Free(kw->mem), PyMem_Free(kw->imem);
+        kw->mem = NULL, kw->imem = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    kw->F = kw->mem, kw->Qd = kw->F + pp, kw->T = kw->Qd + pp, kw->IKH = kw->T + pp, kw->S = kw->IKH + pp;
+    kw->nu = kw->S + r * r + r * r, kw->wnu = kw->nu + r, kw->X = kw->wnu + r + r, kw->G = kw->X + r * p;
+    kw->read = kw->imem, kw->piv = kw->imem + r;
+    kw->nr = 0;
+    for (int i = 0; i < r; i++)
+        if (isfinite(y[i]))
+            kw->read[kw->nr++] = i;
+    return 0;
+}
+
+static void
+kalman_work_free(KalmanWork *kw)
+{
+    PyMem_Free(kw->mem), PyMem_Free(kw->imem);
+}
+
+/* The z̈ block of a filter's noise density (rows and columns `offset`..offset + d − 1 of the p × p W): S (BᵀB)⁻¹
+ * for the tangents B (n × d) of its pose, the density S on every generalized acceleration restricted to the
+ * motions the constraints allow (estimation.reduced_ekf.encoded_acceleration_noise).  A singular BᵀB gives NaN
+ * (the bank fails that filter).  work: d² + d doubles, piv: d ints. */
+static void
+acceleration_noise_block(const double *B, Py_ssize_t n, Py_ssize_t d, double S, double *W, Py_ssize_t p,
+                         Py_ssize_t offset, double *work, int *piv)
+{
+    double *G = work, *c = work + d * d;
+    for (Py_ssize_t a = 0; a < d; a++)
+        for (Py_ssize_t b = 0; b < d; b++) {
+            double v = 0.0;
+            for (Py_ssize_t i = 0; i < n; i++)
+                v += B[i * d + a] * B[i * d + b];
+            G[a * d + b] = v;
+        }
+    int singular = lu_factor(G, piv, (int)d);
+    for (Py_ssize_t j = 0; j < d; j++) {
+        for (Py_ssize_t a = 0; a < d; a++)
+            c[a] = a == j ? 1.0 : 0.0;
+        if (!singular)
+            lu_solve(G, piv, (int)d, c);
+        for (Py_ssize_t a = 0; a < d; a++)
+            W[(offset + a) * p + offset + j] = singular ? NAN : S * c[a];
+    }
+}
+
+/* The optional z̈ noise of kalman_step and deflected_kalman_step: (acceleration_density (K), basis (K × n × d))
+ * as args[i], args[i + 1] when given (nargs > i): a buffer per filter of the p × p noise it builds from W. */
+typedef struct {
+    Buf bS, bB;
+    const double *S, *B;
+    Py_ssize_t n, d;
+    double *mem;
+    int *piv;
+} AccelerationNoise;
+
+static int
+acceleration_noise_args(AccelerationNoise *an, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t i,
+                        Py_ssize_t K, Py_ssize_t d, const char *name)
+{
+    memset(an, 0, sizeof *an);
+    if (nargs <= i)
+        return 0;
+    an->S = get_doubles(args[i], &an->bS, K, 0, "acceleration_density");
+    an->B = an->S ? get_doubles(args[i + 1], &an->bB, -1, 0, "basis") : NULL;
+    if (!an->B)
+        return -1;
+    if (d <= 0 || an->bB.view.len / 8 % (K * d)) {
+        PyErr_Format(PyExc_ValueError, "%s: basis must be K × n × d (d the readings)", name);
+        return -1;
+    }
+    an->n = an->bB.view.len / 8 / (K * d), an->d = d;
+    an->mem = PyMem_Calloc((size_t)(d * d + d), sizeof(double));
+    an->piv = PyMem_Calloc((size_t)d, sizeof(int));
+    if (!an->mem || !an->piv) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+acceleration_noise_free(AccelerationNoise *an)
+{
+    PyMem_Free(an->mem), PyMem_Free(an->piv);
+    release(&an->bS), release(&an->bB);
+}
+
+/* One filter's covariance prediction and update (kalman_step's docstring), in place: P (p × p), x (p), its log-
+ * likelihood; y (r) and the filter's R (r × r). */
+static void
+kalman_one(const double *A, const double *W, double h, long order, Py_ssize_t p, double *Pk, double *xk,
+           const double *y, Py_ssize_t r, const double *Rk, double *llk, KalmanWork *kw, DiscretizeWork *w)
+{
+    size_t pp = (size_t)p * p;
+    double *F = kw->F, *Qd = kw->Qd, *T = kw->T, *IKH = kw->IKH, *S = kw->S, *nu = kw->nu, *wnu = kw->wnu;
+    double *X = kw->X, *G = kw->G;
+    const int *read = kw->read;
+    int *piv = kw->piv, nr = kw->nr;
+    discretize_one(A, W, h, order, (int)p, F, Qd, w);
+    matmul_square(F, Pk, (int)p, T);
+    times_transposed(T, F, (int)p, Pk, w->Bt);
+    for (size_t i = 0; i < pp; i++)
+        Pk[i] += Qd[i];
+    if (!nr)
+        return;
+    for (int a = 0; a < nr; a++) {
+        for (int b = 0; b < nr; b++)
+            S[a * nr + b] = Pk[(Py_ssize_t)read[a] * p + read[b]] + Rk[(Py_ssize_t)read[a] * r + read[b]];
+        nu[a] = y[read[a]] - xk[read[a]];
+    }
+    if (lu_factor(S, piv, nr)) {
+        *llk = NAN;
+        return;
+    }
+    double logdet = 0.0;
+    for (int a = 0; a < nr; a++)
+        logdet += log(fabs(S[a * nr + a]));
+    memcpy(wnu, nu, nr * sizeof(double));
+    lu_solve(S, piv, nr, wnu);
+    double quad = 0.0;
+    for (int a = 0; a < nr; a++)
+        quad += nu[a] * wnu[a];
+    *llk -= 0.5 * (quad + logdet + nr * log(2.0 * M_PI));
+    /* G = (S⁻¹ P_yx)ᵀ, column by column of P_yx */
+    for (Py_ssize_t j = 0; j < p; j++) {
+        double *c = X + j * nr;
+        for (int a = 0; a < nr; a++)
+            c[a] = Pk[(Py_ssize_t)read[a] * p + j];
+        lu_solve(S, piv, nr, c);
+        for (int a = 0; a < nr; a++)
+            G[j * nr + a] = c[a];
+    }
+    for (Py_ssize_t i = 0; i < p; i++) {
+        double s = 0.0;
+        for (int a = 0; a < nr; a++)
+            s += G[i * nr + a] * nu[a];
+        xk[i] += s;
+    }
+    for (size_t i = 0; i < pp; i++)
+        IKH[i] = 0.0;
+    for (Py_ssize_t i = 0; i < p; i++) {
+        IKH[i * p + i] = 1.0;
+        for (int a = 0; a < nr; a++)
+            IKH[i * p + read[a]] -= G[i * nr + a];
+    }
+    /* RG = R_yy Gᵀ (n_read × p, in X), then P ← IKH P IKHᵀ + G RG */
+    for (int a = 0; a < nr; a++)
+        for (Py_ssize_t j = 0; j < p; j++) {
+            double s = 0.0;
+            for (int b = 0; b < nr; b++)
+                s += Rk[(Py_ssize_t)read[a] * r + read[b]] * G[j * nr + b];
+            X[a * p + j] = s;
+        }
+    matmul_square(IKH, Pk, (int)p, T);
+    times_transposed(T, IKH, (int)p, Pk, w->Bt);
+    for (Py_ssize_t i = 0; i < p; i++)
+        for (int a = 0; a < nr; a++) {
+            double g = G[i * nr + a];
+            for (Py_ssize_t j = 0; j < p; j++)
+                Pk[i * p + j] += g * X[a * p + j];
+        }
+}
+
+/* kalman_step(A, W, h, order, P, x, y, R, log_likelihood[, acceleration_density, basis])
  * The covariance half of a step of K Kalman filters whose readings y (r) measure the first r states (NaN: no
  * reading of that one), in place (filter_bank.ReducedEKFBank.step's numpy form): P ← F P Fᵀ + Qd with
  * (F, Qd) = discretize_one(A, W, h) (A, W, P: K × p × p), then the update with the readings present at the
  * predicted means x (K × p) and their covariances R (K × r × r): S = P_yy + R_yy, log_likelihood (K) −=
  * ½ (νᵀS⁻¹ν + log det S + n_read log 2π), x += G ν, P ← (I − G H) P (I − G H)ᵀ + G R Gᵀ (Joseph form) with the
- * gain G = P Hᵀ S⁻¹.  A filter whose S is singular gets NaN (the bank fails it). */
+ * gain G = P Hᵀ S⁻¹.  A filter whose S is singular gets NaN (the bank fails it).  With acceleration_density (K)
+ * and the tangents `basis` (K × n × r) of each filter's pose, W's z̈ block (rows and columns r..2r − 1) is
+ * acceleration_noise_block's instead of W's own.
+ *
+ * deflected_kalman_step(A, W, h, order, P, x, y, R, log_likelihood, b, time_constant, deflection_noise
+ *                       [, acceleration_density, basis])
+ * The same for filters that also carry the encoders' deflection b (K × r, a Gauss–Markov state of time constant
+ * T_b per encoder, white-noise density deflection_noise (K × r)), the readings measuring m = z + b
+ * (filter_bank.ReducedEKFBank: the motion's x (K × nx) with z its first r entries, its A and W (K × nx × nx), the
+ * covariance P (K × (nx + r)²) over x' = (m, ż, e, ė, b)).  Per filter: A' = T [A 0; 0 −I/T_b] T⁻¹ and
+ * W' = T [W 0; 0 diag(noise)] Tᵀ for T: (z, …, b) ↦ (z + b, …, b); the mean x' = (z + b', …, b') with
+ * b' = b e^{−h/T_b}; the step over x'; then b = x'_b, x = x'_x with z = m − b.  In place: P, x, b,
+ * log_likelihood. */
 static PyObject *
-py_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+kalman_steps(PyObject *const *args, Py_ssize_t nargs, int deflected, const char *name)
 {
-    if (mk_check_nargs(nargs, 9, "kalman_step") < 0)
+    Py_ssize_t base = deflected ? 12 : 9;
+    if (nargs != base && nargs != base + 2) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd or %zd arguments (%zd given)", name, base, base + 2, nargs);
         return NULL;
+    }
     double h = PyFloat_AsDouble(args[2]);
     long order = PyLong_AsLong(args[3]);
+    double tb = deflected ? PyFloat_AsDouble(args[10]) : 1.0;
     if (PyErr_Occurred())
         return NULL;
-    Buf bA = {0}, bW = {0}, bP = {0}, bx = {0}, by = {0}, bR = {0}, bl = {0};
+    if (!(tb > 0.0)) {
+        PyErr_Format(PyExc_ValueError, "%s: the time constant must be > 0", name);
+        return NULL;
+    }
+    Buf bA = {0}, bW = {0}, bP = {0}, bx = {0}, by = {0}, bR = {0}, bl = {0}, bb = {0}, bn = {0};
     PyObject *ret = NULL;
     DiscretizeWork w = {0};
-    double *work = NULL;
-    int *idx = NULL;
+    KalmanWork kw = {0};
+    AccelerationNoise an = {0};
+    double *work = NULL, *b = NULL, *noise = NULL;
     double *A = get_doubles(args[0], &bA, -1, 0, "A");
     Py_ssize_t len = A ? bA.view.len / 8 : 0;
-    Py_ssize_t p = A ? square_size(&bA, len, "A") : -1;
-    if (p < 0)
+    Py_ssize_t nx = A ? square_size(&bA, len, "A") : -1;
+    if (nx < 0)
         goto done;
-    Py_ssize_t pp = p * p, K = len / pp;
+    Py_ssize_t K = len / (nx * nx);
     double *W = get_doubles(args[1], &bW, len, 0, "W");
-    double *P = W ? get_doubles(args[4], &bP, len, 1, "P") : NULL;
-    double *x = P ? get_doubles(args[5], &bx, K * p, 1, "x") : NULL;
-    double *y = x ? get_doubles(args[6], &by, -1, 0, "y") : NULL;
-    Py_ssize_t r = y ? by.view.len / 8 : 0;
-    double *R = y ? get_doubles(args[7], &bR, K * r * r, 0, "R") : NULL;
+    double *y = W ? get_doubles(args[6], &by, -1, 0, "y") : NULL;
+    Py_ssize_t r = y ? by.view.len / 8 : 0, p = nx + (deflected ? r : 0), pp = p * p;
+    double *P = y ? get_doubles(args[4], &bP, K * pp, 1, "P") : NULL;
+    double *x = P ? get_doubles(args[5], &bx, K * nx, 1, "x") : NULL;
+    double *R = x ? get_doubles(args[7], &bR, K * r * r, 0, "R") : NULL;
     double *ll = R ? get_doubles(args[8], &bl, K, 1, "log_likelihood") : NULL;
-    if (!ll)
+    if (ll && deflected) {
+        b = get_doubles(args[9], &bb, K * r, 1, "b");
+        noise = b ? get_doubles(args[11], &bn, K * r, 0, "deflection_noise") : NULL;
+    }
+    if (!ll || (deflected && !noise))
         goto done;
-    if (r > p) {
-        PyErr_SetString(PyExc_ValueError, "kalman_step: more readings than states");
+    if (r > nx || (nargs > base && 2 * r > nx)) {
+        PyErr_Format(PyExc_ValueError, "%s: more readings than states", name);
         goto done;
     }
-    if (discretize_work(&w, (int)p) < 0)
+    if (acceleration_noise_args(&an, args, nargs, base, K, r, name) < 0)
         goto done;
-    /* F, Qd, the product, then per reading set: S and its LU, ν, S⁻¹ν, S⁻¹ P_yx, the gain G (p × n_read), I − GH */
-    work = PyMem_Calloc(4 * (size_t)pp + 2 * (size_t)r * r + 3 * (size_t)r + 2 * (size_t)r * p + 1, sizeof(double));
-    idx = PyMem_Calloc(2 * (size_t)r + 1, sizeof(int));
-    if (!work || !idx) {
+    if (discretize_work(&w, (int)p) < 0 || kalman_work(&kw, p, r, y) < 0)
+        goto done;
+    /* the filter's A', W' (p × p) and x' (p) where they are not the caller's */
+    if (!(work = PyMem_Calloc(2 * (size_t)pp + (size_t)p, sizeof(double)))) {
         PyErr_NoMemory();
         goto done;
     }
-    double *F = work, *Qd = F + pp, *T = Qd + pp, *IKH = T + pp, *S = IKH + pp, *RG = S + r * r;
-    double *nu = RG + r * r, *wnu = nu + r, *X = wnu + r + r, *G = X + r * p;
-    int *read = idx, *piv = idx + r;
-    int nr = 0;
-    for (int i = 0; i < r; i++)
-        if (isfinite(y[i]))
-            read[nr++] = i;
-    double log2pi = log(2.0 * M_PI);
+    double *A1 = work, *W1 = A1 + pp, *x1 = W1 + pp;
+    double decay = exp(-h / tb);
     Py_BEGIN_ALLOW_THREADS      /* plain numbers from here (another thread's filter bank runs meanwhile) */
     for (Py_ssize_t k = 0; k < K; k++) {
-        double *Pk = P + k * pp, *xk = x + k * p;
-        const double *Rk = R + k * r * r;
-        discretize_one(A + k * pp, W + k * pp, h, order, (int)p, F, Qd, &w);
-        matmul_square(F, Pk, (int)p, T);
-        for (Py_ssize_t i = 0; i < p; i++)
-            for (Py_ssize_t j = 0; j < p; j++) {
-                double v = 0.0;
-                for (Py_ssize_t l = 0; l < p; l++)
-                    v += T[i * p + l] * F[j * p + l];
-                Pk[i * p + j] = v + Qd[i * p + j];
+        const double *Ak = A + k * nx * nx, *Wk = W + k * nx * nx;
+        double *xk = x + k * nx;
+        if (!deflected) {
+            if (an.S) {
+                memcpy(W1, Wk, pp * sizeof(double));
+                acceleration_noise_block(an.B + k * an.n * r, an.n, r, an.S[k], W1, p, r, an.mem, an.piv);
+                Wk = W1;
             }
-        if (!nr)
-            continue;
-        for (int a = 0; a < nr; a++) {
-            for (int b = 0; b < nr; b++)
-                S[a * nr + b] = Pk[(Py_ssize_t)read[a] * p + read[b]] + Rk[(Py_ssize_t)read[a] * r + read[b]];
-            nu[a] = y[read[a]] - xk[read[a]];
-        }
-        if (lu_factor(S, piv, nr)) {
-            ll[k] = NAN;
+            kalman_one(Ak, Wk, h, order, p, P + k * pp, xk, y, r, R + k * r * r, ll + k, &kw, &w);
             continue;
         }
-        double logdet = 0.0;
-        for (int a = 0; a < nr; a++)
-            logdet += log(fabs(S[a * nr + a]));
-        memcpy(wnu, nu, nr * sizeof(double));
-        lu_solve(S, piv, nr, wnu);
-        double quad = 0.0;
-        for (int a = 0; a < nr; a++)
-            quad += nu[a] * wnu[a];
-        ll[k] -= 0.5 * (quad + logdet + nr * log2pi);
-        /* G = (S⁻¹ P_yx)ᵀ, column by column of P_yx */
-        for (Py_ssize_t j = 0; j < p; j++) {
-            double *c = X + j * nr;
-            for (int a = 0; a < nr; a++)
-                c[a] = Pk[(Py_ssize_t)read[a] * p + j];
-            lu_solve(S, piv, nr, c);
-            for (int a = 0; a < nr; a++)
-                G[j * nr + a] = c[a];
-        }
-        for (Py_ssize_t i = 0; i < p; i++) {
-            double s = 0.0;
-            for (int a = 0; a < nr; a++)
-                s += G[i * nr + a] * nu[a];
-            xk[i] += s;
-        }
+        double *bk = b + k * r;
         for (Py_ssize_t i = 0; i < pp; i++)
-            IKH[i] = 0.0;
-        for (Py_ssize_t i = 0; i < p; i++) {
-            IKH[i * p + i] = 1.0;
-            for (int a = 0; a < nr; a++)
-                IKH[i * p + read[a]] -= G[i * nr + a];
+            A1[i] = W1[i] = 0.0;
+        for (Py_ssize_t i = 0; i < nx; i++)
+            for (Py_ssize_t j = 0; j < nx; j++)
+                A1[i * p + j] = Ak[i * nx + j], W1[i * p + j] = Wk[i * nx + j];
+        if (an.S)
+            acceleration_noise_block(an.B + k * an.n * r, an.n, r, an.S[k], W1, p, r, an.mem, an.piv);
+        for (Py_ssize_t i = nx; i < p; i++)
+            A1[i * p + i] = -1.0 / tb, W1[i * p + i] = noise[k * r + (i - nx)];
+        /* T from the left: row i of m gains row nx + i; then T⁻¹ (A') or Tᵀ (W') from the right */
+        for (Py_ssize_t i = 0; i < r; i++)
+            for (Py_ssize_t j = 0; j < p; j++)
+                A1[i * p + j] += A1[(nx + i) * p + j], W1[i * p + j] += W1[(nx + i) * p + j];
+        for (Py_ssize_t row = 0; row < p; row++)
+            for (Py_ssize_t i = 0; i < r; i++) {
+                A1[row * p + nx + i] -= A1[row * p + i];
+                W1[row * p + i] += W1[row * p + nx + i];
+            }
+        for (Py_ssize_t i = 0; i < nx; i++)
+            x1[i] = xk[i];
+        for (Py_ssize_t i = 0; i < r; i++) {
+            double bi = bk[i] * decay;
+            x1[nx + i] = bi;
+            x1[i] += bi;
         }
-        /* RG = R_yy Gᵀ (n_read × p, in X), then P ← IKH P IKHᵀ + G RG */
-        for (int a = 0; a < nr; a++)
-            for (Py_ssize_t j = 0; j < p; j++) {
-                double s = 0.0;
-                for (int b = 0; b < nr; b++)
-                    s += Rk[(Py_ssize_t)read[a] * r + read[b]] * G[j * nr + b];
-                X[a * p + j] = s;
-            }
-        matmul_square(IKH, Pk, (int)p, T);
-        for (Py_ssize_t i = 0; i < p; i++)
-            for (Py_ssize_t j = 0; j < p; j++) {
-                double v = 0.0;
-                for (Py_ssize_t l = 0; l < p; l++)
-                    v += T[i * p + l] * IKH[j * p + l];
-                for (int a = 0; a < nr; a++)
-                    v += G[i * nr + a] * X[a * p + j];
-                F[i * p + j] = v;
-            }
-        memcpy(Pk, F, pp * sizeof(double));
+        kalman_one(A1, W1, h, order, p, P + k * pp, x1, y, r, R + k * r * r, ll + k, &kw, &w);
+        for (Py_ssize_t i = 0; i < r; i++)
+            bk[i] = x1[nx + i];
+        for (Py_ssize_t i = 0; i < nx; i++)
+            xk[i] = x1[i];
+        for (Py_ssize_t i = 0; i < r; i++)
+            xk[i] -= bk[i];
     }
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
+    PyMem_Free(work);
+    acceleration_noise_free(&an);
     discretize_free(&w);
-    PyMem_Free(work), PyMem_Free(idx);
+    kalman_work_free(&kw);
     release(&bA), release(&bW), release(&bP), release(&bx), release(&by), release(&bR), release(&bl);
+    release(&bb), release(&bn);
     return ret;
+}
+
+static PyObject *
+py_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return kalman_steps(args, nargs, 0, "kalman_step");
+}
+
+static PyObject *
+py_deflected_kalman_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return kalman_steps(args, nargs, 1, "deflected_kalman_step");
 }
 
 /* identified_forces(par, doubles, theta, v, commands, a, out): out (n) = ΔQ, the identified parameters' forces
@@ -3049,7 +3251,11 @@ static PyMethodDef module_methods[] = {
     {"discretize", (PyCFunction)(void (*)(void))py_discretize, METH_FASTCALL,
      "discretize(A, W, h, order, F, Q): e^{Ah} and the integrated noise of stacked square matrices."},
     {"kalman_step", (PyCFunction)(void (*)(void))py_kalman_step, METH_FASTCALL,
-     "kalman_step(A, W, h, order, P, x, y, R, log_likelihood): a bank's covariance prediction and update."},
+     "kalman_step(A, W, h, order, P, x, y, R, log_likelihood[, acceleration_density, basis]): a bank's "
+     "covariance prediction and update."},
+    {"deflected_kalman_step", (PyCFunction)(void (*)(void))py_deflected_kalman_step, METH_FASTCALL,
+     "deflected_kalman_step(A, W, h, order, P, x, y, R, log_likelihood, b, time_constant, deflection_noise): "
+     "kalman_step of a bank whose readings also carry the encoders' deflection b."},
     {"identified_forces", (PyCFunction)(void (*)(void))py_identified_forces, METH_FASTCALL,
      "identified_forces(par, doubles, theta, v, commands, a, out): the identified parameters' forces into out."},
     {NULL, NULL, 0, NULL}};

@@ -182,7 +182,8 @@ class ReducedEKFBank:
         tc = np.broadcast_to(np.asarray(time_constant, float), (K,))
         self.damping = np.where(np.isinf(tc), 0.0, 1.0 / tc)
         self.acceleration_density = np.broadcast_to(np.asarray(acceleration_density, float), (K,)).copy()
-        # G Qc Gᵀ: the effort rates' white noise; the z̈ block (acceleration noise) is set per step
+        self.accelerating = bool(np.any(self.acceleration_density))
+        # G Qc Gᵀ: the effort rates' white noise; the z̈ block (acceleration noise) is the compiled step's
         self.noise = np.zeros((K, nx, nx))
         e_rate = 2 * d + na + np.arange(na)
         self.noise[:, e_rate, e_rate] = effort_density[:, None]
@@ -195,7 +196,9 @@ class ReducedEKFBank:
         self.basis: Optional[np.ndarray] = None       # ∂q/∂z there (the pose predictor's tangent)
         self.failed = np.zeros(K, bool)
         self.log_likelihood = np.zeros(K)
+        self._A = self._state_jacobian()
         self._command = np.zeros((K, na))
+        self._no_command = np.zeros((K, na))
         # the encoders' deflection (estimation/deflection.py): a Gauss–Markov b per encoder that the readings add
         # to z.  The motion's state x stays in z (the kernel's layout); the covariance is kept over
         # x' = (m, ż, e, ė, b) with m = z + b the readings' own coordinate, so the Kalman step reads its first d
@@ -206,11 +209,6 @@ class ReducedEKFBank:
             if not (np.all(sb >= 0) and deflection_time_constant > 0):
                 raise ValueError("ReducedEKFBank: the deflection's σ must be ≥ 0 and its time constant > 0")
             self.deflection_time_constant = float(deflection_time_constant)
-            n1 = nx + d
-            self.T = np.eye(n1)
-            self.T[:d, nx:] = np.eye(d)
-            self.T_inv = np.eye(n1)
-            self.T_inv[:d, nx:] = -np.eye(d)
             self.deflection_noise = (2.0 * sb * sb / self.deflection_time_constant)[:, None] * np.ones(d)
             self.deflection_var = (sb * sb)[:, None] * np.ones(d)
             self.b: Optional[np.ndarray] = None
@@ -256,19 +254,25 @@ class ReducedEKFBank:
         Φq ∂q̇/∂z = −∂(Φq q̇)/∂q R (∂ż/∂z = 0), ∂z̈/∂ż = [∂q̈/∂q̇ R]_z, ∂z̈/∂e = [∂q̈/∂Q]_{z, actuated}
         (`ReducedModelBank.linearize`); test_tuning_speed.py checks it against ReducedEKF's central
         differences."""
-        d, na, nx, K = self.d, self.na, self.nx, self.K
+        d, na = self.d, self.na
         acceleration, dz, dzdot, de = self.model.linearize(self.pose, self.pose_jacobian, self.basis,
                                                            x[:, d:2 * d], self._efforts(x, command))
-        w = self.damping[:, None, None]
-        A = np.zeros((K, nx, nx))
-        A[:, :d, d:2 * d] = np.eye(d)
+        A = self._A               # its constant blocks set once (`_state_jacobian`), the model's rows per step
         A[:, d:2 * d, :d] = dz
         A[:, d:2 * d, d:2 * d] = dzdot
         A[:, d:2 * d, 2 * d:2 * d + na] = de
+        return A, self._rates(x, acceleration, self.damping)
+
+    def _state_jacobian(self) -> np.ndarray:
+        """∂f/∂x's blocks that do not change: ∂ż/∂ż = I, the disturbance's ∂ė/∂ė = I and its damping."""
+        d, na, nx = self.d, self.na, self.nx
+        w = self.damping[:, None, None]
+        A = np.zeros((self.K, nx, nx))
+        A[:, :d, d:2 * d] = np.eye(d)
         A[:, 2 * d:2 * d + na, 2 * d + na:] = np.eye(na)
         A[:, 2 * d + na:, 2 * d:2 * d + na] = -w * w * np.eye(na)
         A[:, 2 * d + na:, 2 * d + na:] = -2.0 * w * np.eye(na)
-        return A, self._rates(x, acceleration, self.damping)
+        return A
 
     # -- the filter -------------------------------------------------------------------------------------
     def _start(self, y):
@@ -295,7 +299,7 @@ class ReducedEKFBank:
         """`ReducedEKF.step` of every filter: predict by dt (the previous command held), update with the
         readings present (NaN: none of that encoder); the first call starts every filter at the readings."""
         d, na, K = self.d, self.na, self.K
-        command = np.zeros((K, na)) if command is None else np.broadcast_to(np.asarray(command, float), (K, na))
+        command = self._no_command if command is None else np.broadcast_to(np.asarray(command, float), (K, na))
         y = np.asarray(readings, float)
         if self.x is None:
             if not np.all(np.isfinite(y)):
@@ -304,44 +308,28 @@ class ReducedEKFBank:
             self._command = np.array(command)
             return
         A, f = self._jacobian(self.x, self._command)
-        if np.any(self.acceleration_density):
-            self.noise[:, d:2 * d, d:2 * d] = (self.acceleration_density[:, None, None]
-                                               * np.linalg.inv(np.swapaxes(self.basis, 1, 2) @ self.basis))
+        # the z̈ block of the noise: the acceleration density over the motions the constraints allow at each
+        # filter's pose (encoded_acceleration_noise), which the compiled step sets from the pose's tangents
+        accelerations = (self.acceleration_density, np.ascontiguousarray(self.basis)) if self.accelerating else ()
         self.x = self._rk4(f, float(dt))
         # the covariance prediction and the readings' update of every filter, in C
+        y = np.ascontiguousarray(y)
         if self.deflection:
-            self._deflected_kalman_step(A, float(dt), y)
+            native.module().deflected_kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
+                                                  y, self.R, self.log_likelihood, self.b,
+                                                  self.deflection_time_constant, self.deflection_noise,
+                                                  *accelerations)
         else:
-            native.module().kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x,
-                                        np.ascontiguousarray(y), self.R, self.log_likelihood)
+            native.module().kalman_step(A, self.noise, float(dt), DISCRETIZATION_ORDER, self.P, self.x, y, self.R,
+                                        self.log_likelihood, *accelerations)
         self._command = np.array(command)
         q, J, R = self._solve(self.x[:, :d])
-        keep = ~self.failed
-        self.pose[keep], self.pose_jacobian[keep], self.basis[keep] = q[keep], J[keep], R[keep]
+        if self.failed.any():
+            keep = ~self.failed
+            self.pose[keep], self.pose_jacobian[keep], self.basis[keep] = q[keep], J[keep], R[keep]
+        else:
+            self.pose, self.pose_jacobian, self.basis = q, J, R
         self._quarantine()
-
-    def _deflected_kalman_step(self, A, h: float, y):
-        """The Kalman step over x' (see `__init__`): the motion's A and noise extended by the deflection's
-        −1/T_b and its noise, moved to x' by T; the motion's predicted mean (z) and the deflection's (b e^{−h/T_b})
-        as m = z + b; after the update z = m − b again."""
-        d, nx, K = self.d, self.nx, self.K
-        n1 = nx + d
-        A1 = np.zeros((K, n1, n1))
-        A1[:, :nx, :nx] = A
-        A1[:, np.arange(nx, n1), np.arange(nx, n1)] = -1.0 / self.deflection_time_constant
-        W1 = np.zeros((K, n1, n1))
-        W1[:, :nx, :nx] = self.noise
-        W1[:, np.arange(nx, n1), np.arange(nx, n1)] = self.deflection_noise
-        A1 = self.T @ A1 @ self.T_inv
-        W1 = self.T @ W1 @ self.T.T
-        b = self.b * math.exp(-h / self.deflection_time_constant)
-        x1 = np.concatenate((self.x, b), axis=1)
-        x1[:, :d] += b
-        native.module().kalman_step(np.ascontiguousarray(A1), np.ascontiguousarray(W1), h, DISCRETIZATION_ORDER,
-                                    self.P, x1, np.ascontiguousarray(y), self.R, self.log_likelihood)
-        self.b = x1[:, nx:].copy()
-        self.x = x1[:, :nx].copy()
-        self.x[:, :d] -= self.b
 
     def _rk4(self, k1, h):
         """Every filter's mean after one Runge–Kutta step over h (`rk4_step`, the previous command held; k1: the
@@ -361,6 +349,9 @@ class ReducedEKFBank:
     def _quarantine(self):
         """A failed filter keeps −inf and stops carrying numbers: its state becomes a copy of a working
         filter's, so that the batched solves of the others stay finite."""
+        if not self.failed.any() and np.isfinite(self.log_likelihood).all() and np.isfinite(self.x).all() \
+                and np.isfinite(self.P).all():
+            return
         bad = self.failed | ~np.isfinite(self.log_likelihood) | ~np.all(np.isfinite(self.x), axis=1) \
             | ~np.all(np.isfinite(self.P), axis=(1, 2))
         if not bad.any():

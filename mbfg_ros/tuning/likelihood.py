@@ -318,8 +318,8 @@ def bank_threads(mech: Mechanism, rec: Recording, k: int, threads: int) -> int:
     """How many threads `fit` runs its banks of `k` candidates in: `threads` (`bank_groups`) where each filter
     has at least `MIN_THREADED_STATES` states (z, ż and the efforts' two per actuator), else 1.  The banks' Python
     runs one thread at a time and only their compiled loops side by side, whose cost per filter grows with the
-    cube of its states: on two processors two threads take the double pendulum's fits (8 states) in 0.63–0.86×
-    the wall time, the four-bar's (4 states) in ~2× (bench/tune_speed.py).  The numbers are the same either
+    cube of its states: on two processors two threads take the double pendulum's fits (8 states) in ~0.65×
+    the wall time, the four-bar's (4 states) in 1.2–1.6× (bench/tune_speed.py).  The numbers are the same either
     way."""
     states = 2 * len(rec.coordinates) + 2 * len(mech.actuated)
     if states < MIN_THREADED_STATES:
