@@ -48,6 +48,31 @@ PACKAGE_PATH = INSTALLED_PACKAGE_FOLDER if INSTALLED_PACKAGE_FOLDER is not None 
 from mbfg_ros.model.mechanism import load_mechanism  # noqa: E402  (after the path is set)
 
 
+#: the DFKI double pendulum excerpt shipped for the tests and benches (bench/data/dfki_double_pendulum, BSD-3-Clause)
+DFKI_DATA = SOURCE_ROOT / "bench" / "data" / "dfki_double_pendulum"
+DFKI_COLUMNS = ["t", "pos_meas1", "pos_meas2", "tau_con1", "tau_con2", "tau_meas1", "tau_meas2"]
+
+
+def dfki_rows(run: str, seconds: float = float("inf")):
+    """The rows of a DFKI run (`DFKI_DATA / RUN.csv.gz`, its columns `DFKI_COLUMNS`: the logger's time, positions,
+    commanded and measured torques) up to `seconds`."""
+    import gzip
+    import numpy as np
+    with gzip.open(DFKI_DATA / f"{run}.csv.gz", "rt") as f:
+        rows = np.loadtxt(f, delimiter=",", skiprows=1)
+    return rows[rows[:, 0] <= seconds]
+
+
+def write_dfki_csvs(folder: Path, rows) -> tuple:
+    """(observations, torques): `dfki_rows` as `mbfg` CSVs named by the double pendulum files' encoders and
+    actuators (t, q1, q2: the positions; the commanded torques)."""
+    import numpy as np
+    obs, cmd = folder / "obs.csv", folder / "cmd.csv"
+    for path, cols in ((obs, [0, 1, 2]), (cmd, [0, 3, 4])):
+        np.savetxt(path, rows[:, cols], delimiter=",", header="t,q1,q2", comments="", fmt="%.17g")
+    return obs, cmd
+
+
 def pytest_report_header(config):
     import mbfg_ros
     from mbfg_ros import native

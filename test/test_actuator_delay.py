@@ -244,13 +244,11 @@ def test_mbfg_estimate_takes_a_delay_option(tmp_path, capsys):
     the mechanism without it; a bad value or an unknown actuator is an error naming it."""
     import yaml
     from mbfg_ros.cli import commands as cli
-    rec = "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory.csv.gz"
     from pathlib import Path
-    source = Path(__file__).resolve().parents[1] / "bench" / "data" / "dfki_double_pendulum" / rec
-    data = tmp_path / "run.csv"            # (its first 2 s)
-    header = "t,pos_meas1,pos_meas2,tau_con1,tau_con2,tau_meas1,tau_meas2"
-    np.savetxt(data, np.loadtxt(source, delimiter=",", skiprows=1, max_rows=800), delimiter=",", header=header,
-               comments="")
+    from conftest import DFKI_COLUMNS, dfki_rows
+    data = tmp_path / "run.csv"            # (its first 800 rows, 2 s)
+    np.savetxt(data, dfki_rows("design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory")[:800], delimiter=",",
+               header=",".join(DFKI_COLUMNS), comments="")
     doc = yaml.safe_load(Path(load_mechanism("double_pendulum_a0").spec.source).read_text())
     for a in doc["actuators"]:
         a.pop("delay")

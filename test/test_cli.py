@@ -13,6 +13,7 @@ import pytest
 from mbfg_ros.cli import commands as cli
 from mbfg_ros.dynamics import constrained as dynamics
 from mbfg_ros.model.mechanism import load_mechanism
+from conftest import DFKI_DATA, dfki_rows, write_dfki_csvs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -574,16 +575,14 @@ def _logger_file(tmp_path, rows=300):
     """The first `rows` of a DFKI recording as its logger wrote them (one gzip file: time, positions, commands and
     measured torques under the logger's names, the time not first), and the same data as `mbfg` names them."""
     import gzip
-    data = np.loadtxt(ROOT / "bench" / "data" / "dfki_double_pendulum" /
-                      "design_A.0__20220815__sys_id__trajectory_00.csv.gz", delimiter=",", skiprows=1)[:rows]
+    data = dfki_rows("design_A.0__20220815__sys_id__trajectory_00")[:rows]
     logger = tmp_path / "logger.csv.gz"
     with gzip.open(logger, "wt", newline="") as f:
         w = csv.writer(f)
         w.writerow(["pos_meas1", "pos_meas2", "time", "tau_con1", "tau_con2", "tau_meas1"])
         for r in data:
             w.writerow([repr(float(x)) for x in (r[1], r[2], r[0], r[3], r[4], r[5])])
-    write_csv(tmp_path / "obs.csv", ["t", "q1", "q2"], data[:, :3])
-    write_csv(tmp_path / "cmd.csv", ["t", "q1", "q2"], data[:, [0, 3, 4]])
+    write_dfki_csvs(tmp_path, data)
     return logger
 
 
@@ -663,7 +662,7 @@ def test_a_time_column_not_in_seconds_is_named(tmp_path, capsys, scale, unit):
 
 
 # -- an actuator's latency from its measured effort: mbfg identify --measured ----------------------------------------
-PENDUBOT = ROOT / "bench" / "data" / "dfki_double_pendulum" / "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory.csv.gz"
+PENDUBOT = DFKI_DATA / "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory.csv.gz"
 PENDUBOT_COLUMNS = ["--reading", "q1=pos_meas1,q2=pos_meas2", "--command", "q1=tau_con1,q2=tau_con2"]
 
 

@@ -222,20 +222,11 @@ def test_the_tuners_bank_models_the_deflection(crank_mech, motion):
 def test_mbfg_tune_fits_the_deflection_where_the_estimator_would(tmp_path):
     """`mbfg tune` in estimation mode on a geared mechanism (the DFKI double pendulum, 4 s of a real recording)
     fits the encoders' deflection by default and writes it; `--no-fit-deflection` and fused mode leave it out."""
-    import gzip
     import subprocess
     import sys
-    from pathlib import Path
-    from conftest import PACKAGE_PATH
-    root = Path(__file__).resolve().parents[1]
-    source = root / "bench" / "data" / "dfki_double_pendulum" / "design_A.0__20220815__sys_id__trajectory_01.csv.gz"
-    with gzip.open(source, "rt") as f:
-        rows = np.loadtxt(f, delimiter=",", skiprows=1)
-    rows = rows[rows[:, 0] <= 4.0]
-    obs, cmd = tmp_path / "obs.csv", tmp_path / "cmd.csv"
-    np.savetxt(obs, rows[:, :3], delimiter=",", header="t,q1,q2", comments="")
-    np.savetxt(cmd, rows[:, [0, 3, 4]], delimiter=",", header="t,q1,q2", comments="")
-    mech = root / "mechanisms" / "double_pendulum_a0.yaml"
+    from conftest import PACKAGE_PATH, SOURCE_ROOT, dfki_rows, write_dfki_csvs
+    obs, cmd = write_dfki_csvs(tmp_path, dfki_rows("design_A.0__20220815__sys_id__trajectory_01", seconds=4.0))
+    mech = SOURCE_ROOT / "mechanisms" / "double_pendulum_a0.yaml"
 
     def tune(*extra):
         out = tmp_path / f"params{len(list(tmp_path.iterdir()))}.yaml"
