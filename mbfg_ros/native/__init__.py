@@ -11,8 +11,9 @@ with a compiled form is written once, in C, and the tests compare it with indepe
   mismatch of a whole step in one call each): the unit names its kind of the kernel's table (`unit_kinds`)
   and gives its integers and floats, so this module knows no factor class;
 * `scaled_distance2`: the relinearization check's quadratic bound (`graph.window.FixedLagWindow`);
-  the module's `discretize` and `kalman_step` are the tuner's and the density adaptation's Kalman filters'
-  (`estimation.reduced_ekf.discretize`, `tuning.filter_bank`).
+  the module's `discretize`, `kalman_step` and `deflected_kalman_step` are the tuner's and the density
+  adaptation's Kalman filters' (`estimation.reduced_ekf.discretize`, `tuning.filter_bank`; the last two also set
+  each filter's acceleration noise from its pose's tangents, so that a bank step calls no BLAS).
 
 `constraint_kernel` is a `ConstraintSet`'s own kernel (Φ, Φq, Φ̇q and the second-order terms, one state or
 many: their only implementation; a constraint set of a type the kernel does not know is refused).
