@@ -303,7 +303,7 @@ def bank_step(args) -> List[dict]:
     """`--bank-step`: see the module docstring."""
     from mbfg_ros.tuning.likelihood import encoder_layout
     rec = rh.load_recording(DFKI_CASES["A0 sysid 00"]).cut(6.0)
-    mech_file = ROOT.parent / "mechanisms" / "double_pendulum_a0.yaml"
+    mech_file = rh.MECHANISMS / rh.DESIGNS[rec.design].mechanism
     mech = rh.design_mechanism(rec.design)
     _, coordinates, _ = encoder_layout(mech)
     rows = slice(None, None, 3)

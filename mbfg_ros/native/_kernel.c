@@ -2922,11 +2922,11 @@ acceleration_noise_block(const double *B, Py_ssize_t n, Py_ssize_t d, double S, 
 }
 
 /* The optional z̈ noise of kalman_step and deflected_kalman_step: (acceleration_density (K), basis (K × n × d))
- * as args[i], args[i + 1] when given (nargs > i): a buffer per filter of the p × p noise it builds from W. */
+ * as args[i], args[i + 1] when given (nargs > i), and acceleration_noise_block's work. */
 typedef struct {
     Buf bS, bB;
     const double *S, *B;
-    Py_ssize_t n, d;
+    Py_ssize_t n;
     double *mem;
     int *piv;
 } AccelerationNoise;
@@ -2946,7 +2946,7 @@ acceleration_noise_args(AccelerationNoise *an, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_ValueError, "%s: basis must be K × n × d (d the readings)", name);
         return -1;
     }
-    an->n = an->bB.view.len / 8 / (K * d), an->d = d;
+    an->n = an->bB.view.len / 8 / (K * d);
     an->mem = PyMem_Calloc((size_t)(d * d + d), sizeof(double));
     an->piv = PyMem_Calloc((size_t)d, sizeof(int));
     if (!an->mem || !an->piv) {
