@@ -464,6 +464,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
         out.parameters = np.full((N, len(est.parameter_names)), np.nan)
     smoothed = Output(*(np.full((N, 2), np.nan) for _ in range(4))) if smoothed_lag else None
     row_of = {float(t): k for k, t in enumerate(rec.t)}
+    edges: Dict[tuple, float] = {}        # (density, edge) -> when the online fit first sat there [s into the run]
 
     def take(estimates):
         for s in estimates:
@@ -479,6 +480,8 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
             take(est.smoothed_estimates())
         if e.status in ("initialized", "recovered") and k > 0:
             out.reinitializations += 1
+        for edge in (est.density_fit_limits() or {}).items():
+            edges.setdefault(edge, float(rec.t[k] - rec.t[0]))
         if e.status == "waiting":
             continue
         out.q[k], out.qd[k], out.tau[k] = e.q[cols], e.v[cols], e.efforts
@@ -493,6 +496,9 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
             fitted.update(est.fitted_densities())
         notes.append("fitted online: " + ", ".join(f"{name} {value:.3g}"
                                                    for name, value in est.fitted_densities().items()))
+    if edges:
+        notes.append("density fit at the edge of its range: " + ", ".join(
+            f"{name} {edge} from {t:.2f} s" for (name, edge), t in edges.items()))
     if est.fitted_sensor_sigmas():
         notes.append("encoder σ fitted online at the end: "
                      + ", ".join(f"{name} {1e3 * s:.3g} mrad" for name, s in est.fitted_sensor_sigmas().items()))

@@ -73,6 +73,9 @@ class StubCore:
     def fitted_densities(self):
         return None
 
+    def density_fit_limits(self):
+        return None
+
     def fitted_sensor_sigmas(self):
         return None
 

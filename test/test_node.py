@@ -735,8 +735,10 @@ def test_demo_runs_end_to_end(tmp_path):
 
 def test_the_core_comes_from_the_factory_also_when_rebuilt():
     """EstimatorNode(core_factory=...) builds its core with factory(mech, config), at start-up and when a
-    parameter change needs a new core, and steps that core."""
+    parameter change needs a new core, and steps that core; the diagnostics report its fitted densities and those
+    at the edge of their range."""
     import rclpy
+    from diagnostic_msgs.msg import DiagnosticStatus
     from rclpy.context import Context
     from rclpy.parameter import Parameter
     from rclpy.serialization import serialize_message
@@ -764,6 +766,12 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         assert float(kv["effort_density"]) == fitted["effort_density"] > 0
         assert float(kv["acceleration_density"]) == fitted["acceleration_density"] > 0
         assert kv["kernel"] == native.describe() and kv["kernel"].startswith(("compiled", "numpy ("))
+        # no fitted density at the edge of its range: said, and no warning; one at its top warns and says why
+        assert kv["density_fit_limits"] == "none" and "density fit" not in node.diagnostic_status()[1][2]
+        built[0][1].density_fit_limits = lambda: {"effort_density": "bottom", "acceleration_density": "top"}
+        level, _, message, _, kv = node.diagnostic_status()[1]
+        assert kv["density_fit_limits"] == "effort_density bottom, acceleration_density top"
+        assert level == DiagnosticStatus.WARN and "at the top of its range for acceleration_density:" in message
         assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
         kv = node.diagnostic_status()[1][4]                 # fused: the disturbance's density instead
         assert "effort_density" not in kv and float(kv["disturbance_density"]) > 0

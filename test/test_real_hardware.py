@@ -2,6 +2,7 @@
 rate and the low-pass band of the scorer, the shipped excerpt, and the bench end to end on a short excerpt."""
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -471,3 +472,37 @@ def test_the_fused_start_reads_the_geared_encoders_widened(run):
         est._widen_encoders(False)
     plain_error, plain_z, _ = _worst_start(run, "fused", 0.6, 0.1, without)
     assert error < 0.3 * plain_error and z < 0.6 * plain_z, (error, z, plain_error, plain_z)
+
+
+PENDUBOT = "design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory"
+
+
+def test_the_density_fit_says_when_the_pendubots_limit_cycle_takes_it_to_the_top_of_its_range():
+    """The A0 pendubot, estimation mode, defaults: from ~6 s its LQR limit cycle chatters (the passive elbow ±2 rad/s
+    at ~16 Hz behind the geared encoders) and the acceleration density the readings ask for is beyond the fit's
+    range (the shoulder's ≤ 5 Hz effort error there 3× what it was before).  The fit says so from then on, and
+    says nothing before; the identification runs never reach an edge (bench/real_hardware.py, every recording)."""
+    from conftest import dfki_rows
+    rows = dfki_rows(PENDUBOT, 8.0)
+    mech = rh.design_mechanism("A.0")
+    dt = float(np.median(np.diff(rows[:, 0])))
+    est = rh.FixedLagEstimator(mech, rh.EstimatorConfig(dt=dt, mode="estimation"))
+    limits = []
+    for r in rows:
+        est.step(float(r[0]), observations={"q1": float(r[1]), "q2": float(r[2])})
+        limits.append((float(r[0]) - rows[0, 0], est.density_fit_limits()))
+    assert all(lim == {} for t, lim in limits if t < 5.0), [x for x in limits if x[0] < 5.0 and x[1]][:3]
+    assert all(lim.get("acceleration_density") == "top" for t, lim in limits if t > 7.0)
+
+
+def test_mbfg_estimate_warns_when_a_density_fit_sits_at_the_top_of_its_range(tmp_path, capsys):
+    from conftest import dfki_rows, write_dfki_csvs
+    from mbfg_ros.cli.commands import main
+    obs, _ = write_dfki_csvs(tmp_path, dfki_rows(PENDUBOT, 8.0))
+    assert main(["estimate", "double_pendulum_a0", "--observations", str(obs), "--mode", "estimation",
+                 "-o", str(tmp_path / "est.csv")]) == 0
+    summary, warning = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert re.search(r"acceleration_density \S+ \(top of its range\)", summary), summary
+    found = re.search(r"mbfg estimate: warning: the online density fit is at the top of its range for "
+                      r"acceleration_density.*\(on (\d+) % of the steps\)$", warning)
+    assert found and 10 <= int(found[1]) <= 40, warning

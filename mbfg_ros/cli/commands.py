@@ -83,17 +83,27 @@ class TrackingSummary:
     track (the estimator re-initialized from the readings because its estimate stopped following them:
     `Estimate.recovery` "lost_track", see `estimation.sensors.TrackMonitor`), the other recoveries (numerical
     failures, an encoder read whole turns away), the steps without an estimate yet, the re-initializations,
-    the CPU time per step and, where the estimator fits them online, the encoders' σ at the end.  A
-    re-initialization is a step after the first whose estimate started a new window (status ``initialized``
-    or ``recovered``)."""
+    the CPU time per step and, where the estimator fits them online, the encoders' σ and the densities at the
+    end, each density at the edge of its range marked; `warning` says how long a fit sat at the top of its range
+    (`density_adaptation.limits_warning`).  A re-initialization is a step after the first whose estimate started a
+    new window (status ``initialized`` or ``recovered``)."""
 
     def __init__(self):
         self.steps = self.lost = self.recovered = self.waiting = self.reinitializations = 0
         self.cpu_seconds = math.nan
         self.sensor_sigmas: Optional[Dict[str, float]] = None
         self.densities: Optional[Dict[str, float]] = None
+        self.limits: Dict[str, str] = {}             # the densities at the edge of their range at the end
+        self.top_steps = 0                           # steps with a density at the top of its range ...
+        self.top: Dict[str, str] = {}                # ... and which
 
-    def add(self, k: int, estimate) -> None:
+    def add(self, k: int, estimate, limits: Optional[Dict[str, str]] = None) -> None:
+        """Count step `k`'s estimate; `limits`: the estimator's `density_fit_limits` after it."""
+        self.limits = dict(limits or {})
+        top = {n: e for n, e in self.limits.items() if e == "top"}
+        if top:
+            self.top_steps += 1
+            self.top.update(top)
         self.steps += 1
         status = estimate.status
         if estimate.recovery == "lost_track":
@@ -109,10 +119,20 @@ class TrackingSummary:
         sigmas = ("" if not self.sensor_sigmas else
                   ", encoder σ fitted " + ", ".join(f"{n} {s:.3g}" for n, s in self.sensor_sigmas.items()))
         densities = ("" if not self.densities else
-                     ", densities fitted " + ", ".join(f"{n} {v:.3g}" for n, v in self.densities.items()))
+                     ", densities fitted " + ", ".join(
+                         f"{n} {v:.3g}" + (f" ({self.limits[n]} of its range)" if n in self.limits else "")
+                         for n, v in self.densities.items()))
         return (f"{PROG} estimate: {self.steps} steps, lost track {self.lost} times ({share:.1f} % of the steps; "
                 f"re-initialized from the readings), {self.recovered} other recoveries, {self.waiting} steps "
                 f"waiting, {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step{sigmas}{densities}")
+
+    def warning(self) -> str:
+        """"" unless a fitted density sat at the top of its range on some step: then the warning and for how long."""
+        from mbfg_ros.estimation.density_adaptation import limits_warning
+        if not self.top_steps:
+            return ""
+        share = 100.0 * self.top_steps / max(self.steps, 1)
+        return f"{PROG} estimate: warning: {limits_warning(self.top)} (on {share:.0f} % of the steps)"
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
@@ -321,7 +341,7 @@ def _run_estimator(args, mech, config, t, efforts, observations, label: str, tit
         e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
                      observations=None if observations is None else observations(k))
         if tracking is not None:
-            tracking.add(k, e)
+            tracking.add(k, e, est.density_fit_limits())
         fill(k, e)
         if row_of is not None:
             smoothed(est.smoothed_estimates())
@@ -529,6 +549,8 @@ def cmd_estimate(args) -> int:
     tracking = TrackingSummary()
     _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}", tracking)
     print(tracking.line(), file=sys.stderr)
+    if tracking.warning():
+        print(tracking.warning(), file=sys.stderr)
     return 0
 
 

@@ -65,7 +65,7 @@ from mbfg_ros.estimation.reduced_ekf import discretize, encoded_acceleration_noi
 from mbfg_ros.factors.noise import FOREVER
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns"]
+__all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns", "limits_warning"]
 
 GRID_DECADES = 4.0     # the bank's effort densities: start × 10^(−4 … +4) ...
 GRID_STEP = 0.5        # ... every half decade (17) ...
@@ -191,6 +191,18 @@ def chi_square_quantile(tail: float, d: int) -> float:
         if hi - lo <= 1e-12 * hi:
             break
     return 0.5 * (lo + hi)
+
+def limits_warning(limits: Optional[Dict[str, str]]) -> str:
+    """What a user is told when fitted densities sit at the top of their range (`DensityAdaptation.limits`,
+    `FixedLagEstimator.density_fit_limits`), "" when none does (a bottom edge is not a warning: the model explains
+    the readings better than the range expects, as on a simulation of the model itself)."""
+    top = [name for name, edge in (limits or {}).items() if edge == "top"]
+    if not top:
+        return ""
+    return (f"the online density fit is at the top of its range for {', '.join(top)}: the readings move more than "
+            f"the model and its noise explain (a gear's play, readings stamped late, a wrong model, efforts that turn "
+            f"faster than the range); the estimates' σ are optimistic")
+
 
 class DensityAdaptation:
     """See the module docstring.  ``observe(t, readings, q, v, a, tau, restarted)`` after each estimator step
@@ -338,6 +350,7 @@ class DensityAdaptation:
         candidates = np.arange(self.K).reshape(self.shape)[:, :, :, m0, s0].reshape(-1)
         self.start = int(candidates[np.argmax(self.log_prior[candidates])])
         self.released = not hold_start            # the data have rejected the starting densities (`release`)
+        self.best: Optional[tuple] = None         # the grid point of the newest estimate (`limits`)
         self._weights: Dict[tuple, np.ndarray] = {}   # drift_weights by the bank step's sample times
         self.identity = np.eye(self.nx)
         self.Hm = np.eye(d, self.nx)                 # the encoders read z (+ b)
@@ -586,6 +599,24 @@ class DensityAdaptation:
         if self.evidence >= MIN_EVIDENCE:
             self._update_estimate()
 
+    def limits(self) -> Dict[str, str]:
+        """The fitted axes whose newest estimate is the grid's first or last point: {"density" /
+        "acceleration_density": "bottom" or "top", "deflection_sigma": "top"} (a deflection of none is an answer,
+        not a limit; the time constant's range is the start and shorter, by design).  There the likelihood
+        still rises beyond the range: the readings ask for more than the model and its noise describe.  {} before
+        the first estimate."""
+        if self.best is None or self.boosts:
+            return {}
+        i, j, _, m, _ = self.best
+        out = {}
+        for name, index, size in (("density", i, len(self.grid)),
+                                  ("acceleration_density", j, len(self.acceleration_grid))):
+            if size > 1 and index in (0, size - 1):
+                out[name] = "bottom" if index == 0 else "top"
+        if self.fit_deflection and m == len(self.deflection_grid) - 1:
+            out["deflection_sigma"] = "top"
+        return out
+
     def early_evidence(self) -> float:
         """How far [nats] the best filter's log-likelihood over the burn-in's second half (from `EARLY` s after
         the filters' start; not counted in the fit) is above the starting densities' filter's: before the fit's
@@ -607,6 +638,7 @@ class DensityAdaptation:
             self.released = True
         score = score.reshape(self.shape)
         i, j, l, m, n = np.unravel_index(best, self.shape)
+        self.best = (int(i), int(j), int(l), int(m), int(n))
         x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l, m, n], i)
         y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l, m, n], j)
         self.density = float(10.0 ** x)

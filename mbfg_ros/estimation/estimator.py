@@ -482,6 +482,23 @@ class FixedLagEstimator:
                 fitted[f"{self.efforts.density_name}.{self.mech.actuator_names[j]}"] = density * float(share)
         return fitted
 
+    def density_fit_limits(self) -> Optional[Dict[str, str]]:
+        """The fitted densities whose online estimate sits at the edge of its range (`DensityAdaptation.limits`):
+        {name: "bottom" or "top"} (names as `fitted_densities`; "deflection_sigma": "top" only), {} where none
+        does; None when the densities are not fitted online.  A top edge says the readings ask for more than the
+        range allows (motion the model and its noise do not explain: a gear's play, late stamps, a wrong model, an
+        effort that turns faster than the range) and the estimates' σ are not to be trusted as they are; a bottom
+        edge that the model explains the readings better than the range expects (a simulation of the model
+        itself)."""
+        main = self.density_adaptation
+        if main is None:
+            return None
+        names = {"density": self.efforts.density_name, "acceleration_density": "acceleration_density"}
+        out = {names[k]: v for k, v in main.limits().items() if k in names}
+        if self.deflection_fit is not None:
+            out.update(self.deflection_fit.limits())
+        return out
+
     def _fitted_by(self, adaptation: DensityAdaptation) -> Dict[str, float]:
         """The noise parameters the online fit sets, by name, at its current estimates."""
         fitted = {self.efforts.density_name: adaptation.density,

@@ -55,6 +55,10 @@ class EstimatorCore(Protocol):
         """The process densities in use (name → value) when they are fitted online, else None (reported in the
         diagnostics)."""
 
+    def density_fit_limits(self) -> Optional[Dict[str, str]]:
+        """The fitted densities whose online estimate sits at the edge of its range (name → "bottom" or "top"), {}
+        where none does, None when they are not fitted online (reported in the diagnostics; a top edge warns)."""
+
     def fitted_sensor_sigmas(self) -> Optional[Dict[str, float]]:
         """The σ in use of each encoder when they are fitted online, else None (reported in the diagnostics)."""
 

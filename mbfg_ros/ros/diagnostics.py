@@ -14,6 +14,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from mbfg_ros import native
 from mbfg_ros.estimation.actuator_delay import configured_delays
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
+from mbfg_ros.estimation.density_adaptation import limits_warning
 from mbfg_ros.estimation.efforts import effort_kinds
 from mbfg_ros.estimation.identification import CONFOUNDED
 from mbfg_ros.model.mechanism import Mechanism
@@ -155,11 +156,13 @@ class Diagnostics:
                  fitted_densities: Optional[Dict[str, float]] = None, use_sim_time: bool = False,
                  fitted_sensor_sigmas: Optional[Dict[str, float]] = None,
                  numerics: Optional[Dict[str, str]] = None, parameters: Optional[dict] = None,
-                 setpoints: Optional[Dict[str, Optional[int]]] = None):
+                 setpoints: Optional[Dict[str, Optional[int]]] = None,
+                 density_limits: Optional[Dict[str, str]] = None):
         """(period statistics, key/values, level, messages) of a report; starts a new period.  Under the
         node's lock: it reads what the hot path writes.  `numerics`: the core's form per model (`kernel_text`);
         `parameters`: the identified parameters (`EstimatorCore.parameters`, `parameter_texts`); `setpoints`: per
-        prescribed actuator, when its newest set-point was received (node clock ns, None: never)."""
+        prescribed actuator, when its newest set-point was received (node clock ns, None: never);
+        `density_limits`: the fitted densities at the edge of their range (`FixedLagEstimator.density_fit_limits`)."""
         ps = self.period_stats
         self.period_stats = new_period_stats()
         dt = config.dt
@@ -190,6 +193,13 @@ class Diagnostics:
             kv[name] = density                               # the online fit's value now
         for name, sigma in (fitted_sensor_sigmas or {}).items():
             kv[f"sensor_sigma.{name}"] = sigma               # the online fit's σ of each encoder now
+        if density_limits is not None:
+            kv["density_fit_limits"] = ", ".join(f"{n} {edge}" for n, edge in density_limits.items()) or "none"
+            text = limits_warning(density_limits)
+            if text and st == "running":
+                level = max(level, DiagnosticStatus.WARN)
+                msgs.append(text)
+                self.warn_kind("density_fit_limits", text)
         kv.update(parameter_texts(parameters))
         kv["output_rate_hz"] = ps["steps"] / settings.diagnostics_period
         kv["target_rate_hz"] = 1.0 / dt

@@ -760,7 +760,8 @@ class EstimatorNode(Node):
                                           self.assembly_mode, self.sched, self.settings,
                                           self.core.fitted_densities(), self._on_sim_time(),
                                           self.core.fitted_sensor_sigmas(), self.core.numerics(),
-                                          self._parameters_for_diagnostics(), self._setpoint_rx)
+                                          self._parameters_for_diagnostics(), self._setpoint_rx,
+                                          self.core.density_fit_limits())
         return now, Diagnostics.status(f"{self.get_fully_qualified_name()}: estimator", self.mech.name,
                                        self.config.dt, *snapshot)
 
