@@ -495,14 +495,24 @@ def test_the_density_fit_says_when_the_pendubots_limit_cycle_takes_it_to_the_top
     assert all(lim.get("acceleration_density") == "top" for t, lim in limits if t > 7.0)
 
 
-def test_mbfg_estimate_warns_when_a_density_fit_sits_at_the_top_of_its_range(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["estimate", "identify"])
+def test_mbfg_warns_when_a_density_fit_sits_at_the_top_of_its_range(tmp_path, capsys, command):
+    """The pendubot's first 8 s (its limit cycle from ~6 s): `mbfg estimate` (estimation mode) marks the density in
+    its summary and warns with the share of the steps; `mbfg identify` (fused, the shoulder's friction) warns
+    likewise: what it learnt there takes in what the model cannot explain."""
     from conftest import dfki_rows, write_dfki_csvs
     from mbfg_ros.cli.commands import main
-    obs, _ = write_dfki_csvs(tmp_path, dfki_rows(PENDUBOT, 8.0))
-    assert main(["estimate", "double_pendulum_a0", "--observations", str(obs), "--mode", "estimation",
-                 "-o", str(tmp_path / "est.csv")]) == 0
-    summary, warning = capsys.readouterr().err.strip().splitlines()[-2:]
-    assert re.search(r"acceleration_density \S+ \(top of its range\)", summary), summary
-    found = re.search(r"mbfg estimate: warning: the online density fit is at the top of its range for "
-                      r"acceleration_density.*\(on (\d+) % of the steps\)$", warning)
-    assert found and 10 <= int(found[1]) <= 40, warning
+    obs, cmd = write_dfki_csvs(tmp_path, dfki_rows(PENDUBOT, 8.0))
+    extra = {"estimate": ["--mode", "estimation", "-o", str(tmp_path / "est.csv")],
+             "identify": ["--torques", str(cmd), "--mode", "fused", "--identify", "q1.viscous_friction",
+                          "-o", str(tmp_path / "mech.yaml")]}[command]
+    assert main([command, "double_pendulum_a0", "--observations", str(obs), *extra]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in lines if f"mbfg {command}: warning:" in line]
+    assert len(warnings) == 1, lines
+    found = re.search(rf"mbfg {command}: warning: the online density fit is at the top of its range for "
+                      r"acceleration_density.*\(on (\d+) % of the steps\)$", warnings[0])
+    assert found and 10 <= int(found[1]) <= 40, warnings
+    if command == "estimate":
+        summary = lines[lines.index(warnings[0]) - 1]
+        assert re.search(r"acceleration_density \S+ \(top of its range\)", summary), summary

@@ -126,13 +126,14 @@ class TrackingSummary:
                 f"re-initialized from the readings), {self.recovered} other recoveries, {self.waiting} steps "
                 f"waiting, {self.reinitializations} re-initializations, CPU {cpu:.3g} ms per step{sigmas}{densities}")
 
-    def warning(self) -> str:
-        """"" unless a fitted density sat at the top of its range on some step: then the warning and for how long."""
+    def warning(self, command: str = "estimate") -> str:
+        """"" unless a fitted density sat at the top of its range on some step: then the warning (from `mbfg
+        COMMAND`) and for how long."""
         from mbfg_ros.estimation.density_adaptation import limits_warning
         if not self.top_steps:
             return ""
         share = 100.0 * self.top_steps / max(self.steps, 1)
-        return f"{PROG} estimate: warning: {limits_warning(self.top)} (on {share:.0f} % of the steps)"
+        return f"{PROG} {command}: warning: {limits_warning(self.top)} (on {share:.0f} % of the steps)"
 
 
 def _load(path, gravity: Optional[Sequence[float]] = None):
@@ -651,11 +652,16 @@ def _identified(args, mech, entries, table, cols, efforts, delays) -> list:
     _note_confounded(est)
     est.identification.hold_constant()
     bar = Progress(len(t), "identify")
+    tracking = TrackingSummary()
     for k in range(len(t)):
-        est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
-                 observations={name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])})
+        e = est.step(float(t[k]), efforts=None if efforts is None else efforts[k],
+                     observations={name: float(col[k]) for name, col in cols.items() if math.isfinite(col[k])})
+        tracking.add(k, e, est.density_fit_limits())
         bar.update(k + 1)
     bar.close()
+    if tracking.warning("identify"):
+        # (parameters learnt where the noise model is at its limit explain what the model cannot: said)
+        print(tracking.warning("identify"), file=sys.stderr)
     p = est.parameters()
     for name, value, std, prior in zip(p["names"], p["values"], p["std"], p["prior_std"]):
         print(f"{name} = {value:.6g} ± {std:.3g} (prior σ {prior:.3g})")
