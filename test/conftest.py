@@ -73,6 +73,21 @@ def write_dfki_csvs(folder: Path, rows) -> tuple:
     return obs, cmd
 
 
+#: set by `make test` and `make test-jazzy` for the ROS tests, whose venv installs rclpy and the message packages:
+#: there a ROS test that skips because they do not import would pass a broken install without running
+REQUIRE_ROS = "MBFG_REQUIRE_ROS"
+
+
+def pytest_sessionstart(session):
+    if os.environ.get(REQUIRE_ROS) == "1":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ros_helpers import rclpy_available
+        if not rclpy_available():
+            pytest.exit(f"{REQUIRE_ROS}=1: rclpy and the ROS 2 message packages do not import in this environment "
+                        f"(the ROS tests would all skip): install them (requirements.txt) or unset {REQUIRE_ROS}",
+                        returncode=1)
+
+
 def pytest_report_header(config):
     import mbfg_ros
     from mbfg_ros import native
