@@ -192,6 +192,7 @@ def chi_square_quantile(tail: float, d: int) -> float:
             break
     return 0.5 * (lo + hi)
 
+
 def limits_warning(limits: Optional[Dict[str, str]]) -> str:
     """What a user is told when fitted densities sit at the top of their range (`DensityAdaptation.limits`,
     `FixedLagEstimator.density_fit_limits`), "" when none does (a bottom edge is not a warning: the model explains
