@@ -19,7 +19,8 @@ def test_the_protocol_lists_the_node_calls():
     assert sorted(CALLS) == sorted(["step", "prepare_next_step", "reinitialize", "apply_reinitialization",
                                     "add_late_observations", "correct_commands", "reset",
                                     "joint_covariance", "fitted_densities", "density_fit_limits",
-                                    "fitted_sensor_sigmas", "numerics", "parameters", "freeze_parameters", "reset_parameters", "smoothed_estimates"])
+                                    "fitted_sensor_sigmas", "numerics", "parameters", "freeze_parameters",
+                                    "reset_parameters", "smoothed_estimates"])
 
 
 def test_the_attributes_the_node_reads_are_properties_of_the_core():

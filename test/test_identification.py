@@ -44,12 +44,21 @@ def _entries(mech, *kinds):
     return tuple(f"{mech.actuator_names[0]}.{k}" for k in kinds)
 
 
-def _run(mech, traj, config, until=None):
+def _learn(mech, traj, config, until=None):
+    """The estimator over `traj` (its first `until` steps) and each step's (t, identified parameters), where it has
+    them."""
     est = FixedLagEstimator(mech, config)
     names = [s.name for s in mech.sensors]
+    history = []
     for k in range(len(traj.t) if until is None else until):
-        est.step(traj.t[k], traj.efforts[k], {n: traj.readings[n][k] for n in names})
-    return est
+        e = est.step(traj.t[k], traj.efforts[k], {n: traj.readings[n][k] for n in names})
+        if e.parameters is not None:
+            history.append((traj.t[k], *e.parameters))
+    return est, np.array(history)
+
+
+def _run(mech, traj, config, until=None):
+    return _learn(mech, traj, config, until)[0]
 
 
 def _crank_truth(crank, dt, duration):
@@ -404,14 +413,7 @@ def _payload_run(pendulum, seconds, **config):
 
     dt = 2e-3
     traj = SimulatedPlant(loaded, dt=dt, seed=2, profile=law, actuator=Actuator.ideal(loaded)).simulate(seconds)
-    est = FixedLagEstimator(mech, EstimatorConfig(dt=dt, mode="fused", **config))
-    names = [s.name for s in mech.sensors]
-    history = []
-    for k in range(len(traj.t)):
-        e = est.step(traj.t[k], traj.efforts[k], {n: traj.readings[n][k] for n in names})
-        if e.parameters is not None:
-            history.append((traj.t[k], e.parameters[0]))
-    return est, np.array(history)
+    return _learn(mech, traj, EstimatorConfig(dt=dt, mode="fused", **config))
 
 
 def test_fused_mode_learns_a_payload_within_5_percent(pendulum):
@@ -433,14 +435,10 @@ def test_the_shipped_densities_learn_a_payload_and_a_gain_within_2_seconds_of_mo
     assert np.all(np.abs(payload[t >= 2.2] - PAYLOAD) < 0.05 * PAYLOAD), payload[t >= 2.2][[0, -1]]
     p = est.parameters()
     assert abs(p["values"][0] - PAYLOAD) < 3 * p["std"][0], p
-    est = FixedLagEstimator(crank, EstimatorConfig(dt=DT, mode="fused", identify=_entries(crank, "gain")))
-    names = [s.name for s in crank.sensors]
-    gains = []
-    for k in range(3000):
-        e = est.step(crank_run.t[k], crank_run.efforts[k], {n: crank_run.readings[n][k] for n in names})
-        if crank_run.t[k] - crank_run.t[0] >= 2.2:
-            gains.append(e.parameters[0])
-    assert np.all(np.abs(np.array(gains) - TRUE_GAIN) < 0.05 * TRUE_GAIN), (min(gains), max(gains))
+    est, history = _learn(crank, crank_run, EstimatorConfig(dt=DT, mode="fused", identify=_entries(crank, "gain")),
+                          until=3000)
+    gains = history[history[:, 0] - crank_run.t[0] >= 2.2, 1]
+    assert len(gains) and np.all(np.abs(gains - TRUE_GAIN) < 0.05 * TRUE_GAIN), (gains.min(), gains.max())
     p = est.parameters()
     assert abs(p["values"][0] - TRUE_GAIN) < 3 * p["std"][0], p
 

@@ -550,8 +550,9 @@ def cmd_estimate(args) -> int:
     tracking = TrackingSummary()
     _run_estimator(args, mech, config, t, efforts, readings, "estimate", f"{mech.name}: {mode}", tracking)
     print(tracking.line(), file=sys.stderr)
-    if tracking.warning():
-        print(tracking.warning(), file=sys.stderr)
+    warning = tracking.warning()
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -659,9 +660,10 @@ def _identified(args, mech, entries, table, cols, efforts, delays) -> list:
         tracking.add(k, e, est.density_fit_limits())
         bar.update(k + 1)
     bar.close()
-    if tracking.warning("identify"):
+    warning = tracking.warning("identify")
+    if warning:
         # (parameters learnt where the noise model is at its limit explain what the model cannot: said)
-        print(tracking.warning("identify"), file=sys.stderr)
+        print(warning, file=sys.stderr)
     p = est.parameters()
     for name, value, std, prior in zip(p["names"], p["values"], p["std"], p["prior_std"]):
         print(f"{name} = {value:.6g} ± {std:.3g} (prior σ {prior:.3g})")
