@@ -516,3 +516,20 @@ def test_mbfg_warns_when_a_density_fit_sits_at_the_top_of_its_range(tmp_path, ca
     if command == "estimate":
         summary = lines[lines.index(warnings[0]) - 1]
         assert re.search(r"acceleration_density \S+ \(top of its range\)", summary), summary
+
+
+def test_the_node_bench_interpolates_its_grid_to_the_rows_exactly_on_a_cubic_motion():
+    import real_hardware_node as rhn
+    grid = np.arange(0, 41, dtype=np.int64) * 2_000_000 + 10**11                  # a 2-ms grid [ns]
+    stamps = np.sort(grid[0] + np.random.default_rng(3).integers(0, 80_000_000, 50))  # jittered rows
+    t = lambda ns: (ns - grid[0]) / 1e9                                            # noqa: E731
+    q = lambda x: np.stack([1 + 2 * x - 30 * x ** 2 + 400 * x ** 3, -x + 5 * x ** 3], axis=1)  # noqa: E731
+    qd = lambda x: np.stack([2 - 60 * x + 1200 * x ** 2, -1 + 15 * x ** 2], axis=1)            # noqa: E731
+    tau = lambda x: np.stack([3 * x, 1 - x], axis=1)                                            # noqa: E731
+    out = rhn.interpolate(stamps, grid, q(t(grid)), qd(t(grid)), tau(t(grid)), np.ones((len(grid), 2)))
+    assert np.allclose(out.q, q(t(stamps)), atol=1e-12)                             # Hermite: exact on a cubic
+    assert np.allclose(out.tau, tau(t(stamps)), atol=1e-12) and np.all(out.tau_std == 1)
+    assert np.abs(out.qd - qd(t(stamps))).max() < 1e-3 * np.abs(qd(t(stamps))).max()
+    late = rhn.interpolate(np.array([grid[-1] + 1]), grid, q(t(grid)), qd(t(grid)), tau(t(grid)),
+                           np.ones((len(grid), 2)))
+    assert np.isnan(late.q).all()                                                   # nothing outside the grid

@@ -19,8 +19,11 @@ estimate is of the stamp's time.)
 
 The usual interval is the median of the sensor's `INTERVALS` newest intervals (a sensor slower than the
 estimator's dt is not late: its usual interval is its own), used after `MIN_INTERVALS` of them.  An overrun is
-an interval with no estimator step in between (the loop did not run); after steps without the sensor's
-reading (an outage) the reading is on time and the prediction is the suspect.  The readings'
+an interval with no estimator step in between (the loop did not run: `mbfg estimate`, a step per reading), or
+with steps in between but no reading of any sensor at them and no longer than `BRIDGED` usual intervals (the
+node's own grid steps on through the logger's overrun: the same readings, the same stamps); after steps without
+the sensor's reading while others read, or longer (an outage), the reading is on time and the prediction is the
+suspect.  The readings'
 σ fitted online (`sigma_adaptation`) still sees the late readings' scatter: left out, the fit drops to the
 scatter over 16-ms blocks and the acrobot's effort fit suffers (docs/decisions.md).
 """
@@ -32,12 +35,14 @@ import math
 from collections import deque
 from typing import Dict, Iterable
 
-__all__ = ["ReadingTiming", "late_spread", "INTERVALS", "MIN_INTERVALS", "OVERRUN", "LATE_SIGMAS"]
+__all__ = ["ReadingTiming", "late_spread", "INTERVALS", "MIN_INTERVALS", "OVERRUN", "BRIDGED", "LATE_SIGMAS"]
 
 INTERVALS = 64         # the usual interval of a sensor: the median of its newest intervals ...
 MIN_INTERVALS = 8      # ... once it has this many
 OVERRUN = 1.5          # an interval longer than this many usual ones is an overrun (a gap the stepper bridges by
                        # sub-steps: `Stepper.substeps`); a shorter one is the loop's ordinary jitter
+BRIDGED = 4.0          # an interval with estimator steps in between but no reading at them is an overrun up to
+                       # this many usual ones (the DFKI acrobot's logger overruns by 2.5–3.2×), beyond an outage
 LATE_SIGMAS = 3.0      # a reading lagging the prediction by more than this many of its σ, and by no more than the
                        # interval's reach and as many σ, is late
 
@@ -54,14 +59,16 @@ class _Sensor:
 class ReadingTiming:
     """See the module docstring.  ``observe(t, readings)`` at each estimator step with its readings (name → value)
     sets ``excess``: the readings of this step whose interval is an overrun of their sensor's usual one, name →
-    (the excess over the usual interval, the interval) [s].  Only an interval without steps in between is an
-    overrun: steps without a sensor's reading are its outage (its next reading is on time, and the prediction
-    ran on the model alone: `InnovationGate`)."""
+    (the excess over the usual interval, the interval) [s].  Only an interval without steps in between, or whose
+    steps in between had no reading at all and that is at most `BRIDGED` usual ones, is an overrun: steps without a
+    sensor's reading while others read, or a longer silence, are its outage (its next reading is on time, and the
+    prediction ran on the model alone: `InnovationGate`)."""
 
     def __init__(self, names: Iterable[str]):
         self.sensors: Dict[str, _Sensor] = {name: _Sensor() for name in names}
         self.excess: Dict[str, tuple] = {}
-        self.step_time = None            # the time of the previous step
+        self.step_time = None            # the time of the previous step ...
+        self.read_time = None            # ... and of the previous step with a reading of any of the sensors
 
     def reset(self):
         for s in self.sensors.values():
@@ -70,10 +77,14 @@ class ReadingTiming:
             s.ordered.clear()
         self.excess = {}
         self.step_time = None
+        self.read_time = None
 
     def observe(self, t: float, readings: Dict[str, float]):
         excess = {}
         previous, self.step_time = self.step_time, t
+        silent_since = self.read_time
+        if any(name in readings for name in self.sensors):
+            self.read_time = t
         for name, s in self.sensors.items():
             if name not in readings:
                 continue
@@ -87,9 +98,9 @@ class ReadingTiming:
                     s.ordered.clear()
                 continue
             n = len(s.ordered)
-            if n >= MIN_INTERVALS and last == previous:
+            if n >= MIN_INTERVALS and (last == previous or last == silent_since):
                 usual = s.ordered[n // 2] if n % 2 else 0.5 * (s.ordered[n // 2 - 1] + s.ordered[n // 2])
-                if h > OVERRUN * usual:
+                if h > OVERRUN * usual and (last == previous or h <= BRIDGED * usual):
                     excess[name] = (h - usual, h)
             s.recent.append(h)
             bisect.insort(s.ordered, h)
