@@ -1,5 +1,5 @@
 """Actuators that apply a command some time after it is given (`actuators: delay:`,
-estimation/actuator_delay.py): the zero-order hold of the commands at t − delay, the same in the estimator, in
+estimation/actuator_delay.py): the first-order hold of the commands at t − delay, the same in the estimator, in
 `mbfg tune` and in the bench's anchors; a late command corrects the steps that apply it; the format, the
 configuration and the node's parameters refuse what is not a latency."""
 
@@ -19,7 +19,7 @@ from mbfg_ros.sim.plant import SimulatedPlant
 # the crank four-bar's plant and its commands with a jump at LATE_AT (as the late commands' tests use them)
 from test_late_commands import LATE_AT, STEPS, commands, motion  # noqa: F401  (fixture)
 
-DELAY = 0.0025          # [s] on the crank's 1-ms steps: the command given 3 steps before
+DELAY = 0.003           # [s] on the crank's 1-ms steps: the command given 3 steps before
 ROWS = 3
 
 
@@ -28,25 +28,36 @@ def jittered_times(n, dt=0.002, seed=0):
     return np.cumsum(np.r_[0.0, dt * (1 + rng.uniform(-0.2, 0.2, n - 1))])
 
 
-def test_the_command_in_force_a_delay_earlier_is_applied():
-    """On 2-ms stamps jittering by ±20 %, a 5-ms delay applies the command 3 rows back (held from its row until
-    the next), the first one before any; each actuator its own delay; no delay: the commands as given; the
-    estimator's bookkeeping gives the same as the columns' rule (`mbfg tune`, the bench)."""
+def test_the_command_a_delay_earlier_is_applied_interpolated_between_its_rows():
+    """On 2-ms stamps jittering by ±20 %, a 5-ms delay applies the command at t − 5 ms interpolated between the
+    two rows around that time (the first one before any); at a row's own time that row's command alone; each
+    actuator its own delay; no delay: the commands as given; a non-finite neighbour is not interpolated with (the
+    row at or before is held); the estimator's bookkeeping gives the same as the columns' rule (`mbfg tune`, the
+    bench)."""
     t = jittered_times(400)
-    c = np.column_stack([np.arange(400.0), -np.arange(400.0)])
+    c = np.column_stack([np.sin(np.arange(400.0)), -np.arange(400.0)])
     out = delayed_commands(t, c, [0.005, 0.0])
-    np.testing.assert_array_equal(out[3:, 0], c[:-3, 0])
+    np.testing.assert_allclose(out[:, 0], np.interp(t - 0.005, t, c[:, 0]), rtol=0, atol=1e-12)
     np.testing.assert_array_equal(out[:3, 0], c[0, 0])
     np.testing.assert_array_equal(out[:, 1], c[:, 1])
     np.testing.assert_array_equal(delayed_commands(t, c, [0.0, 0.0]), c)
-    # a delay across an overrun: a gap of 5.4 ms before row 200 applies row 199's command at row 200
+    uniform = 0.002 * np.arange(400)
+    np.testing.assert_array_equal(delayed_commands(uniform, c, [0.006, 0.006])[3:], c[:-3])   # 3 rows exactly
+    # across an overrun: a gap of 5.4 ms before row 200 (the command ramps over it)
     t2 = t.copy()
     t2[200:] += 0.0034
     out2 = delayed_commands(t2, c, [0.005, 0.005])
-    assert out2[200, 0] == c[199, 0] and out2[201, 0] == c[199, 0] and out2[203, 0] == c[200, 0]
+    np.testing.assert_allclose(out2[:, 0], np.interp(t2 - 0.005, t2, c[:, 0]), rtol=0, atol=1e-12)
+    assert min(c[199, 0], c[200, 0]) < out2[202, 0] < max(c[199, 0], c[200, 0])
+    gap = c.copy()
+    gap[100, 0] = np.nan
+    held = delayed_commands(t2, gap, [0.005, 0.0])
+    k = np.searchsorted(t2, t2 - 0.005, side="right") - 1
+    beside = (k == 99) | (k == 100)
+    np.testing.assert_array_equal(held[beside, 0], gap[k[beside], 0])       # held: row 99's, or NaN (row 100's)
     book = ActuatorDelay([0.005, 0.0], keep=64)
-    applied = np.array([book.applied(float(tk), ck) for tk, ck in zip(t2, c)])
-    np.testing.assert_array_equal(applied, delayed_commands(t2, c, [0.005, 0.0]))
+    applied = np.array([book.applied(float(tk), ck) for tk, ck in zip(t2, gap)])
+    np.testing.assert_array_equal(applied, delayed_commands(t2, gap, [0.005, 0.0]))
 
 
 def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(crank):
@@ -94,7 +105,7 @@ def shifted(c, rows):
 
 @pytest.mark.parametrize("mode", ["fused", "forward_dynamics"])
 def test_a_delayed_actuator_is_estimated_as_its_commands_given_that_much_later(crank, motion, mode):
-    """The crank's actuator delayed by 2.5 ms (the configuration's override of the mechanism's none): the
+    """The crank's actuator delayed by 3 ms (the configuration's override of the mechanism's none): the
     estimates are exactly those of an undelayed actuator handed each command 3 steps later, and differ from
     the undelayed actuator's given the same commands."""
     config = dataclasses.replace(FUSED, mode=mode)
@@ -153,8 +164,8 @@ def test_the_format_takes_a_delay_in_seconds_and_refuses_what_is_not_one():
 
 def test_the_configuration_overrides_the_mechanisms_delays_by_joint(crank):
     dp = load_mechanism("double_pendulum_a0")
-    assert configured_delays(dp) == [0.0055, 0.0055]
-    assert configured_delays(dp, {"q2": 0.0}) == [0.0055, 0.0]
+    assert configured_delays(dp) == [0.007, 0.007]
+    assert configured_delays(dp, {"q2": 0.0}) == [0.007, 0.0]
     with pytest.raises(ValueError, match=r"unknown actuator joint\(s\) 'elbow' \(known: q1, q2\)"):
         configured_delays(dp, {"elbow": 0.001})
     with pytest.raises(ValueError, match=r"actuator_delays.crank must be a time in seconds, >= 0 and under 1"):
@@ -178,7 +189,7 @@ def test_tune_fits_the_commands_as_the_actuators_apply_them():
     c = np.column_stack([0.5 * np.sin(40 * t), 0.2 * np.cos(30 * t)])
     rec = Recording(t, y, names, coords, c, "sim")
     applied = rec.as_applied(dp)
-    np.testing.assert_array_equal(applied.commands, delayed_commands(t, c, [0.0055, 0.0055]))
+    np.testing.assert_array_equal(applied.commands, delayed_commands(t, c, [0.007, 0.007]))
     assert rec.as_applied(undelayed) is rec
     values = initial_values(dp)
     ll = log_likelihood(undelayed, applied, "fused", values)
@@ -207,12 +218,12 @@ def test_the_node_takes_the_delays_as_parameters(tmp_path):
         node = N.EstimatorNode(context=ctx)
         try:
             assert node.config.actuator_delays == {}
-            assert node.get_parameter("actuator_delays.q1").value == 0.0055
-            assert list(node.core.delay.delays) == [0.0055, 0.0055]
+            assert node.get_parameter("actuator_delays.q1").value == 0.007
+            assert list(node.core.delay.delays) == [0.007, 0.007]
             assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
             assert node.config.actuator_delays == {"q2": 0.0}
-            assert list(node.core.delay.delays) == [0.0055, 0.0]
-            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=5.5 ms, q2=0 ms"
+            assert list(node.core.delay.delays) == [0.007, 0.0]
+            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=7 ms, q2=0 ms"
             refused = node.set_parameters([Parameter("actuator_delays.q1", value=-0.001)])[0]
             assert not refused.successful and "actuator_delays.q1" in refused.reason, refused.reason
             assert node.config.actuator_delays == {"q2": 0.0}

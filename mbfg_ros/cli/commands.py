@@ -1045,7 +1045,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the mode says)")
     s.add_argument("--actuator-delay", action="append", default=[], metavar="NAME=SECONDS",
                    help="actuator NAME applies a command SECONDS after it is given (its driver's latency: each row "
-                        "applies the command in force that long before it); repeatable or comma-separated; wins "
+                        "applies the command that long before it, interpolated between rows); repeatable or comma-separated; wins "
                         "over the --params file's actuator_delays and the mechanism file's 'delay' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "

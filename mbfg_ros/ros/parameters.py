@@ -243,8 +243,8 @@ def declare_parameters(node) -> StartupParameters:
     for joint, declared in zip(mech.actuator_names, mech.actuator_delays):
         delay = d(f"actuator_delays.{joint}", float(declared), PD(
             description=f"The time [s] after which actuator '{joint}' applies a command (its driver's latency; "
-                        f"default from the mechanism file's 'delay'): each step applies the command in force that "
-                        f"long before it; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts the estimator",
+                        f"default from the mechanism file's 'delay'): each step applies the command that long before "
+                        f"it, interpolated between the two given around then; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts the estimator",
             floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
         if delay != declared:
             actuator_delays[joint] = float(delay)
