@@ -185,9 +185,10 @@ def main(argv=None) -> int:
                     help="a real double-pendulum recording of bench/data (bench/real_hardware.py's RECORDINGS) as its "
                          "logger stamped it, written to OUT/NAME (then the simulated plants only with --only)")
     a = ap.parse_args(argv)
-    for name in a.recording or []:
+    if a.recording:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import real_hardware as rh
+    for name in a.recording or []:
         rec = rh.load_recording(name)
         info = write_recording_bag(Path(a.out) / name, rec.t, rec.q, rec.tau_con, rec.tau_meas, t0=a.t0,
                                    distro=a.distro, storage=a.storage)

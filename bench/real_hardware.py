@@ -401,6 +401,7 @@ class Output:
     parameter_names: tuple = ()
     parameters_std: Optional[np.ndarray] = None  # (p,) their final 1σ
     smoothed: Optional["Output"] = None          # `run_mbfg` with a smoothed lag: each row's smoothed estimate
+    published: Optional[int] = None             # estimates the node published (`real_hardware_node.replay`)
 
 
 # identified online in the `--identify` rows: each joint's viscous and Coulomb friction, from a prior of 0

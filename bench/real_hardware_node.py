@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
@@ -84,10 +85,10 @@ def replay(rec: rh.Recording, mode: str, workdir: Path, rate: float = RATE, log=
     bag = workdir / rec.name
     info = make_bags.write_recording_bag(bag, rec.t, rec.q, rec.tau_con, rec.tau_meas)
     params_file = workdir / "params.yaml"
-    params_file.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    mechanism: " + str(mech_path) + "\n")
+    params_file.write_text(yaml.safe_dump({"/**/mbfg_estimator": {"ros__parameters":
+                                                                   node_parameters(mech_path, dt, mode)}}))
     dom = fresh_domain_id()
-    est = estimator_process(dom, workdir / f"{rec.name}.{mode}.log", params=node_parameters(mech_path, dt, mode),
-                            config=params_file)
+    est = estimator_process(dom, workdir / f"{rec.name}.{mode}.log", config=params_file)
     probe = Probe(dom)
     try:
         if not probe.wait_for_node(60):
@@ -141,7 +142,7 @@ def bench(recordings: Sequence[rh.Recording], modes: Sequence[str], rate: float 
             for way, out in (("node, bag replay", node), ("core (mbfg estimate)", core)):
                 row = rh.score(rec, truth, out)
                 row.update(run=rh.RECORDINGS[rec.name][1], estimator=f"mbfg_ros {mode}, {way}",
-                           published=getattr(out, "published", None), steps=len(rec.t))
+                           published=out.published, steps=len(rec.t))
                 rows.append(row)
     return rows
 

@@ -1045,8 +1045,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the mode says)")
     s.add_argument("--actuator-delay", action="append", default=[], metavar="NAME=SECONDS",
                    help="actuator NAME applies a command SECONDS after it is given (its driver's latency: each row "
-                        "applies the command that long before it, interpolated between rows); repeatable or comma-separated; wins "
-                        "over the --params file's actuator_delays and the mechanism file's 'delay' keys")
+                        "applies the command that long before it, interpolated between rows); repeatable or "
+                        "comma-separated; wins over the --params file's actuator_delays and the mechanism file's "
+                        "'delay' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "
                         "and one column per such joint, in the coordinate's unit; their efforts are estimated")

@@ -244,7 +244,8 @@ def declare_parameters(node) -> StartupParameters:
         delay = d(f"actuator_delays.{joint}", float(declared), PD(
             description=f"The time [s] after which actuator '{joint}' applies a command (its driver's latency; "
                         f"default from the mechanism file's 'delay'): each step applies the command that long before "
-                        f"it, interpolated between the two given around then; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts the estimator",
+                        f"it, interpolated between the two given around then; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; "
+                        f"changing it restarts the estimator",
             floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
         if delay != declared:
             actuator_delays[joint] = float(delay)
