@@ -175,7 +175,8 @@ def test_a_real_double_pendulum_bag_replays_through_the_node_as_the_core_estimat
     """The first 3 s of a real recording (DFKI's A.0 double pendulum, geared motors; its logger's own stamps) as a
     bag through the node on its own grid, shipped defaults: scored against the measured torque and the reference
     rate like `mbfg estimate`'s steps at the rows' stamps from the row the node first heard
-    (bench/real_hardware_node.py), an estimate on every grid step, nothing lost or re-initialized.  Measured: fused effort RMSE τ1 / τ2 0.058 / 0.101 N·m (the core's
+    (bench/real_hardware_node.py), an estimate on every grid step, nothing lost or re-initialized.  Measured: fused
+    effort RMSE τ1 / τ2 0.058 / 0.101 N·m (the core's
     0.059 / 0.101), rates 0.042 / 0.066 rad/s (0.045 / 0.071); estimation 0.264–0.269 / 0.107–0.108 over two runs
     (0.273 / 0.107) and 0.040–0.041 / 0.073 (0.042 / 0.076)."""
     rhn = _real_hardware_node()
