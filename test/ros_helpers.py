@@ -371,7 +371,9 @@ class Probe:
         return [parameter_value_to_python(v) for v in res.values]
 
     # -- diagnostics ---------------------------------------------------------------------------
-    def latest_diag(self, after_ns: int = 0) -> Optional[Dict[str, str]]:
+    def latest_diag(self, after_ns: int = 0,
+                    pred: Optional[Callable[[Dict[str, str]], bool]] = None) -> Optional[Dict[str, str]]:
+        """The newest estimator status received at or after `after_ns` (and meeting `pred`, when given)."""
         for t, m in reversed(self.snapshot("diag")):
             if t < after_ns:
                 break
@@ -380,7 +382,9 @@ class Probe:
                     d = {kv.key: kv.value for kv in st.values}
                     d["_level"] = int.from_bytes(st.level, "little") if isinstance(st.level, bytes) else int(st.level)
                     d["_message"] = st.message
-                    return d
+                    if pred is None or pred(d):
+                        return d
+                    break
         return None
 
     def wait_diag(self, pred: Callable[[Dict[str, str]], bool], timeout: float = 10.0) -> Optional[Dict[str, str]]:

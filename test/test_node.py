@@ -190,7 +190,9 @@ def test_estimates_track_the_simulated_truth(shared, mech, traj):
     assert types.count(4) == 3 and types.count(7) == 1        # LINE_STRIP, SPHERE_LIST
     assert all(x.header.frame_id == "world" for x in mk[-1][1].markers)
     # diagnostics
-    d = probe.wait_diag(lambda d: d.get("state") == "running", 3.0)
+    # the newest status of the feed's time: on a busy machine the node may already be past the feed (waiting)
+    d = probe.latest_diag(pred=lambda d: d.get("state") == "running")
+    assert d is not None, "no running status during the feed"
     assert d["mode"] == "fused" and d["assembly_mode"] == "elbow=-1"
     assert float(d["constraint_residual"]) < 1e-3
     assert all(d[k] == "0" for k in d if k.startswith("rejected."))
