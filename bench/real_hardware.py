@@ -94,7 +94,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from mbfg_ros.dynamics import constrained, kinematics  # noqa: E402
-from mbfg_ros.estimation.actuator_delay import command_latency, delayed_commands  # noqa: E402
+from mbfg_ros.estimation.actuator_delay import command_response, delayed_commands  # noqa: E402
 from mbfg_ros.estimation.config import EstimatorConfig  # noqa: E402
 from mbfg_ros.estimation.estimator import FixedLagEstimator  # noqa: E402
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism  # noqa: E402
@@ -174,15 +174,16 @@ class Recording:
 
     def as_applied(self, mech: Mechanism) -> "Recording":
         """The recording with its commands as the mechanism's actuators apply them (each `delay` later: the
-        anchors' model, as the estimator applies them)."""
-        return replace(self, tau_con=delayed_commands(self.t, self.tau_con, mech.actuator_delays))
+        anchors' model, as the estimator applies them, through their lag)."""
+        return replace(self, tau_con=delayed_commands(self.t, self.tau_con, mech.actuator_delays,
+                                                      mech.actuator_time_constants))
 
 
 def command_delay(rec: Recording) -> tuple:
-    """Per joint, `command_latency` of the commands against the measured torque from `SETTLE`: the delay after
-    which the command comes closest to it, and that RMS over the undelayed command's (the motor's latency where
-    the command moves fast enough to time it: a fraction well under 1)."""
-    return command_latency(rec.t, rec.tau_con, rec.tau_meas, rows=rec.t >= rec.t[0] + SETTLE)
+    """Per joint, `command_response` of the commands against the measured torque from `SETTLE`: the delay and the
+    lag's time constant after which the command comes closest to it, and that RMS over the undelayed command's
+    (the motor's response where the command moves fast enough to time it: a fraction well under 1)."""
+    return command_response(rec.t, rec.tau_con, rec.tau_meas, rows=rec.t >= rec.t[0] + SETTLE)
 
 
 def load_recording(name: str, data: Path = DATA) -> Recording:
@@ -450,6 +451,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                  sensor_sigmas=dict(settings.get("sensor_sigmas", {})),
                                  effort_shares=dict(settings.get("effort_shares", {})),
                                  actuator_delays=dict(settings.get("actuator_delays", {})),
+                                 actuator_time_constants=dict(settings.get("actuator_time_constants", {})),
                                  adapt_densities=settings.get("adapt_densities",
                                                                    config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
@@ -812,7 +814,7 @@ def bench_recording(rec: Recording, tuning: Recording, log=print, params_file: O
             "reading_residual_rms": rms((rec.q - truth.position)[m]).tolist(),
             "readings_off": float(np.mean((np.abs(rec.q - truth.position) > LOST)[m].any(axis=1))),
             "left_out": int(np.sum(truth.left_out))}
-    info["command_delay"], info["command_delay_ratio"] = command_delay(rec)
+    info["command_delay"], info["command_lag"], info["command_delay_ratio"] = command_delay(rec)
     return {"recording": rec.name, "short": RECORDINGS[rec.name][1], "info": info, "rows": rows}
 
 
@@ -844,15 +846,15 @@ def recordings_table(results: List[dict]) -> str:
     lines = ["| run | steps | s | median step [ms] | steps off > 10 % | longest step | effort RMS τ1 / τ2 "
              "[N·m] | rate RMS [rad/s] | friction RMS [N·m] | rotor inertia RMS [N·m] | readings about "
              "the reference, RMS [mrad] | readings > 0.01 rad off it | readings left out of it | measured torque "
-             "after the command τ1 / τ2 [ms] (RMS × the undelayed) |", "|---" * 14 + "|"]
+             "after the command τ1 / τ2: delay · lag [ms] (RMS × the undelayed) |", "|---" * 14 + "|"]
     for r in results:
         i = r["info"]
         lines.append(f"| {r['short']} | {i['steps']} | {i['seconds']:.1f} | {1e3 * i['dt_median']:.2f} | "
                      f"{100 * i['off_steps']:.1f} % | {i['longest_step']:.1f}× | {_pair(i['effort_rms'])} | "
                      f"{_pair(i['rate_rms'])} | {_pair(i['friction_rms'])} | {_pair(i['rotor_rms'])} | "
                      f"{_pair(i['reading_residual_rms'], scale=1e3)} | {100 * i['readings_off']:.1f} % | "
-                     f"{i['left_out']} | {_pair(i['command_delay'], '{:.1f}', 1e3)} "
-                     f"({_pair(i['command_delay_ratio'], '{:.2f}')}) |")
+                     f"{i['left_out']} | {_pair(i['command_delay'], '{:.1f}', 1e3)} · "
+                     f"{_pair(i['command_lag'], '{:.1f}', 1e3)} ({_pair(i['command_delay_ratio'], '{:.2f}')}) |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mbfg_ros.estimation.actuator_delay import ActuatorDelay, configured_delays, delayed_commands
+from mbfg_ros.estimation.actuator_delay import ActuatorDelay, configured_delays, delayed_commands, lag_step, lagged
 from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
@@ -60,6 +60,57 @@ def test_the_command_a_delay_earlier_is_applied_interpolated_between_its_rows():
     np.testing.assert_array_equal(applied, delayed_commands(t2, gap, [0.005, 0.0]))
 
 
+def test_the_lag_after_the_delay_is_exact_and_the_same_in_the_estimator_and_on_the_columns():
+    """The first-order lag T ẏ = u − y with u linear between the steps: equal to a tight ODE solution on
+    jittering stamps, unchanged by splitting the steps (exact per step), from rest at the first command; T ≫ h
+    and T ≪ h stay exact (the input held, the input itself); a missing command is bridged (NaN at its row, the
+    lag runs on to the next); `ActuatorDelay` gives the columns' rule (`delayed_commands`) with a delay and a lag,
+    a lag alone, and neither."""
+    from scipy.integrate import solve_ivp
+    t = jittered_times(120)
+    u = np.sin(40 * t) + 0.3 * np.sign(np.sin(90 * t))
+    y = lagged(t, u[:, None], 0.003)[:, 0]
+    ode = solve_ivp(lambda s, x: (np.interp(s, t, u) - x) / 0.003, (t[0], t[-1]), [u[0]], t_eval=t, rtol=1e-12,
+                    atol=1e-14, max_step=2e-4)
+    np.testing.assert_allclose(y, ode.y[0], rtol=0, atol=1e-8)
+    fine = np.sort(np.r_[t, (t[1:] + t[:-1]) / 2])
+    np.testing.assert_allclose(lagged(fine, np.interp(fine, t, u)[:, None], 0.003)[np.isin(fine, t), 0], y,
+                               rtol=0, atol=1e-13)
+    assert y[0] == u[0] and abs(y[30] - u[30]) > 0.05
+    assert lag_step(0.5, 1.0, 2.0, 1e-9, 1.0) == pytest.approx(0.5, abs=1e-8)          # T ≫ h: held
+    assert lag_step(0.5, 1.0, 2.0, 1.0, 1e-6) == pytest.approx(2.0 - 1e-6, abs=1e-12)   # T ≪ h: the input (− rT)
+    gap = np.column_stack([u, -u])
+    gap[50, 0] = np.nan
+    out = lagged(t, gap, 0.003)
+    assert np.isnan(out[50, 0]) and np.isfinite(out[[49, 51], 0]).all()
+    np.testing.assert_array_equal(out[:50, 0], y[:50])
+    bridged = lagged(np.delete(t, 50), np.delete(u, 50)[:, None], 0.003)[:, 0]
+    np.testing.assert_allclose(np.delete(out[:, 0], 50), bridged, rtol=0, atol=1e-15)
+    for delays, lags in (([0.005, 0.0], [0.003, 0.002]), ([0.0, 0.0], [0.003, 0.0]), ([0.0, 0.0], [0.0, 0.0])):
+        book = ActuatorDelay(delays, keep=8, time_constants=lags)      # (keep < rows: the oldest dropped)
+        applied = np.array([book.applied(float(tk), ck) for tk, ck in zip(t, gap)])
+        np.testing.assert_allclose(applied, delayed_commands(t, gap, delays, lags), rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(delayed_commands(t, gap, [0.0, 0.0], [0.0, 0.0]), gap)
+
+
+def test_a_late_command_is_run_through_the_lag_from_its_step_on():
+    """A command corrected after later steps were applied: every later step's applied effort is that of the
+    corrected commands through the delay and the lag (`ActuatorDelay.correct`), as the columns' rule gives it."""
+    t = jittered_times(60)
+    c = np.sin(30 * t)[:, None]
+    book = ActuatorDelay([0.004], keep=64, time_constants=[0.003])
+    held = c.copy()
+    held[20] = c[19]
+    for k, (tk, ck) in enumerate(zip(t, held)):
+        book.applied(float(tk), ck)
+        book.assign(k)
+    done = dict(book.correct([(20, c[20])]))
+    right = delayed_commands(t, c, [0.004], [0.003])
+    assert min(done) > 20 and max(done) == 59
+    for k, new in done.items():
+        np.testing.assert_allclose(new, right[k], rtol=0, atol=1e-15)
+
+
 def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(crank):
     """The plant of a mechanism whose actuator has a delay (as the estimator applies it): its applied efforts are
     those of the commands given that long before."""
@@ -70,6 +121,13 @@ def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(cran
     commanded, applied = np.asarray(traj.efforts, float), np.asarray(traj.applied, float)
     np.testing.assert_array_equal(applied, delayed_commands(traj.t, commanded, [DELAY]))
     assert np.abs(applied - commanded).max() > 0.01
+    lagging = Mechanism(dataclasses.replace(crank.spec, actuators=tuple(
+        dataclasses.replace(a, delay=DELAY, time_constant=0.002) for a in crank.spec.actuators)))
+    traj = SimulatedPlant(lagging, dt=1e-3, seed=2, actuator=Actuator.ideal(lagging)).simulate(0.1)
+    lagged_applied = np.asarray(traj.applied, float)
+    np.testing.assert_allclose(lagged_applied, delayed_commands(traj.t, np.asarray(traj.efforts, float), [DELAY],
+                                                                [0.002]), rtol=0, atol=1e-12)
+    assert np.abs(lagged_applied - applied).max() > 0.01
 
 
 def test_time_going_back_starts_the_history_over():
@@ -152,20 +210,24 @@ actuators:
 """
 
 
-def test_the_format_takes_a_delay_in_seconds_and_refuses_what_is_not_one():
-    mech = Mechanism(load_spec_from_string(CRANK % "delay: 5e-3"))
+def test_the_format_takes_a_delay_and_a_time_constant_in_seconds_and_refuses_what_is_not_one():
+    mech = Mechanism(load_spec_from_string(CRANK % "delay: 5e-3, time_constant: 0.003"))
     assert mech.actuator_delays == (0.005,) and mech.describe()["actuator_delays"] == [0.005]
-    assert Mechanism(load_spec_from_string(CRANK % "effort_limit: 10")).actuator_delays == (0.0,)
-    for bad, why in (("-0.001", ">= 0"), ("5", "a driver's latency of 5 ms is 0.005"), ("'soon'", "delay")):
-        with pytest.raises(MechanismError, match=r"actuators\[0\]\.delay") as err:
-            load_spec_from_string(CRANK % f"delay: {bad}")
+    assert mech.actuator_time_constants == (0.003,) and mech.describe()["actuator_time_constants"] == [0.003]
+    plain = Mechanism(load_spec_from_string(CRANK % "effort_limit: 10"))
+    assert plain.actuator_delays == (0.0,) and plain.actuator_time_constants == (0.0,)
+    for key, bad, why in (("delay", "-0.001", ">= 0"), ("delay", "5", "a driver's latency of 5 ms is 0.005"),
+                          ("delay", "'soon'", "delay"), ("time_constant", "-1e-3", ">= 0"),
+                          ("time_constant", "3", "a current loop's 3-ms rise is 0.003")):
+        with pytest.raises(MechanismError, match=rf"actuators\[0\]\.{key}") as err:
+            load_spec_from_string(CRANK % f"{key}: {bad}")
         assert why in str(err.value), str(err.value)
 
 
 def test_the_configuration_overrides_the_mechanisms_delays_by_joint(crank):
     dp = load_mechanism("double_pendulum_a0")
-    assert configured_delays(dp) == [0.007, 0.007]
-    assert configured_delays(dp, {"q2": 0.0}) == [0.007, 0.0]
+    assert configured_delays(dp) == [0.003, 0.003]
+    assert configured_delays(dp, {"q2": 0.0}) == [0.003, 0.0]
     with pytest.raises(ValueError, match=r"unknown actuator joint\(s\) 'elbow' \(known: q1, q2\)"):
         configured_delays(dp, {"elbow": 0.001})
     with pytest.raises(ValueError, match=r"actuator_delays.crank must be a time in seconds, >= 0 and under 1"):
@@ -177,11 +239,12 @@ def test_the_configuration_overrides_the_mechanisms_delays_by_joint(crank):
 
 
 def test_tune_fits_the_commands_as_the_actuators_apply_them():
-    """`mbfg tune`'s likelihood on a mechanism with delayed actuators is that of the same mechanism without the
-    delays handed the delayed commands (`Recording.as_applied`)."""
+    """`mbfg tune`'s likelihood on a mechanism with delayed (and lagging) actuators is that of the same mechanism
+    without them handed the commands so applied (`Recording.as_applied`)."""
     from mbfg_ros.tuning.likelihood import Recording, encoder_layout, initial_values, log_likelihood
     dp = load_mechanism("double_pendulum_a0")
-    undelayed = Mechanism(dataclasses.replace(dp.spec, actuators=tuple(dataclasses.replace(a, delay=0.0)
+    undelayed = Mechanism(dataclasses.replace(dp.spec, actuators=tuple(dataclasses.replace(a, delay=0.0,
+                                                                                           time_constant=0.0)
                                                                        for a in dp.spec.actuators)))
     names, coords, _ = encoder_layout(dp)
     t = jittered_times(500)
@@ -189,7 +252,7 @@ def test_tune_fits_the_commands_as_the_actuators_apply_them():
     c = np.column_stack([0.5 * np.sin(40 * t), 0.2 * np.cos(30 * t)])
     rec = Recording(t, y, names, coords, c, "sim")
     applied = rec.as_applied(dp)
-    np.testing.assert_array_equal(applied.commands, delayed_commands(t, c, [0.007, 0.007]))
+    np.testing.assert_array_equal(applied.commands, delayed_commands(t, c, [0.003, 0.003], [0.004, 0.004]))
     assert rec.as_applied(undelayed) is rec
     values = initial_values(dp)
     ll = log_likelihood(undelayed, applied, "fused", values)
@@ -200,8 +263,9 @@ def test_tune_fits_the_commands_as_the_actuators_apply_them():
 
 
 def test_the_node_takes_the_delays_as_parameters(tmp_path):
-    """`actuator_delays.<joint>` (default: the mechanism file's) reach the core and the diagnostics; changed at run
-    time they rebuild it; a negative one is refused with the reason and the node keeps its parameters."""
+    """`actuator_delays.<joint>` and `actuator_time_constants.<joint>` (default: the mechanism file's) reach the
+    core and the diagnostics; changed at run time they rebuild it; a negative one is refused with the reason and
+    the node keeps its parameters."""
     pytest.importorskip("rclpy")
     import sys
     from pathlib import Path
@@ -218,15 +282,24 @@ def test_the_node_takes_the_delays_as_parameters(tmp_path):
         node = N.EstimatorNode(context=ctx)
         try:
             assert node.config.actuator_delays == {}
-            assert node.get_parameter("actuator_delays.q1").value == 0.007
-            assert list(node.core.delay.delays) == [0.007, 0.007]
+            assert node.get_parameter("actuator_delays.q1").value == 0.003
+            assert list(node.core.delay.delays) == [0.003, 0.003]
+            assert list(node.core.delay.time_constants) == [0.004, 0.004]
             assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
             assert node.config.actuator_delays == {"q2": 0.0}
-            assert list(node.core.delay.delays) == [0.007, 0.0]
-            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=7 ms, q2=0 ms"
-            refused = node.set_parameters([Parameter("actuator_delays.q1", value=-0.001)])[0]
-            assert not refused.successful and "actuator_delays.q1" in refused.reason, refused.reason
+            assert list(node.core.delay.delays) == [0.003, 0.0]
+            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=3 ms, q2=0 ms"
+            assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=4 ms, q2=4 ms"
+            assert node.get_parameter("actuator_time_constants.q2").value == 0.004
+            assert node.set_parameters([Parameter("actuator_time_constants.q1", value=0.001)])[0].successful
+            assert node.config.actuator_time_constants == {"q1": 0.001}
+            assert list(node.core.delay.time_constants) == [0.001, 0.004]
+            assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=1 ms, q2=4 ms"
+            for name in ("actuator_delays.q1", "actuator_time_constants.q2"):
+                refused = node.set_parameters([Parameter(name, value=-0.001)])[0]
+                assert not refused.successful and name in refused.reason, refused.reason
             assert node.config.actuator_delays == {"q2": 0.0}
+            assert node.config.actuator_time_constants == {"q1": 0.001}
         finally:
             node.destroy_node()
     finally:
@@ -239,20 +312,23 @@ def test_a_parameter_file_sets_the_delays_for_mbfg_estimate(tmp_path):
     from mbfg_ros.tuning.params_file import ParamsFileError, read_params
     dp = load_mechanism("double_pendulum_a0")
     p = tmp_path / "p.yaml"
-    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      q2: 0.0\n")
-    assert read_params(p, dp) == {"actuator_delays": {"q2": 0.0}}
-    for body, match in (("elbow: 0.001", r"actuator_delays.elbow: unknown actuator of double_pendulum_a0 "
-                                         r"\(known: q1, q2\)"),
-                        ("q1: 5", r"actuator_delays.q1 must be a time in seconds, >= 0 and under 1 \(got 5\)"),
-                        ("q1: -0.001", r"actuator_delays.q1 must be a time in seconds")):
-        p.write_text(f"/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      {body}\n")
-        with pytest.raises(ParamsFileError, match=match):
-            read_params(p, dp)
+    p.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    actuator_delays:\n      q2: 0.0\n"
+                 "    actuator_time_constants:\n      q1: 0.002\n")
+    assert read_params(p, dp) == {"actuator_delays": {"q2": 0.0}, "actuator_time_constants": {"q1": 0.002}}
+    for key in ("actuator_delays", "actuator_time_constants"):
+        for body, match in (("elbow: 0.001", rf"{key}.elbow: unknown actuator of double_pendulum_a0 "
+                                             r"\(known: q1, q2\)"),
+                            ("q1: 5", rf"{key}.q1 must be a time in seconds, >= 0 and under 1 \(got 5\)"),
+                            ("q1: -0.001", rf"{key}.q1 must be a time in seconds")):
+            p.write_text(f"/**/mbfg_estimator:\n  ros__parameters:\n    {key}:\n      {body}\n")
+            with pytest.raises(ParamsFileError, match=match):
+                read_params(p, dp)
 
 
 def test_mbfg_estimate_takes_a_delay_option(tmp_path, capsys):
-    """`mbfg estimate --actuator-delay NAME=SECONDS` wins over the mechanism file's delay: 0 gives the estimate of
-    the mechanism without it; a bad value or an unknown actuator is an error naming it."""
+    """`mbfg estimate --actuator-delay NAME=SECONDS` and `--actuator-time-constant NAME=SECONDS` win over the
+    mechanism file's delay and lag: 0 gives the estimate of the mechanism without them; a bad value or an unknown
+    actuator is an error naming it."""
     import yaml
     from mbfg_ros.cli import commands as cli
     from pathlib import Path
@@ -263,6 +339,7 @@ def test_mbfg_estimate_takes_a_delay_option(tmp_path, capsys):
     doc = yaml.safe_load(Path(load_mechanism("double_pendulum_a0").spec.source).read_text())
     for a in doc["actuators"]:
         a.pop("delay")
+        a.pop("time_constant")
     undelayed = tmp_path / "a0.yaml"
     undelayed.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     columns = ["--observations", data, "--reading", "q1=pos_meas1,q2=pos_meas2", "--torques", data,
@@ -274,13 +351,17 @@ def test_mbfg_estimate_takes_a_delay_option(tmp_path, capsys):
         err = capsys.readouterr().err
         return rc, (np.loadtxt(out, delimiter=",", skiprows=1, max_rows=400) if rc == 0 else None), err
 
-    rc, zero, _ = estimate("double_pendulum_a0", "--actuator-delay", "q1=0,q2=0")
+    rc, zero, _ = estimate("double_pendulum_a0", "--actuator-delay", "q1=0,q2=0", "--actuator-time-constant",
+                           "q1=0", "--actuator-time-constant", "q2=0")
     assert rc == 0
     rc, plain, _ = estimate(undelayed)
     np.testing.assert_array_equal(zero, plain)
     rc, shipped, _ = estimate("double_pendulum_a0")
     assert np.abs(shipped - plain).max() > 1e-3
-    for bad, message in (("q1=5", "0 <= SECONDS < 1 (a latency of 5 ms is 0.005; got 'q1=5')"),
-                         ("elbow=0.001", "'elbow' is not an actuator of the mechanism (q1, q2)")):
-        rc, _, err = estimate("double_pendulum_a0", "--actuator-delay", bad)
-        assert rc == 2 and message in err, err
+    rc, unlagged, _ = estimate("double_pendulum_a0", "--actuator-time-constant", "q1=0,q2=0")
+    assert rc == 0 and np.abs(shipped - unlagged).max() > 1e-3 and np.abs(unlagged - plain).max() > 1e-3
+    for option in ("--actuator-delay", "--actuator-time-constant"):
+        for bad, message in (("q1=5", f"{option} takes NAME=SECONDS, 0 <= SECONDS < 1 (5 ms is 0.005; got 'q1=5')"),
+                             ("elbow=0.001", "'elbow' is not an actuator of the mechanism (q1, q2)")):
+            rc, _, err = estimate("double_pendulum_a0", option, bad)
+            assert rc == 2 and message in err, err

@@ -87,7 +87,7 @@ def test_info_names_each_actuators_gear_rotor_and_friction(capsys):
     assert actuated.count("gear ratio -6, rotor inertia") == 2 and actuated.count("friction") == 2
     rc, out, _ = run(["info", "four_bar_crank", "--json"], capsys)
     assert json.loads(out)["actuator_motor"] == [None]
-    assert actuated.count("applies a command 7 ms after it is given") == 2
+    assert actuated.count("applies a command 3 ms after it is given, through a 4-ms first-order lag") == 2
 
 
 def test_simulate_free_fall_matches_closed_form_start(tmp_path, capsys):
@@ -668,23 +668,24 @@ PENDUBOT_COLUMNS = ["--reading", "q1=pos_meas1,q2=pos_meas2", "--command", "q1=t
 
 def test_identify_times_an_actuators_latency_from_its_measured_effort(tmp_path, capsys):
     """On the DFKI pendubot run (its shoulder's command moves fast, its elbow's motor is off) with the latency
-    left out of the mechanism: the shoulder's measured torque follows its command by 6.5 ms (the shipped C.0
-    file's value, timed there), written as its delay; the elbow's is not timed and keeps its delay; with nothing else to identify
-    only the latency is written, and the file loads."""
+    and lag left out of the mechanism: the shoulder's measured torque follows its command after 4.5 ms through a
+    3-ms lag (the shipped C.0 file's values, timed there), written as its delay and time_constant; the elbow's are
+    not timed and stay; with nothing else to identify only the response is written, and the file loads."""
     import yaml
     doc = yaml.safe_load((ROOT / "mechanisms" / "double_pendulum_a0.yaml").read_text())
     for a in doc["actuators"]:
         a.pop("delay")
+        a.pop("time_constant")
     mech = tmp_path / "a0.yaml"
     mech.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     out = tmp_path / "timed.yaml"
     rc, stdout, err = run(["identify", mech, "--observations", PENDUBOT, "--torques", PENDUBOT, *PENDUBOT_COLUMNS,
                            "--measured", "q1=tau_meas1,q2=tau_meas2", "-o", out], capsys)
     assert rc == 0, err
-    assert "q1.delay = 0.0065 s" in stdout and "RMS 0.24×" in stdout
-    assert "q2: latency not timed" in err and "delay left as it is" in err
+    assert "q1.delay = 0.0045 s, q1.time_constant = 0.003 s" in stdout and "RMS 0.13×" in stdout
+    assert "q2: latency not timed" in err and "delay and time_constant left as they are" in err
     timed = load_mechanism(out)
-    assert timed.actuator_delays == (0.0065, 0.0)
+    assert timed.actuator_delays == (0.0045, 0.0) and timed.actuator_time_constants == (0.003, 0.0)
     assert "identify" not in yaml.safe_load(out.read_text())
 
 

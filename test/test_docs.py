@@ -111,6 +111,8 @@ def test_every_estimator_parameter_is_documented_with_its_run_time_column():
             return "effort_shares.<joint>"
         if name.startswith("actuator_delays."):
             return "actuator_delays.<joint>"
+        if name.startswith("actuator_time_constants."):
+            return "actuator_time_constants.<joint>"
         if name.startswith("qos_overrides."):
             return "qos_overrides.<topic>.<publisher|subscription>.<policy>"
         raise AssertionError(f"parameter '{name}' of the estimator node is not in docs/ros2_interfaces.md's "

@@ -163,7 +163,8 @@ def test_commanded_and_passive_in_estimation_mode_are_the_known_efforts(pendulum
     assert type(est.efforts) is UnknownEfforts and est.efforts.state_actuators.tolist() == [1]
     E = np.array([e.efforts for e in out])
     # (each applied after the motors' delay, as the mechanism file says: estimation/actuator_delay.py)
-    applied = delayed_commands(pendubot.t[:len(out)], commands[:len(out)], pendulum.actuator_delays)
+    applied = delayed_commands(pendubot.t[:len(out)], commands[:len(out)], pendulum.actuator_delays,
+                               pendulum.actuator_time_constants)
     np.testing.assert_array_equal(E[:, 0], np.where(np.isfinite(applied[:, 0]), applied[:, 0], 0.0))
     assert out[-1].efforts_std[0] == 0.0 and out[-1].efforts_std[1] > 0
     # the elbow's effort (truly 0) is estimated near 0

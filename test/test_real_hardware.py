@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCH))
 
 import real_hardware as rh  # noqa: E402
 from mbfg_ros.estimation.deflection import deflection_floor  # noqa: E402
+from mbfg_ros.estimation.actuator_delay import delayed_commands, latency_timed  # noqa: E402
 
 
 @pytest.mark.parametrize("design", sorted(rh.DESIGNS))
@@ -157,23 +158,35 @@ def test_shipped_excerpt_is_complete_small_and_licensed():
 
 
 def test_command_delay_finds_a_latency_and_the_files_state_the_other_designs():
-    """`command_delay`: the measured torque being the command 6.3 ms late (interpolated between its rows, as the
-    actuators' delay applies it) plus noise, it finds that delay on its 0.5-ms grid at a fraction of the
-    undelayed RMS.  The shipped files' latency is the one measured on the other design's run whose command moves
-    fast enough to time it (the same motors and bus): A.0's from the C0 acrobot's elbow, C.0's from the A0
-    pendubot's shoulder."""
+    """`command_delay`: the measured torque being the command 4 ms late (interpolated between its rows, as the
+    actuators' delay applies it) through a 2.5-ms first-order lag, plus noise, it finds that delay and that time
+    constant on its 0.5-ms grids at a fraction of the undelayed RMS; without the lag, the delay alone (6.3 ms:
+    a grid's neighbour, or the 6 ms below with a 0.5-ms lag).  The shipped files' response is the one measured on
+    the other design's run whose command moves fast enough to time it (the same motors and bus): A.0's from the
+    C0 acrobot's elbow, C.0's from the A0 pendubot's shoulder."""
     rng = np.random.default_rng(2)
     t = np.cumsum(np.r_[0.0, rng.uniform(0.0019, 0.0021, 2999)])
     c = np.column_stack([np.sin(2 * np.pi * 7 * t), np.sign(np.sin(2 * np.pi * 13 * t))])
-    meas = np.column_stack([np.interp(t - 0.0063, t, c[:, j]) for j in range(2)]) + 0.01 * rng.standard_normal(c.shape)
-    rec = rh.Recording("synthetic", "A.0", t, np.zeros_like(c), c, meas)
-    delay, ratio = rh.command_delay(rec)
-    assert all(0.006 <= d <= 0.0065 for d in delay) and max(ratio) < 0.3, (delay, ratio)
+    noise = 0.01 * rng.standard_normal(c.shape)
+    meas = delayed_commands(t, c, [0.004, 0.004], [0.0025, 0.0025]) + noise
+    delay, lag, ratio = rh.command_delay(rh.Recording("synthetic", "A.0", t, np.zeros_like(c), c, meas))
+    assert delay == pytest.approx([0.004] * 2, abs=5e-4) and lag == pytest.approx([0.0025] * 2, abs=5e-4), (delay, lag)
+    assert max(ratio) < 0.3, ratio
+    meas = np.column_stack([np.interp(t - 0.0063, t, c[:, j]) for j in range(2)]) + noise
+    delay, lag, ratio = rh.command_delay(rh.Recording("synthetic", "A.0", t, np.zeros_like(c), c, meas))
+    # (on the smooth sine a 0.5-ms lag stands in for the 0.3 ms between the delay's grid points)
+    assert all(0.006 <= d <= d + g <= 0.0065 + 1e-12 for d, g in zip(delay, lag)), (delay, lag)
+    assert max(ratio) < 0.3, ratio
     acrobot = rh.command_delay(rh.load_recording("design_C.0__20220914__184506_acrobot_tvlqr_video__trajectory"))
     pendubot = rh.command_delay(rh.load_recording("design_A.0__20220819__174435-pendubot_tvlqr_lqr__trajectory"))
-    assert acrobot[1][1] < 0.6 and pendubot[1][0] < 0.3          # (timed: the command moves fast there)
-    assert rh.design_mechanism("A.0").actuator_delays == pytest.approx((acrobot[0][1],) * 2, abs=1e-12)
-    assert rh.design_mechanism("C.0").actuator_delays == pytest.approx((pendubot[0][0],) * 2, abs=1e-12)
+    assert acrobot[2][1] < 0.6 and pendubot[2][0] < 0.3          # (timed: the command moves fast there)
+    assert latency_timed(acrobot[0][1], acrobot[1][1], acrobot[2][1])
+    assert latency_timed(pendubot[0][0], pendubot[1][0], pendubot[2][0])
+    a0, c0 = rh.design_mechanism("A.0"), rh.design_mechanism("C.0")
+    assert a0.actuator_delays == pytest.approx((acrobot[0][1],) * 2, abs=1e-12)
+    assert a0.actuator_time_constants == pytest.approx((acrobot[1][1],) * 2, abs=1e-12)
+    assert c0.actuator_delays == pytest.approx((pendubot[0][0],) * 2, abs=1e-12)
+    assert c0.actuator_time_constants == pytest.approx((pendubot[1][0],) * 2, abs=1e-12)
 
 
 def test_bench_runs_end_to_end_on_a_short_excerpt():

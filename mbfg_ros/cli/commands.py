@@ -18,7 +18,7 @@ import json
 import math
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -267,11 +267,12 @@ def cmd_info(args) -> int:
                      + ("" if fr is None else f", friction {fr['viscous']:g}·q̇ + {fr['coulomb']:g}·(2/π)·atan(q̇ / "
                                               f"{fr['coulomb_velocity']:g})")
                      + ("" if kind is None else f", effort {kind}")
-                     + ("" if not delay else f", applies a command {1e3 * delay:g} ms after it is given") + ")"
-                     for c, j, limit, unit, fr, mo, kind, delay in zip(
+                     + ("" if not delay else f", applies a command {1e3 * delay:g} ms after it is given")
+                     + ("" if not lag else f", through a {1e3 * lag:g}-ms first-order lag") + ")"
+                     for c, j, limit, unit, fr, mo, kind, delay, lag in zip(
                          info["actuated"], info["actuator_joints"], info["effort_limits"], info["effort_units"],
                          info["actuator_friction"], info["actuator_motor"], info["actuator_efforts"],
-                         info["actuator_delays"])) or "none"
+                         info["actuator_delays"], info["actuator_time_constants"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
@@ -529,6 +530,10 @@ def cmd_estimate(args) -> int:
                              smoothed_lag=smoothed_lag, effort_shares=dict(from_file.get("effort_shares", {})),
                              actuator_delays={**from_file.get("actuator_delays", {}),
                                               **_actuator_delay_options(args.actuator_delay, mech)},
+                             actuator_time_constants={
+                                 **from_file.get("actuator_time_constants", {}),
+                                 **_actuator_delay_options(args.actuator_time_constant, mech,
+                                                           "--actuator-time-constant")},
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
@@ -565,7 +570,7 @@ def cmd_identify(args) -> int:
 
     import yaml
     from mbfg_ros.model.identified import parse_identify
-    from mbfg_ros.model.mechanism import resolve_mechanism_path
+    from mbfg_ros.model.mechanism import Mechanism, resolve_mechanism_path
     mech = _load(args.mechanism)
     entries = None
     if args.identify:
@@ -589,17 +594,25 @@ def cmd_identify(args) -> int:
     efforts = _commands_from_csv(args, mech, t) if args.torques else None
     if args.mode == "fused" and efforts is None and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
-    delays = _latencies(args, mech, t, efforts)
+    responses = _latencies(args, mech, t, efforts)
     source = resolve_mechanism_path(args.mechanism)
     doc = yaml.safe_load(Path(source).read_text())
-    for joint, delay in delays.items():
-        doc["actuators"][mech.actuator_names.index(joint)]["delay"] = delay
+    for joint, (delay, time_constant) in responses.items():
+        entry = doc["actuators"][mech.actuator_names.index(joint)]
+        entry["delay"] = delay
+        if time_constant > 0.0 or "time_constant" in entry:
+            entry["time_constant"] = time_constant
+    delays = list(responses)
+    if responses:       # (the identification applies the commands as the actuators timed now do)
+        mech = Mechanism(dataclasses.replace(mech.spec, actuators=tuple(
+            dataclasses.replace(a, delay=responses[a.joint][0], time_constant=responses[a.joint][1])
+            if a.joint in responses else a for a in mech.spec.actuators)))
     identifying = entries is not None or bool(mech.spec.identify)
     if identifying:
-        doc["identify"] = _identified(args, mech, entries, table, cols, efforts, delays)
+        doc["identify"] = _identified(args, mech, entries, table, cols, efforts)
     what = ", ".join(filter(None, ["its identify: section set to the parameters identified offline (value, 1σ): "
                                    "the priors the estimator starts from" if identifying else "",
-                                   f"the latency of {', '.join(delays)} (delay)" if delays else ""]))
+                                   f"the latency of {', '.join(delays)} (delay, time_constant)" if delays else ""]))
     header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
               f"# {source} with {what or 'nothing changed'}, from {args.observations}.  (YAML comments of the source "
               "are not kept.)\n")
@@ -608,10 +621,11 @@ def cmd_identify(args) -> int:
     return 0
 
 
-def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, float]:
-    """--measured JOINT=COLUMN: each named actuator's latency (`command_latency` of its command against the
-    measured effort in that column of the --torques file), printed; {joint: delay} of those it times."""
-    from mbfg_ros.estimation.actuator_delay import LATENCY_TIMED, command_latency, latency_timed
+def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, Tuple[float, float]]:
+    """--measured JOINT=COLUMN: each named actuator's latency and lag (`command_response` of its command against
+    the measured effort in that column of the --torques file), printed; {joint: (delay, time constant)} of those
+    it times."""
+    from mbfg_ros.estimation.actuator_delay import LATENCY_TIMED, command_response, latency_timed
     if not args.measured_columns:
         return {}
     columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
@@ -623,29 +637,30 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
     out = {}
     for k, joint in enumerate(columns):
         j = mech.actuator_names.index(joint)
-        (delay,), (ratio,) = command_latency(t, commands[:, [j]], measured[:, [k]])
+        (delay,), (time_constant,), (ratio,) = command_response(t, commands[:, [j]], measured[:, [k]])
         if not math.isfinite(delay):
             print(f"{joint}: no row with both its command and its measured effort", file=sys.stderr)
-        elif latency_timed(delay, ratio):
-            out[joint] = delay
-            print(f"{joint}.delay = {delay:.6g} s (its measured effort follows the command by it: RMS {ratio:.2f}× "
-                  f"the undelayed command's)")
+        elif latency_timed(delay, time_constant, ratio):
+            out[joint] = (delay, time_constant)
+            print(f"{joint}.delay = {delay:.6g} s, {joint}.time_constant = {time_constant:.6g} s (its measured "
+                  f"effort follows the command so: RMS {ratio:.2f}× the undelayed command's)")
         else:
-            print(f"{joint}: latency not timed (the command held {1e3 * delay:g} ms comes only {ratio:.2f}× as close "
-                  f"to the measured effort, at least {LATENCY_TIMED:g}× needed: its commands move too slowly, or "
-                  f"the latency is longer than the grid's): delay left as it is", file=sys.stderr)
+            print(f"{joint}: latency not timed (the command {1e3 * delay:g} ms later through a {1e3 * time_constant:g}"
+                  f"-ms lag comes only {ratio:.2f}× as close to the measured effort, at least {LATENCY_TIMED:g}× "
+                  f"needed: its commands move too slowly, or the response is longer than the grid's): delay and "
+                  f"time_constant left as they are", file=sys.stderr)
     return out
 
 
-def _identified(args, mech, entries, table, cols, efforts, delays) -> list:
-    """The identify: section: the estimator over the recording with the parameters held constant (and the
-    actuators' `delays`), their final values and 1σ, printed."""
+def _identified(args, mech, entries, table, cols, efforts) -> list:
+    """The identify: section: the estimator over the recording with the parameters held constant, their final
+    values and 1σ, printed."""
     from mbfg_ros.estimation.config import EstimatorConfig
     from mbfg_ros.estimation.estimator import FixedLagEstimator
     t = table.t
     sensor_sigmas = _sensor_sigma_options(args.sensor_sigma, [s.name for s in mech.sensors], "a sensor")
     config = EstimatorConfig(dt=csvio.median_step(table), window=args.window, mode=args.mode,
-                             sensor_sigmas=sensor_sigmas, identify=entries, actuator_delays=dict(delays))
+                             sensor_sigmas=sensor_sigmas, identify=entries)
     try:
         est = FixedLagEstimator(mech, config.validated())
     except ValueError as exc:
@@ -807,9 +822,9 @@ def _prescribed_motion(args, mech, mode, kinds, t, sensor_sigmas) -> Dict[str, n
     return out
 
 
-def _actuator_delay_options(items, mech) -> Dict[str, float]:
-    """--actuator-delay NAME=SECONDS (repeatable or comma-separated) as {actuator joint: s}; UserError naming what
-    is wrong."""
+def _actuator_delay_options(items, mech, option: str = "--actuator-delay") -> Dict[str, float]:
+    """--actuator-delay (or --actuator-time-constant) NAME=SECONDS (repeatable or comma-separated) as {actuator
+    joint: s}; UserError naming what is wrong."""
     from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay
     out: Dict[str, float] = {}
     for item in (e for entry in items for e in entry.split(",") if e.strip()):
@@ -819,10 +834,10 @@ def _actuator_delay_options(items, mech) -> Dict[str, float]:
         except ValueError:
             delay = math.nan
         if not is_actuator_delay(delay):
-            raise UserError(f"--actuator-delay takes NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (a latency "
-                            f"of 5 ms is 0.005; got '{excerpt(item)}')")
+            raise UserError(f"{option} takes NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (5 ms is 0.005; "
+                            f"got '{excerpt(item)}')")
         if name not in mech.actuator_names:
-            raise UserError(f"--actuator-delay {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
+            raise UserError(f"{option} {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
                             f"({', '.join(mech.actuator_names) or 'none'})")
         out[name] = delay
     return out
@@ -1048,6 +1063,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "applies the command that long before it, interpolated between rows); repeatable or "
                         "comma-separated; wins over the --params file's actuator_delays and the mechanism file's "
                         "'delay' keys")
+    s.add_argument("--actuator-time-constant", action="append", default=[], metavar="NAME=SECONDS",
+                   help="actuator NAME follows a command, after its delay, through a first-order lag of time "
+                        "constant SECONDS (0: none); repeatable or comma-separated; wins over the --params file's "
+                        "actuator_time_constants and the mechanism file's 'time_constant' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "
                         "and one column per such joint, in the coordinate's unit; their efforts are estimated")
@@ -1102,9 +1121,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measured", action="append", default=[], metavar="JOINT=COLUMN", dest="measured_columns",
                    help="actuator JOINT's measured effort (a torque sensor's, or the driver's current × its torque "
                         "constant) in column COLUMN of the --torques file (repeatable or comma-separated): its "
-                        "latency, the delay after which its command comes closest to it, is written as the "
-                        "actuator's delay (where its commands move fast enough to time it) and used by the "
-                        "identification")
+                        "response, the delay and the first-order lag after which its command comes closest to it, "
+                        "is written as the actuator's delay and time_constant (where its commands move fast enough "
+                        "to time it) and used by the identification")
     s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
                    help="a sensor's σ in its units (repeatable; default: the mechanism file's)")
     s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N", help="(default 10)")

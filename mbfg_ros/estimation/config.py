@@ -37,6 +37,9 @@ class EstimatorConfig:
     # per actuator (joint name) the time [s] from a command to its application, over the mechanism's `delay`
     # keys (estimation/actuator_delay.py)
     actuator_delays: Dict[str, float] = field(default_factory=dict)
+    # per actuator (joint name) the time constant [s] of its lag after the delay, over the mechanism's
+    # `time_constant` keys
+    actuator_time_constants: Dict[str, float] = field(default_factory=dict)
     # actuator parameters identified online, JOINT.PARAMETER[=SIGMA] entries (PARAMETER: gain, viscous_friction,
     # coulomb_friction); None: the mechanism's `identify:` section; (): none (estimation/identification.py)
     identify: Optional[Tuple[str, ...]] = None
@@ -113,10 +116,12 @@ class EstimatorConfig:
             if kind not in EFFORT_KINDS:
                 problems.append(f"actuator '{name}': effort kind must be one of {', '.join(EFFORT_KINDS)} "
                                 f"(got {kind!r})")
-        for name, delay in self.actuator_delays.items():
-            if not is_actuator_delay(delay):
-                problems.append(f"actuator_delays.{name} must be a time in seconds, >= 0 and under "
-                                f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
+        for key, times in (("actuator_delays", self.actuator_delays),
+                           ("actuator_time_constants", self.actuator_time_constants)):
+            for name, delay in times.items():
+                if not is_actuator_delay(delay):
+                    problems.append(f"{key}.{name} must be a time in seconds, >= 0 and under "
+                                    f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:
             problems.append(f"unknown noise parameter names {sorted(unknown)} (known: {sorted(default_sigmas())})")

@@ -48,7 +48,7 @@ from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection, geared_encoders
 from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, DEFLECTION_REFERENCE, MIN_EVIDENCE,
                                                      DensityAdaptation, encoded_coordinates)
-from mbfg_ros.estimation.actuator_delay import actuator_delay, configured_delays
+from mbfg_ros.estimation.actuator_delay import actuator_delay, configured_delays, configured_time_constants
 from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
 from mbfg_ros.estimation.identification import identification
@@ -136,7 +136,8 @@ class FixedLagEstimator:
                                     overrides=c.actuator_efforts)
         self.configured_shares = configured_shares(mech, self.efforts, c.effort_shares, c.mode)
         self.efforts.shares = self.configured_shares
-        self.delay = actuator_delay(configured_delays(mech, c.actuator_delays), c.dt, c.window)
+        self.delay = actuator_delay(configured_delays(mech, c.actuator_delays), c.dt, c.window,
+                                    configured_time_constants(mech, c.actuator_time_constants))
         self.deflection = encoder_deflection(mech, c.mode, self.sigmas,
                                              fitted=c.adapt_deflection and self._fits_densities())
         self.sensors = Sensors(mech, c, self.sigmas, self.deflection)

@@ -50,8 +50,8 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "gear_ratio", "rotor_inertia", "viscous_friction",
-                  "coulomb_friction", "coulomb_velocity", "effort")
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "time_constant", "gear_ratio", "rotor_inertia",
+                  "viscous_friction", "coulomb_friction", "coulomb_velocity", "effort")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}
@@ -659,7 +659,9 @@ class _Builder:
             gear, rotor, stator = self.motor(entry, path, coord, relative, joints_by_name)
             out.append(ActuatorSpec(coordinate=coord, joint=joint, effort_limit=limit, gear_ratio=gear,
                                     rotor_inertia=rotor, stator_angle=stator, effort=self.effort_kind(entry, path),
-                                    delay=self.actuator_delay(entry, path), **self.actuator_friction(entry, path)))
+                                    delay=self.actuator_delay(entry, path, "delay"),
+                                    time_constant=self.actuator_delay(entry, path, "time_constant"),
+                                    **self.actuator_friction(entry, path)))
         return out
 
     def identify(self, doc: Dict[str, Any], actuators: List[ActuatorSpec], bodies: List[BodySpec]
@@ -720,14 +722,16 @@ class _Builder:
                                         f"{_show(kind)}")
         return kind
 
-    def actuator_delay(self, entry: Dict[str, Any], path: str) -> float:
-        """An actuator's `delay` [s] from a command to its application: 0 ≤ delay < MAX_ACTUATOR_DELAY."""
-        if "delay" not in entry:
+    def actuator_delay(self, entry: Dict[str, Any], path: str, key: str) -> float:
+        """An actuator's `delay` [s] from a command to its application or `time_constant` [s] of its lag after
+        it: 0 ≤ x < MAX_ACTUATOR_DELAY."""
+        if key not in entry:
             return 0.0
-        x = self.expr(entry["delay"], f"{path}.delay")
+        x = self.expr(entry[key], f"{path}.{key}")
         if not is_actuator_delay(x):
-            self.fail(f"{path}.delay", f"must be a time in seconds, >= 0 and under {_fmt(MAX_ACTUATOR_DELAY)} "
-                                       f"(got {_fmt(x)}; a driver's latency of 5 ms is 0.005)")
+            example = "a driver's latency of 5 ms" if key == "delay" else "a current loop's 3-ms rise"
+            self.fail(f"{path}.{key}", f"must be a time in seconds, >= 0 and under {_fmt(MAX_ACTUATOR_DELAY)} "
+                                       f"(got {_fmt(x)}; {example} is {0.005 if key == 'delay' else 0.003})")
         return x
 
     def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:

@@ -116,6 +116,9 @@ class ActuatorSpec:
     # [s] the actuator applies a command this long after it is given (a driver's latency on its bus:
     # `estimation.actuator_delay`)
     delay: float = 0.0
+    # [s] after the delay the applied effort follows the command through a first-order lag of this time constant
+    # (a current loop's rise; 0: none; `estimation.actuator_delay`)
+    time_constant: float = 0.0
 
 
 @dataclass(frozen=True)

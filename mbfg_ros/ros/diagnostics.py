@@ -12,7 +12,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from mbfg_ros import native
-from mbfg_ros.estimation.actuator_delay import configured_delays
+from mbfg_ros.estimation.actuator_delay import configured_delays, configured_time_constants
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.density_adaptation import limits_warning
 from mbfg_ros.estimation.efforts import effort_kinds
@@ -181,6 +181,10 @@ class Diagnostics:
             delays = configured_delays(self.mech, config.actuator_delays)
             if any(delays):
                 kv["actuator_delays"] = ", ".join(f"{n}={1e3 * d:g} ms" for n, d in zip(self.mech.actuator_names, delays))
+            lags = configured_time_constants(self.mech, config.actuator_time_constants)
+            if any(lags):
+                kv["actuator_time_constants"] = ", ".join(f"{n}={1e3 * x:g} ms" for n, x in zip(
+                    self.mech.actuator_names, lags))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

@@ -249,6 +249,16 @@ def declare_parameters(node) -> StartupParameters:
             floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
         if delay != declared:
             actuator_delays[joint] = float(delay)
+    actuator_time_constants = {}
+    for joint, declared in zip(mech.actuator_names, mech.actuator_time_constants):
+        lag = d(f"actuator_time_constants.{joint}", float(declared), PD(
+            description=f"The time constant [s] of the first-order lag through which actuator '{joint}' follows a "
+                        f"command after its delay (its current loop's rise; default from the mechanism file's "
+                        f"'time_constant'; 0: none); ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts "
+                        f"the estimator",
+            floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
+        if lag != declared:
+            actuator_time_constants[joint] = float(lag)
     prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
         description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
                     "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
@@ -387,6 +397,7 @@ def declare_parameters(node) -> StartupParameters:
                                integrator=str(integrator), independent=tuple(independent),
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
                                effort_shares=effort_shares, actuator_delays=actuator_delays,
+                               actuator_time_constants=actuator_time_constants,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
@@ -497,7 +508,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 rebuild[name] = parse_identify_parameter(value, mech)
             except ValueError as e:
                 return str(e)
-        elif name.startswith("actuator_delays."):
+        elif name.startswith(("actuator_delays.", "actuator_time_constants.")):
             if not is_actuator_delay(value):
                 return f"parameter '{name}' must be a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}"
             rebuild[name] = float(value)
@@ -511,10 +522,12 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 return f"parameter 'assembly_mode': {problem}"
     if rebuild:
         sig, ssig, shares = dict(config.sigmas), dict(config.sensor_sigmas), dict(config.effort_shares)
-        delays = dict(config.actuator_delays)
+        delays, lags = dict(config.actuator_delays), dict(config.actuator_time_constants)
         for name, value in rebuild.items():
             if name.startswith("actuator_delays."):
                 delays[name[len("actuator_delays."):]] = value
+            elif name.startswith("actuator_time_constants."):
+                lags[name[len("actuator_time_constants."):]] = value
             elif name.startswith("sigmas."):
                 sig[name[len("sigmas."):]] = value
             elif name.startswith("effort_shares."):
@@ -527,7 +540,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 ssig.update(prescribed_sigmas(mech, value))
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
-                             effort_shares=shares, actuator_delays=delays,
+                             effort_shares=shares, actuator_delays=delays, actuator_time_constants=lags,
                              actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
                              identify=rebuild["identify"] if "identify" in rebuild else config.identify).validated()
         except ValueError as e:

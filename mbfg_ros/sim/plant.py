@@ -252,7 +252,7 @@ class SimulatedPlant:
         if self.actuator.gain.shape != (len(mech.actuated),):
             raise ValueError(f"the actuator model has {self.actuator.gain.size} actuators, {mech.name} has "
                              f"{len(mech.actuated)}")
-        self.delay = actuator_delay(mech.actuator_delays, self.dt, 0)
+        self.delay = actuator_delay(mech.actuator_delays, self.dt, 0, mech.actuator_time_constants)
         self.noise = noise
         self.rng = np.random.default_rng(seed)
         names = [s.name for s in mech.sensors]

@@ -31,8 +31,8 @@ freedom); gyroscopes are left out and keep their sigmas.  The filter steps by ea
 samples (stamps that jitter or drift are taken as they are) and updates with the readings present (a missing
 one, NaN, adds nothing to the likelihood); it starts at the first sample where every encoder reads.
 
-Commands are applied as the mechanism's actuators apply them, each its `delay` after it is given
-(`Recording.as_applied`, the estimator's rule).
+Commands are applied as the mechanism's actuators apply them, each its `delay` after it is given, through its
+lag (`Recording.as_applied`, the estimator's rule).
 
 Long recordings are decimated (every m-th reading, the commands averaged over each interval) to at most
 `max_steps` filter steps: the densities are continuous-time quantities (per second, not per step) and the
@@ -130,11 +130,12 @@ class Recording:
 
     def as_applied(self, mech: Mechanism) -> "Recording":
         """The recording with its commands as the mechanism's actuators apply them (each its `delay` after it is
-        given: `estimation.actuator_delay`, as the estimator applies them)."""
-        if self.commands is None or not any(mech.actuator_delays):
+        given, through its lag: `estimation.actuator_delay`, as the estimator applies them)."""
+        if self.commands is None or not any(mech.actuator_delays + mech.actuator_time_constants):
             return self
         return Recording(self.t, self.readings, self.encoders, self.coordinates,
-                         delayed_commands(self.t, self.commands, mech.actuator_delays), self.source)
+                         delayed_commands(self.t, self.commands, mech.actuator_delays, mech.actuator_time_constants),
+                         self.source)
 
     def head(self, n: int) -> "Recording":
         """The first n samples."""

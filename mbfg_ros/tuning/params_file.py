@@ -22,8 +22,7 @@ NODE_ONLY_KEYS = frozenset((
     "start_type_description_service"))
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "actuator_delays",
-                "adapt_densities",
-                "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
+                "actuator_time_constants", "adapt_densities", "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
 
 
 class ParamsFileError(ValueError):
@@ -101,7 +100,7 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
 
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
     """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
-    sensor_sigmas, effort_shares and actuator_delays as dicts, checked against the noise parameters and the
+    sensor_sigmas, effort_shares, actuator_delays and actuator_time_constants as dicts, checked against the noise parameters and the
     mechanism's sensors and actuators).  Keys the node
     knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
     key, params = node_parameters(path)
@@ -125,7 +124,7 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a number > 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
-        elif name == "actuator_delays":
+        elif name in ("actuator_delays", "actuator_time_constants"):
             if not isinstance(value, dict):
                 raise ParamsFileError(f"{where} must be a mapping of actuator joints to seconds")
             table = {}
