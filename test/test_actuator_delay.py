@@ -175,6 +175,20 @@ def test_a_delayed_actuator_is_estimated_as_its_commands_given_that_much_later(c
     assert np.abs(delayed[LATE_AT:, -1] - plain[LATE_AT:, -1]).max() > 1.0
 
 
+def test_a_lagging_actuator_is_estimated_as_its_commands_through_the_lag(crank, motion):
+    """The crank's actuator 3 ms late through a 2-ms lag (the configuration's overrides): in fused mode the
+    estimates are those of a plain actuator handed the commands so applied (`delayed_commands`), and differ from
+    the delay's alone."""
+    cmd = commands(motion)
+    lagging, _, _ = run(crank, motion, dataclasses.replace(FUSED, actuator_delays={"crank": DELAY},
+                                                            actuator_time_constants={"crank": 0.002}), cmd)
+    applied = delayed_commands(motion.t[:STEPS], cmd, [DELAY], [0.002])
+    handed, _, _ = run(crank, motion, FUSED, applied)
+    delayed, _, _ = run(crank, motion, dataclasses.replace(FUSED, actuator_delays={"crank": DELAY}), cmd)
+    np.testing.assert_allclose(lagging, handed, rtol=0, atol=1e-9 * (1 + np.abs(handed).max()))
+    assert np.abs(lagging[LATE_AT:, -1] - delayed[LATE_AT:, -1]).max() > 0.1
+
+
 def test_a_late_command_corrects_the_step_that_applies_it(crank, motion):
     """Step LATE_AT's command comes late (the previous one held in its place).  Given before the step that
     applies it (LATE_AT + 3) is estimated, nothing is corrected and the estimates are exactly those of the
