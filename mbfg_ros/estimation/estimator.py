@@ -51,7 +51,7 @@ from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, DEFLECTION_RE
 from mbfg_ros.estimation.actuator_delay import actuator_delay, configured_delays, configured_time_constants
 from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
-from mbfg_ros.estimation.identification import identification
+from mbfg_ros.estimation.identification import BOUND_SIGMAS, identification
 from mbfg_ros.estimation.joint_covariance import joint_covariance
 from mbfg_ros.estimation.seeding import Seed, Seeder, effort_marginal, extrapolated, marginal_prior
 from mbfg_ros.estimation.sensors import InnovationGate, ReadingsDisagree, Sensors, TrackMonitor, observations_in
@@ -65,6 +65,7 @@ from mbfg_ros.model.mechanism import Mechanism
 __all__ = ["FixedLagEstimator"]
 
 PARAMETER_CHECKPOINT_STEPS = 500   # steps of a healthy window between checkpoints of the identified parameters
+BOUND_CHECK_STEPS = 10             # steps between checks of a friction or payload estimated below 0 (`_check_bounds`)
 RELEARN_DECADES = 1.0              # `_relearn_parameters`
 SETTLE_SECONDS = 0.2               # identified parameters held after a fresh start or a failure (`Identification.settle`)
 FIRST_FIT_SECONDS = 1.0            # ... and, where the early readings reject the configured densities, until the
@@ -325,6 +326,7 @@ class FixedLagEstimator:
         # `reset_parameters` / a thaw asked for a re-seed whose θ prior is the belief, not what the window holds
         self._parameters_reset = False
         self._parameters_message = ""
+        self._bound_wait = 0       # steps until `_check_bounds` looks again
         self._densities_fitted = False
         self._hold_began: Optional[float] = None   # when θ's last hold began (`_awaiting_first_fit`)
         self._turn_shift = None    # a late reading whole turns from its step's estimate: `Stepper.late_turns`
@@ -520,8 +522,9 @@ class FixedLagEstimator:
         """The identified parameters now: {'names', 'values' (the newest estimate), 'std' (their marginal 1σ; NaN
         where the window cannot give it), 'prior_std', 'excitation' (1 − σ/σ_prior, clipped to [0, 1]: how much
         the motion so far has told about each), 'frozen', 'settling' (held while a new window settles), 'confounded'
-        (the names of friction parameters whose actuator's effort is estimated: `Identification.confounded`)}; None
-        without identified parameters."""
+        (the names of friction parameters whose actuator's effort is estimated: `Identification.confounded`),
+        'projections' (per parameter: the times it was estimated below its bound 0 and moved onto it:
+        `_check_bounds`)}; None without identified parameters."""
         ident = self.identification
         if ident is None:
             return None
@@ -539,7 +542,8 @@ class FixedLagEstimator:
                 std = np.full(ident.size, np.nan)
         return {"names": ident.names, "values": values, "std": std, "prior_std": P.prior_sigma.copy(),
                 "excitation": np.clip(1.0 - std / P.prior_sigma, 0.0, 1.0), "frozen": ident.frozen,
-                "settling": ident.settling > 0, "confounded": ident.confounded}
+                "settling": ident.settling > 0, "confounded": ident.confounded,
+                "projections": ident.projections.copy()}
 
     def freeze_parameters(self, frozen: bool) -> bool:
         """Hold the identified parameters at their newest estimates (`frozen`) or let them learn again; False
@@ -754,6 +758,8 @@ class FixedLagEstimator:
                 # the hold ends: the next step re-seeds the window (its steps hold θ tight) with θ's belief
                 self._parameters_reset = True
                 self._parameters_message = "identified parameters learning (the state has settled)"
+            elif self._check_bounds(est):
+                pass
             elif self.stepper.k % PARAMETER_CHECKPOINT_STEPS == 0 and self.stepper.k:
                 # a healthy window's parameters, kept for a recovery that drops what a failing window learnt
                 ident.carry(self.stepper.window, self.stepper.k, self.layout)
@@ -762,6 +768,33 @@ class FixedLagEstimator:
             # at a possibly diverged estimate) must not reset the escalation of `_recover`
             self._failures = 0
         return est
+
+    def _check_bounds(self, est: Estimate) -> bool:
+        """Where a friction or a payload is estimated below 0 (every `BOUND_CHECK_STEPS` steps while one is): those
+        more than BOUND_SIGMAS of their marginal σ below are moved onto 0 (`Identification.project`), the next step
+        re-seeding the window at that belief with the efforts' state moved to keep the forces
+        (`_efforts_for_parameters`; True then)."""
+        ident, k = self.identification, self.stepper.k
+        theta = est.parameters
+        self._bound_wait -= 1
+        if theta is None or ident.held or self._bound_wait > 0 or not np.any(ident.nonnegative & (theta < 0.0)):
+            return False
+        self._bound_wait = BOUND_CHECK_STEPS
+        try:
+            std = np.sqrt(np.clip(np.diagonal(self.window.marginal_covariance(k))[self.layout.slices["theta"]],
+                                  0.0, None))
+        except Exception:       # (a window that cannot give its marginal: checked again later)
+            return False
+        below = ident.below_bound(theta, std)
+        if not below.any():
+            return False
+        ident.project(theta, std, below)
+        self._parameters_reset = True
+        self._parameters_message = ("identified " + ", ".join(
+            f"{name} {theta[i]:.3g} ± {std[i]:.2g}" for i, name in enumerate(ident.names) if below[i])
+            + f" below its bound 0 by more than {BOUND_SIGMAS:g}σ: moved onto 0 (the model's error, not the "
+              "parameter's; the efforts take it)")
+        return True
 
     def _awaiting_first_fit(self, t: float) -> bool:
         """Is θ's hold, at its last step, kept for the density fit's first estimate?  Until then the window weighs

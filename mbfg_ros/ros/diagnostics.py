@@ -86,9 +86,9 @@ def kernel_text(numerics: Optional[Dict[str, str]]) -> str:
 
 def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
     """The diagnostics of the identified parameters (`EstimatorCore.parameters`): `parameter.<name>` =
-    "<value> ± <σ> (excitation <e>)" each, `identification` = learning | settling | frozen, and where friction is
-    identified of an actuator whose effort is estimated `identification.confounded` naming it; {} when nothing is
-    identified."""
+    "<value> ± <σ> (excitation <e>)" each, `identification` = learning | settling | frozen, where friction is
+    identified of an actuator whose effort is estimated `identification.confounded` naming it, and where a friction or
+    a payload was moved onto its bound 0 `identification.bounded` with the times; {} when nothing is identified."""
     if not parameters:
         return {}
     kv = {f"parameter.{name}": f"{value:.6g} ± {std:.3g} (excitation {excitation:.2f})"
@@ -98,6 +98,10 @@ def parameter_texts(parameters: Optional[dict]) -> Dict[str, str]:
                             "settling" if parameters.get("settling") else "learning")
     if parameters.get("confounded"):
         kv["identification.confounded"] = f"{', '.join(parameters['confounded'])} ({CONFOUNDED}: weakly determined)"
+    moved = [(name, int(n)) for name, n in zip(parameters["names"], parameters.get("projections", ())) if n]
+    if moved:
+        kv["identification.bounded"] = (", ".join(f"{name} {n}×" for name, n in moved)
+                                        + " (estimated below 0 and moved onto it: the model's error, not theirs)")
     return kv
 
 
