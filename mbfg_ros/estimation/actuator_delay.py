@@ -1,10 +1,10 @@
 """Actuators that apply a command some time after it is given (the mechanism's `actuators: delay:`).
 
 A motor driver on a bus applies a command after the bus's transport, the driver's cycle and its current loop's
-rise: the DFKI double pendulum's AK80-6 motors on CAN follow their commands ~6.5 ms late, their torque moving
-from one command to the next over the command's interval, and where a controller's command moves fast (the
-pendubot's shoulder, the acrobot's elbow) the command as logged is 4.1× and 2.2× farther from the measured torque
-than the command so delayed (bench/real_hardware.py).  An estimator that applies each command at its own stamp
+rise: the DFKI double pendulum's AK80-6 motors on CAN follow their commands 3–4.5 ms late through a 3–4-ms lag,
+their torque moving from one command to the next over the command's interval, and where a controller's command
+moves fast (the pendubot's shoulder, the acrobot's elbow) the command as logged is 6.1× and 3.3× farther from the
+measured torque than the command so applied (bench/real_hardware.py).  An estimator that applies each command at its own stamp
 reads that latency as a disturbance, or as a model error.
 
 The estimator is given the commands one per step, at the step's time (the node's scheduler holds the last
