@@ -430,7 +430,7 @@ def test_fused_mode_learns_a_payload_within_5_percent(pendulum):
 
 def test_a_payload_the_readings_put_below_zero_is_moved_onto_it(pendulum, monkeypatch):
     """The truth 0.2 kg lighter at the payload's point than the model: the readings ask for a negative payload, the
-    model's error, which no payload is.  Estimated more than 3σ below 0 it is moved onto 0 (counted, said in the
+    model's error, which no payload is.  Estimated more than 5σ below 0 it is moved onto 0 (counted, said in the
     diagnostics) and stays near 0 from then on (measured after 1.5 s: −0.06 … 0 kg, mean −0.016); unchecked it goes
     and stays below −0.1 kg."""
     from mbfg_ros.ros.diagnostics import parameter_texts
