@@ -30,11 +30,11 @@ def slowed_core_factory(step_cost_s: float):
         core = FixedLagEstimator(mech, config)
         real_step = core.step
 
-        def step(t, efforts=None, observations=None):
+        def step(t, efforts=None, observations=None, command_times=None):
             # a wall-clock deadline, not CPU time: preemption by other processes counts, so the step is
             # never shorter than the cost, whatever else the machine does
             deadline = time.perf_counter() + step_cost_s
-            estimate = real_step(t, efforts=efforts, observations=observations)
+            estimate = real_step(t, efforts=efforts, observations=observations, command_times=command_times)
             while time.perf_counter() < deadline:
                 pass
             return estimate

@@ -111,6 +111,32 @@ def test_a_late_command_is_run_through_the_lag_from_its_step_on():
         np.testing.assert_allclose(new, right[k], rtol=0, atol=1e-15)
 
 
+def test_commands_held_on_a_grid_are_applied_by_the_times_they_were_given():
+    """The node's way: commands given at jittering 2-ms stamps, held on a grid offset from them (each from the
+    grid step nearest its stamp) and handed with their stamps (`given_at`): a delayed (and lagging) actuator
+    applies at each grid step what the columns' rule gives for those stamps, evaluated there; handed without them
+    (timed by the grid) it is off by up to half a step's change.  An undelayed actuator takes the held command."""
+    t = jittered_times(300)
+    c = np.column_stack([np.sin(30 * t), np.cos(20 * t)])
+    grid = np.arange(t[0] + 0.0007, t[-1] - 0.01, 0.002)
+    k = np.clip(np.searchsorted(t, grid + 0.001, side="right") - 1, 0, None)      # nearest-step rounding
+    fine = np.sort(np.r_[t, grid])
+    for delays, lags in (([0.005, 0.0], [0.0, 0.0]), ([0.003, 0.0], [0.004, 0.0])):
+        book, plain = ActuatorDelay(delays, keep=64, time_constants=lags), ActuatorDelay(delays, keep=64,
+                                                                                           time_constants=lags)
+        timed = np.array([book.applied(g, c[i], [t[i], t[i]]) for g, i in zip(grid, k)])
+        untimed = np.array([plain.applied(g, c[i]) for g, i in zip(grid, k)])
+        # the columns' rule on the given commands at their stamps, read at the grid's times (the lag integrated on
+        # the union of both, exact for the command linear between its stamps)
+        held = np.interp(fine, t, c[:, 0])
+        ref = delayed_commands(fine, np.column_stack([held, held]), delays[:1] * 2, lags[:1] * 2)[:, 0]
+        ref = np.interp(grid, fine, ref)
+        settled = grid > t[0] + 0.02
+        assert np.abs(timed[settled, 0] - ref[settled]).max() < 2e-3, np.abs(timed[settled, 0] - ref[settled]).max()
+        assert np.abs(untimed[settled, 0] - ref[settled]).max() > 5 * np.abs(timed[settled, 0] - ref[settled]).max()
+        np.testing.assert_array_equal(timed[:, 1], c[k, 1])
+
+
 def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(crank):
     """The plant of a mechanism whose actuator has a delay (as the estimator applies it): its applied efforts are
     those of the commands given that long before."""

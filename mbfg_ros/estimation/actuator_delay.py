@@ -181,23 +181,34 @@ class ActuatorDelay:
         self._times: Deque[float] = deque(maxlen=keep)
         self._ids: Deque[int] = deque(maxlen=keep)
         self._given: Deque[np.ndarray] = deque(maxlen=keep)
+        # per step, per actuator: when its command was given (`applied`'s given_at; the step's time by default)
+        self._given_at: Deque[np.ndarray] = deque(maxlen=keep)
         self._applied: Deque[np.ndarray] = deque(maxlen=keep)
         # per step, per lagged actuator: (time, delayed command, lag output) of the last finite command so far
         self._lag: Deque[np.ndarray] = deque(maxlen=keep)
 
     def reset(self) -> None:
-        for d in (self._times, self._ids, self._given, self._applied, self._lag):
+        for d in (self._times, self._ids, self._given, self._given_at, self._applied, self._lag):
             d.clear()
 
-    def applied(self, t: float, efforts: np.ndarray) -> np.ndarray:
-        """The efforts applied at t, `efforts` being the ones given at t (a time before the last one given
-        starts over: a reset or a clock that jumped back)."""
+    def applied(self, t: float, efforts: np.ndarray, given_at: Optional[Sequence[float]] = None) -> np.ndarray:
+        """The efforts applied at t, `efforts` being the commands in force at t (a time before the last one given
+        starts over: a reset or a clock that jumped back); `given_at`: per actuator the time each was given (the
+        node holds a command from the grid step nearest its stamp: up to half a step off, which the motors'
+        response shows, `bench/real_hardware_node.py`), non-finite or None: at t.  A delayed actuator's commands
+        are interpolated by these times (never earlier than the one before: a held command keeps its time)."""
         if self._times and t < self._times[-1]:
             self.reset()
         before = self._lag[-1] if self._lag else None       # (read before a full deque drops its oldest)
+        n = len(self.delays)
+        at = np.full(n, float(t)) if given_at is None else np.array(given_at, float).reshape(n)
+        at = np.where(np.isfinite(at), at, float(t))
+        if self._given_at:
+            at = np.maximum(at, self._given_at[-1])
         self._times.append(float(t))
         self._ids.append(-1)
         self._given.append(np.array(efforts, float))
+        self._given_at.append(at)
         applied, lag = self._applied_at(len(self._times) - 1, before)
         self._applied.append(applied)
         self._lag.append(lag)
@@ -209,9 +220,10 @@ class ActuatorDelay:
             self._ids[-1] = int(step)
 
     def correct(self, corrections: Sequence[Tuple[int, np.ndarray]]) -> List[Tuple[int, np.ndarray]]:
-        """Commands that came late: (step id, the efforts that step should have been given) each.  Returns
-        (step id, the new applied efforts) of every step whose applied efforts they change (the steps that
-        apply them after the delay, and the corrected steps' own undelayed actuators)."""
+        """Commands that came late: (step id, the efforts that step should have been given) each (a corrected
+        step keeps the time its command was given at).  Returns (step id, the new applied efforts) of every step
+        whose applied efforts they change (the steps that apply them after the delay, and the corrected steps' own
+        undelayed actuators)."""
         index = {step: i for i, step in enumerate(self._ids) if step >= 0}
         first = None
         for step, efforts in corrections:
@@ -236,7 +248,7 @@ class ActuatorDelay:
         out = self._given[i].copy()
         t = self._times[i]
         for j in self.delayed:
-            out[j] = _held_between(self._times, _Column(self._given, j), t - self.delays[j], i)
+            out[j] = _held_between(_Column(self._given_at, j), _Column(self._given, j), t - self.delays[j], i)
         lag = np.full((len(self.lagged), 3), math.nan) if before is None else before.copy()
         for k, j in enumerate(self.lagged):
             u = out[j]
@@ -250,7 +262,7 @@ class ActuatorDelay:
 
 
 class _Column:
-    """Column j of the given efforts, indexed like them (no copy)."""
+    """Column j of per-step rows (the given efforts, their times), indexed like them (no copy)."""
     __slots__ = ("rows", "j")
 
     def __init__(self, rows, j: int):

@@ -363,12 +363,16 @@ class FixedLagEstimator:
         z = self.factors.z
         return () if z is None else tuple(self.mech.coordinate_names[i] for i in z)
 
-    def step(self, t: float, efforts=None, observations: Optional[Dict[str, float]] = None) -> Estimate:
+    def step(self, t: float, efforts=None, observations: Optional[Dict[str, float]] = None,
+             command_times: Optional[Sequence[float]] = None) -> Estimate:
+        """The estimate at t from the commands in force then (`efforts`, actuator order; per actuator the time it
+        was given in `command_times`, which an actuator's delay interpolates by: `ActuatorDelay.applied`; None:
+        at t) and the readings of t."""
         t_start = time.perf_counter()
         t = float(t)
         efforts = self.efforts.efforts_in(efforts)
         if self.delay is not None:
-            efforts = self.delay.applied(t, efforts)
+            efforts = self.delay.applied(t, efforts, command_times)
         obs = observations_in(observations)
         self.sensors.timing.observe(t, obs)
         try:

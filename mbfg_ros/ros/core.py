@@ -20,9 +20,11 @@ from mbfg_ros.model.mechanism import Mechanism
 
 class EstimatorCore(Protocol):
     def step(self, t: float, efforts: Optional[np.ndarray] = None,
-             observations: Optional[Dict[str, float]] = None) -> Estimate:
-        """The estimate at time t (seconds since the start) from the efforts (actuator order, NaN: unknown)
-        and the readings of that step; raises on a numerical failure it could not recover from."""
+             observations: Optional[Dict[str, float]] = None,
+             command_times: Optional[Sequence[float]] = None) -> Estimate:
+        """The estimate at time t (seconds since the start) from the efforts (actuator order, NaN: unknown; each
+        given at its `command_times` entry, same clock, NaN or None: at t) and the readings of that step; raises
+        on a numerical failure it could not recover from."""
 
     def smoothed_estimates(self) -> List[Estimate]:
         """With `EstimatorConfig.smoothed_lag` > 0: the earlier steps' estimates now smoothed by that many steps

@@ -22,10 +22,11 @@ if __name__ == "__main__":   # `python -m mbfg_ros.ros.node`: a stop signal duri
     from mbfg_ros.ros import stop_signals
     stop_signals.install()
 
+import math
 import sys
 import traceback
 from dataclasses import replace
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -442,6 +443,16 @@ class EstimatorNode(Node):
         return self.alignment.to_step(values, stamps_ns, self.sched.t_of(k), last.v, last.a,
                                       self.sched.t_of(self.last_k))
 
+    def _command_times(self, k: int) -> Optional[List[float]]:
+        """When the commands held at step k were given, on the core's clock (its step k is at k·dt): their stamps,
+        which the grid rounds to the nearest step (NaN: none yet).  An actuator's delay interpolates the commands
+        by them (`ActuatorDelay.applied`)."""
+        used = self.sched.used_commands
+        if not used or used[-1][0] != k:
+            return None
+        t0, dt, grid = self.sched.t0_ns, self.config.dt, self.sched.dt_ns
+        return [k * dt + (st - t0 - k * grid) / NS if st >= 0 else math.nan for st in used[-1][2]]
+
     def _step(self, k: int, efforts, observations):
         t_k = self.sched.t_of(k)
         diag = self.diag
@@ -452,7 +463,8 @@ class EstimatorNode(Node):
         t_start = time.perf_counter()
         c_start = time.thread_time()
         try:
-            est = self.core.step(k * self.config.dt, efforts=efforts, observations=observations)
+            est = self.core.step(k * self.config.dt, efforts=efforts, observations=observations,
+                                 command_times=self._command_times(k) if efforts is not None else None)
         except Exception as e:  # numerical failure inside the core: never let it kill the node
             self._recover(e, t_k)
             return
