@@ -4,8 +4,8 @@ A motor driver on a bus applies a command after the bus's transport, the driver'
 rise: the DFKI double pendulum's AK80-6 motors on CAN follow their commands 3–4.5 ms late through a 3–4-ms lag,
 their torque moving from one command to the next over the command's interval, and where a controller's command
 moves fast (the pendubot's shoulder, the acrobot's elbow) the command as logged is 6.1× and 3.3× farther from the
-measured torque than the command so applied (bench/real_hardware.py).  An estimator that applies each command at its own stamp
-reads that latency as a disturbance, or as a model error.
+measured torque than the command so applied (bench/real_hardware.py).  An estimator that applies each command at
+its own stamp reads that latency as a disturbance, or as a model error.
 
 The estimator is given the commands one per step, at the step's time (the node's scheduler holds the last
 command between commands; `mbfg estimate` gives each row's), and applies to the step at t the command at
@@ -35,12 +35,11 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["ActuatorDelay", "delayed_commands", "actuator_delay", "configured_delays", "configured_time_constants",
-           "command_response",
-           "latency_timed", "LATENCY_TIMED", "lag_step", "lagged"]
+           "command_response", "latency_timed", "LATENCY_TIMED", "lag_step", "lagged"]
 
 #: a command stamped this close after t − delay still counts as in force then (rounding of stamps in ns)
 STAMP_TOLERANCE = 1e-9
-LATENCY_LONGEST = 0.015    # [s] the longest latency `command_latency` looks for, ...
+LATENCY_LONGEST = 0.015    # [s] the longest latency `command_response` looks for, ...
 LATENCY_STEP = 0.0005      # ... on this grid (and the lag's time constant on it)
 LAG_LONGEST = 0.008        # [s] the longest time constant of the lag it looks for
 #: a latency is timed where the delayed (and lagged) command comes this much closer to the measured effort (RMS over

@@ -100,9 +100,9 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
 
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
     """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
-    sensor_sigmas, effort_shares, actuator_delays and actuator_time_constants as dicts, checked against the noise parameters and the
-    mechanism's sensors and actuators).  Keys the node
-    knows but `mbfg estimate` does not use are accepted and left out; anything else is a ParamsFileError."""
+    sensor_sigmas, effort_shares, actuator_delays and actuator_time_constants as dicts, checked against the noise
+    parameters and the mechanism's sensors and actuators).  Keys the node knows but `mbfg estimate` does not use are
+    accepted and left out; anything else is a ParamsFileError."""
     key, params = node_parameters(path)
     out: Dict[str, object] = {}
     known_sigmas = set(default_sigmas())
