@@ -137,6 +137,39 @@ def test_commands_held_on_a_grid_are_applied_by_the_times_they_were_given():
         np.testing.assert_array_equal(timed[:, 1], c[k, 1])
 
 
+def test_a_late_command_with_its_time_corrects_as_if_it_had_come_in_time():
+    """Commands held on an offset grid with their times, one of them late (the one before held in its place, and
+    the late one given with its own time): corrected, every step applies what a book handed it in time does;
+    corrected without its time, worse than not at all."""
+    t = jittered_times(80)
+    c = np.sin(30 * t)[:, None]
+    grid = np.arange(t[0] + 0.0007, t[-1] - 0.01, 0.002)
+    k = np.clip(np.searchsorted(t, grid + 0.001, side="right") - 1, 0, None)
+    late = int(np.nonzero(k == k[30])[0][0])              # the first grid step holding row k[30]'s command
+    in_time, book = ActuatorDelay([0.004], keep=128, time_constants=[0.003]), ActuatorDelay([0.004], keep=128,
+                                                                                         time_constants=[0.003])
+    untimed = ActuatorDelay([0.004], keep=128, time_constants=[0.003])
+    right, applied = [], []
+    for s, (g, i) in enumerate(zip(grid, k)):
+        right.append(in_time.applied(g, c[i], [t[i]]))
+        j = i - 1 if i == k[30] else i
+        applied.append(book.applied(g, c[j], [t[j]]))
+        untimed.applied(g, c[j], [t[j]])
+        book.assign(s)
+        untimed.assign(s)
+    steps = [s for s in range(len(grid)) if k[s] == k[30]]
+    done = dict(book.correct([(s, c[k[30]], [t[k[30]]]) for s in steps]))
+    assert done and min(done) > late                     # (applied after the delay: later steps)
+    corrected = np.array([done.get(s, applied[s]) for s in range(len(grid))])
+    np.testing.assert_allclose(corrected, np.array(right), rtol=0, atol=1e-12)
+    stale = np.abs(np.array(applied) - np.array(right)).max()
+    # corrected without its time the late command is applied from the stale one's time, a command interval early:
+    # farther off than the stale hold itself (measured 3.6e-3 against 7.3e-4)
+    off = dict(untimed.correct([(s, c[k[30]]) for s in steps]))
+    untimed_off = np.abs(np.array([off.get(s, applied[s]) for s in range(len(grid))]) - np.array(right)).max()
+    assert stale > 1e-4 and untimed_off > stale, (stale, untimed_off)
+
+
 def test_the_simulated_plant_applies_each_command_after_its_actuators_delay(crank):
     """The plant of a mechanism whose actuator has a delay (as the estimator applies it): its applied efforts are
     those of the commands given that long before."""

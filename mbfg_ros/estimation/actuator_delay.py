@@ -218,20 +218,25 @@ class ActuatorDelay:
         if self._ids:
             self._ids[-1] = int(step)
 
-    def correct(self, corrections: Sequence[Tuple[int, np.ndarray]]) -> List[Tuple[int, np.ndarray]]:
-        """Commands that came late: (step id, the efforts that step should have been given) each (a corrected
-        step keeps the time its command was given at).  Returns (step id, the new applied efforts) of every step
-        whose applied efforts they change (the steps that apply them after the delay, and the corrected steps' own
-        undelayed actuators)."""
+    def correct(self, corrections: Sequence[tuple]) -> List[Tuple[int, np.ndarray]]:
+        """Commands that came late: (step id, the efforts that step should have been given[, per actuator when each
+        was given, as `applied`'s given_at; without, or non-finite: the step keeps its command's time]) each.
+        Returns (step id, the new applied efforts) of every step whose applied efforts they change (the steps that
+        apply them after the delay, and the corrected steps' own undelayed actuators)."""
         index = {step: i for i, step in enumerate(self._ids) if step >= 0}
         first = None
-        for step, efforts in corrections:
+        for step, efforts, *when in corrections:
             i = index.get(int(step))
             if i is not None:
                 self._given[i] = np.array(efforts, float)
+                if when and when[0] is not None:
+                    at = np.array(when[0], float).reshape(len(self.delays))
+                    self._given_at[i] = np.where(np.isfinite(at), at, self._given_at[i])
                 first = i if first is None else min(first, i)
         if first is None:
             return []
+        for i in range(max(first, 1), len(self._times)):     # (a held command keeps its time: never earlier)
+            self._given_at[i] = np.maximum(self._given_at[i], self._given_at[i - 1])
         out = []
         for i in range(first, len(self._times)):
             new, self._lag[i] = self._applied_at(i, self._lag[i - 1] if i > 0 else None)

@@ -673,11 +673,13 @@ class FixedLagEstimator:
         the linearization of the later steps (made at the old estimates; their difference is of second order
         in the change, and the relinearization check bounds it).  Returns the step ids corrected; none where
         the commands do not enter the estimate (estimation mode) or not through that step's factor alone (the
-        hermite integrator: rates over three steps), and none for steps no longer (or never) in the window.
-        Efforts of the wrong length: ValueError."""
-        corrections = [(int(step), self.efforts.efforts_in(efforts)) for step, efforts in corrections]
+        hermite integrator: rates over three steps), and none for steps no longer (or never) in the window.  A
+        third entry, per actuator the time each command was given (`step`'s command_times), times them for the
+        actuators' delay.  Efforts of the wrong length: ValueError."""
+        given = [(int(step), self.efforts.efforts_in(efforts), *when) for step, efforts, *when in corrections]
+        corrections = [(step, efforts) for step, efforts, *_ in given]
         if self.delay is not None:          # (the steps that apply them, after the delay)
-            corrections = self.delay.correct(corrections)
+            corrections = self.delay.correct(given)
         done = self.stepper.correct_commands(corrections)
         newest = self.stepper.first_id + self.stepper.k
         for step, efforts in corrections:

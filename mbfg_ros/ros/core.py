@@ -42,9 +42,10 @@ class EstimatorCore(Protocol):
     def add_late_observations(self, step: int, observations: Dict[str, float]) -> Tuple[List[str], List[str]]:
         """Fuse readings of the earlier step `Estimate.step`; (fused, refused) reading names."""
 
-    def correct_commands(self, corrections: Sequence[Tuple[int, np.ndarray]]) -> List[int]:
+    def correct_commands(self, corrections: Sequence[tuple]) -> List[int]:
         """Replace the commands (actuator order, NaN: unknown) that the earlier steps `Estimate.step` were
-        estimated with: (step, whole command) pairs; the step ids corrected."""
+        estimated with: (step, whole command[, when each was given, as `step`'s command_times]); the step ids
+        corrected."""
 
     def reset(self) -> None:
         """Forget everything: the next step initializes."""

@@ -338,7 +338,7 @@ class EstimatorNode(Node):
         later ones each covers) were estimated with, in their factors: the smoother revises the window, so the
         next outputs use them (as with late readings)."""
         steps = self._estimate_steps
-        by_id = [(steps[k], efforts) for k, efforts in corrections if k in steps]
+        by_id = [(steps[k], efforts, self._command_times(k, latest=False)) for k, efforts in corrections if k in steps]
         if not by_id:
             return
         try:
@@ -443,15 +443,18 @@ class EstimatorNode(Node):
         return self.alignment.to_step(values, stamps_ns, self.sched.t_of(k), last.v, last.a,
                                       self.sched.t_of(self.last_k))
 
-    def _command_times(self, k: int) -> Optional[List[float]]:
+    def _command_times(self, k: int, latest: bool = True) -> Optional[List[float]]:
         """When the commands held at step k were given, on the core's clock (its step k is at k·dt): their stamps,
-        which the grid rounds to the nearest step (NaN: none yet).  An actuator's delay interpolates the commands
-        by them (`ActuatorDelay.applied`)."""
+        which the grid rounds to the nearest step (NaN: none yet; a late command replaces them with its own).  An
+        actuator's delay interpolates the commands by them (`ActuatorDelay.applied`).  `latest`: k is the step
+        just popped; else any step of the window's (None where it is gone)."""
         used = self.sched.used_commands
-        if not used or used[-1][0] != k:
+        entry = (used[-1] if used and used[-1][0] == k else None) if latest else \
+            next((u for u in reversed(used) if u[0] == k), None)
+        if entry is None:
             return None
         t0, dt, grid = self.sched.t0_ns, self.config.dt, self.sched.dt_ns
-        return [k * dt + (st - t0 - k * grid) / NS if st >= 0 else math.nan for st in used[-1][2]]
+        return [k * dt + (st - t0 - k * grid) / NS if st >= 0 else math.nan for st in entry[2]]
 
     def _step(self, k: int, efforts, observations):
         t_k = self.sched.t_of(k)
