@@ -88,12 +88,7 @@ def delayed_commands(t: np.ndarray, commands: np.ndarray, delays: Sequence[float
     commands = np.asarray(commands, float)
     out = commands.copy()
     n = len(t)
-    for j, time_constant in enumerate(time_constants or ()):
-        if time_constant > 0.0:
-            out[:, j] = lagged(t, delayed_commands(t, commands[:, [j]], [delays[j]]), time_constant)[:, 0]
     for j, delay in enumerate(delays):
-        if time_constants is not None and time_constants[j] > 0.0:
-            continue
         if delay > 0.0 and n > 1:
             # `_held_between` for every row at once: a positive delay's time lies before the row's own
             s = t - delay
@@ -106,6 +101,9 @@ def delayed_commands(t: np.ndarray, commands: np.ndarray, delays: Sequence[float
             held = ((k < 0) | (k >= np.arange(n)) | (s - t[np.maximum(k, 0)] <= STAMP_TOLERANCE)
                     | ~np.isfinite(a) | ~np.isfinite(b))
             out[:, j] = np.where(held, a, blend)
+    for j, time_constant in enumerate(time_constants or ()):
+        if time_constant > 0.0:
+            out[:, j] = lagged(t, out[:, [j]], time_constant)[:, 0]
     return out
 
 
