@@ -182,13 +182,11 @@ class Diagnostics:
         if self.mech.actuator_names:
             kinds = effort_kinds(config.mode, self.mech, config.actuator_efforts)
             kv["actuator_efforts"] = ", ".join(f"{n}={k}" for n, k in zip(self.mech.actuator_names, kinds))
-            delays = configured_delays(self.mech, config.actuator_delays)
-            if any(delays):
-                kv["actuator_delays"] = ", ".join(f"{n}={1e3 * d:g} ms" for n, d in zip(self.mech.actuator_names, delays))
-            lags = configured_time_constants(self.mech, config.actuator_time_constants)
-            if any(lags):
-                kv["actuator_time_constants"] = ", ".join(f"{n}={1e3 * x:g} ms" for n, x in zip(
-                    self.mech.actuator_names, lags))
+            for key, times in (("actuator_delays", configured_delays(self.mech, config.actuator_delays)),
+                               ("actuator_time_constants",
+                                configured_time_constants(self.mech, config.actuator_time_constants))):
+                if any(times):
+                    kv[key] = ", ".join(f"{n}={1e3 * x:g} ms" for n, x in zip(self.mech.actuator_names, times))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

@@ -239,26 +239,25 @@ def declare_parameters(node) -> StartupParameters:
             floating_point_range=_float_range(1e-15, 1e15))).value
         if share != 1.0:           # (1: no information, whatever the effort's kind)
             effort_shares[joint] = float(share)
-    actuator_delays = {}
-    for joint, declared in zip(mech.actuator_names, mech.actuator_delays):
-        delay = d(f"actuator_delays.{joint}", float(declared), PD(
-            description=f"The time [s] after which actuator '{joint}' applies a command (its driver's latency; "
-                        f"default from the mechanism file's 'delay'): each step applies the command that long before "
-                        f"it, interpolated between the two given around then; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; "
-                        f"changing it restarts the estimator",
-            floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
-        if delay != declared:
-            actuator_delays[joint] = float(delay)
-    actuator_time_constants = {}
-    for joint, declared in zip(mech.actuator_names, mech.actuator_time_constants):
-        lag = d(f"actuator_time_constants.{joint}", float(declared), PD(
-            description=f"The time constant [s] of the first-order lag through which actuator '{joint}' follows a "
-                        f"command after its delay (its current loop's rise; default from the mechanism file's "
-                        f"'time_constant'; 0: none); ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts "
-                        f"the estimator",
-            floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
-        if lag != declared:
-            actuator_time_constants[joint] = float(lag)
+    def actuator_times(key: str, declared_times, describe) -> Dict[str, float]:
+        """`<key>.<joint>` per actuator, a time in seconds defaulting to the mechanism file's (`declared_times`);
+        {joint: value} of those set otherwise (the configuration's overrides)."""
+        out = {}
+        for joint, declared in zip(mech.actuator_names, declared_times):
+            value = d(f"{key}.{joint}", float(declared), PD(
+                description=f"{describe(joint)}; ≥ 0 and under {MAX_ACTUATOR_DELAY:g}; changing it restarts the "
+                            f"estimator",
+                floating_point_range=_float_range(0.0, MAX_ACTUATOR_DELAY))).value
+            if value != declared:
+                out[joint] = float(value)
+        return out
+    actuator_delays = actuator_times("actuator_delays", mech.actuator_delays, lambda joint: (
+        f"The time [s] after which actuator '{joint}' applies a command (its driver's latency; default from the "
+        f"mechanism file's 'delay'): each step applies the command that long before it, interpolated between the "
+        f"two given around then"))
+    actuator_time_constants = actuator_times("actuator_time_constants", mech.actuator_time_constants, lambda joint: (
+        f"The time constant [s] of the first-order lag through which actuator '{joint}' follows a command after its "
+        f"delay (its current loop's rise; default from the mechanism file's 'time_constant'; 0: none)"))
     prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
         description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
                     "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
