@@ -539,9 +539,7 @@ class FixedLagEstimator:
             values = last.parameters.copy()
         if window is not None and not ident.held:
             try:
-                sd = np.sqrt(np.clip(np.diagonal(window.marginal_covariance(self.stepper.k))[
-                    self.layout.slices["theta"]], 0.0, None))
-                std = sd
+                std = ident.window_std(window, self.stepper.k, self.layout)
             except Exception:
                 std = np.full(ident.size, np.nan)
         return {"names": ident.names, "values": values, "std": std, "prior_std": P.prior_sigma.copy(),
@@ -787,8 +785,7 @@ class FixedLagEstimator:
             return False
         self._bound_wait = BOUND_CHECK_STEPS
         try:
-            std = np.sqrt(np.clip(np.diagonal(self.window.marginal_covariance(k))[self.layout.slices["theta"]],
-                                  0.0, None))
+            std = ident.window_std(self.window, k, self.layout)
         except Exception:       # (a window that cannot give its marginal: checked again later)
             return False
         below = ident.below_bound(theta, std)

@@ -106,15 +106,24 @@ class Identification:
             return
         if not np.isfinite(theta).all():
             return
-        # friction and a payload are never negative: a window's excursion below 0 is not kept
-        self.mean = np.where(self.nonnegative, np.maximum(theta, 0.0), theta)
         try:
-            P = window.marginal_covariance(k)
-            sd = np.sqrt(np.clip(np.diagonal(P)[sl], 0.0, None))
-            if np.isfinite(sd).all():
-                self.sigma = np.minimum(sd, self.parameters.prior_sigma * 10.0)
+            sd = self.window_std(window, k, layout)
         except Exception:
-            pass
+            sd = None
+        self._believe(theta, sd)
+
+    @staticmethod
+    def window_std(window, k: int, layout) -> np.ndarray:
+        """The marginal 1σ of θ at step k of `window` (raises where the window cannot give it)."""
+        return np.sqrt(np.clip(np.diagonal(window.marginal_covariance(k))[layout.slices["theta"]], 0.0, None))
+
+    def _believe(self, theta: np.ndarray, sd: Optional[np.ndarray]):
+        """The belief carried into the next window: the estimates `theta` (friction and a payload are never
+        negative: an excursion below 0 is not kept) and their 1σ `sd` (at most 10× the prior's; None or not
+        finite: the σ as it was)."""
+        self.mean = np.where(self.nonnegative, np.maximum(theta, 0.0), theta)
+        if sd is not None and np.isfinite(sd).all():
+            self.sigma = np.minimum(np.asarray(sd, dtype=float), self.parameters.prior_sigma * 10.0)
 
     def below_bound(self, theta: np.ndarray, std: np.ndarray) -> np.ndarray:
         """Which of the estimates `theta` (marginal 1σ `std`) lie below their physical bound: a friction or a
@@ -128,8 +137,7 @@ class Identification:
         """The belief for a new window from the estimates `theta` (1σ `std`): those `below` their bound moved onto
         it (0), their σ kept (they learn on from the bound; the efforts' state takes what they held:
         `FixedLagEstimator._efforts_for_parameters`), each counted in `projections`."""
-        self.mean = np.where(self.nonnegative, np.maximum(theta, 0.0), theta)
-        self.sigma = np.minimum(np.asarray(std, dtype=float), self.parameters.prior_sigma * 10.0)
+        self._believe(theta, std)
         self.projections += np.asarray(below, dtype=int)
 
     def reset(self):
