@@ -75,11 +75,28 @@ def interpolate(stamps: np.ndarray, grid: np.ndarray, q: np.ndarray, qd: np.ndar
     return out
 
 
+def _settled(probe, near_end: int, quiet: float = 3.0, timeout: float = 120.0) -> bool:
+    """Wait until the node's newest published stamp is past `near_end` [ns] and has not moved for `quiet` s: on a
+    busy machine the node works through its backlog after the bag's end, and its last steps come seconds later."""
+    from ros_helpers import stamp_ns
+    end = time.monotonic() + timeout
+    newest, since = None, time.monotonic()
+    while time.monotonic() < end:
+        js = probe.snapshot("js")
+        stamp = stamp_ns(js[-1][1].header.stamp) if js else None
+        if stamp != newest:
+            newest, since = stamp, time.monotonic()
+        elif newest is not None and newest >= near_end and time.monotonic() - since >= quiet:
+            return True
+        time.sleep(0.05)
+    return newest is not None and newest >= near_end
+
+
 def replay(rec: rh.Recording, mode: str, workdir: Path, rate: float = RATE, log=print) -> rh.Output:
     """`rec` as a bag through a fresh estimator node in `mode`: the node's estimates at the rows (`interpolate`),
     `reinitializations` = its diagnostics' lost_track + solver_recoveries + reinitializations, `note` its final
     counters."""
-    from ros_helpers import BagPlayer, Probe, estimator_process, fresh_domain_id, stamp_ns, wait_until
+    from ros_helpers import BagPlayer, Probe, estimator_process, fresh_domain_id, stamp_ns
     mech_path = rh.MECHANISMS / rh.DESIGNS[rec.design].mechanism
     dt = float(np.median(np.diff(rec.t)))
     bag = workdir / rec.name
@@ -96,9 +113,7 @@ def replay(rec: rh.Recording, mode: str, workdir: Path, rate: float = RATE, log=
         player = BagPlayer(probe, bag, topics=["/clock", "/joint_observations", "/commanded_effort"], rate=rate)
         player.start()
         player.join(timeout=10 * (rec.t[-1] - rec.t[0]) / rate + 60)
-        last = int(info["stamps_ns"][-1])
-        if not wait_until(lambda: probe.snapshot("js") and stamp_ns(probe.snapshot("js")[-1][1].header.stamp)
-                          >= last - 20 * dt * NS, 30.0):
+        if not _settled(probe, int(info["stamps_ns"][-1]) - int(20 * dt * NS)):
             log(f"  {rec.name} {mode}: the node's outputs stopped before the bag's end")
         diag = probe.wait_diag(lambda d: True, 5.0) or {}
         js = {stamp_ns(m.header.stamp): m for _, m in probe.snapshot("js")}
