@@ -9,8 +9,8 @@
 Arguments (see mbfg_ros/ros/launch_description.py): use_sim_time (false), config
 (share/mbfg_ros/config/four_bar.yaml), mechanism (share/mbfg_ros/mechanisms/four_bar_crank.yaml),
 mode ('' = as in the config file), sim (true: also start four_bar_sim).
-Both processes get FASTDDS_DEFAULT_PROFILES_FILE=share/mbfg_ros/config/fastdds_discovery.xml (quicker
-discovery) unless it is set already; see docs/ros2_interfaces.md, "DDS discovery profile".
+Both processes get the Fast DDS profile share/mbfg_ros/config/fastdds_discovery.xml (quicker
+discovery) unless the user names one; see docs/ros2_interfaces.md, "DDS discovery profile".
 """
 
 from mbfg_ros.ros.launch_description import estimator_launch_description

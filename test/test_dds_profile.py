@@ -8,17 +8,23 @@ No timing is asserted (start-up times are measured by bench/node_startup.py); wa
 
 from __future__ import annotations
 
+import os
 import py_compile
+import re
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from ros_helpers import CONFIG, REPO, Probe, RosProcess, estimator_process, fresh_domain_id, rclpy_available, wait_until
 from mbfg_ros.ros.demo import ros_env
-from mbfg_ros.ros.package_files import DISCOVERY_PROFILE, PROFILE_VARIABLES, config_file, discovery_profile_env
+from mbfg_ros.ros import package_files
+from mbfg_ros.ros.package_files import (DISCOVERY_PROFILE, PROFILE_VARIABLES, config_file, discovery_profile_env,
+                                        fast_dds_major, profile_variables)
 
 PROFILE = REPO / "config" / DISCOVERY_PROFILE
 NS = {"dds": "http://www.eprosima.com"}
@@ -55,10 +61,13 @@ def test_the_environment_names_the_profile_unless_the_user_names_one(monkeypatch
     # the package's file: the source's, or its copy where the package under test is installed (colcon, pip)
     package_profile = config_file(DISCOVERY_PROFILE)
     assert package_profile.read_bytes() == PROFILE.read_bytes()
-    # both names: Fast DDS 3 (Kilted) reads the first only, Fast DDS 2 (Humble, Jazzy) the second only
+    # the name this Fast DDS reads: 3 (Kilted) the first (the second with a warning), 2 (Humble, Jazzy) the second
     assert PROFILE_VARIABLES == ("FASTDDS_DEFAULT_PROFILES_FILE", "FASTRTPS_DEFAULT_PROFILES_FILE")
-    assert discovery_profile_env({}) == {name: str(package_profile) for name in PROFILE_VARIABLES}
-    assert all(ros_env(7)[name] == str(package_profile) for name in PROFILE_VARIABLES)
+    ours = profile_variables(os.environ)
+    assert len(ours) == 1 or fast_dds_major(os.environ) is None, ours
+    assert discovery_profile_env({}) == {name: str(package_profile) for name in profile_variables({})}
+    assert all(ros_env(7)[name] == str(package_profile) for name in ours)
+    assert all(name in ours or name not in ros_env(7) for name in PROFILE_VARIABLES)
     for name in PROFILE_VARIABLES:
         assert discovery_profile_env({name: "/my/profile.xml"}) == {}
         monkeypatch.setenv(name, "/my/profile.xml")
@@ -67,6 +76,26 @@ def test_the_environment_names_the_profile_unless_the_user_names_one(monkeypatch
         monkeypatch.delenv(name)
     with pytest.raises(FileNotFoundError, match="no_such_file.xml"):
         config_file("no_such_file.xml")
+
+
+def test_the_profile_is_named_by_the_variable_the_distributions_fast_dds_reads():
+    """A sourced ROS installation says its distribution: Humble and Jazzy (Fast DDS 2) read only the old name;
+    Kilted's Fast DDS 3 reads the new one and warns about the old one at every start.  Unknown: both."""
+    profile = Path("/p.xml")
+    for distro in ("humble", "jazzy", "Jazzy "):
+        assert discovery_profile_env({"ROS_DISTRO": distro}, profile) == {"FASTRTPS_DEFAULT_PROFILES_FILE": "/p.xml"}
+    for distro in ("kilted", "rolling", "lyrical"):
+        assert discovery_profile_env({"ROS_DISTRO": distro}, profile) == {"FASTDDS_DEFAULT_PROFILES_FILE": "/p.xml"}
+    assert fast_dds_major({"ROS_DISTRO": "jazzy"}) == 2 and fast_dds_major({"ROS_DISTRO": "kilted"}) == 3
+    # without ROS_DISTRO (the PyPI wheels): the installed Fast DDS's version, both names when there is none
+    package_files._installed_fast_dds_major.cache_clear()
+    try:
+        with mock.patch.object(package_files.importlib.metadata, "distributions", return_value=[]):
+            assert profile_variables({}) == PROFILE_VARIABLES
+            assert set(discovery_profile_env({}, profile)) == set(PROFILE_VARIABLES)
+    finally:
+        package_files._installed_fast_dds_major.cache_clear()
+    assert discovery_profile_env({"ROS_DISTRO": "humble", "FASTDDS_DEFAULT_PROFILES_FILE": "/mine.xml"}) == {}
 
 
 def test_the_launch_files_compile():
@@ -89,6 +118,8 @@ def test_the_rmw_reads_the_file_the_variable_names(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "participant created" in out.stdout, out.stdout + out.stderr
     assert "XMLPARSER" in out.stdout + out.stderr and str(broken) in out.stdout + out.stderr
+    # named by the variable this Fast DDS reads without a word (Kilted's warns about the old one)
+    assert not re.search(r"PROFILES_FILE.*deprecated", out.stdout + out.stderr), out.stdout + out.stderr
 
 
 @needs_ros

@@ -276,9 +276,10 @@ def test_plant_lateness_statistics_do_not_grow():
 
 
 SOAK_S = 24.0
-# The plant's resident memory over the second half of a short soak at dt 2 ms.  Measured (bench/soak.py,
-# 60 s at dt 2 ms): the plant that kept every lateness sample grew 680–800 kB/min, the bounded one 0–70
-# (page-granular noise); the bound is between them with room for a busy machine.
+# The plant's resident memory over the second half of a short soak at dt 2 ms, less its largest single rise
+# (`soak.steady_growth_kb_per_min`: the least-squares slope took one 32-kB allocator step in the last 12 s for
+# 349 kB/min in a CI run).  Measured (bench/soak.py, 60 s at dt 2 ms): the plant that kept every lateness sample
+# grew 680–800 kB/min, a rise every second; the bounded one 0–70 (page-granular noise); the bound is between them.
 PLANT_GROWTH_BOUND_KB_PER_MIN = 300.0
 
 
@@ -292,7 +293,7 @@ def test_plant_memory_flat_over_a_short_soak(tmp_path):
     table = "\n".join(f"{r[0]:6.1f} s  plant {r[1]:9.0f} kB  estimator {r[2]:9.0f} kB  {r[3]:5.0f} estimates/s"
                       for r in res["rows"])
     assert res["exit_codes"] == {"estimator": 0, "plant": 0}, res
-    assert growth["plant"]["second_half"] < PLANT_GROWTH_BOUND_KB_PER_MIN, f"{growth}\n{table}"
+    assert growth["plant"]["second_half_steady"] < PLANT_GROWTH_BOUND_KB_PER_MIN, f"{growth}\n{table}"
 
 
 def test_a_long_run_starts_at_once_and_publishes_every_sample(tmp_path):

@@ -92,7 +92,7 @@ def test_sim_node_refuses_bad_actuator_parameters(args, message):
 def own_lines(stderr: str) -> str:
     """stderr without rcl's and the RMW's own warnings (Jazzy warns that ROS_LOCALHOST_ONLY, which the tests set
     beside ROS_AUTOMATIC_DISCOVERY_RANGE for Humble, is deprecated; Kilted's Fast DDS that
-    FASTRTPS_DEFAULT_PROFILES_FILE, which a test's probe sets in this process's environment for Humble and Jazzy, is)."""
+    FASTRTPS_DEFAULT_PROFILES_FILE is, where the version of Fast DDS is not known and both are set)."""
     return "\n".join(line for line in stderr.strip().splitlines()
                      if "] [rcl]: " not in line and "] [rmw_fastrtps_shared_cpp]: " not in line)
 

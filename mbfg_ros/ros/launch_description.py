@@ -7,8 +7,9 @@ executable four_bar_sim, which owns /clock when use_sim_time is set; its node is
 as the parameter file's section for it: `four_bar_sim`, `pick_and_place_sim`).
 
 Both processes get the package's Fast DDS profile (share/mbfg_ros/config/fastdds_discovery.xml: quicker
-discovery of a node started beside running ones) through FASTDDS_DEFAULT_PROFILES_FILE (Fast DDS 3) and
-FASTRTPS_DEFAULT_PROFILES_FILE (Fast DDS 2: Humble, Jazzy), unless one is already set; other RMWs ignore them.
+discovery of a node started beside running ones) through FASTDDS_DEFAULT_PROFILES_FILE (Fast DDS 3: Kilted) or
+FASTRTPS_DEFAULT_PROFILES_FILE (Fast DDS 2: Humble, Jazzy), by ROS_DISTRO (`package_files.profile_variables`),
+unless one is already set; other RMWs ignore them.
 
 Imports `launch` and `launch_ros` (a ROS 2 installation), so only launch files import this module.
 """
