@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -781,9 +782,14 @@ def test_the_core_comes_from_the_factory_also_when_rebuilt():
         # no fitted density at the edge of its range: said, and no warning; one at its top warns and says why
         assert kv["density_fit_limits"] == "none" and "density fit" not in node.diagnostic_status()[1][2]
         built[0][1].density_fit_limits = lambda: {"effort_density": "bottom", "acceleration_density": "top"}
+        logged, logger = [], node.diag.logger
+        node.diag.logger = SimpleNamespace(warning=logged.append)
         level, _, message, _, kv = node.diagnostic_status()[1]
+        node.diag.logger = logger
         assert kv["density_fit_limits"] == "effort_density bottom, acceleration_density top"
         assert level == DiagnosticStatus.WARN and "at the top of its range for acceleration_density:" in message
+        # logged as a state, without a count (it said "(0 so far)"); counted kinds keep theirs
+        assert [line for line in logged if line.startswith("density_fit_limits: the online density fit")], logged
         assert node.set_parameters([Parameter("mode", value="fused")])[0].successful
         kv = node.diagnostic_status()[1][4]                 # fused: the disturbance's density instead
         assert "effort_density" not in kv and float(kv["disturbance_density"]) > 0

@@ -133,15 +133,17 @@ class Diagnostics:
         self._log_times: Dict[str, float] = {}
 
     def warn_kind(self, kind: str, detail):
-        """Log the first occurrence of each kind, then at most every WARN_EVERY_S with the running count
-        (`detail`: a text, or a function that makes it, called only when the line is logged)."""
+        """Log the first occurrence of each kind, then at most every WARN_EVERY_S with the running count of a
+        counted kind (a state, e.g. the density fit at an edge, has none) (`detail`: a text, or a function that
+        makes it, called only when the line is logged)."""
         now = time.monotonic()
         last = self._log_times.get(kind)
         if last is None or now - last > WARN_EVERY_S:
             self._log_times[kind] = now
-            n = self.counters.get(kind, self.events.get(kind, 0))
+            n = self.counters.get(kind, self.events.get(kind))
+            count = "" if n is None else f" ({n} so far)"
             # details quote outside strings (each already cut by `shown`): the line is bounded as a whole too
-            self.logger.warning(f"{kind} ({n} so far): {shown(detail() if callable(detail) else detail, MAX_LINE)}")
+            self.logger.warning(f"{kind}{count}: {shown(detail() if callable(detail) else detail, MAX_LINE)}")
 
     def reject(self, kind: str, detail):
         self.counters[kind] = self.counters.get(kind, 0) + 1
