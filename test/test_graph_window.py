@@ -86,3 +86,23 @@ def test_each_step_is_evaluated_with_its_own_values(crank, kernel, monkeypatch):
     assert enc.value == 0.0
     # without a passed value the unit's own is taken (for parameters fixed at construction)
     assert model.params_of({})[i] == (0.0,)
+
+
+def test_a_gtsam_without_the_api_the_package_calls_is_named_at_import():
+    """gtsam 4.3a1 (the newest wheel for Python 3.10) has IncrementalFixedLagSmoother without getISAM2Result and
+    calculateEstimateVector: every step failed on them ("cannot initialize yet (AttributeError ...)"), now the
+    import of mbfg_ros.graph says what is missing and what to install."""
+    import types
+
+    import gtsam
+    import mbfg_ros.graph as graph
+    assert graph.missing_gtsam_api() == []                     # the installed one
+    smoother = type("IncrementalFixedLagSmoother", (), {"update": None, "marginalCovariance": None,
+                                                        "getFactors": None})
+    old = types.SimpleNamespace(**{name: getattr(gtsam, name) for name in graph.NEEDED})
+    old.IncrementalFixedLagSmoother = smoother
+    del old.LinearContainerFactor
+    assert graph.missing_gtsam_api(old) == ["IncrementalFixedLagSmoother.getISAM2Result",
+                                            "IncrementalFixedLagSmoother.calculateEstimateVector",
+                                            "LinearContainerFactor"]
+    assert issubclass(graph.GtsamTooOld, ImportError)
