@@ -7,19 +7,21 @@ NEES at 36–75 (the launch file warned within 3 s)."""
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
 from ros_helpers import REPO
-from mbfg_ros.estimation.config import EstimatorConfig
 from mbfg_ros.estimation.estimator import FixedLagEstimator
 from mbfg_ros.model.mechanism import load_mechanism
 from mbfg_ros.ros.package_files import plant_node_name
 from mbfg_ros.sim.plant import Actuator, SimulatedPlant
 from mbfg_ros.tuning.params_file import node_parameters, read_params
+
+sys.path.insert(0, str(REPO / "bench"))
+from estimation_quality import estimator_config_from_file  # noqa: E402  (what the bench's --params reads)
 
 SECONDS = 4.0
 SCORED_FROM = 1.0     # [s] after the fit's first estimates
@@ -31,15 +33,12 @@ def test_a_shipped_parameter_file_fits_the_plant_its_launch_file_starts(config):
     _, node = node_parameters(path)
     mech = load_mechanism(str(node["mechanism"]))
     dt = float(node["dt"])
-    settings = read_params(path, mech)
-    base = EstimatorConfig(dt=dt, mode="fused", compute_covariance=True)
-    kwargs = {k: ({**getattr(base, k), **v} if isinstance(getattr(base, k), dict) else v)
-              for k, v in settings.items() if k in {f.name for f in dataclasses.fields(EstimatorConfig)}
-              and k not in ("dt", "mode")}
-    cfg = dataclasses.replace(base, **kwargs).validated()
+    read_params(path, mech)                     # (the file's estimator settings are valid for its mechanism)
+    cfg = estimator_config_from_file(str(path), dt, "fused")
     doc = yaml.safe_load(path.read_text())
-    plant = doc[f"/**/{plant_node_name(path)}"]["ros__parameters"]
-    actuator = Actuator.from_values(mech, {k: v for k, v in plant["actuator"].items() if k != "ideal"})
+    values = dict(doc[f"/**/{plant_node_name(path)}"]["ros__parameters"]["actuator"])
+    # (as the plant node reads its section: `ideal` applies the commands exactly, whatever the other values)
+    actuator = Actuator.ideal(mech) if values.pop("ideal", False) else Actuator.from_values(mech, values)
     encoders = [s.name for s in mech.sensors if s.kind == "encoder"]
     traj = SimulatedPlant(mech, dt=dt, seed=5, actuator=actuator, sensors=encoders).simulate(SECONDS)
     est = FixedLagEstimator(mech, cfg)
