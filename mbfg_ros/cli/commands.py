@@ -268,11 +268,13 @@ def cmd_info(args) -> int:
                                               f"{fr['coulomb_velocity']:g})")
                      + ("" if kind is None else f", effort {kind}")
                      + ("" if not delay else f", applies a command {1e3 * delay:g} ms after it is given")
-                     + ("" if not lag else f", through a {1e3 * lag:g}-ms first-order lag") + ")"
-                     for c, j, limit, unit, fr, mo, kind, delay, lag in zip(
+                     + ("" if not lag else f", through a {1e3 * lag:g}-ms first-order lag")
+                     + ("" if not ripple else f", ±{ripple:g} {unit} about its command (1σ)") + ")"
+                     for c, j, limit, unit, fr, mo, kind, delay, lag, ripple in zip(
                          info["actuated"], info["actuator_joints"], info["effort_limits"], info["effort_units"],
                          info["actuator_friction"], info["actuator_motor"], info["actuator_efforts"],
-                         info["actuator_delays"], info["actuator_time_constants"])) or "none"
+                         info["actuator_delays"], info["actuator_time_constants"],
+                         info["actuator_effort_sigmas"])) or "none"
     rows = [
         ("mechanism", f"{info['name']}  ({info['source']})"),
         ("coordinates n", str(info["n"])),
@@ -534,6 +536,8 @@ def cmd_estimate(args) -> int:
                                  **from_file.get("actuator_time_constants", {}),
                                  **_actuator_delay_options(args.actuator_time_constant, mech,
                                                            "--actuator-time-constant")},
+                             actuator_effort_sigmas={**from_file.get("actuator_effort_sigmas", {}),
+                                                     **_effort_sigma_options(args.effort_sigma, mech)},
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
                              adapt_deflection=bool(adapt_deflection),
                              actuator_efforts=kinds, identify=identify)
@@ -565,7 +569,8 @@ def cmd_identify(args) -> int:
     """Offline identification: the estimator over the whole recording with the parameters held constant, its final
     estimate and 1σ written into the mechanism's `identify:` section (the priors the node starts from); with
     --measured, first each named actuator's latency from its commanded to its measured effort, written as its
-    `delay` (and used by the identification)."""
+    `delay` (and used by the identification), and the measured effort's precision about that response as its
+    `effort_sigma`."""
     from pathlib import Path
 
     import yaml
@@ -607,12 +612,17 @@ def cmd_identify(args) -> int:
         mech = Mechanism(dataclasses.replace(mech.spec, actuators=tuple(
             dataclasses.replace(a, delay=responses[a.joint][0], time_constant=responses[a.joint][1])
             if a.joint in responses else a for a in mech.spec.actuators)))
+    ripples = _effort_sigmas(args, mech, t, efforts)
+    for joint, sigma in ripples.items():
+        doc["actuators"][mech.actuator_names.index(joint)]["effort_sigma"] = sigma
     identifying = entries is not None or bool(mech.spec.identify)
     if identifying:
         doc["identify"] = _identified(args, mech, entries, table, cols, efforts)
     what = ", ".join(filter(None, ["its identify: section set to the parameters identified offline (value, 1σ): "
                                    "the priors the estimator starts from" if identifying else "",
-                                   f"the latency of {', '.join(delays)} (delay, time_constant)" if delays else ""]))
+                                   f"the latency of {', '.join(delays)} (delay, time_constant)" if delays else "",
+                                   f"the precision of {', '.join(ripples)} about its command (effort_sigma)"
+                                   if ripples else ""]))
     header = (f"# Written by: mbfg identify {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['identify'] else ''}\n"
               f"# {source} with {what or 'nothing changed'}, from {args.observations}.  (YAML comments of the source "
               "are not kept.)\n")
@@ -628,12 +638,10 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
     from mbfg_ros.estimation.actuator_delay import LATENCY_TIMED, command_response, latency_timed
     if not args.measured_columns:
         return {}
-    columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
     if commands is None:
         raise UserError("--measured JOINT=COLUMN names measured efforts of the --torques file, beside the "
                         "commands: give --torques")
-    table = csvio.read_table(args.torques, args.time_column).select(columns, "measured effort")
-    measured = csvio.interpolate(table, list(columns), t)
+    columns, measured = _measured_efforts(args, mech, t)
     out = {}
     for k, joint in enumerate(columns):
         j = mech.actuator_names.index(joint)
@@ -649,6 +657,32 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
                   f"-ms lag comes only {ratio:.2f}× as close to the measured effort, at least {LATENCY_TIMED:g}× "
                   f"needed: its commands move too slowly, or the response is longer than the grid's): delay and "
                   f"time_constant left as they are", file=sys.stderr)
+    return out
+
+
+def _measured_efforts(args, mech, t: np.ndarray) -> Tuple[Dict[str, str], np.ndarray]:
+    """--measured JOINT=COLUMN: {joint: column} and those columns of the --torques file at the times t."""
+    columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
+    table = csvio.read_table(args.torques, args.time_column).select(columns, "measured effort")
+    return columns, csvio.interpolate(table, list(columns), t)
+
+
+def _effort_sigmas(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, float]:
+    """--measured JOINT=COLUMN: each named actuator's `effort_sigma` (`response_sigma` of its measured effort about
+    its command as the actuator, timed or as declared, applies it), printed; {joint: σ}."""
+    from mbfg_ros.estimation.actuator_delay import RESPONSE_SMOOTHING, delayed_commands, response_sigma
+    if not args.measured_columns or commands is None:
+        return {}
+    columns, measured = _measured_efforts(args, mech, t)
+    applied = delayed_commands(t, commands, mech.actuator_delays, mech.actuator_time_constants)
+    out = {}
+    for k, joint in enumerate(columns):
+        j = mech.actuator_names.index(joint)
+        (sigma,) = response_sigma(t, applied[:, [j]], measured[:, [k]])
+        if math.isfinite(sigma):
+            out[joint] = float(f"{sigma:.4g}")
+            print(f"{joint}.effort_sigma = {out[joint]:g} (its measured effort about the command's response, less "
+                  f"the departure's {RESPONSE_SMOOTHING:g}-s running mean: what no reading resolves)")
     return out
 
 
@@ -840,6 +874,26 @@ def _actuator_delay_options(items, mech, option: str = "--actuator-delay") -> Di
             raise UserError(f"{option} {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
                             f"({', '.join(mech.actuator_names) or 'none'})")
         out[name] = delay
+    return out
+
+
+def _effort_sigma_options(items, mech) -> Dict[str, float]:
+    """--effort-sigma NAME=SIGMA (repeatable or comma-separated) as {actuator joint: σ}; UserError naming what is
+    wrong."""
+    out: Dict[str, float] = {}
+    for item in (e for entry in items for e in entry.split(",") if e.strip()):
+        name, eq, value = (x.strip() for x in item.partition("="))
+        try:
+            sigma = float(value) if eq else math.nan
+        except ValueError:
+            sigma = math.nan
+        if not (sigma >= 0.0 and math.isfinite(sigma)):
+            raise UserError(f"--effort-sigma takes NAME=SIGMA, SIGMA a finite effort >= 0 in N·m (or N) "
+                            f"(got '{excerpt(item)}')")
+        if name not in mech.actuator_names:
+            raise UserError(f"--effort-sigma {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
+                            f"({', '.join(mech.actuator_names) or 'none'})")
+        out[name] = sigma
     return out
 
 
@@ -1067,6 +1121,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="actuator NAME follows a command, after its delay, through a first-order lag of time "
                         "constant SECONDS (0: none); repeatable or comma-separated; wins over the --params file's "
                         "actuator_time_constants and the mechanism file's 'time_constant' keys")
+    s.add_argument("--effort-sigma", action="append", default=[], metavar="NAME=SIGMA",
+                   help="the 1σ [N·m or N] of the effort actuator NAME applies about its response to the command "
+                        "that no reading resolves (torque ripple): part of the efforts' published σ wherever the "
+                        "command is used; repeatable or comma-separated; wins over the --params file's "
+                        "actuator_effort_sigmas and the mechanism file's 'effort_sigma' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "
                         "and one column per such joint, in the coordinate's unit; their efforts are estimated")
@@ -1123,7 +1182,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "constant) in column COLUMN of the --torques file (repeatable or comma-separated): its "
                         "response, the delay and the first-order lag after which its command comes closest to it, "
                         "is written as the actuator's delay and time_constant (where its commands move fast enough "
-                        "to time it) and used by the identification")
+                        "to time it) and used by the identification, and its departure from that response beyond "
+                        "what the readings resolve as the actuator's effort_sigma")
     s.add_argument("--sensor-sigma", action="append", default=[], metavar="NAME=SIGMA",
                    help="a sensor's σ in its units (repeatable; default: the mechanism file's)")
     s.add_argument("--window", type=_positive("--window", int), default=10, metavar="N", help="(default 10)")

@@ -42,6 +42,9 @@ STAMP_TOLERANCE = 1e-9
 LATENCY_LONGEST = 0.015    # [s] the longest latency `command_response` looks for, ...
 LATENCY_STEP = 0.0005      # ... on this grid (and the lag's time constant on it)
 LAG_LONGEST = 0.008        # [s] the longest time constant of the lag it looks for
+#: [s] `response_sigma` leaves out the departure's running mean over this: what a fused disturbance follows (the
+#: real double pendulum's fitted disturbance time constants 0.03–0.3 s)
+RESPONSE_SMOOTHING = 0.1
 #: a latency is timed where the delayed (and lagged) command comes this much closer to the measured effort (RMS over
 #: the undelayed's) inside the grids: the DFKI motors' fast runs 0.39 and 0.56 delayed alone; smooth commands
 #: 0.78–1.0, at the grid's top (slow mismatches, no latency)
@@ -157,6 +160,32 @@ def command_response(t: np.ndarray, commands: np.ndarray, measured: np.ndarray, 
         out_lag.append(float(lags[best_lag]))
         out_ratio.append(float(errors[best_lag, best_delay] / errors[0, 0]))
     return out_delay, out_lag, out_ratio
+
+
+def response_sigma(t: np.ndarray, applied: np.ndarray, measured: np.ndarray, rows=None,
+                   smoothing: float = RESPONSE_SMOOTHING) -> List[float]:
+    """Per column, the 1σ of the `measured` effort about the command's modelled response `applied` (N, k; the
+    commands through `delayed_commands`) that no reading resolves: the RMS over `rows` (a mask) of their departure
+    less its centred running mean over `smoothing` [s] (the slow part, which a fused estimator's disturbance takes
+    in from the positions).  NaN where a column has no row with both."""
+    t = np.asarray(t, float)
+    e = np.atleast_2d(np.asarray(measured, float).T).T - np.atleast_2d(np.asarray(applied, float).T).T
+    keep = np.ones(len(t), bool) if rows is None else np.asarray(rows, bool)
+    lo = np.searchsorted(t, t - smoothing / 2, side="left")
+    hi = np.searchsorted(t, t + smoothing / 2, side="right")
+    out = []
+    for j in range(e.shape[1]):
+        ok = np.isfinite(e[:, j])
+        if not (ok & keep).any():
+            out.append(math.nan)
+            continue
+        x = np.where(ok, e[:, j], 0.0)
+        s = np.concatenate(([0.0], np.cumsum(x)))
+        n = np.concatenate(([0], np.cumsum(ok)))
+        mean = (s[hi] - s[lo]) / np.maximum(n[hi] - n[lo], 1)
+        fast = (x - mean)[ok & keep]
+        out.append(float(np.sqrt(np.mean(fast ** 2))))
+    return out
 
 
 def latency_timed(delay: float, time_constant: float, ratio: float, longest: float = LATENCY_LONGEST,
@@ -288,6 +317,13 @@ def configured_time_constants(mech, overrides: Optional[Dict[str, float]] = None
     """Per actuator its lag's time constant [s]: `overrides` (`EstimatorConfig.actuator_time_constants`) over the
     mechanism's `time_constant` keys; ValueError naming an unknown joint."""
     return _configured(mech, mech.actuator_time_constants, overrides, "actuator_time_constants")
+
+
+def configured_effort_sigmas(mech, overrides: Optional[Dict[str, float]] = None) -> List[float]:
+    """Per actuator the 1σ of its applied effort about its response to the command: `overrides`
+    (`EstimatorConfig.actuator_effort_sigmas`) over the mechanism's `effort_sigma` keys; ValueError naming an unknown
+    joint."""
+    return _configured(mech, mech.actuator_effort_sigmas, overrides, "actuator_effort_sigmas")
 
 
 def _configured(mech, declared, overrides, key: str) -> List[float]:

@@ -40,6 +40,9 @@ class EstimatorConfig:
     # per actuator (joint name) the time constant [s] of its lag after the delay, over the mechanism's
     # `time_constant` keys
     actuator_time_constants: Dict[str, float] = field(default_factory=dict)
+    # per actuator (joint name) the 1σ of its applied effort about its response to the command, over the
+    # mechanism's `effort_sigma` keys (part of the published effort σ where the command is used)
+    actuator_effort_sigmas: Dict[str, float] = field(default_factory=dict)
     # actuator parameters identified online, JOINT.PARAMETER[=SIGMA] entries (PARAMETER: gain, viscous_friction,
     # coulomb_friction); None: the mechanism's `identify:` section; (): none (estimation/identification.py)
     identify: Optional[Tuple[str, ...]] = None
@@ -122,6 +125,9 @@ class EstimatorConfig:
                 if not is_actuator_delay(delay):
                     problems.append(f"{key}.{name} must be a time in seconds, >= 0 and under "
                                     f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
+        for name, sigma in self.actuator_effort_sigmas.items():
+            if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (sigma >= 0 and np.isfinite(sigma)):
+                problems.append(f"actuator_effort_sigmas.{name} must be a finite number >= 0 (got {sigma!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:
             problems.append(f"unknown noise parameter names {sorted(unknown)} (known: {sorted(default_sigmas())})")

@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from mbfg_ros.dynamics.cache import EvalContext
+from mbfg_ros.estimation.actuator_delay import configured_effort_sigmas
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.efforts import EffortModel
 from mbfg_ros.estimation.step_factors import StepFactors
@@ -35,6 +36,16 @@ def copy_estimate(e: Estimate) -> Estimate:
     return out
 
 
+def command_variances(mech: Mechanism, config: EstimatorConfig, efforts: EffortModel) -> Optional[np.ndarray]:
+    """Per actuator (actuator order) the variance its effort's σ adds for its command: the square of its
+    `effort_sigma` (the configuration's over the mechanism's) where the effort model uses its command, 0 elsewhere
+    (an estimated effort ignores its command, a passive one is exactly 0); None where that is 0 for every one."""
+    sigmas = np.array(configured_effort_sigmas(mech, config.actuator_effort_sigmas), dtype=float)
+    used = np.array([efforts.takes_command(i) for i in range(efforts.na)], dtype=bool)
+    out = np.where(used, sigmas ** 2, 0.0)
+    return out if out.size and out.any() else None
+
+
 class Estimates:
     """Makes the estimates (`make`), checks them (`check`) and tracks the assembly mode: ``requested`` (a
     step leaving it is a failure), ``mode`` (the current one: a change is reported).  With automatic
@@ -55,6 +66,9 @@ class Estimates:
         self._n = mech.n
         self._covariance = config.compute_covariance
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
+        # each actuator's stated precision of its applied effort about its command's response, squared, where its
+        # command enters the effort (None: none stated)
+        self.command_variances = command_variances(mech, config, efforts)
         self._mode_arrays: dict = {}         # assembly mode (tuple) -> its read-only array, shared by estimates
         self.reset()
 
@@ -118,6 +132,10 @@ class Estimates:
                                else np.zeros(self.efforts.na))
                 if self.efforts.disturbance(x_tau) is not None:
                     disturbance_std = efforts_std.copy()
+                if self.command_variances is not None:
+                    # (a step without a command has no command's error: the disturbance took its whole effort)
+                    given = np.isfinite(efforts) if len(efforts) == len(efforts_std) else True
+                    efforts_std = np.sqrt(efforts_std ** 2 + np.where(given, self.command_variances, 0.0))
             except Exception as exc:      # covariance is a by-product: report, do not fail
                 messages.append(f"covariance unavailable ({exc})")
         if newest and k % COORDINATE_CHECK_INTERVAL == 0:

@@ -50,7 +50,7 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "time_constant", "gear_ratio", "rotor_inertia",
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "time_constant", "effort_sigma", "gear_ratio", "rotor_inertia",
                   "viscous_friction", "coulomb_friction", "coulomb_velocity", "effort")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
@@ -661,6 +661,7 @@ class _Builder:
                                     rotor_inertia=rotor, stator_angle=stator, effort=self.effort_kind(entry, path),
                                     delay=self.actuator_delay(entry, path, "delay"),
                                     time_constant=self.actuator_delay(entry, path, "time_constant"),
+                                    effort_sigma=self.effort_sigma(entry, path),
                                     **self.actuator_friction(entry, path)))
         return out
 
@@ -732,6 +733,16 @@ class _Builder:
             example = "a driver's latency of 5 ms" if key == "delay" else "a current loop's 3-ms rise"
             self.fail(f"{path}.{key}", f"must be a time in seconds, >= 0 and under {_fmt(MAX_ACTUATOR_DELAY)} "
                                        f"(got {_fmt(x)}; {example} is {0.005 if key == 'delay' else 0.003})")
+        return x
+
+    def effort_sigma(self, entry: Dict[str, Any], path: str) -> float:
+        """An actuator's `effort_sigma` (≥ 0, finite; 0 without)."""
+        if "effort_sigma" not in entry:
+            return 0.0
+        x = self.expr(entry["effort_sigma"], f"{path}.effort_sigma")
+        if not (x >= 0.0 and math.isfinite(x)):
+            self.fail(f"{path}.effort_sigma", f"must be a finite number >= 0 (got {_fmt(x)}): the 1σ of the effort "
+                                              "the actuator applies about its response to the command")
         return x
 
     def actuator_friction(self, entry: Dict[str, Any], path: str) -> Dict[str, float]:

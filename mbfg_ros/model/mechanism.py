@@ -121,6 +121,8 @@ class Mechanism:
         self.actuator_delays = tuple(float(a.delay) for a in spec.actuators)
         # per actuator: [s] the time constant of its lag after the delay (0: none)
         self.actuator_time_constants = tuple(float(a.time_constant) for a in spec.actuators)
+        # per actuator: 1σ of its applied effort about its response to the command, unresolved by any reading
+        self.actuator_effort_sigmas = tuple(float(a.effort_sigma) for a in spec.actuators)
         # the actuators' joint friction (None without: the dynamics then skip it at no cost)
         self.friction: Optional[Friction] = Friction.of_actuators(act, spec.actuators)
         sensors = [Sensor(e.name, "encoder", float(e.sigma), coordinate=self.coordinate_index(e.coordinate, "sensors"),
@@ -383,6 +385,7 @@ class Mechanism:
             "actuator_efforts": list(self.actuator_efforts),     # declared kinds (None: the estimator's mode)
             "actuator_delays": list(self.actuator_delays),       # [s] from a command to its application
             "actuator_time_constants": list(self.actuator_time_constants),   # [s] its lag after the delay
+            "actuator_effort_sigmas": list(self.actuator_effort_sigmas),     # its command's precision as an effort
             # per actuator: {viscous, coulomb, coulomb_velocity} of its friction, or None
             "actuator_friction": [None if self.friction is None else self.friction.describe(int(c))
                                   for c in self.actuated],

@@ -119,6 +119,10 @@ class ActuatorSpec:
     # [s] after the delay the applied effort follows the command through a first-order lag of this time constant
     # (a current loop's rise; 0: none; `estimation.actuator_delay`)
     time_constant: float = 0.0
+    # 1σ [N·m or N] of the effort it applies about that response to its command that no reading resolves (its
+    # torque ripple, the response model's error): part of the published effort σ wherever the command is used
+    # (`estimation.estimates`); 0: the command is exact
+    effort_sigma: float = 0.0
 
 
 @dataclass(frozen=True)

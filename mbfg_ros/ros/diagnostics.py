@@ -12,7 +12,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from mbfg_ros import native
-from mbfg_ros.estimation.actuator_delay import configured_delays, configured_time_constants
+from mbfg_ros.estimation.actuator_delay import configured_delays, configured_effort_sigmas, configured_time_constants
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.density_adaptation import limits_warning
 from mbfg_ros.estimation.efforts import effort_kinds
@@ -189,6 +189,9 @@ class Diagnostics:
                                 configured_time_constants(self.mech, config.actuator_time_constants))):
                 if any(times):
                     kv[key] = ", ".join(f"{n}={1e3 * x:g} ms" for n, x in zip(self.mech.actuator_names, times))
+            ripples = configured_effort_sigmas(self.mech, config.actuator_effort_sigmas)
+            if any(ripples):
+                kv["actuator_effort_sigmas"] = ", ".join(f"{n}={x:g}" for n, x in zip(self.mech.actuator_names, ripples))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

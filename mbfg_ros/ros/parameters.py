@@ -258,6 +258,16 @@ def declare_parameters(node) -> StartupParameters:
     actuator_time_constants = actuator_times("actuator_time_constants", mech.actuator_time_constants, lambda joint: (
         f"The time constant [s] of the first-order lag through which actuator '{joint}' follows a command after its "
         f"delay (its current loop's rise; default from the mechanism file's 'time_constant'; 0: none)"))
+    actuator_effort_sigmas = {}
+    for joint, declared in zip(mech.actuator_names, mech.actuator_effort_sigmas):
+        value = d(f"actuator_effort_sigmas.{joint}", float(declared), PD(
+            description=f"The 1σ [N·m or N] of the effort actuator '{joint}' applies about its response to the "
+                        f"command that no reading resolves (its torque ripple; default from the mechanism file's "
+                        f"'effort_sigma'; 0: the command is exact): part of the published effort σ wherever the "
+                        f"command is used; >= 0; changing it restarts the estimator",
+            floating_point_range=_float_range(0.0, 1e15))).value
+        if value != declared:
+            actuator_effort_sigmas[joint] = float(value)
     prescribed_sigma = d("prescribed_sigma", 1e-3, PD(
         description="How closely the prescribed actuators (effort kind 'prescribed') follow their set-points on "
                     "prescribed_motion: the σ of each set-point as a reading of its coordinate, in the "
@@ -397,6 +407,7 @@ def declare_parameters(node) -> StartupParameters:
                                sigmas=dict(sigmas), sensor_sigmas=dict(sensor_sigmas), max_substeps=1,
                                effort_shares=effort_shares, actuator_delays=actuator_delays,
                                actuator_time_constants=actuator_time_constants,
+                               actuator_effort_sigmas=actuator_effort_sigmas,
                                outlier_gate=float(outlier_gate), max_rejections=int(max_rejections),
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
@@ -511,6 +522,10 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
             if not is_actuator_delay(value):
                 return f"parameter '{name}' must be a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}"
             rebuild[name] = float(value)
+        elif name.startswith("actuator_effort_sigmas."):
+            if value is None or not (float(value) >= 0 and math.isfinite(float(value))):
+                return f"parameter '{name}' must be a finite number >= 0"
+            rebuild[name] = float(value)
         elif name.startswith(("sigmas.", "sensor_sigmas.", "effort_shares.")) or name == "prescribed_sigma":
             if value is None or not (float(value) > 0 and math.isfinite(float(value))):
                 return f"parameter '{name}' must be > 0"
@@ -522,11 +537,14 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
     if rebuild:
         sig, ssig, shares = dict(config.sigmas), dict(config.sensor_sigmas), dict(config.effort_shares)
         delays, lags = dict(config.actuator_delays), dict(config.actuator_time_constants)
+        ripples = dict(config.actuator_effort_sigmas)
         for name, value in rebuild.items():
             if name.startswith("actuator_delays."):
                 delays[name[len("actuator_delays."):]] = value
             elif name.startswith("actuator_time_constants."):
                 lags[name[len("actuator_time_constants."):]] = value
+            elif name.startswith("actuator_effort_sigmas."):
+                ripples[name[len("actuator_effort_sigmas."):]] = value
             elif name.startswith("sigmas."):
                 sig[name[len("sigmas."):]] = value
             elif name.startswith("effort_shares."):
@@ -540,6 +558,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
         try:
             config = replace(config, mode=rebuild.get("mode", config.mode), sigmas=sig, sensor_sigmas=ssig,
                              effort_shares=shares, actuator_delays=delays, actuator_time_constants=lags,
+                             actuator_effort_sigmas=ripples,
                              actuator_efforts=rebuild.get("actuator_efforts", config.actuator_efforts),
                              identify=rebuild["identify"] if "identify" in rebuild else config.identify).validated()
         except ValueError as e:

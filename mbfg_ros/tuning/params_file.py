@@ -4,6 +4,7 @@ config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` 
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, Optional, Tuple
 
 from mbfg_ros.excerpt import excerpt
@@ -22,7 +23,7 @@ NODE_ONLY_KEYS = frozenset((
     "start_type_description_service"))
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "actuator_delays",
-                "actuator_time_constants", "adapt_densities", "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
+                "actuator_time_constants", "actuator_effort_sigmas", "adapt_densities", "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
 
 
 class ParamsFileError(ValueError):
@@ -100,7 +101,8 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
 
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
     """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
-    sensor_sigmas, effort_shares, actuator_delays and actuator_time_constants as dicts, checked against the noise
+    sensor_sigmas, effort_shares, actuator_delays, actuator_time_constants and actuator_effort_sigmas as dicts,
+    checked against the noise
     parameters and the mechanism's sensors and actuators).  Keys the node knows but `mbfg estimate` does not use are
     accepted and left out; anything else is a ParamsFileError."""
     key, params = node_parameters(path)
@@ -135,6 +137,18 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                 if not is_actuator_delay(v):
                     raise ParamsFileError(f"{where}.{excerpt(k)} must be a time in seconds, >= 0 and under "
                                           f"{MAX_ACTUATOR_DELAY:g} (got {excerpt(repr(v))})")
+                table[k] = float(v)
+            out[name] = table
+        elif name == "actuator_effort_sigmas":
+            if not isinstance(value, dict):
+                raise ParamsFileError(f"{where} must be a mapping of actuator joints to efforts (1σ, N·m or N)")
+            table = {}
+            for k, v in value.items():
+                if k not in actuators:
+                    raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
+                                          f"{', '.join(sorted(actuators))})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
+                    raise ParamsFileError(f"{where}.{excerpt(k)} must be a finite number >= 0 (got {excerpt(repr(v))})")
                 table[k] = float(v)
             out[name] = table
         elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):
