@@ -77,6 +77,28 @@ def start_up_error(*overrides: str) -> str:
         rclpy.shutdown(context=ctx)
 
 
+@contextlib.contextmanager
+def estimator_node_here(*overrides: str):
+    """An estimator node built in this process (not spun) from the `-p` overrides (NAME:=VALUE), on a fresh domain;
+    destroyed and its context shut down after."""
+    import rclpy
+    from rclpy.context import Context
+    from mbfg_ros.ros import node as N
+    args = ["--ros-args"]
+    for override in overrides:
+        args += ["-p", override]
+    ctx = Context()
+    rclpy.init(args=args, context=ctx, domain_id=fresh_domain_id())
+    try:
+        node = N.EstimatorNode(context=ctx)
+        try:
+            yield node
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=ctx)
+
+
 def fresh_domain_id() -> int:
     """A ROS_DOMAIN_ID for one test (1..100; ≤ 101 for localhost): distinct per test in this process, and
     from those of the other test processes on this machine that use this function (reserved: DOMAIN_LOCK_DIR)."""

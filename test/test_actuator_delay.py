@@ -340,43 +340,29 @@ def test_the_node_takes_the_delays_as_parameters(tmp_path):
     core and the diagnostics; changed at run time they rebuild it; a negative one is refused with the reason and
     the node keeps its parameters."""
     pytest.importorskip("rclpy")
-    import sys
-    from pathlib import Path
-    import rclpy
-    from rclpy.context import Context
     from rclpy.parameter import Parameter
-    from mbfg_ros.ros import node as N
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ros_helpers import fresh_domain_id
-    ctx = Context()
-    rclpy.init(args=["--ros-args", "-p", "mechanism:=double_pendulum_a0", "-p", "mode:=fused", "-p", "dt:=0.002",
-                     "-p", "publish_markers:=false"], context=ctx, domain_id=fresh_domain_id())
-    try:
-        node = N.EstimatorNode(context=ctx)
-        try:
-            assert node.config.actuator_delays == {}
-            assert node.get_parameter("actuator_delays.q1").value == 0.003
-            assert list(node.core.delay.delays) == [0.003, 0.003]
-            assert list(node.core.delay.time_constants) == [0.004, 0.004]
-            assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
-            assert node.config.actuator_delays == {"q2": 0.0}
-            assert list(node.core.delay.delays) == [0.003, 0.0]
-            assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=3 ms, q2=0 ms"
-            assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=4 ms, q2=4 ms"
-            assert node.get_parameter("actuator_time_constants.q2").value == 0.004
-            assert node.set_parameters([Parameter("actuator_time_constants.q1", value=0.001)])[0].successful
-            assert node.config.actuator_time_constants == {"q1": 0.001}
-            assert list(node.core.delay.time_constants) == [0.001, 0.004]
-            assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=1 ms, q2=4 ms"
-            for name in ("actuator_delays.q1", "actuator_time_constants.q2"):
-                refused = node.set_parameters([Parameter(name, value=-0.001)])[0]
-                assert not refused.successful and name in refused.reason, refused.reason
-            assert node.config.actuator_delays == {"q2": 0.0}
-            assert node.config.actuator_time_constants == {"q1": 0.001}
-        finally:
-            node.destroy_node()
-    finally:
-        rclpy.shutdown(context=ctx)
+    from ros_helpers import estimator_node_here
+    with estimator_node_here("mechanism:=double_pendulum_a0", "mode:=fused", "dt:=0.002",
+                             "publish_markers:=false") as node:
+        assert node.config.actuator_delays == {}
+        assert node.get_parameter("actuator_delays.q1").value == 0.003
+        assert list(node.core.delay.delays) == [0.003, 0.003]
+        assert list(node.core.delay.time_constants) == [0.004, 0.004]
+        assert node.set_parameters([Parameter("actuator_delays.q2", value=0.0)])[0].successful
+        assert node.config.actuator_delays == {"q2": 0.0}
+        assert list(node.core.delay.delays) == [0.003, 0.0]
+        assert node.diagnostic_status()[1][4]["actuator_delays"] == "q1=3 ms, q2=0 ms"
+        assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=4 ms, q2=4 ms"
+        assert node.get_parameter("actuator_time_constants.q2").value == 0.004
+        assert node.set_parameters([Parameter("actuator_time_constants.q1", value=0.001)])[0].successful
+        assert node.config.actuator_time_constants == {"q1": 0.001}
+        assert list(node.core.delay.time_constants) == [0.001, 0.004]
+        assert node.diagnostic_status()[1][4]["actuator_time_constants"] == "q1=1 ms, q2=4 ms"
+        for name in ("actuator_delays.q1", "actuator_time_constants.q2"):
+            refused = node.set_parameters([Parameter(name, value=-0.001)])[0]
+            assert not refused.successful and name in refused.reason, refused.reason
+        assert node.config.actuator_delays == {"q2": 0.0}
+        assert node.config.actuator_time_constants == {"q1": 0.001}
 
 
 def test_a_parameter_file_sets_the_delays_for_mbfg_estimate(tmp_path):

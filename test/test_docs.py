@@ -113,6 +113,8 @@ def test_every_estimator_parameter_is_documented_with_its_run_time_column():
             return "actuator_delays.<joint>"
         if name.startswith("actuator_time_constants."):
             return "actuator_time_constants.<joint>"
+        if name.startswith("actuator_effort_sigmas."):
+            return "actuator_effort_sigmas.<joint>"
         if name.startswith("qos_overrides."):
             return "qos_overrides.<topic>.<publisher|subscription>.<policy>"
         raise AssertionError(f"parameter '{name}' of the estimator node is not in docs/ros2_interfaces.md's "

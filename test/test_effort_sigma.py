@@ -16,20 +16,11 @@ from mbfg_ros.model.loader import load_spec_from_string
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism
 from mbfg_ros.model.spec import MechanismError
 
+from test_actuator_delay import CRANK          # (a one-link crank whose actuator takes the keys given)
 from test_late_commands import STEPS, commands, motion  # noqa: F401  (fixture)
 
 RIPPLE = 0.7            # [N·m] the crank's stated precision in these tests
 
-CRANK = """
-name: rippling_crank
-points:
-  - {x: 0, y: 0, fixed: true}
-  - {x: 1, y: 0}
-planar_bodies:
-  - {points: [0, 1], length: 1, mass: 1, I0: 0.3, cog: [0.5, 0]}
-actuators:
-  - {coordinate: x1, %s}
-"""
 
 
 def run(mech, motion, config, handed):
@@ -217,31 +208,17 @@ def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
     """`actuator_effort_sigmas.<joint>` (default: the mechanism file's) reaches the core and the diagnostics;
     changed at run time it rebuilds it; a negative one is refused with the reason."""
     pytest.importorskip("rclpy")
-    import sys
-    from pathlib import Path
-    import rclpy
-    from rclpy.context import Context
     from rclpy.parameter import Parameter
-    from mbfg_ros.ros import node as N
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ros_helpers import fresh_domain_id
-    ctx = Context()
-    rclpy.init(args=["--ros-args", "-p", "mechanism:=double_pendulum_a0", "-p", "mode:=fused", "-p", "dt:=0.002",
-                     "-p", "publish_markers:=false"], context=ctx, domain_id=fresh_domain_id())
-    try:
-        node = N.EstimatorNode(context=ctx)
-        try:
-            assert node.config.actuator_effort_sigmas == {}
-            assert node.get_parameter("actuator_effort_sigmas.q2").value == 0.062
-            np.testing.assert_allclose(node.core.estimates.command_variances, [0.053 ** 2, 0.062 ** 2])
-            assert node.diagnostic_status()[1][4]["actuator_effort_sigmas"] == "q1=0.053, q2=0.062"
-            assert node.set_parameters([Parameter("actuator_effort_sigmas.q1", value=0.0)])[0].successful
-            assert node.config.actuator_effort_sigmas == {"q1": 0.0}
-            np.testing.assert_allclose(node.core.estimates.command_variances, [0.0, 0.062 ** 2])
-            refused = node.set_parameters([Parameter("actuator_effort_sigmas.q2", value=-0.1)])[0]
-            assert not refused.successful and "actuator_effort_sigmas.q2" in refused.reason, refused.reason
-            assert node.config.actuator_effort_sigmas == {"q1": 0.0}
-        finally:
-            node.destroy_node()
-    finally:
-        rclpy.shutdown(context=ctx)
+    from ros_helpers import estimator_node_here
+    with estimator_node_here("mechanism:=double_pendulum_a0", "mode:=fused", "dt:=0.002",
+                             "publish_markers:=false") as node:
+        assert node.config.actuator_effort_sigmas == {}
+        assert node.get_parameter("actuator_effort_sigmas.q2").value == 0.062
+        np.testing.assert_allclose(node.core.estimates.command_variances, [0.053 ** 2, 0.062 ** 2])
+        assert node.diagnostic_status()[1][4]["actuator_effort_sigmas"] == "q1=0.053, q2=0.062"
+        assert node.set_parameters([Parameter("actuator_effort_sigmas.q1", value=0.0)])[0].successful
+        assert node.config.actuator_effort_sigmas == {"q1": 0.0}
+        np.testing.assert_allclose(node.core.estimates.command_variances, [0.0, 0.062 ** 2])
+        refused = node.set_parameters([Parameter("actuator_effort_sigmas.q2", value=-0.1)])[0]
+        assert not refused.successful and "actuator_effort_sigmas.q2" in refused.reason, refused.reason
+        assert node.config.actuator_effort_sigmas == {"q1": 0.0}

@@ -860,40 +860,33 @@ def _actuator_delay_options(items, mech, option: str = "--actuator-delay") -> Di
     """--actuator-delay (or --actuator-time-constant) NAME=SECONDS (repeatable or comma-separated) as {actuator
     joint: s}; UserError naming what is wrong."""
     from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay
-    out: Dict[str, float] = {}
-    for item in (e for entry in items for e in entry.split(",") if e.strip()):
-        name, eq, value = (x.strip() for x in item.partition("="))
-        try:
-            delay = float(value) if eq else math.nan
-        except ValueError:
-            delay = math.nan
-        if not is_actuator_delay(delay):
-            raise UserError(f"{option} takes NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (5 ms is 0.005; "
-                            f"got '{excerpt(item)}')")
-        if name not in mech.actuator_names:
-            raise UserError(f"{option} {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
-                            f"({', '.join(mech.actuator_names) or 'none'})")
-        out[name] = delay
-    return out
+    return _actuator_number_options(items, mech, option, is_actuator_delay,
+                                    f"NAME=SECONDS, 0 <= SECONDS < {MAX_ACTUATOR_DELAY:g} (5 ms is 0.005; ")
 
 
 def _effort_sigma_options(items, mech) -> Dict[str, float]:
     """--effort-sigma NAME=SIGMA (repeatable or comma-separated) as {actuator joint: σ}; UserError naming what is
     wrong."""
+    return _actuator_number_options(items, mech, "--effort-sigma", lambda x: x >= 0.0 and math.isfinite(x),
+                                    "NAME=SIGMA, SIGMA a finite effort >= 0 in N·m (or N) (")
+
+
+def _actuator_number_options(items, mech, option: str, valid, takes: str) -> Dict[str, float]:
+    """NAME=NUMBER entries of `option` (repeatable or comma-separated) as {actuator joint: number}, each `valid`;
+    UserError "`option` takes `takes`got '<entry>')" or naming an unknown actuator."""
     out: Dict[str, float] = {}
     for item in (e for entry in items for e in entry.split(",") if e.strip()):
         name, eq, value = (x.strip() for x in item.partition("="))
         try:
-            sigma = float(value) if eq else math.nan
+            number = float(value) if eq else math.nan
         except ValueError:
-            sigma = math.nan
-        if not (sigma >= 0.0 and math.isfinite(sigma)):
-            raise UserError(f"--effort-sigma takes NAME=SIGMA, SIGMA a finite effort >= 0 in N·m (or N) "
-                            f"(got '{excerpt(item)}')")
+            number = math.nan
+        if not valid(number):
+            raise UserError(f"{option} takes {takes}got '{excerpt(item)}')")
         if name not in mech.actuator_names:
-            raise UserError(f"--effort-sigma {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
+            raise UserError(f"{option} {excerpt(item)}: '{excerpt(name)}' is not an actuator of the mechanism "
                             f"({', '.join(mech.actuator_names) or 'none'})")
-        out[name] = sigma
+        out[name] = number
     return out
 
 

@@ -126,7 +126,8 @@ class EstimatorConfig:
                     problems.append(f"{key}.{name} must be a time in seconds, >= 0 and under "
                                     f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
         for name, sigma in self.actuator_effort_sigmas.items():
-            if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (sigma >= 0 and np.isfinite(sigma)):
+            if (isinstance(sigma, bool) or not isinstance(sigma, (int, float))
+                    or not (sigma >= 0 and np.isfinite(sigma))):
                 problems.append(f"actuator_effort_sigmas.{name} must be a finite number >= 0 (got {sigma!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:

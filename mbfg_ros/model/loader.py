@@ -50,8 +50,8 @@ GROUND = "ground"           # the parent of a joint angle measured from the grou
 # per type: (allowed keys, required keys)
 _SLIDER_SCHEMAS = {"fixed": (("type", "point", "line", "name"), ("type", "point", "line")),
                    "mobile": (("type", "point", "line_points", "name"), ("type", "point", "line_points"))}
-_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "time_constant", "effort_sigma", "gear_ratio", "rotor_inertia",
-                  "viscous_friction", "coulomb_friction", "coulomb_velocity", "effort")
+_ACTUATOR_KEYS = ("coordinate", "joint", "effort_limit", "delay", "time_constant", "effort_sigma", "gear_ratio",
+                  "rotor_inertia", "viscous_friction", "coulomb_friction", "coulomb_velocity", "effort")
 _SENSOR_SCHEMAS = {"encoder": (("type", "coordinate", "sigma", "name", "turns", "counts_per_turn"),
                                ("type", "coordinate")),
                    "gyroscope": (("type", "body", "sigma", "name", "max_rate"), ("type", "body", "sigma"))}

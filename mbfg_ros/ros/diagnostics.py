@@ -191,7 +191,8 @@ class Diagnostics:
                     kv[key] = ", ".join(f"{n}={1e3 * x:g} ms" for n, x in zip(self.mech.actuator_names, times))
             ripples = configured_effort_sigmas(self.mech, config.actuator_effort_sigmas)
             if any(ripples):
-                kv["actuator_effort_sigmas"] = ", ".join(f"{n}={x:g}" for n, x in zip(self.mech.actuator_names, ripples))
+                kv["actuator_effort_sigmas"] = ", ".join(f"{n}={x:g}"
+                                                         for n, x in zip(self.mech.actuator_names, ripples))
         est = last_estimate
         if est is not None:
             kv["assembly_mode"] = branch_text(self.mech, est.assembly_mode)

@@ -23,7 +23,8 @@ NODE_ONLY_KEYS = frozenset((
     "start_type_description_service"))
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "actuator_delays",
-                "actuator_time_constants", "actuator_effort_sigmas", "adapt_densities", "adapt_sensor_sigmas", "adapt_deflection", "smoothed_lag")
+                "actuator_time_constants", "actuator_effort_sigmas", "adapt_densities", "adapt_sensor_sigmas",
+                "adapt_deflection", "smoothed_lag")
 
 
 class ParamsFileError(ValueError):
@@ -99,6 +100,21 @@ def node_parameters(path) -> Tuple[str, Dict[str, object]]:
     return key, params
 
 
+def _per_actuator(value, where: str, mech: Mechanism, unit: str, valid, must: str) -> Dict[str, float]:
+    """A mapping of actuator joints to numbers, each `valid`; ParamsFileError naming the key."""
+    if not isinstance(value, dict):
+        raise ParamsFileError(f"{where} must be a mapping of actuator joints to {unit}")
+    table = {}
+    for k, v in value.items():
+        if k not in mech.actuator_names:
+            raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
+                                  f"{', '.join(sorted(mech.actuator_names))})")
+        if not valid(v):
+            raise ParamsFileError(f"{where}.{excerpt(k)} must be {must} (got {excerpt(repr(v))})")
+        table[k] = float(v)
+    return table
+
+
 def read_params(path, mech: Mechanism) -> Dict[str, object]:
     """The estimator settings of a parameter file: {key: value} for the keys in APPLIED_KEYS it has (sigmas,
     sensor_sigmas, effort_shares, actuator_delays, actuator_time_constants and actuator_effort_sigmas as dicts,
@@ -127,30 +143,12 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
                 table[k] = float(v)
             out[name] = table
         elif name in ("actuator_delays", "actuator_time_constants"):
-            if not isinstance(value, dict):
-                raise ParamsFileError(f"{where} must be a mapping of actuator joints to seconds")
-            table = {}
-            for k, v in value.items():
-                if k not in actuators:
-                    raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
-                                          f"{', '.join(sorted(actuators))})")
-                if not is_actuator_delay(v):
-                    raise ParamsFileError(f"{where}.{excerpt(k)} must be a time in seconds, >= 0 and under "
-                                          f"{MAX_ACTUATOR_DELAY:g} (got {excerpt(repr(v))})")
-                table[k] = float(v)
-            out[name] = table
+            out[name] = _per_actuator(value, where, mech, "seconds", is_actuator_delay,
+                                      f"a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}")
         elif name == "actuator_effort_sigmas":
-            if not isinstance(value, dict):
-                raise ParamsFileError(f"{where} must be a mapping of actuator joints to efforts (1σ, N·m or N)")
-            table = {}
-            for k, v in value.items():
-                if k not in actuators:
-                    raise ParamsFileError(f"{where}.{excerpt(k)}: unknown actuator of {mech.name} (known: "
-                                          f"{', '.join(sorted(actuators))})")
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and math.isfinite(v)):
-                    raise ParamsFileError(f"{where}.{excerpt(k)} must be a finite number >= 0 (got {excerpt(repr(v))})")
-                table[k] = float(v)
-            out[name] = table
+            out[name] = _per_actuator(value, where, mech, "efforts (1σ, N·m or N)",
+                                      lambda v: not isinstance(v, bool) and isinstance(v, (int, float))
+                                      and v >= 0 and math.isfinite(v), "a finite number >= 0")
         elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
