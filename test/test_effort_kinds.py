@@ -166,7 +166,7 @@ def test_commanded_and_passive_in_estimation_mode_are_the_known_efforts(pendulum
     applied = delayed_commands(pendubot.t[:len(out)], commands[:len(out)], pendulum.actuator_delays,
                                pendulum.actuator_time_constants)
     np.testing.assert_array_equal(E[:, 0], np.where(np.isfinite(applied[:, 0]), applied[:, 0], 0.0))
-    # (a commanded effort's σ is its motor's stated precision about the command: the file's effort_sigma)
+    # (a commanded effort's σ is its motor's stated ripple about the command's response: the file's effort_sigma)
     assert out[-1].efforts_std[0] == pendulum.actuator_effort_sigmas[0] > 0 and out[-1].efforts_std[1] > 0
     # the elbow's effort (truly 0) is estimated near 0
     assert _effort_rmse(pendubot, out)[1] < 0.05

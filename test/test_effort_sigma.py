@@ -1,5 +1,5 @@
-"""An actuator's stated precision about its command (`actuators: effort_sigma:`): part of the published effort σ
-wherever the command is used, nothing else changed; `response_sigma` measures it from a recording with a measured
+"""An actuator's stated ripple about its command's response (`actuators: effort_sigma:`): part of the published
+σ of every effort but a passive one, nothing else changed; `response_sigma` measures it from a recording with a measured
 effort (`mbfg identify --measured`); the format, the configuration, a parameter file, `mbfg estimate` and the node
 refuse what is not one."""
 
@@ -19,7 +19,7 @@ from mbfg_ros.model.spec import MechanismError
 from test_actuator_delay import CRANK          # (a one-link crank whose actuator takes the keys given)
 from test_late_commands import STEPS, commands, motion  # noqa: F401  (fixture)
 
-RIPPLE = 0.7            # [N·m] the crank's stated precision in these tests
+RIPPLE = 0.7            # [N·m] the crank's stated ripple in these tests
 
 
 
@@ -38,12 +38,12 @@ def run(mech, motion, config, handed):
     return np.array(values), np.array(stds), dstds, np.array(jvar)
 
 
-@pytest.mark.parametrize("mode", ["fused", "forward_dynamics"])
-def test_the_stated_precision_adds_to_the_published_effort_sigma_and_changes_nothing_else(crank, motion, mode):
+@pytest.mark.parametrize("mode", ["fused", "forward_dynamics", "estimation"])
+def test_the_stated_ripple_adds_to_the_published_effort_sigma_and_changes_nothing_else(crank, motion, mode):
     """The crank with `effort_sigma` 0.7 N·m (the configuration's over the mechanism's none): the estimates are
     the same to the bit; the efforts' σ² is the state's plus 0.49 (fused: the disturbance's marginal, which
-    `disturbance_std` keeps; forward dynamics: 0.7 exactly, the command being the effort), in the joint covariance
-    too; a step without its command adds none (the disturbance then carries the whole effort)."""
+    `disturbance_std` keeps; estimation: the estimated effort's; forward dynamics: 0.7 exactly, the command being
+    the effort), in the joint covariance too, also at steps without a command."""
     config = EstimatorConfig(window=10, mode=mode)
     cmd = commands(motion)
     plain, plain_std, plain_d, plain_j = run(crank, motion, config, cmd)
@@ -52,33 +52,30 @@ def test_the_stated_precision_adds_to_the_published_effort_sigma_and_changes_not
     np.testing.assert_array_equal(values, plain)
     np.testing.assert_allclose(std ** 2, plain_std ** 2 + RIPPLE ** 2, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(jvar, plain_j + RIPPLE ** 2, rtol=1e-12, atol=1e-12)
-    if mode == "fused":
+    if mode == "forward_dynamics":
+        np.testing.assert_allclose(std, RIPPLE, rtol=1e-12)
+        np.testing.assert_array_equal(plain_std, 0.0)
+    else:
         assert plain_std.min() > 0
         for a, b in zip(dstd, plain_d):
             np.testing.assert_array_equal(a, b)
-    else:
-        np.testing.assert_allclose(std, RIPPLE, rtol=1e-12)
-        np.testing.assert_array_equal(plain_std, 0.0)
     if mode == "fused":
         gaps = cmd.copy()
         gaps[100:103] = np.nan
         _, gap_std, _, _ = run(crank, motion, stated, gaps)
         _, gap_plain, _, _ = run(crank, motion, config, gaps)
-        np.testing.assert_allclose(gap_std[100:103], gap_plain[100:103], rtol=1e-12)
-        np.testing.assert_allclose(gap_std[103:] ** 2, gap_plain[103:] ** 2 + RIPPLE ** 2, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(gap_std ** 2, gap_plain ** 2 + RIPPLE ** 2, rtol=1e-12, atol=1e-12)
 
 
-def test_an_effort_that_ignores_its_command_keeps_its_sigma(crank, motion):
-    """Estimation mode (the crank's effort estimated, its command ignored) and a passive actuator (known 0): the
-    stated precision adds nothing."""
+def test_a_passive_effort_keeps_its_sigma(crank, motion):
+    """A passive actuator (its effort known: 0) adds nothing, whatever its stated ripple."""
+    config = EstimatorConfig(window=10, mode="fused", actuator_efforts={"crank": "passive"})
     cmd = commands(motion)
-    for kinds, mode in (({}, "estimation"), ({"crank": "passive"}, "fused")):
-        config = EstimatorConfig(window=10, mode=mode, actuator_efforts=kinds)
-        _, plain_std, _, plain_j = run(crank, motion, config, cmd)
-        _, std, _, jvar = run(crank, motion, dataclasses.replace(config, actuator_effort_sigmas={"crank": RIPPLE}),
-                              cmd)
-        np.testing.assert_array_equal(std, plain_std)
-        np.testing.assert_array_equal(jvar, plain_j)
+    _, plain_std, _, plain_j = run(crank, motion, config, cmd)
+    _, std, _, jvar = run(crank, motion, dataclasses.replace(config, actuator_effort_sigmas={"crank": RIPPLE}), cmd)
+    np.testing.assert_array_equal(std, plain_std)
+    np.testing.assert_array_equal(jvar, plain_j)
+    np.testing.assert_array_equal(std, 0.0)
 
 
 def test_response_sigma_is_the_departure_no_reading_resolves():
@@ -214,11 +211,11 @@ def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
                              "publish_markers:=false") as node:
         assert node.config.actuator_effort_sigmas == {}
         assert node.get_parameter("actuator_effort_sigmas.q2").value == 0.062
-        np.testing.assert_allclose(node.core.estimates.command_variances, [0.053 ** 2, 0.062 ** 2])
+        np.testing.assert_allclose(node.core.estimates.ripple_variances, [0.053 ** 2, 0.062 ** 2])
         assert node.diagnostic_status()[1][4]["actuator_effort_sigmas"] == "q1=0.053, q2=0.062"
         assert node.set_parameters([Parameter("actuator_effort_sigmas.q1", value=0.0)])[0].successful
         assert node.config.actuator_effort_sigmas == {"q1": 0.0}
-        np.testing.assert_allclose(node.core.estimates.command_variances, [0.0, 0.062 ** 2])
+        np.testing.assert_allclose(node.core.estimates.ripple_variances, [0.0, 0.062 ** 2])
         refused = node.set_parameters([Parameter("actuator_effort_sigmas.q2", value=-0.1)])[0]
         assert not refused.successful and "actuator_effort_sigmas.q2" in refused.reason, refused.reason
         assert node.config.actuator_effort_sigmas == {"q1": 0.0}

@@ -1116,8 +1116,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "actuator_time_constants and the mechanism file's 'time_constant' keys")
     s.add_argument("--effort-sigma", action="append", default=[], metavar="NAME=SIGMA",
                    help="the 1σ [N·m or N] of the effort actuator NAME applies about its response to the command "
-                        "that no reading resolves (torque ripple): part of the efforts' published σ wherever the "
-                        "command is used; repeatable or comma-separated; wins over the --params file's "
+                        "that no reading resolves (torque ripple): part of its effort's published σ (not of a passive "
+                        "one); repeatable or comma-separated; wins over the --params file's "
                         "actuator_effort_sigmas and the mechanism file's 'effort_sigma' keys")
     s.add_argument("--prescribed", metavar="PRESC.csv",
                    help="the set-points of the actuators whose effort is 'prescribed' (position-controlled joints): t "

@@ -41,7 +41,7 @@ class EstimatorConfig:
     # `time_constant` keys
     actuator_time_constants: Dict[str, float] = field(default_factory=dict)
     # per actuator (joint name) the 1σ of its applied effort about its response to the command, over the
-    # mechanism's `effort_sigma` keys (part of the published effort σ where the command is used)
+    # mechanism's `effort_sigma` keys (part of the published σ of its effort unless it is passive)
     actuator_effort_sigmas: Dict[str, float] = field(default_factory=dict)
     # actuator parameters identified online, JOINT.PARAMETER[=SIGMA] entries (PARAMETER: gain, viscous_friction,
     # coulomb_friction); None: the mechanism's `identify:` section; (): none (estimation/identification.py)

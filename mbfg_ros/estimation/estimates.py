@@ -36,13 +36,15 @@ def copy_estimate(e: Estimate) -> Estimate:
     return out
 
 
-def command_variances(mech: Mechanism, config: EstimatorConfig, efforts: EffortModel) -> Optional[np.ndarray]:
-    """Per actuator (actuator order) the variance its effort's σ adds for its command: the square of its
-    `effort_sigma` (the configuration's over the mechanism's) where the effort model uses its command, 0 elsewhere
-    (an estimated effort ignores its command, a passive one is exactly 0); None where that is 0 for every one."""
+def ripple_variances(mech: Mechanism, config: EstimatorConfig, efforts: EffortModel) -> Optional[np.ndarray]:
+    """Per actuator (actuator order) the variance its published effort's σ adds for what no reading resolves of
+    it: the square of its `effort_sigma` (the configuration's over the mechanism's), the white part of the effort it
+    applies about its command's response, whatever the mode makes of the command (used, or estimated from the
+    motion: the estimate is of the response either way); 0 for a passive one (its effort is known: 0); None where
+    that is 0 for every one."""
     sigmas = np.array(configured_effort_sigmas(mech, config.actuator_effort_sigmas), dtype=float)
-    used = np.array([efforts.takes_command(i) for i in range(efforts.na)], dtype=bool)
-    out = np.where(used, sigmas ** 2, 0.0)
+    active = np.array([kind != "passive" for kind in efforts.kinds], dtype=bool)
+    out = np.where(active, sigmas ** 2, 0.0)
     return out if out.size and out.any() else None
 
 
@@ -66,9 +68,8 @@ class Estimates:
         self._n = mech.n
         self._covariance = config.compute_covariance
         self._qv = np.r_[factors.layout.slices["q"], factors.layout.slices["v"]]
-        # each actuator's stated precision of its applied effort about its command's response, squared, where its
-        # command enters the effort (None: none stated)
-        self.command_variances = command_variances(mech, config, efforts)
+        # each actuator's stated ripple about its command's response, squared (None: none stated)
+        self.ripple_variances = ripple_variances(mech, config, efforts)
         self._mode_arrays: dict = {}         # assembly mode (tuple) -> its read-only array, shared by estimates
         self.reset()
 
@@ -132,10 +133,8 @@ class Estimates:
                                else np.zeros(self.efforts.na))
                 if self.efforts.disturbance(x_tau) is not None:
                     disturbance_std = efforts_std.copy()
-                if self.command_variances is not None:
-                    # (a step without a command has no command's error: the disturbance took its whole effort)
-                    given = np.isfinite(efforts) if len(efforts) == len(efforts_std) else True
-                    efforts_std = np.sqrt(efforts_std ** 2 + np.where(given, self.command_variances, 0.0))
+                if self.ripple_variances is not None:
+                    efforts_std = np.sqrt(efforts_std ** 2 + self.ripple_variances)
             except Exception as exc:      # covariance is a by-product: report, do not fail
                 messages.append(f"covariance unavailable ({exc})")
         if newest and k % COORDINATE_CHECK_INTERVAL == 0:

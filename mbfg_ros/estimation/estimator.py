@@ -591,7 +591,7 @@ class FixedLagEstimator:
             return None
         P = self.window.marginal_covariance(self.stepper.k)
         return joint_covariance(P, self.layout, self.mech, coordinates, self.efforts.state_coordinates,
-                                self.estimates.command_variances)
+                                self.estimates.ripple_variances)
 
     def prepare_next_step(self) -> bool:
         """Do now the part of the next step (one dt after the newest) that does not depend on its inputs:

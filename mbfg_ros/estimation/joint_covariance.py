@@ -5,7 +5,7 @@ For the coordinates c₁ … c_m (columns of q) it is the covariance of the stac
 the actuator on c (estimated τ in estimation mode; command + disturbance in fused mode, whose uncertainty is the
 disturbance's, the command being known), and 0 — with zero rows and columns — on a coordinate without an
 actuator, of an actuator whose effort is known (commanded or passive: not in the state) or when the efforts are
-the commands (forward dynamics) — but for the stated precision of a command the effort uses (an actuator's
+the commands (forward dynamics) — but for the stated white part of a non-passive actuator's effort (its
 `effort_sigma`), added to its variance.  It is a marginal of the newest step's state
 in the window (one `marginalCovariance` of the smoother, about as costly as `compute_covariance`'s per step),
 so it is computed only when asked.
@@ -23,12 +23,12 @@ from mbfg_ros.model.mechanism import Mechanism
 
 def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordinates: Sequence[int],
                      state_coordinates: Optional[Sequence[int]] = None,
-                     command_variances: Optional[Sequence[float]] = None) -> np.ndarray:
+                     ripple_variances: Optional[Sequence[float]] = None) -> np.ndarray:
     """The (3m × 3m) covariance described in the module docstring, from the newest step's state marginal P
     (ordered as `layout`; its τ block over the actuated coordinates `state_coordinates`, default every
     actuator's in actuator order: `EffortModel.state_coordinates`), plus on each effort's diagonal its
-    actuator's `command_variances` entry (actuator order; `estimates.command_variances`: the stated precision of
-    a command it uses, which no reading resolves and nothing in the state correlates with)."""
+    actuator's `ripple_variances` entry (actuator order; `estimates.ripple_variances`: the stated white part of
+    its effort, which no reading resolves and nothing in the state correlates with)."""
     cols = [int(c) for c in coordinates]
     for c in cols:
         if not 0 <= c < mech.n:
@@ -49,9 +49,9 @@ def joint_covariance(P: np.ndarray, layout: StateLayout, mech: Mechanism, coordi
     out = np.zeros((3 * m, 3 * m))
     out[np.ix_(rows, rows)] = P[np.ix_(index, index)]
     out = 0.5 * (out + out.T)
-    if command_variances is not None:
+    if ripple_variances is not None:
         actuator_at = {int(a): j for j, a in enumerate(mech.actuated)}
         for i, c in enumerate(cols):
             if c in actuator_at:
-                out[2 * m + i, 2 * m + i] += float(command_variances[actuator_at[c]])
+                out[2 * m + i, 2 * m + i] += float(ripple_variances[actuator_at[c]])
     return out

@@ -120,7 +120,7 @@ class ActuatorSpec:
     # (a current loop's rise; 0: none; `estimation.actuator_delay`)
     time_constant: float = 0.0
     # 1σ [N·m or N] of the effort it applies about that response to its command that no reading resolves (its
-    # torque ripple, the response model's error): part of the published effort σ wherever the command is used
+    # torque ripple, the response model's error): part of the published σ of its effort unless it is passive
     # (`estimation.estimates`); 0: the command is exact
     effort_sigma: float = 0.0
 

@@ -263,8 +263,8 @@ def declare_parameters(node) -> StartupParameters:
         value = d(f"actuator_effort_sigmas.{joint}", float(declared), PD(
             description=f"The 1σ [N·m or N] of the effort actuator '{joint}' applies about its response to the "
                         f"command that no reading resolves (its torque ripple; default from the mechanism file's "
-                        f"'effort_sigma'; 0: the command is exact): part of the published effort σ wherever the "
-                        f"command is used; >= 0; changing it restarts the estimator",
+                        f"'effort_sigma'; 0: the command is exact): part of the published σ of its effort (in every "
+                        f"mode; not of a passive one); >= 0; changing it restarts the estimator",
             floating_point_range=_float_range(0.0, 1e15))).value
         if value != declared:
             actuator_effort_sigmas[joint] = float(value)
