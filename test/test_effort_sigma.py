@@ -1,7 +1,7 @@
 """An actuator's stated ripple about its command's response (`actuators: effort_sigma:`): part of the published
-σ of every effort but a passive one, nothing else changed; `response_sigma` measures it from a recording with a measured
-effort (`mbfg identify --measured`); the format, the configuration, a parameter file, `mbfg estimate` and the node
-refuse what is not one."""
+σ of every effort but a passive one, nothing else changed; `response_sigma` measures it from a recording with a
+measured effort (`mbfg identify --measured`); the format, the configuration, a parameter file, `mbfg estimate` and
+the node refuse what is not one."""
 
 import dataclasses
 import math
