@@ -219,3 +219,24 @@ def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
         refused = node.set_parameters([Parameter("actuator_effort_sigmas.q2", value=-0.1)])[0]
         assert not refused.successful and "actuator_effort_sigmas.q2" in refused.reason, refused.reason
         assert node.config.actuator_effort_sigmas == {"q1": 0.0}
+
+
+def test_mbfg_identify_says_why_a_latency_is_not_timed(tmp_path, capsys):
+    """A measured effort 25 ms after its command (past the grids' 15 ms) is reported at the grids' end; a command too
+    smooth to time (a slow sine, no delay) as moving too slowly; both keep the file's delay and time constant."""
+    from mbfg_ros.cli import commands as cli
+    from mbfg_ros.estimation.actuator_delay import delayed_commands
+    t = 0.002 * np.arange(2000)
+    cmd = np.column_stack([np.sign(np.sin(9 * t)) * 0.8, 0.2 * np.sin(0.5 * t)])
+    late = delayed_commands(t, cmd, [0.025, 0.0])
+    obs, torques = tmp_path / "obs.csv", tmp_path / "tau.csv"
+    np.savetxt(obs, np.column_stack([t, 0.1 * np.sin(t), 0.1 * np.cos(t)]), delimiter=",", header="t,q1,q2",
+               comments="")
+    np.savetxt(torques, np.column_stack([t, cmd, late]), delimiter=",", header="t,c1,c2,m1,m2", comments="")
+    rc = cli.main(["identify", "double_pendulum_a0", "--observations", str(obs), "--torques", str(torques),
+                   "--command", "q1=c1,q2=c2", "--measured", "q1=m1,q2=m2", "-o", str(tmp_path / "o.yaml")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "q1: latency not timed" in err and "at the longest the grids try (15 ms, 8 ms)" in err, err
+    assert "q2: latency not timed" in err and "its commands move too slowly to time it" in err, err
+    assert load_mechanism(str(tmp_path / "o.yaml")).actuator_delays == (0.003, 0.003)

@@ -635,7 +635,8 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
     """--measured JOINT=COLUMN: each named actuator's latency and lag (`command_response` of its command against
     the measured effort in that column of the --torques file), printed; {joint: (delay, time constant)} of those
     it times."""
-    from mbfg_ros.estimation.actuator_delay import LATENCY_TIMED, command_response, latency_timed
+    from mbfg_ros.estimation.actuator_delay import (LAG_LONGEST, LATENCY_LONGEST, LATENCY_TIMED, command_response,
+                                                    latency_timed)
     if not args.measured_columns:
         return {}
     if commands is None:
@@ -653,10 +654,13 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
             print(f"{joint}.delay = {delay:.6g} s, {joint}.time_constant = {time_constant:.6g} s (its measured "
                   f"effort follows the command so: RMS {ratio:.2f}× the undelayed command's)")
         else:
+            at_top = not (delay < LATENCY_LONGEST - 1e-12 and time_constant < LAG_LONGEST - 1e-12)
+            why = (f"at the longest the grids try ({1e3 * LATENCY_LONGEST:g} ms, {1e3 * LAG_LONGEST:g} ms): a slow "
+                   f"mismatch, or a response longer than the grids'" if at_top else
+                   f"at least {LATENCY_TIMED:g}× needed: its commands move too slowly to time it")
             print(f"{joint}: latency not timed (the command {1e3 * delay:g} ms later through a {1e3 * time_constant:g}"
-                  f"-ms lag comes only {ratio:.2f}× as close to the measured effort, at least {LATENCY_TIMED:g}× "
-                  f"needed: its commands move too slowly, or the response is longer than the grid's): delay and "
-                  f"time_constant left as they are", file=sys.stderr)
+                  f"-ms lag comes {ratio:.2f}× as close to the measured effort as the undelayed command, {why}): "
+                  f"delay and time_constant left as they are", file=sys.stderr)
     return out
 
 
