@@ -223,12 +223,14 @@ def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
 
 def test_mbfg_identify_says_why_a_latency_is_not_timed(tmp_path, capsys):
     """A measured effort 25 ms after its command (past the grids' 15 ms) is reported at the grids' end; a command too
-    smooth to time (a slow sine, no delay) as moving too slowly; both keep the file's delay and time constant."""
+    smooth to time (a slow sine, no delay, white ripple) as moving too slowly; both keep the file's delay and time
+    constant."""
     from mbfg_ros.cli import commands as cli
     from mbfg_ros.estimation.actuator_delay import delayed_commands
     t = 0.002 * np.arange(2000)
     cmd = np.column_stack([np.sign(np.sin(9 * t)) * 0.8, 0.2 * np.sin(0.5 * t)])
-    late = delayed_commands(t, cmd, [0.025, 0.0])
+    late = delayed_commands(t, cmd, [0.025, 0.0]) + np.column_stack([np.zeros(len(t)),
+                                                                    0.05 * np.random.default_rng(1).standard_normal(len(t))])
     obs, torques = tmp_path / "obs.csv", tmp_path / "tau.csv"
     np.savetxt(obs, np.column_stack([t, 0.1 * np.sin(t), 0.1 * np.cos(t)]), delimiter=",", header="t,q1,q2",
                comments="")

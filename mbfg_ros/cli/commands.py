@@ -654,10 +654,10 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
             print(f"{joint}.delay = {delay:.6g} s, {joint}.time_constant = {time_constant:.6g} s (its measured "
                   f"effort follows the command so: RMS {ratio:.2f}× the undelayed command's)")
         else:
-            at_top = not (delay < LATENCY_LONGEST - 1e-12 and time_constant < LAG_LONGEST - 1e-12)
-            why = (f"at the longest the grids try ({1e3 * LATENCY_LONGEST:g} ms, {1e3 * LAG_LONGEST:g} ms): a slow "
-                   f"mismatch, or a response longer than the grids'" if at_top else
-                   f"at least {LATENCY_TIMED:g}× needed: its commands move too slowly to time it")
+            why = (f"at least {LATENCY_TIMED:g}× needed: its commands move too slowly to time it"
+                   if ratio >= LATENCY_TIMED else
+                   f"at the longest the grids try ({1e3 * LATENCY_LONGEST:g} ms, {1e3 * LAG_LONGEST:g} ms): a slow "
+                   f"mismatch, or a response longer than the grids'")
             print(f"{joint}: latency not timed (the command {1e3 * delay:g} ms later through a {1e3 * time_constant:g}"
                   f"-ms lag comes {ratio:.2f}× as close to the measured effort as the undelayed command, {why}): "
                   f"delay and time_constant left as they are", file=sys.stderr)
