@@ -43,7 +43,7 @@ LATENCY_LONGEST = 0.015    # [s] the longest latency `command_response` looks fo
 LATENCY_STEP = 0.0005      # ... on this grid (and the lag's time constant on it)
 LAG_LONGEST = 0.008        # [s] the longest time constant of the lag it looks for
 #: [s] `response_sigma` leaves out the departure's running mean over this: what a fused disturbance follows (the
-#: real double pendulum's fitted disturbance time constants 0.03–0.3 s)
+#: real double pendulum's fitted disturbance time constants 0.04–0.3 s)
 RESPONSE_SMOOTHING = 0.1
 #: a latency is timed where the delayed (and lagged) command comes this much closer to the measured effort (RMS over
 #: the undelayed's) inside the grids: the DFKI motors' fast runs 0.39 and 0.56 delayed alone; smooth commands
