@@ -242,3 +242,35 @@ def test_mbfg_identify_says_why_a_latency_is_not_timed(tmp_path, capsys):
     assert "q1: latency not timed" in err and "at the longest the grids try (15 ms, 8 ms)" in err, err
     assert "q2: latency not timed" in err and "its commands move too slowly to time it" in err, err
     assert load_mechanism(str(tmp_path / "o.yaml")).actuator_delays == (0.003, 0.003)
+
+
+def test_a_plant_with_ripple_is_covered_by_the_stated_ripple(crank):
+    """The crank four-bar whose actuator states a 2-N·m ripple: the simulated plant asked to (`ripple`) adds it
+    (white, held over each step; none without noise, nor by default), and the fused estimate's effort σ covers the applied effort (NEES 0.85–0.94, 2σ
+    coverage 96–97 % on two seeds, measured) — the same estimates scored with the ripple unstated are 4–9× too
+    confident (coverage 57–74 %)."""
+    from mbfg_ros.sim.plant import SimulatedPlant
+    rippled = Mechanism(dataclasses.replace(crank.spec, actuators=tuple(
+        dataclasses.replace(a, effort_sigma=2.0) for a in crank.spec.actuators)))
+    motion = SimulatedPlant(rippled, dt=1e-3, seed=1, ripple=True).simulate(4.0)
+    smooth = SimulatedPlant(rippled, dt=1e-3, seed=1).simulate(4.0)
+    # (the two motions part slowly; step to step the difference of their applied efforts is the ripple's, × √2)
+    step = np.diff(np.asarray(motion.applied)[:, 0] - np.asarray(smooth.applied)[:, 0])
+    assert 1.8 < np.std(step) / np.sqrt(2) < 2.2
+    quiet = SimulatedPlant(rippled, dt=1e-3, seed=1, noise=False, ripple=True).simulate(0.5)
+    exact = SimulatedPlant(crank, dt=1e-3, seed=1, noise=False).simulate(0.5)
+    np.testing.assert_array_equal(np.asarray(quiet.applied), np.asarray(exact.applied))
+    scores = {}
+    for name, stated in (("stated", rippled), ("unstated", crank)):
+        est = FixedLagEstimator(stated, EstimatorConfig(mode="fused", compute_covariance=True))
+        errs, sds = [], []
+        for k in range(len(motion.t)):
+            obs = {n: float(v[k]) for n, v in motion.readings.items()}
+            e = est.step(float(motion.t[k]), efforts=motion.efforts[k], observations=obs)
+            if motion.t[k] > 1.0:
+                errs.append(e.efforts[0] - motion.applied[k][0])
+                sds.append(e.efforts_std[0])
+        errs, sds = np.array(errs), np.array(sds)
+        scores[name] = (np.mean(errs ** 2 / sds ** 2), np.mean(np.abs(errs) <= 2 * sds))
+    assert 0.6 < scores["stated"][0] < 1.5 and 0.9 < scores["stated"][1] < 0.99, scores
+    assert scores["unstated"][0] > 2.5 and scores["unstated"][1] < 0.85, scores

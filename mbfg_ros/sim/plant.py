@@ -7,7 +7,8 @@ so the crank swings widely but can never run away), sampled and held once per dt
 controller.  The commanded effort reaches the mechanism through an `Actuator` (gain, Coulomb and
 viscous friction, bias), by default a realistic mismatch (`Actuator.default_mismatch`: 0.9 × command
 minus friction), since no real motor applies exactly what it is told; `Actuator.ideal` applies the
-command exactly; an actuator with a `delay` (the mechanism's) acts on the command given that long before.  Each
+command exactly; an actuator with a `delay` (the mechanism's) acts on the command given that long before, and with
+`ripple` one with an `effort_sigma` adds white effort of that σ, held over each step.  Each
 step yields a `PlantSample` with the truth (q, q̇, q̈, the commanded efforts
 `efforts`, the `applied` efforts, Q) and noisy sensor readings (σ from the mechanism's sensors, seeded
 RNG).
@@ -232,7 +233,7 @@ class SimulatedPlant:
     def __init__(self, mech: Mechanism, dt: float = 1e-3, substeps: int = 2,
                  profile: Optional[Union[EffortProfile, EffortLaw]] = None, seed: int = 0, q0=None, v0=None,
                  noise: bool = True, t0: float = 0.0, sensors: Optional[Sequence[str]] = None,
-                 actuator: Optional[Actuator] = None):
+                 actuator: Optional[Actuator] = None, ripple: bool = False):
         if not (dt > 0 and math.isfinite(dt)):
             raise ValueError(f"dt must be > 0 (got {dt})")
         if int(substeps) < 1:
@@ -256,6 +257,12 @@ class SimulatedPlant:
         self.delay = actuator_delay(mech.actuator_delays, self.dt, 0, mech.actuator_time_constants)
         self.noise = noise
         self.rng = np.random.default_rng(seed)
+        # with `ripple`, the actuators' stated ripple (the mechanism's `effort_sigma`): white effort held over each
+        # step, from its own stream (the readings' noise stays the seed's whatever the ripple); none in a noise-free
+        # simulation
+        sigmas = np.asarray(mech.actuator_effort_sigmas, dtype=float)
+        self.ripple = sigmas if ripple and noise and sigmas.size and sigmas.any() else None
+        self.ripple_rng = np.random.default_rng([seed, 1])
         names = [s.name for s in mech.sensors]
         if sensors is not None:
             unknown = set(sensors) - set(names)
@@ -306,6 +313,8 @@ class SimulatedPlant:
         # (an actuator with a `delay` acts on the command given that long before: estimation/actuator_delay.py)
         given = command if self.delay is None else self.delay.applied(t, command)
         applied = self.actuator.applied(given, v[self.mech.actuated])
+        if self.ripple is not None:
+            applied = applied + self.ripple_rng.normal(0.0, self.ripple)
         Q = self.mech.generalized_forces(applied)
         a = self._accel(q, v, Q)
         sample = PlantSample(t, q.copy(), v.copy(), a, command, Q, self.measure(q, v), applied)
