@@ -599,7 +599,8 @@ def cmd_identify(args) -> int:
     efforts = _commands_from_csv(args, mech, t) if args.torques else None
     if args.mode == "fused" and efforts is None and len(mech.actuated):
         raise UserError("--mode fused needs --torques (the commanded efforts)")
-    responses = _latencies(args, mech, t, efforts)
+    measured = _measured_efforts(args, mech, t, efforts)
+    responses = _latencies(mech, t, efforts, measured)
     source = resolve_mechanism_path(args.mechanism)
     doc = yaml.safe_load(Path(source).read_text())
     for joint, (delay, time_constant) in responses.items():
@@ -612,7 +613,7 @@ def cmd_identify(args) -> int:
         mech = Mechanism(dataclasses.replace(mech.spec, actuators=tuple(
             dataclasses.replace(a, delay=responses[a.joint][0], time_constant=responses[a.joint][1])
             if a.joint in responses else a for a in mech.spec.actuators)))
-    ripples = _effort_sigmas(args, mech, t, efforts)
+    ripples = _effort_sigmas(mech, t, efforts, measured)
     for joint, sigma in ripples.items():
         doc["actuators"][mech.actuator_names.index(joint)]["effort_sigma"] = sigma
     identifying = entries is not None or bool(mech.spec.identify)
@@ -631,18 +632,25 @@ def cmd_identify(args) -> int:
     return 0
 
 
-def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, Tuple[float, float]]:
-    """--measured JOINT=COLUMN: each named actuator's latency and lag (`command_response` of its command against
-    the measured effort in that column of the --torques file), printed; {joint: (delay, time constant)} of those
-    it times."""
-    from mbfg_ros.estimation.actuator_delay import (LAG_LONGEST, LATENCY_LONGEST, LATENCY_TIMED, command_response,
-                                                    latency_timed)
+def _measured_efforts(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Tuple[Dict[str, str], np.ndarray]:
+    """--measured JOINT=COLUMN: {joint: column} and those columns of the --torques file at the times t (read once for
+    `_latencies` and `_effort_sigmas`); ({}, None) without --measured; UserError without the commands."""
     if not args.measured_columns:
-        return {}
+        return {}, None
     if commands is None:
         raise UserError("--measured JOINT=COLUMN names measured efforts of the --torques file, beside the "
                         "commands: give --torques")
-    columns, measured = _measured_efforts(args, mech, t)
+    columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
+    table = csvio.read_table(args.torques, args.time_column).select(columns, "measured effort")
+    return columns, csvio.interpolate(table, list(columns), t)
+
+
+def _latencies(mech, t: np.ndarray, commands: Optional[np.ndarray], measured) -> Dict[str, Tuple[float, float]]:
+    """Each actuator of `measured` (`_measured_efforts`)'s latency and lag (`command_response` of its command
+    against its measured effort), printed; {joint: (delay, time constant)} of those it times."""
+    from mbfg_ros.estimation.actuator_delay import (LAG_LONGEST, LATENCY_LONGEST, LATENCY_TIMED, command_response,
+                                                    latency_timed)
+    columns, measured = measured
     out = {}
     for k, joint in enumerate(columns):
         j = mech.actuator_names.index(joint)
@@ -664,20 +672,13 @@ def _latencies(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dic
     return out
 
 
-def _measured_efforts(args, mech, t: np.ndarray) -> Tuple[Dict[str, str], np.ndarray]:
-    """--measured JOINT=COLUMN: {joint: column} and those columns of the --torques file at the times t."""
-    columns = _column_options(args.measured_columns, "--measured", mech.actuator_names, "an actuator")
-    table = csvio.read_table(args.torques, args.time_column).select(columns, "measured effort")
-    return columns, csvio.interpolate(table, list(columns), t)
-
-
-def _effort_sigmas(args, mech, t: np.ndarray, commands: Optional[np.ndarray]) -> Dict[str, float]:
-    """--measured JOINT=COLUMN: each named actuator's `effort_sigma` (`response_sigma` of its measured effort about
-    its command as the actuator, timed or as declared, applies it), printed; {joint: σ}."""
+def _effort_sigmas(mech, t: np.ndarray, commands: Optional[np.ndarray], measured) -> Dict[str, float]:
+    """Each actuator of `measured` (`_measured_efforts`)'s `effort_sigma` (`response_sigma` of its measured effort
+    about its command as the actuator, timed or as declared, applies it), printed; {joint: σ}."""
     from mbfg_ros.estimation.actuator_delay import RESPONSE_SMOOTHING, delayed_commands, response_sigma
-    if not args.measured_columns or commands is None:
+    columns, measured = measured
+    if not columns:
         return {}
-    columns, measured = _measured_efforts(args, mech, t)
     applied = delayed_commands(t, commands, mech.actuator_delays, mech.actuator_time_constants)
     out = {}
     for k, joint in enumerate(columns):
@@ -871,7 +872,8 @@ def _actuator_delay_options(items, mech, option: str = "--actuator-delay") -> Di
 def _effort_sigma_options(items, mech) -> Dict[str, float]:
     """--effort-sigma NAME=SIGMA (repeatable or comma-separated) as {actuator joint: σ}; UserError naming what is
     wrong."""
-    return _actuator_number_options(items, mech, "--effort-sigma", lambda x: x >= 0.0 and math.isfinite(x),
+    from mbfg_ros.model.spec import is_effort_sigma
+    return _actuator_number_options(items, mech, "--effort-sigma", is_effort_sigma,
                                     "NAME=SIGMA, SIGMA a finite effort >= 0 in N·m (or N) (")
 
 

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mbfg_ros.factors.noise import default_sigmas
-from mbfg_ros.model.spec import EFFORT_KINDS, MAX_ACTUATOR_DELAY, is_actuator_delay
+from mbfg_ros.model.spec import EFFORT_KINDS, MAX_ACTUATOR_DELAY, is_actuator_delay, is_effort_sigma
 
 MODES = ("forward_dynamics", "estimation", "fused")
 FORMULATIONS = ("dependent", "independent")
@@ -126,8 +126,7 @@ class EstimatorConfig:
                     problems.append(f"{key}.{name} must be a time in seconds, >= 0 and under "
                                     f"{MAX_ACTUATOR_DELAY:g} (got {delay!r})")
         for name, sigma in self.actuator_effort_sigmas.items():
-            if (isinstance(sigma, bool) or not isinstance(sigma, (int, float))
-                    or not (sigma >= 0 and np.isfinite(sigma))):
+            if not is_effort_sigma(sigma):
                 problems.append(f"actuator_effort_sigmas.{name} must be a finite number >= 0 (got {sigma!r})")
         unknown = set(self.sigmas) - set(default_sigmas())
         if unknown:

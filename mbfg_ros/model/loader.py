@@ -25,7 +25,7 @@ from mbfg_ros.model.expressions import CONSTANTS, FUNCTIONS, ExpressionError, ev
 from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY, ActuatorSpec,
                                  AssemblyModeSpec, BodySpec, EncoderSpec, FixedSliderSpec, GyroscopeSpec, IdentifySpec,
                                  JointAngleSpec, MechanismError, MechanismSpec, MobileSliderSpec, PointSpec,
-                                 RelativeAngleSpec, is_actuator_delay)
+                                 RelativeAngleSpec, is_actuator_delay, is_effort_sigma)
 
 __all__ = ["load_spec", "load_spec_from_string", "coordinate_names", "MechanismError",
            "DEFAULT_GRAVITY", "RESERVED_NAMES"]
@@ -740,7 +740,7 @@ class _Builder:
         if "effort_sigma" not in entry:
             return 0.0
         x = self.expr(entry["effort_sigma"], f"{path}.effort_sigma")
-        if not (x >= 0.0 and math.isfinite(x)):
+        if not is_effort_sigma(x):
             self.fail(f"{path}.effort_sigma", f"must be a finite number >= 0 (got {_fmt(x)}): the 1σ of the effort "
                                               "the actuator applies about its response to the command")
         return x

@@ -7,6 +7,7 @@ are evaluated, indices checked, names resolved.  Point indices are 0-based, as i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -91,6 +92,11 @@ MAX_ACTUATOR_DELAY = 1.0    # [s] an actuator's `delay` is a driver's latency (m
 def is_actuator_delay(value) -> bool:
     """Is `value` an actuator's `delay`: a number of seconds (not a bool), 0 ≤ value < MAX_ACTUATOR_DELAY?"""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value < MAX_ACTUATOR_DELAY
+
+
+def is_effort_sigma(value) -> bool:
+    """Is `value` an actuator's `effort_sigma`: a finite number (not a bool) ≥ 0?"""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value < math.inf
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, Estimat
 from mbfg_ros.estimation.efforts import configured_shares, effort_model, parse_actuator_efforts
 from mbfg_ros.estimation.identification import identification
 from mbfg_ros.model.identified import parse_identify
-from mbfg_ros.model.spec import BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY, is_actuator_delay
+from mbfg_ros.model.spec import (BODY_IDENTIFIABLE, EFFORT_KINDS, IDENTIFIABLE, MAX_ACTUATOR_DELAY, is_actuator_delay,
+                                 is_effort_sigma)
 from mbfg_ros.factors.noise import default_sigmas, noise_descriptions
 from mbfg_ros.model.mechanism import Mechanism, load_mechanism, resolve_mechanism_path
 from mbfg_ros.ros.scheduler import DELAY_FACTOR, DELAY_MEMORY_NS, NS, InputScheduler
@@ -523,7 +524,7 @@ def validate_change(new: Dict[str, object], mech: Mechanism, config: EstimatorCo
                 return f"parameter '{name}' must be a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}"
             rebuild[name] = float(value)
         elif name.startswith("actuator_effort_sigmas."):
-            if value is None or not (float(value) >= 0 and math.isfinite(float(value))):
+            if not is_effort_sigma(value):
                 return f"parameter '{name}' must be a finite number >= 0"
             rebuild[name] = float(value)
         elif name.startswith(("sigmas.", "sensor_sigmas.", "effort_shares.")) or name == "prescribed_sigma":

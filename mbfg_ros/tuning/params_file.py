@@ -4,13 +4,12 @@ config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` 
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Iterable, Optional, Tuple
 
 from mbfg_ros.excerpt import excerpt
 from mbfg_ros.factors.noise import default_sigmas
 from mbfg_ros.model.mechanism import Mechanism
-from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay
+from mbfg_ros.model.spec import MAX_ACTUATOR_DELAY, is_actuator_delay, is_effort_sigma
 
 NODE_NAME = "mbfg_estimator"
 #: the node's own parameters (ros/parameters.py): valid in the file, no meaning to `mbfg estimate`
@@ -146,9 +145,8 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
             out[name] = _per_actuator(value, where, mech, "seconds", is_actuator_delay,
                                       f"a time in seconds, >= 0 and under {MAX_ACTUATOR_DELAY:g}")
         elif name == "actuator_effort_sigmas":
-            out[name] = _per_actuator(value, where, mech, "efforts (1σ, N·m or N)",
-                                      lambda v: not isinstance(v, bool) and isinstance(v, (int, float))
-                                      and v >= 0 and math.isfinite(v), "a finite number >= 0")
+            out[name] = _per_actuator(value, where, mech, "efforts (1σ, N·m or N)", is_effort_sigma,
+                                      "a finite number >= 0")
         elif name in ("adapt_densities", "adapt_sensor_sigmas", "adapt_deflection"):
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
