@@ -298,7 +298,7 @@ def test_the_format_takes_a_delay_and_a_time_constant_in_seconds_and_refuses_wha
 
 
 def test_the_configuration_overrides_the_mechanisms_delays_by_joint(crank):
-    dp = load_mechanism("double_pendulum_a0")
+    dp = load_mechanism("double_pendulum_c0")
     assert configured_delays(dp) == [0.003, 0.003]
     assert configured_delays(dp, {"q2": 0.0}) == [0.003, 0.0]
     with pytest.raises(ValueError, match=r"unknown actuator joint\(s\) 'elbow' \(known: q1, q2\)"):
@@ -315,7 +315,7 @@ def test_tune_fits_the_commands_as_the_actuators_apply_them():
     """`mbfg tune`'s likelihood on a mechanism with delayed (and lagging) actuators is that of the same mechanism
     without them handed the commands so applied (`Recording.as_applied`)."""
     from mbfg_ros.tuning.likelihood import Recording, encoder_layout, initial_values, log_likelihood
-    dp = load_mechanism("double_pendulum_a0")
+    dp = load_mechanism("double_pendulum_c0")
     undelayed = Mechanism(dataclasses.replace(dp.spec, actuators=tuple(dataclasses.replace(a, delay=0.0,
                                                                                            time_constant=0.0)
                                                                        for a in dp.spec.actuators)))
@@ -342,7 +342,7 @@ def test_the_node_takes_the_delays_as_parameters(tmp_path):
     pytest.importorskip("rclpy")
     from rclpy.parameter import Parameter
     from ros_helpers import estimator_node_here
-    with estimator_node_here("mechanism:=double_pendulum_a0", "mode:=fused", "dt:=0.002",
+    with estimator_node_here("mechanism:=double_pendulum_c0", "mode:=fused", "dt:=0.002",
                              "publish_markers:=false") as node:
         assert node.config.actuator_delays == {}
         assert node.get_parameter("actuator_delays.q1").value == 0.003

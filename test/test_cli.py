@@ -87,7 +87,7 @@ def test_info_names_each_actuators_gear_rotor_and_friction(capsys):
     assert actuated.count("gear ratio -6, rotor inertia") == 2 and actuated.count("friction") == 2
     rc, out, _ = run(["info", "four_bar_crank", "--json"], capsys)
     assert json.loads(out)["actuator_motor"] == [None]
-    assert actuated.count("applies a command 3 ms after it is given, through a 4-ms first-order lag") == 2
+    assert actuated.count("applies a command 4.5 ms after it is given, through a 3-ms first-order lag") == 2
 
 
 def test_simulate_free_fall_matches_closed_form_start(tmp_path, capsys):
@@ -669,7 +669,7 @@ PENDUBOT_COLUMNS = ["--reading", "q1=pos_meas1,q2=pos_meas2", "--command", "q1=t
 def test_identify_times_an_actuators_latency_from_its_measured_effort(tmp_path, capsys):
     """On the DFKI pendubot run (its shoulder's command moves fast, its elbow's motor is off) with the latency
     and lag left out of the mechanism: the shoulder's measured torque follows its command after 4.5 ms through a
-    3-ms lag (the shipped C.0 file's values, timed there), written as its delay and time_constant; the elbow's are
+    3-ms lag (the shipped A.0 file's values, timed there), written as its delay and time_constant; the elbow's are
     not timed and stay; with nothing else to identify only the response is written, and the file loads."""
     import yaml
     doc = yaml.safe_load((ROOT / "mechanisms" / "double_pendulum_a0.yaml").read_text())

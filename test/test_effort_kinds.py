@@ -165,7 +165,7 @@ def test_commanded_and_passive_in_estimation_mode_are_the_known_efforts(pendulum
     # (each applied after the motors' delay, as the mechanism file says: estimation/actuator_delay.py)
     applied = delayed_commands(pendubot.t[:len(out)], commands[:len(out)], pendulum.actuator_delays,
                                pendulum.actuator_time_constants)
-    np.testing.assert_array_equal(E[:, 0], np.where(np.isfinite(applied[:, 0]), applied[:, 0], 0.0))
+    np.testing.assert_allclose(E[:, 0], np.where(np.isfinite(applied[:, 0]), applied[:, 0], 0.0), rtol=0, atol=1e-15)
     # (a commanded effort's σ is its motor's stated ripple about the command's response: the file's effort_sigma)
     assert out[-1].efforts_std[0] == pendulum.actuator_effort_sigmas[0] > 0 and out[-1].efforts_std[1] > 0
     # the elbow's effort (truly 0) is estimated near 0

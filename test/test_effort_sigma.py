@@ -105,8 +105,8 @@ def test_the_format_and_the_configuration_take_a_precision_and_refuse_what_is_no
         with pytest.raises(MechanismError, match=r"actuators\[0\]\.effort_sigma"):
             load_spec_from_string(CRANK % f"effort_sigma: {bad}")
     dp = load_mechanism("double_pendulum_a0")
-    assert configured_effort_sigmas(dp) == [0.053, 0.062]
-    assert configured_effort_sigmas(dp, {"q2": 0.0}) == [0.053, 0.0]
+    assert configured_effort_sigmas(dp) == [0.048, 0.054]
+    assert configured_effort_sigmas(dp, {"q2": 0.0}) == [0.048, 0.0]
     with pytest.raises(ValueError, match=r"actuator_effort_sigmas: unknown actuator joint\(s\) 'elbow'"):
         configured_effort_sigmas(dp, {"elbow": 0.1})
     with pytest.raises(ValueError, match=r"actuator_effort_sigmas.crank must be a finite number >= 0"):
@@ -159,7 +159,7 @@ def test_a_parameter_file_and_mbfg_estimate_set_the_precision(tmp_path, capsys):
     np.testing.assert_allclose(file_std[ok, 1] ** 2, none_std[ok, 1] ** 2 + 0.25, rtol=1e-9)
     rc, shipped_rest, shipped_std, _ = estimate()
     np.testing.assert_array_equal(shipped_rest, none_rest)
-    np.testing.assert_allclose(shipped_std[ok] ** 2, none_std[ok] ** 2 + np.array([0.053, 0.062]) ** 2, rtol=1e-9)
+    np.testing.assert_allclose(shipped_std[ok] ** 2, none_std[ok] ** 2 + np.array([0.048, 0.054]) ** 2, rtol=1e-9)
     for bad, message in (("q1=-1", "--effort-sigma takes NAME=SIGMA, SIGMA a finite effort >= 0"),
                          ("q1", "--effort-sigma takes NAME=SIGMA"),
                          ("elbow=0.1", "'elbow' is not an actuator of the mechanism (q1, q2)")):
@@ -198,7 +198,7 @@ def test_mbfg_identify_writes_the_measured_precision(tmp_path, capsys):
     assert abs(first["effort_sigma"] / 0.08 - 1) < 0.1, first
     assert doc["actuators"][1]["effort_sigma"] == "ripple2"          # (unmeasured: as the source states it)
     assert load_mechanism(str(out)).actuator_effort_sigmas[0] == first["effort_sigma"]
-    assert dp.actuator_effort_sigmas == (0.053, 0.062)
+    assert dp.actuator_effort_sigmas == (0.048, 0.054)
 
 
 def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
@@ -207,7 +207,7 @@ def test_the_node_takes_the_precision_as_a_parameter(tmp_path):
     pytest.importorskip("rclpy")
     from rclpy.parameter import Parameter
     from ros_helpers import estimator_node_here
-    with estimator_node_here("mechanism:=double_pendulum_a0", "mode:=fused", "dt:=0.002",
+    with estimator_node_here("mechanism:=double_pendulum_c0", "mode:=fused", "dt:=0.002",
                              "publish_markers:=false") as node:
         assert node.config.actuator_effort_sigmas == {}
         assert node.get_parameter("actuator_effort_sigmas.q2").value == 0.062
@@ -241,7 +241,7 @@ def test_mbfg_identify_says_why_a_latency_is_not_timed(tmp_path, capsys):
     assert rc == 0, err
     assert "q1: latency not timed" in err and "at the longest the grids try (15 ms, 8 ms)" in err, err
     assert "q2: latency not timed" in err and "its commands move too slowly to time it" in err, err
-    assert load_mechanism(str(tmp_path / "o.yaml")).actuator_delays == (0.003, 0.003)
+    assert load_mechanism(str(tmp_path / "o.yaml")).actuator_delays == (0.0045, 0.0045)
 
 
 def test_a_plant_with_ripple_is_covered_by_the_stated_ripple(crank):

@@ -157,13 +157,13 @@ def test_shipped_excerpt_is_complete_small_and_licensed():
         assert rh.TUNING_RUN[name] != name and rh.RECORDINGS[rh.TUNING_RUN[name]][0] == design
 
 
-def test_command_delay_finds_a_latency_and_the_files_state_the_other_designs():
+def test_command_delay_finds_a_latency_and_the_files_state_their_own():
     """`command_delay`: the measured torque being the command 4 ms late (interpolated between its rows, as the
     actuators' delay applies it) through a 2.5-ms first-order lag, plus noise, it finds that delay and that time
     constant on its 0.5-ms grids at a fraction of the undelayed RMS; without the lag, the delay alone (6.3 ms:
     a grid's neighbour, or the 6 ms below with a 0.5-ms lag).  The shipped files' response is the one measured on
-    the other design's run whose command moves fast enough to time it (the same motors and bus): A.0's from the
-    C0 acrobot's elbow, C.0's from the A0 pendubot's shoulder."""
+    the design's own run whose command moves fast enough to time it: A.0's from the A0 pendubot's shoulder, C.0's
+    from the C0 acrobot's elbow (`--held-out` checks them on the designs' other runs)."""
     rng = np.random.default_rng(2)
     t = np.cumsum(np.r_[0.0, rng.uniform(0.0019, 0.0021, 2999)])
     c = np.column_stack([np.sin(2 * np.pi * 7 * t), np.sign(np.sin(2 * np.pi * 13 * t))])
@@ -183,10 +183,10 @@ def test_command_delay_finds_a_latency_and_the_files_state_the_other_designs():
     assert latency_timed(acrobot[0][1], acrobot[1][1], acrobot[2][1])
     assert latency_timed(pendubot[0][0], pendubot[1][0], pendubot[2][0])
     a0, c0 = rh.design_mechanism("A.0"), rh.design_mechanism("C.0")
-    assert a0.actuator_delays == pytest.approx((acrobot[0][1],) * 2, abs=1e-12)
-    assert a0.actuator_time_constants == pytest.approx((acrobot[1][1],) * 2, abs=1e-12)
-    assert c0.actuator_delays == pytest.approx((pendubot[0][0],) * 2, abs=1e-12)
-    assert c0.actuator_time_constants == pytest.approx((pendubot[1][0],) * 2, abs=1e-12)
+    assert a0.actuator_delays == pytest.approx((pendubot[0][0],) * 2, abs=1e-12)
+    assert a0.actuator_time_constants == pytest.approx((pendubot[1][0],) * 2, abs=1e-12)
+    assert c0.actuator_delays == pytest.approx((acrobot[0][1],) * 2, abs=1e-12)
+    assert c0.actuator_time_constants == pytest.approx((acrobot[1][1],) * 2, abs=1e-12)
 
 
 def test_bench_runs_end_to_end_on_a_short_excerpt():
@@ -214,6 +214,45 @@ def test_bench_runs_end_to_end_on_a_short_excerpt():
     assert rows["zero"]["rate"] == pytest.approx(result["info"]["rate_rms"])
     table = rh.results_table([result])
     assert table.count("\n") == 2 + len(rows) - 1 and "nan" not in table
+
+
+def test_held_out_runs_are_read_from_dfkis_own_files_by_their_header(tmp_path):
+    """--held-out: a HELD_OUT run is read from a DFKI checkout's data/experiment_records/ file (its columns found by
+    the header, whatever else the file holds and in whatever order: the identification runs of 1.5 ms carry desired
+    positions too); a missing checkout or column is refused naming the file.  The held-out runs are not the
+    excerpt's, and the summary table counts the checks over every joint-run."""
+    assert not set(rh.HELD_OUT) & set(rh.RECORDINGS)
+    assert all(design in rh.DESIGNS and rh.HELD_OUT_TUNING[design] in rh.RECORDINGS
+               for design, _, _ in rh.HELD_OUT.values())
+    name = "design_C.0__20220914__sys_id__trajectory_12"
+    source = rh.load_recording("design_C.0__20220914__sys_id__trajectory_00").cut(0.6)
+    header = ["time", "pos_meas1", "pos_meas2", "vel_meas1", "vel_meas2", "pos_des1", "tau_meas2", "tau_con1",
+              "tau_con2", "tau_fric1", "tau_fric2", "tau_meas1"]
+    columns = {"time": source.t, "pos_meas1": source.q[:, 0], "pos_meas2": source.q[:, 1],
+               "tau_con1": source.tau_con[:, 0], "tau_con2": source.tau_con[:, 1],
+               "tau_meas1": source.tau_meas[:, 0], "tau_meas2": source.tau_meas[:, 1]}
+    table = np.column_stack([columns.get(c, np.full(len(source.t), 7.0)) for c in header])
+    with pytest.raises(SystemExit, match="sys_id/trajectory_12.csv is not a file"):
+        rh.load_held_out(name, tmp_path)
+    path = tmp_path / "data" / "experiment_records" / "design_C.0" / "20220914" / "sys_id" / "trajectory_12.csv"
+    path.parent.mkdir(parents=True)
+    np.savetxt(path, table, delimiter=",", header=",".join(header), comments="", fmt="%.18e")
+    rec = rh.load_held_out(name, tmp_path)
+    assert rec.design == "C.0"
+    for got, want in ((rec.t, source.t), (rec.q, source.q), (rec.tau_con, source.tau_con),
+                      (rec.tau_meas, source.tau_meas)):
+        np.testing.assert_array_equal(got, want)
+    np.savetxt(path, table[:, 1:], delimiter=",", header=",".join(header[1:]), comments="", fmt="%.18e")
+    with pytest.raises(SystemExit, match="trajectory_12.csv: no column time"):
+        rh.load_held_out(name, tmp_path)
+    row = {"effort": [0.1, 0.2], "rate": [0.01, 0.02], "coverage": [0.95, 0.5], "lost": 0.0}
+    anchor = {"effort": [0.1, 0.1], "rate": [0.01, 0.01], "coverage": None, "lost": None}
+    result = {"short": "C0 sysid 12", "rows": {"mbfg_ros estimation, defaults": row, "mbfg_ros fused, defaults": row,
+                                              "EKF estimation": anchor, "EKF fused": anchor, "command": anchor}}
+    summary = rh.held_out_table([result])
+    assert "| C0 sysid 12 | 0.1 / 0.2 (1.00 / 2.00) |" in summary
+    assert "effort ≤ 1.2× the EKF's: 2 of 4 joint-runs" in summary and "fused ≤ the command: 1 of 2" in summary
+    assert "2σ coverage 90–98 %: 2 of 4" in summary
 
 
 def test_the_passive_rows_declare_the_passive_joint():
