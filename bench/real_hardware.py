@@ -10,10 +10,10 @@ Data: `bench/data/dfki_double_pendulum/` (BSD-3-Clause, see its README: every re
 time, measured positions, commanded and measured torques).  Mechanisms: `mechanisms/double_pendulum_a0.yaml`,
 `..._c0.yaml` (DFKI's identified rigid-body parameters, gear ratio and rotor inertia; DFKI's joint angles q1, q2 —
 q2 relative to link 1 — as joint-angle coordinates, actuated by τ1, τ2 and read by the encoders; the motors'
-response, each command applied 3 / 4.5 ms after its row (A.0 / C.0), interpolated between its rows, through a
-first-order lag of 4 / 3 ms: the delay and time constant after which the commands come closest to the measured
-torque where they move fast enough to time it on the other design's fast run, `command_delay`, the recordings
-table's last column).
+response, each command applied 4.5 / 3 ms after its row (A.0 / C.0), interpolated between its rows, through a
+first-order lag of 3 / 4 ms: the delay and time constant after which the commands come closest to the measured
+torque where they move fast enough to time it on the design's own fast run, `command_delay`, the recordings
+table's last column; the held-out runs check them).
 
 How the recordings are fed: one `FixedLagEstimator.step(t, ...)` per recorded row at the row's own time stamp (as
 recorded: jittery, with overruns), `EstimatorConfig(dt=<median step>, mode=...)` and nothing else, as `mbfg
