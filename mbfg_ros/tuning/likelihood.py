@@ -587,8 +587,12 @@ def newton_search(costs: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo:
             f_x, g, H = float(f[near]), None, None
             trials = [x + b * move for b in (1.0, 2.0)]
             continue
-        elif g is None:                              # the start and every probe failed
-            return x, np.full((n, n), math.nan)
+        elif g is None:
+            if not (np.array_equal(candidate, x) and f[0] < FAILED and not np.any(f[1:m] >= FAILED)):
+                return x, np.full((n, n), math.nan)          # the start and every probe failed
+            # the stencil is the centre's own (after a move to a trial, whose stencil came next) and a trial along
+            # the line came within the batches' rounding of it: its derivatives are the centre's
+            g, H = stencil_derivatives(f[:m], n)
         else:                                        # nothing beat the centre: a quarter of the last step
             radius = 0.25 * min(radius, float(np.linalg.norm(candidate - x)))
         step, promised = newton_step(g, H, radius, lo - x, hi - x)
