@@ -356,6 +356,23 @@ def test_a_start_where_every_filter_fails_returns_no_curvature():
     assert np.all(np.isnan(H)) and x == pytest.approx(np.zeros(2))
 
 
+def test_a_value_at_its_bound_or_flat_leaves_the_others_determined():
+    """The 1σ from the curvature: a value the search's bound holds, or one flat or concave in its own direction,
+    gets none, and the others get theirs given it (the DFKI acrobot's estimation fit: one encoder σ at its bound made
+    every value "unknown" and its file's acceleration density the default, 8× under the fitted); the rest not
+    positive definite: none at all."""
+    H = np.array([[-1.0, 0.2, 0.0], [0.2, 4.0, 1.0], [0.0, 1.0, 1.0]])
+    std = std_from_hessian(H)
+    sub_std = np.sqrt(np.diag(np.linalg.inv(H[1:, 1:])))
+    assert math.isnan(std[0]) and std[1:] == pytest.approx(sub_std)
+    H[0, 0] = 9.0
+    held = std_from_hessian(H, [True, False, False])
+    assert math.isnan(held[0]) and held[1:] == pytest.approx(sub_std)
+    assert np.all(np.isfinite(std_from_hessian(H)))
+    assert np.all(np.isnan(std_from_hessian(np.array([[1.0, 2.0], [2.0, 1.0]]))))
+    assert np.all(np.isnan(std_from_hessian(np.full((2, 2), math.nan))))
+
+
 def test_the_curvature_is_kept_when_a_trial_ties_the_centre_its_stencil_came_after():
     """After a move to a trial point, the next batch is that point's stencil: where a trial further along the line
     ties it (a plateau) and the centre came back a rounding above its cost of the batch before (the same point in

@@ -465,8 +465,8 @@ def fit(mech: Mechanism, rec: Recording, mode: str, initial: Dict[str, float], n
     if best >= FAILED:
         raise TuningError(f"{rec.source}: the filter fails for every value tried: is this the mechanism that "
                           f"was recorded, and are the encoders in its units?")
-    log10_std = std_from_hessian(H)
     at_bound = (x_best < lo + 0.01) | (x_best > hi - 0.01)
+    log10_std = std_from_hessian(H, at_bound)
     values = dict(initial)
     values.update({n: float(10.0 ** v) for n, v in zip(names, x_best)})
     fitted = [FittedValue(n, values[n], float(s), bool(b)) for n, s, b in zip(names, log10_std, at_bound)]
@@ -506,14 +506,25 @@ def stencil_derivatives(f: np.ndarray, n: int, h: float = CURVATURE_STEP):
     return g, H
 
 
-def std_from_hessian(H: np.ndarray) -> np.ndarray:
+def std_from_hessian(H: np.ndarray, held=None) -> np.ndarray:
     """1σ from the inverse Hessian of cost (= −log-likelihood); nan where the Hessian is not positive definite
-    (a flat or bounded direction)."""
+    (a flat or bounded direction).  `held` (a mask): values the search's bound holds (the readings ask for more):
+    nan, and the others' 1σ given them (the rows and columns of the rest, as of the values flat in their own
+    direction, a curvature ≤ 0: one value at its bound or flat leaves the others determined)."""
+    H = np.asarray(H, float)
+    out = np.full(len(H), math.nan)
+    free = np.isfinite(np.diag(H)) & (np.diag(H) > 0)
+    if held is not None:
+        free &= ~np.asarray(held, bool)
+    if not free.any():
+        return out
+    sub = H[np.ix_(free, free)]
     try:
-        np.linalg.cholesky(H)
-        return np.sqrt(np.diag(np.linalg.inv(H)))
+        np.linalg.cholesky(sub)
     except np.linalg.LinAlgError:
-        return np.full(len(H), math.nan)
+        return out
+    out[free] = np.sqrt(np.diag(np.linalg.inv(sub)))
+    return out
 
 
 def newton_step(g: np.ndarray, H: np.ndarray, radius: float, lo: np.ndarray, hi: np.ndarray):
