@@ -516,6 +516,7 @@ def run_mbfg(mech: Mechanism, rec: Recording, mode: str, settings: Optional[dict
                                                                    config.adapt_densities),
                                  adapt_sensor_sigmas=settings.get("adapt_sensor_sigmas", config.adapt_sensor_sigmas),
                                  adapt_deflection=settings.get("adapt_deflection", config.adapt_deflection),
+                                 effort_bandwidth=settings.get("effort_bandwidth", config.effort_bandwidth),
                                  actuator_efforts=kinds)
     if smoothed_lag:
         config = replace(config, smoothed_lag=int(smoothed_lag), compute_covariance=True)

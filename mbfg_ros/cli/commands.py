@@ -26,7 +26,7 @@ from mbfg_ros.cli import csvio
 from mbfg_ros.excerpt import excerpt, excerpts
 from mbfg_ros.cli.csvio import CsvError
 from mbfg_ros.dynamics.kinematics import AssemblyError
-from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES
+from mbfg_ros.estimation.config import FORMULATIONS, INTEGRATORS, MODES, EstimatorConfig
 from mbfg_ros.factors.noise import SCALED, default_sigmas
 from mbfg_ros.model.plausibility import InputLimits
 from mbfg_ros.model.spec import EFFORT_KINDS, MechanismError
@@ -507,6 +507,12 @@ def cmd_estimate(args) -> int:
     adapt_deflection = args.adapt_deflection
     if adapt_deflection is None:
         adapt_deflection = from_file.get("adapt_deflection", EstimatorConfig.adapt_deflection)
+    effort_bandwidth = args.effort_bandwidth
+    if effort_bandwidth is None:
+        effort_bandwidth = from_file.get("effort_bandwidth", EstimatorConfig.effort_bandwidth)
+    elif not 0 <= effort_bandwidth < math.inf:
+        raise UserError(f"--effort-bandwidth {effort_bandwidth:g}: must be a finite number of Hz ≥ 0 (0: the "
+                        "densities' likelihood alone)")
     kinds = _actuator_effort_options(args.actuator_effort, mech)
     if "commanded" in kinds.values() and not args.torques:
         raise UserError(f"--actuator-effort {', '.join(n for n, k in kinds.items() if k == 'commanded')}=commanded "
@@ -539,7 +545,7 @@ def cmd_estimate(args) -> int:
                              actuator_effort_sigmas={**from_file.get("actuator_effort_sigmas", {}),
                                                      **_effort_sigma_options(args.effort_sigma, mech)},
                              adapt_densities=bool(adapt), adapt_sensor_sigmas=bool(adapt_sigmas),
-                             adapt_deflection=bool(adapt_deflection),
+                             adapt_deflection=bool(adapt_deflection), effort_bandwidth=float(effort_bandwidth),
                              actuator_efforts=kinds, identify=identify)
     try:
         from mbfg_ros.estimation.estimator import FixedLagEstimator
@@ -1157,6 +1163,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adapt-deflection", action=argparse.BooleanOptionalAction, default=None,
                    help="estimation with --adapt-densities: a deflection state for each encoder on a geared actuator, "
                         "its σ fitted online (default: on, unless the --params file says adapt_deflection: false)")
+    s.add_argument("--effort-bandwidth", type=float, default=None, metavar="HZ",
+                   help="estimation with --adapt-densities: keep the fitted acceleration density below the unknown "
+                        "efforts' spectrum up to HZ, so that slower unexplained motion is read as effort (default: "
+                        f"the --params file's effort_bandwidth, else {EstimatorConfig.effort_bandwidth:g}; 0: the "
+                        "likelihood alone)")
     s.add_argument("--smoothed-lag", type=int, default=None, metavar="N",
                    help="write each row's estimate smoothed by the readings of the N steps after it (the "
                         "fixed-lag smoother's, 0 < N < --window: later rows sharpen earlier ones; on the real "

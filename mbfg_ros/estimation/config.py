@@ -55,6 +55,10 @@ class EstimatorConfig:
                                            # encoder on a geared actuator, its σ fitted online (and, where
                                            # sigmas.deflection_sigma > 0 is set, the fit starts there); false: a
                                            # deflection only where that σ is set, held: estimation/deflection.py
+    effort_bandwidth: float = 3.0          # [Hz] estimation mode with adapt_densities: the online fit keeps the
+                                           # unmodelled accelerations below the unknown efforts' spectrum up to
+                                           # this frequency (slower unexplained motion is effort); 0: the
+                                           # likelihood alone (density_adaptation.py, docs/decisions.md)
     adapt_sensor_sigmas: bool = True      # estimation and fused modes: fit each encoder's σ online from its
                                            # readings' scatter, never below the stated σ (sensor_sigmas or the
                                            # mechanism file's): estimation/sigma_adaptation.py
@@ -98,6 +102,8 @@ class EstimatorConfig:
         elif int(self.smoothed_lag) != self.smoothed_lag or not 0 <= self.smoothed_lag < self.window:
             problems.append(f"smoothed_lag must be an integer from 0 to window − 1 = {int(self.window) - 1} (got "
                             f"{self.smoothed_lag}): the window holds the steps it smooths")
+        if not (self.effort_bandwidth >= 0 and np.isfinite(self.effort_bandwidth)):
+            problems.append(f"effort_bandwidth must be a finite number of Hz ≥ 0 (got {self.effort_bandwidth})")
         if not (self.lost_track_sigmas >= 0 and np.isfinite(self.lost_track_sigmas)):
             problems.append(f"lost_track_sigmas must be a finite number ≥ 0 (got {self.lost_track_sigmas})")
         if self.mode not in MODES:

@@ -219,7 +219,7 @@ class DensityAdaptation:
                  time_constant: float = math.inf, fit_acceleration: bool = True, hold_start: bool = False,
                  actuated=None, dt: float = 0.0, rate_time_constant: float = math.inf,
                  deflection: Optional[tuple] = None, fit_deflection: bool = False, fit_effort: bool = True,
-                 shares=None, fit_shares: bool = False, boosts: bool = False):
+                 shares=None, fit_shares: bool = False, boosts: bool = False, effort_bandwidth: float = 0.0):
         layout = layout or encoded_coordinates(mech)
         if layout is None:
             raise ValueError(f"{mech.spec.source}: fitting the densities online needs one encoder per degree of "
@@ -261,6 +261,15 @@ class DensityAdaptation:
                              "densities and time constant given), and fits none of them")
         self.boosts = bool(boosts)
         self.memory = BOOST_MEMORY if self.boosts else MEMORY
+        # the efforts' bandwidth (`_within_bandwidth`): only where this bank fits the two densities of undamped
+        # efforts and nothing else
+        if not (effort_bandwidth >= 0 and math.isfinite(effort_bandwidth)):
+            raise ValueError(f"the efforts' bandwidth must be a finite number of Hz ≥ 0 (got {effort_bandwidth})")
+        if effort_bandwidth > 0 and (not (fit_effort and fit_acceleration) or time_constant < FOREVER
+                                     or fit_shares or fit_deflection or boosts):
+            raise ValueError("the efforts' bandwidth holds where a bank fits the effort and acceleration densities "
+                             "of undamped efforts, and no other axis")
+        self.effort_bandwidth = float(effort_bandwidth)
         self.boost = np.zeros(na)
         self.log10_shares = np.log10(shares) - np.mean(np.log10(shares))
         self.share_grid = SHARE_STEP * np.arange(-round(SHARE_DECADES / SHARE_STEP),
@@ -339,6 +348,11 @@ class DensityAdaptation:
         self.evidence = 0.0                      # [s] of counted readings (forgotten alike)
         self.density = float(initial_density)
         self.acceleration_density = float(acceleration_density)
+        # the likelihood's own estimates, before the efforts' bandwidth (the same without one): what the other
+        # banks fit their axis at (`FixedLagEstimator._follow_main`)
+        self.free_density = self.density
+        self.free_acceleration_density = self.acceleration_density
+        self.passed_free = (self.log10_start, self.log10_acceleration_start)
         self.passed_log10 = (self.log10_start, self.log10_acceleration_start,   # the estimates last passed on
                              self.log10_time_constant_start, _log10_or_none(self.deflection_sigma))
         self.changed = False
@@ -642,6 +656,10 @@ class DensityAdaptation:
         self.best = (int(i), int(j), int(l), int(m), int(n))
         x = self.log10_grid[i] + GRID_STEP * _vertex_offset(score[:, j, l, m, n], i)
         y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(score[i, :, l, m, n], j)
+        free = (x, y)
+        self.free_density, self.free_acceleration_density = float(10.0 ** x), float(10.0 ** y)
+        if self.effort_bandwidth > 0:
+            x, y = self._within_bandwidth(score[:, :, 0, 0, 0], x, y)
         self.density = float(10.0 ** x)
         self.acceleration_density = float(10.0 ** y)
         z = self.log10_time_constant_start
@@ -658,12 +676,52 @@ class DensityAdaptation:
         if self.fit_shares and self._fit_shares(score[i, j, l, m]):
             self.changed = True
         px, py, pz, pw = self.passed_log10
+        fx, fy = self.passed_free
         # (only the axes this bank fits: a value set from outside, `set_fixed`, is not news to pass back)
-        if (len(self.grid) > 1 and abs(x - px) >= CHANGE) or (len(self.acceleration_grid) > 1 and abs(y - py) >= CHANGE) \
+        if (len(self.grid) > 1 and max(abs(x - px), abs(free[0] - fx)) >= CHANGE) \
+                or (len(self.acceleration_grid) > 1 and max(abs(y - py), abs(free[1] - fy)) >= CHANGE) \
                 or (self.fit_time_constant and abs(z - pz) >= CHANGE) \
                 or (self.fit_deflection and ((w is None) != (pw is None) or (w is not None and abs(w - pw) >= CHANGE))):
             self.passed_log10 = (x, y, z, w)
+            self.passed_free = free
             self.changed = True
+
+    def bandwidth_gain(self) -> float:
+        """max over the state's efforts of share_j ‖b_j‖⁴ / (b_jᵀ Sₐ b_j), b_j = ∂z̈/∂τ_j at the newest pose:
+        along b_j an effort of density S (τ̈ white) moves z̈ with the spectrum S share_j ‖b_j‖² / ω⁴ and the
+        unmodelled accelerations of density Sₐ with Sₐ b_jᵀ Sₐ b_j / ‖b_j‖², so the two cross at ω⁴ = S × this /
+        Sₐ (0 where no effort moves an encoded coordinate)."""
+        shares = self.shares
+        best = 0.0
+        for j in range(self.na):
+            b = self.B[:, j]
+            across = float(b @ self.Sa @ b)
+            if across > 0:
+                best = max(best, float(shares[j] * (b @ b) ** 2 / across))
+        return best
+
+    def _within_bandwidth(self, scores: np.ndarray, x: float, y: float) -> tuple:
+        """The densities (log10 effort, log10 acceleration) of the best grid point whose efforts' spectrum stays
+        above the unmodelled accelerations' up to `effort_bandwidth` Hz (for the effort with the largest
+        `bandwidth_gain`; `scores` (effort, acceleration) at the bank's other axes' point), refined along each
+        axis by a parabola through its neighbours where they too are within, the acceleration density then held
+        to that crossing: the likelihood alone lets white accelerations take in motion down to ~1 Hz where a
+        machine's readings move faster than its model says (the DFKI pendubot's limit cycle, the geared
+        encoders' play), and the efforts, whose spectrum is steeper, follow none of it (docs/decisions.md).  The
+        likelihood's own (x, y) where they already are within."""
+        gain = self.bandwidth_gain()
+        w4 = (2.0 * math.pi * self.effort_bandwidth) ** 4
+        if not gain > 0:
+            return x, y
+        if x + math.log10(gain) - y >= math.log10(w4):
+            return x, y
+        within = self.grid[:, None] * gain / self.acceleration_grid[None, :] >= w4
+        if within.any():
+            masked = np.where(within, scores, -np.inf)
+            i, j = np.unravel_index(int(np.argmax(masked)), masked.shape)
+            x = self.log10_grid[i] + GRID_STEP * _vertex_offset(masked[:, j], i)
+            y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(masked[i, :], j)
+        return x, min(y, x + math.log10(gain / w4))
 
     def _update_boost(self):
         """The best filter's raise of one actuator's density where its log-likelihood over the last
@@ -785,6 +843,8 @@ def _vertex_offset(scores: np.ndarray, i: int) -> float:
     if not 0 < i < len(scores) - 1:
         return 0.0
     s0, s1, s2 = scores[i - 1], scores[i], scores[i + 1]
+    if not (math.isfinite(s0) and math.isfinite(s2)):
+        return 0.0                                  # (a neighbour outside a constraint: `_within_bandwidth`)
     curv = s0 - 2.0 * s1 + s2
     return 0.5 * (s0 - s2) / curv if curv < 0 else 0.0
 

@@ -203,7 +203,8 @@ class FixedLagEstimator:
                                  hold_start=fused, actuated=self.efforts.state_coordinates, dt=c.dt,
                                  rate_time_constant=Tv, shares=self.configured_shares,
                                  deflection=None if self.deflection is None else
-                                 (self.deflection.sigma, self.deflection.time_constant))
+                                 (self.deflection.sigma, self.deflection.time_constant),
+                                 effort_bandwidth=0.0 if fused else c.effort_bandwidth)
 
     def _deflection_fit(self) -> Optional[DensityAdaptation]:
         """The online fit of the encoders' deflection σ (where the state has a deflection and the densities are
@@ -260,7 +261,10 @@ class FixedLagEstimator:
         """A side bank takes the main fit's current estimates of the axes it does not fit (`set_fixed` leaves
         its own axis alone)."""
         main = self.density_adaptation
-        bank.set_fixed(main.density, main.acceleration_density,
+        # (the likelihood's own densities, before the efforts' bandwidth: each bank's axis fitted where the
+        # readings are best described; held at the bandwidth's, the deflection went to the top of its range on the
+        # DFKI pendubot's limit cycle and the estimate left its readings by 10–20 mrad)
+        bank.set_fixed(main.free_density, main.free_acceleration_density,
                        main.time_constant if main.fit_time_constant else None,
                        main.deflection_sigma if self.deflection is not None else None)
 

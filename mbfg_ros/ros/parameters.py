@@ -358,6 +358,11 @@ def declare_parameters(node) -> StartupParameters:
                     "sigma online (from sigmas.deflection_sigma where set > 0, else from none); false: a deflection "
                     "only where sigmas.deflection_sigma > 0, held",
         read_only=True)).value
+    effort_bandwidth = d("effort_bandwidth", float(defaults.effort_bandwidth), PD(
+        description="estimation mode with adapt_densities [Hz]: the online fit keeps the unmodelled accelerations "
+                    "below the unknown efforts' spectrum up to this frequency, so that slower unexplained motion is "
+                    "read as effort (0: the likelihood alone)",
+        read_only=True, floating_point_range=_float_range(0.0, 1e6))).value
     adapt_sensor_sigmas = d("adapt_sensor_sigmas", bool(defaults.adapt_sensor_sigmas), PD(
         description="estimation and fused modes: fit each encoder's sigma online from its readings' scatter about "
                     "a local cubic in time, never below sensor_sigmas.<encoder> (the floor); false: "
@@ -413,6 +418,7 @@ def declare_parameters(node) -> StartupParameters:
                                lost_track_sigmas=float(lost_track_sigmas),
                                adapt_sensor_sigmas=bool(adapt_sensor_sigmas),
                                adapt_deflection=bool(adapt_deflection),
+                               effort_bandwidth=float(effort_bandwidth),
                                compute_covariance=bool(publish_stddev),
                                smoothed_lag=int(smoothed_lag),
                                adapt_densities=bool(adapt_densities), actuator_efforts=efforts,

@@ -4,6 +4,7 @@ config/four_bar.yaml): written by `mbfg tune`, read by `mbfg estimate --params` 
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, Optional, Tuple
 
 from mbfg_ros.excerpt import excerpt
@@ -23,7 +24,7 @@ NODE_ONLY_KEYS = frozenset((
 #: the keys `mbfg estimate --params` applies (`actuator_efforts` and `identify` it takes as options)
 APPLIED_KEYS = ("mode", "window", "integrator", "sigmas", "sensor_sigmas", "effort_shares", "actuator_delays",
                 "actuator_time_constants", "actuator_effort_sigmas", "adapt_densities", "adapt_sensor_sigmas",
-                "adapt_deflection", "smoothed_lag")
+                "adapt_deflection", "effort_bandwidth", "smoothed_lag")
 
 
 class ParamsFileError(ValueError):
@@ -151,6 +152,10 @@ def read_params(path, mech: Mechanism) -> Dict[str, object]:
             if not isinstance(value, bool):
                 raise ParamsFileError(f"{where} must be true or false (got {excerpt(repr(value))})")
             out[name] = value
+        elif name == "effort_bandwidth":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
+                raise ParamsFileError(f"{where} must be a finite number of Hz ≥ 0 (got {excerpt(repr(value))})")
+            out[name] = float(value)
         elif name == "smoothed_lag":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ParamsFileError(f"{where} must be an integer ≥ 0 (got {excerpt(repr(value))})")
