@@ -553,6 +553,39 @@ def test_estimate_smoothed_lag_writes_every_row_smoothed(tmp_path, capsys):
     assert rc == 0, err
 
 
+def test_estimate_effort_bandwidth_from_the_option_or_the_params_file(tmp_path, capsys, monkeypatch):
+    """--effort-bandwidth HZ (else a --params file's effort_bandwidth, else the default) reaches the estimator's
+    config; a negative or infinite one is refused naming the option or the file's key."""
+    from mbfg_ros.estimation.config import EstimatorConfig
+    from mbfg_ros.estimation.estimator import FixedLagEstimator
+    seen = []
+    build = FixedLagEstimator.__init__
+
+    def spy(self, mech, config, *args, **kwargs):
+        seen.append(config.effort_bandwidth)
+        build(self, mech, config, *args, **kwargs)
+    monkeypatch.setattr(FixedLagEstimator, "__init__", spy)
+    t = np.arange(0.0, 0.1, 1e-3)
+    obs = tmp_path / "obs.csv"
+    write_csv(obs, ["t", "crank"], np.column_stack([t, 0.1 * t]))
+    params = tmp_path / "p.yaml"
+    params.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    effort_bandwidth: 2.0\n")
+    for extra, expected in (([], EstimatorConfig().effort_bandwidth), (["--effort-bandwidth", 7], 7.0),
+                            (["--params", params], 2.0), (["--params", params, "--effort-bandwidth", 0], 0.0)):
+        seen.clear()
+        rc, _, err = run(["estimate", "four_bar_crank", "--mode", "estimation", "--observations", obs,
+                          "-o", tmp_path / "x.csv", *extra], capsys)
+        assert rc == 0 and seen and set(seen) == {expected}, (extra, seen, err)
+    for bad in ("-1", "inf"):
+        rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                          "--effort-bandwidth", bad], capsys)
+        assert rc == 2 and f"--effort-bandwidth {bad}: must be a finite number of Hz ≥ 0" in err, err
+    params.write_text("/**/mbfg_estimator:\n  ros__parameters:\n    effort_bandwidth: -3.0\n")
+    rc, _, err = run(["estimate", "four_bar_crank", "--observations", obs, "-o", tmp_path / "x.csv",
+                      "--params", params], capsys)
+    assert rc == 2 and "effort_bandwidth must be a finite number of Hz ≥ 0" in err, err
+
+
 def test_estimate_takes_the_efforts_shares_from_the_params_file(tmp_path, capsys):
     """`effort_shares:` of a `--params` file reaches the estimator (each effort's density × its share); on an
     actuator whose effort is not estimated it is an error naming the file."""

@@ -604,7 +604,8 @@ def test_sim_time_and_backward_time_jump_reset(tmp_path, mech, traj):
 def test_bad_parameters_fail_fast_with_a_clear_message(tmp_path):
     cases = {"dt": {"dt": -1.0}, "mechanism": {"mechanism": "no_such_mechanism"}, "mode": {"mode": "bogus"},
              "assembly_mode": {"assembly_mode": [3]}, "sigmas": {"sigmas.dynamics": -1.0},
-             "max_input_age": {"max_input_age": 0.0}, "frame_id": {"frame_id": "f" * 300}}
+             "max_input_age": {"max_input_age": 0.0}, "frame_id": {"frame_id": "f" * 300},
+             "effort_bandwidth": {"effort_bandwidth": -1.0}}
     procs = {k: estimator_process(fresh_domain_id(), tmp_path / f"{k}.log", params=p) for k, p in cases.items()}
     for name, p in procs.items():
         p.proc.wait(60)
