@@ -109,6 +109,7 @@ def test_the_estimator_holds_its_graph_to_the_bandwidth_and_its_other_banks_to_t
     assert crossover_hz(fitted["effort_density"], fitted["acceleration_density"], main.bandwidth_gain()) \
         >= 20.0 * (1 - 1e-9)
     assert fitted["acceleration_density"] < main.free_acceleration_density
+    assert fitted["acceleration_density.likelihood"] == main.free_acceleration_density    # (said)
     # (the other banks follow the main fit's changes of CHANGE decades or more)
     boost = runs[20.0].boost_fit
     assert abs(math.log10(boost.density / main.free_density)) < DA.CHANGE
@@ -116,6 +117,7 @@ def test_the_estimator_holds_its_graph_to_the_bandwidth_and_its_other_banks_to_t
     assert abs(math.log10(boost.acceleration_density / fitted["acceleration_density"])) > 1.0
     plain = runs[0.0].density_adaptation
     assert (plain.density, plain.acceleration_density) == (plain.free_density, plain.free_acceleration_density)
+    assert "acceleration_density.likelihood" not in runs[0.0].fitted_densities()
     assert np.all(np.isfinite([e for e in runs[20.0].last.efforts])) and abs(runs[20.0].last.q[c] - y[1199]) < 0.01
 
 

@@ -46,8 +46,9 @@ from mbfg_ros.blas import limit_blas_threads
 from mbfg_ros.dynamics.cache import EvalContext
 from mbfg_ros.estimation.config import Estimate, EstimatorConfig
 from mbfg_ros.estimation.deflection import deflection_floor, encoder_deflection, geared_encoders
-from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, DEFLECTION_REFERENCE, MIN_EVIDENCE,
-                                                     DensityAdaptation, encoded_coordinates)
+from mbfg_ros.estimation.density_adaptation import (BOOST_SETTLED, CHANGE as DENSITY_CHANGE,
+                                                     DEFLECTION_REFERENCE, MIN_EVIDENCE, DensityAdaptation,
+                                                     encoded_coordinates)
 from mbfg_ros.estimation.actuator_delay import actuator_delay, configured_delays, configured_time_constants
 from mbfg_ros.estimation.efforts import configured_shares, effort_model
 from mbfg_ros.estimation.estimates import Estimates, copy_estimate
@@ -479,7 +480,8 @@ class FixedLagEstimator:
         {effort_density (estimation) or disturbance_density (fused), acceleration_density, and in fused mode
         disturbance_time_constant (unless configured undamped), deflection_sigma where fitted, and
         effort_density.<joint> (disturbance_density.<joint>) where the efforts have their own: shares or
-        boosts}; None when they are
+        boosts; acceleration_density.likelihood where the efforts' bandwidth holds the acceleration density a
+        tenth of a decade or more below the likelihood's own, that); None when they are
         not fitted online (forward_dynamics mode, `adapt_densities` false, not one encoder per degree of
         freedom)."""
         if self.density_adaptation is None:
@@ -491,6 +493,11 @@ class FixedLagEstimator:
             density = fitted[self.efforts.density_name]
             for j, share in zip(self.efforts.state_actuators, self.efforts.shares):
                 fitted[f"{self.efforts.density_name}.{self.mech.actuator_names[j]}"] = density * float(share)
+        main = self.density_adaptation
+        if main.effort_bandwidth > 0 and \
+                math.log10(main.free_acceleration_density / main.acceleration_density) >= DENSITY_CHANGE:
+            # (the efforts' bandwidth holds the acceleration density below what the readings ask for: said)
+            fitted["acceleration_density.likelihood"] = main.free_acceleration_density
         return fitted
 
     def density_fit_limits(self) -> Optional[Dict[str, str]]:
