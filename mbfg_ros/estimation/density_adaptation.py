@@ -35,6 +35,12 @@ offline, by the innovation likelihood of its own readings, online:
   and its neighbours (in log density; the time constant's in its bandwidth 1/T) (fused mode: once the readings
   reject the starting values, `RELEASE_PROBABILITY`).
 
+With `effort_bandwidth` f > 0 (estimation mode's bank of undamped efforts) the estimate handed on is the best
+grid point whose efforts' spectrum stays above the white accelerations' up to f (`_within_bandwidth`): by the
+likelihood alone the accelerations may take in motion down to ~1 Hz on a machine whose readings move faster than
+its model says, and the efforts then follow none of it; the likelihood's own estimate (`free_density`,
+`free_acceleration_density`) is kept beside it for the other banks and the edges (`limits`).
+
 A bank may fit one more axis at the others' current estimates (`FixedLagEstimator` runs them in a coordinate
 ascent): the encoders' deflection σ (`fit_deflection`), the efforts' shares of the density (`fit_shares`), or
 boosts (`boosts`): the efforts' densities are fitted to the motion of the last `MEMORY` s, and a machine that
