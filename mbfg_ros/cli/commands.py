@@ -967,7 +967,40 @@ def cmd_tune(args) -> int:
     print("  (1σ from the curvature of the log-likelihood)")
     threads = f" ({result.threads} threads)" if result.threads > 1 else ""
     print(f"  log-likelihood {result.log_likelihood:.6g}, {result.evaluations} evaluations{threads} -> {args.output}")
+    crossing = _fitted_crossover(mech, rec, args.mode, kept, names)
+    # (as the online fit: accelerations up to the configured density are the model's stated inexactness)
+    if crossing is not None and crossing < EstimatorConfig.effort_bandwidth \
+            and kept["acceleration_density"] > initial["acceleration_density"]:
+        print(f"{PROG}: note: the fitted densities hand the unexplained motion above {crossing:.2g} Hz (the median "
+              f"over the recording's poses) to unmodelled accelerations, not to the estimated efforts; the "
+              f"estimator's online fit keeps that crossing at or above effort_bandwidth "
+              f"({EstimatorConfig.effort_bandwidth:g} Hz), which this file (adapt_densities: false) leaves off: to "
+              f"have both, set adapt_densities: true in it (its values are then the online fit's start)",
+              file=sys.stderr)
     return 0
+
+
+def _fitted_crossover(mech, rec, mode: str, values: Dict[str, float], names) -> Optional[float]:
+    """[Hz] where the fitted effort density and the fitted acceleration density move the encoded coordinates alike
+    (`density_adaptation.crossover_frequency`; B and Sₐ at each of up to 200 of the recording's poses, solved from its
+    complete readings, the median), in estimation mode where the acceleration density was fitted; else None."""
+    if mode != "estimation" or "acceleration_density" not in names:
+        return None
+    from mbfg_ros.estimation import density_adaptation as da
+    from mbfg_ros.estimation.reduced_ekf import encoded_acceleration_noise
+    from mbfg_ros.tuning.filter_bank import ReducedModelBank
+    if not ReducedModelBank.supports(mech):
+        return None
+    rows = rec.readings[np.all(np.isfinite(rec.readings), axis=1)]
+    rows = rows[::max(1, len(rows) // 200)]
+    z = list(rec.coordinates)
+    guess = np.repeat(np.asarray(mech.q0, dtype=float)[None, :], len(rows), axis=0)
+    poses, _, _, solved = ReducedModelBank(mech, z).positions(rows, guess)
+    gains = [da.bandwidth_gain(da.effort_directions(mech, q, z, mech.actuated),
+                               encoded_acceleration_noise(mech, q, z, 1.0)) for q in poses[solved]]
+    if not gains:
+        return None
+    return da.crossover_frequency(values["effort_density"], values["acceleration_density"], float(np.median(gains)))
 
 
 # ----------------------------------------------------------------------------------------------

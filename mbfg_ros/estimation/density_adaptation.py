@@ -71,7 +71,8 @@ from mbfg_ros.estimation.reduced_ekf import discretize, encoded_acceleration_noi
 from mbfg_ros.factors.noise import FOREVER
 from mbfg_ros.model.mechanism import Mechanism
 
-__all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns", "limits_warning"]
+__all__ = ["DensityAdaptation", "encoded_coordinates", "drift_weights", "round_to_ns", "limits_warning",
+           "effort_directions", "bandwidth_gain", "crossover_frequency"]
 
 GRID_DECADES = 4.0     # the bank's effort densities: start × 10^(−4 … +4) ...
 GRID_STEP = 0.5        # ... every half decade (17) ...
@@ -406,20 +407,12 @@ class DensityAdaptation:
 
     # -- the model ------------------------------------------------------------------------------------------
     def _refresh(self, q, t: float):
-        """B = ∂z̈/∂τ at the pose q (forward dynamics is linear in Q at rest, where γ = 0: B e_j = q̈[z] at
-        (q, 0, E e_j), gravity left out), every `B_REFRESH` s; the acceleration noise's shape on z, (JᵀJ)⁻¹
-        with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
-        mech = self.mech
-        zero = np.zeros(mech.n)
-        B = np.empty((self.d, self.na))
-        for j in range(self.na):
-            Q = np.zeros(mech.n)
-            Q[self.actuated[j]] = 1.0
-            B[:, j] = dynamics.forward_dynamics(mech, q, zero, Q)[self.z]
-        self.B = B
+        """B = ∂z̈/∂τ at the pose q (`effort_directions`), every `B_REFRESH` s; the acceleration noise's shape on
+        z, (JᵀJ)⁻¹ with J = ∂q/∂z (a velocity solve per coordinate: ~0.1 ms), every `SA_REFRESH` s."""
+        self.B = effort_directions(self.mech, q, self.z, self.actuated)
         self.t_B = t
         if self.t_Sa is None or t - self.t_Sa >= SA_REFRESH:
-            self.Sa = encoded_acceleration_noise(mech, q, self.z, 1.0)
+            self.Sa = encoded_acceleration_noise(self.mech, q, self.z, 1.0)
             self.t_Sa = t
         self._H = None
 
@@ -693,18 +686,8 @@ class DensityAdaptation:
             self.changed = True
 
     def bandwidth_gain(self) -> float:
-        """max over the state's efforts of share_j ‖b_j‖⁴ / (b_jᵀ Sₐ b_j), b_j = ∂z̈/∂τ_j at the newest pose:
-        along b_j an effort of density S (τ̈ white) moves z̈ with the spectrum S share_j ‖b_j‖² / ω⁴ and the
-        unmodelled accelerations of density Sₐ with Sₐ b_jᵀ Sₐ b_j / ‖b_j‖², so the two cross at ω⁴ = S × this /
-        Sₐ (0 where no effort moves an encoded coordinate)."""
-        shares = self.shares
-        best = 0.0
-        for j in range(self.na):
-            b = self.B[:, j]
-            across = float(b @ self.Sa @ b)
-            if across > 0:
-                best = max(best, float(shares[j] * (b @ b) ** 2 / across))
-        return best
+        """`bandwidth_gain` at the newest pose's B and Sₐ, with the bank's shares."""
+        return bandwidth_gain(self.B, self.Sa, self.shares)
 
     def _within_bandwidth(self, scores: np.ndarray, x: float, y: float) -> tuple:
         """The densities (log10 effort, log10 acceleration) of the best grid point whose efforts' spectrum stays
@@ -713,21 +696,24 @@ class DensityAdaptation:
         axis by a parabola through its neighbours where they too are within, the acceleration density then held
         to that crossing: the likelihood alone lets white accelerations take in motion down to ~1 Hz where a
         machine's readings move faster than its model says (the DFKI pendubot's limit cycle, the geared
-        encoders' play), and the efforts, whose spectrum is steeper, follow none of it (docs/decisions.md).  The
+        encoders' play), and the efforts, whose spectrum is steeper, follow none of it (docs/decisions.md).  An
+        acceleration density up to the configured one (the start: how exact the model is said to be) is always
+        within: slow efforts on an exact model cross low, and the readings have not asked for more.  The
         likelihood's own (x, y) where they already are within."""
         gain = self.bandwidth_gain()
         w4 = (2.0 * math.pi * self.effort_bandwidth) ** 4
+        floor = self.log10_acceleration_start + 1e-9
         if not gain > 0:
             return x, y
-        if x + math.log10(gain) - y >= math.log10(w4):
+        if y <= floor or x + math.log10(gain) - y >= math.log10(w4):
             return x, y
-        within = self.grid[:, None] * gain / self.acceleration_grid[None, :] >= w4
-        if within.any():
-            masked = np.where(within, scores, -np.inf)
-            i, j = np.unravel_index(int(np.argmax(masked)), masked.shape)
-            x = self.log10_grid[i] + GRID_STEP * _vertex_offset(masked[:, j], i)
-            y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(masked[i, :], j)
-        return x, min(y, x + math.log10(gain / w4))
+        within = (self.grid[:, None] * gain / self.acceleration_grid[None, :] >= w4) \
+            | (self.log10_acceleration_grid[None, :] <= floor)
+        masked = np.where(within, scores, -np.inf)
+        i, j = np.unravel_index(int(np.argmax(masked)), masked.shape)
+        x = self.log10_grid[i] + GRID_STEP * _vertex_offset(masked[:, j], i)
+        y = self.log10_acceleration_grid[j] + ACCELERATION_STEP * _vertex_offset(masked[i, :], j)
+        return x, min(y, max(x + math.log10(gain / w4), self.log10_acceleration_start))
 
     def _update_boost(self):
         """The best filter's raise of one actuator's density where its log-likelihood over the last
@@ -837,6 +823,44 @@ class DensityAdaptation:
         self._acceleration_of_filter = np.tile(np.repeat(self.acceleration_grid, T_ * B_ * S_), E)
         self._deflection_of_filter = np.tile(np.repeat(self.deflection_grid, S_), E * A_ * T_)
         self._share_of_filter = np.tile(10.0 ** self._share_table(), (E * A_ * T_ * B_, 1))
+
+
+def effort_directions(mech: Mechanism, q, z, actuated) -> np.ndarray:
+    """B = ∂z̈/∂τ (d, na) at the pose q: forward dynamics is linear in Q at rest, where γ = 0, so column j is
+    q̈[z] at (q, 0, e_j), gravity left out."""
+    zero = np.zeros(mech.n)
+    B = np.empty((len(z), len(actuated)))
+    for j, a in enumerate(actuated):
+        Q = np.zeros(mech.n)
+        Q[int(a)] = 1.0
+        B[:, j] = dynamics.forward_dynamics(mech, q, zero, Q)[np.asarray(z, dtype=np.intp)]
+    return B
+
+
+def bandwidth_gain(B: np.ndarray, Sa: np.ndarray, shares=None) -> float:
+    """max over the efforts of share_j ‖b_j‖⁴ / (b_jᵀ Sₐ b_j), b_j = B's column j (∂z̈/∂τ_j), Sₐ the unmodelled
+    accelerations' shape on z: along b_j an effort of density S (τ̈ white) moves z̈ with the spectrum
+    S share_j ‖b_j‖² / ω⁴ and the accelerations of density Sₐ with Sₐ b_jᵀ Sₐ b_j / ‖b_j‖², so the two cross at
+    ω⁴ = S × this / Sₐ (`crossover_frequency`; 0 where no effort moves an encoded coordinate)."""
+    shares = np.ones(B.shape[1]) if shares is None else np.asarray(shares, dtype=float)
+    best = 0.0
+    for j in range(B.shape[1]):
+        b = B[:, j]
+        across = float(b @ Sa @ b)
+        if across > 0:
+            best = max(best, float(shares[j] * (b @ b) ** 2 / across))
+    return best
+
+
+def crossover_frequency(density: float, acceleration_density: float, gain: float) -> float:
+    """[Hz] where an effort of `density` (τ̈ white) and white accelerations of `acceleration_density` move the
+    encoded coordinates alike, along the effort of `gain` (`bandwidth_gain`): below it the efforts take the
+    unexplained motion, above it the accelerations."""
+    if not (gain > 0 and density > 0):
+        return 0.0
+    if not acceleration_density > 0:
+        return math.inf
+    return (density * gain / acceleration_density) ** 0.25 / (2.0 * math.pi)
 
 
 def _log10_or_none(x: float) -> Optional[float]:
